@@ -1,0 +1,153 @@
+//! Command-line arguments.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::settings::TrainSettings;
+
+/// Ferrotron: train GPT-2, Llama and BLOOM style language models.
+#[derive(Parser, Debug)]
+#[command(name = "ferrotron", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Train a model (with no flags: a small GPT on the embedded corpus, ~3 min on 2 CPU cores).
+    Train(TrainArgs),
+    /// Sample text from a trained run.
+    Generate(GenerateArgs),
+}
+
+/// `ferrotron train` flags; each overrides the same key of `--config`.
+#[derive(Args, Debug, Default)]
+pub struct TrainArgs {
+    /// TOML file of settings (keys as the flags, with underscores).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Model preset: gpt-mini, llama-mini, bloom-mini, gpt2, gpt2-medium, gpt2-large,
+    /// gpt2-xl, llama2-7b, llama3-8b, llama3-70b, bloom-560m, bloom-7b1, bloom-176b.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Vocabulary size of the tokenizer and the model (default: the preset's).
+    #[arg(long)]
+    pub vocab_size: Option<usize>,
+    /// Optimizer steps.
+    #[arg(long)]
+    pub steps: Option<usize>,
+    /// Sequences per micro-batch.
+    #[arg(long)]
+    pub micro_batch: Option<usize>,
+    /// Tokens per sequence.
+    #[arg(long)]
+    pub seq_len: Option<usize>,
+    /// Micro-batches accumulated per optimizer step.
+    #[arg(long)]
+    pub grad_accum: Option<usize>,
+    /// Peak learning rate.
+    #[arg(long)]
+    pub lr: Option<f64>,
+    /// Final learning rate of the cosine decay.
+    #[arg(long)]
+    pub min_lr: Option<f64>,
+    /// Linear warm-up steps.
+    #[arg(long)]
+    pub warmup_steps: Option<usize>,
+    /// AdamW weight decay (not applied to norms and biases).
+    #[arg(long)]
+    pub weight_decay: Option<f64>,
+    /// AdamW beta1.
+    #[arg(long)]
+    pub beta1: Option<f64>,
+    /// AdamW beta2.
+    #[arg(long)]
+    pub beta2: Option<f64>,
+    /// AdamW epsilon.
+    #[arg(long)]
+    pub eps: Option<f64>,
+    /// Clip the global gradient norm to this value (0 disables).
+    #[arg(long)]
+    pub grad_clip: Option<f64>,
+    /// Seed of initialisation and data order.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Compute backend among those compiled in: flex (default), ndarray, cuda, rocm.
+    #[arg(long)]
+    pub backend: Option<String>,
+    /// Run directory (default runs/<model>-<unix time>); must not hold a run already.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// UTF-8 text corpus, plain or .gz (default: the embedded Shakespeare).
+    #[arg(long)]
+    pub corpus: Option<PathBuf>,
+    /// Fraction of the tokens held out for validation.
+    #[arg(long)]
+    pub val_fraction: Option<f64>,
+    /// Validate and checkpoint every N steps.
+    #[arg(long)]
+    pub eval_every: Option<usize>,
+    /// Validation batches per evaluation.
+    #[arg(long)]
+    pub eval_batches: Option<usize>,
+    /// Tokens sampled at the end of training (0 = none).
+    #[arg(long)]
+    pub sample_tokens: Option<usize>,
+    /// Prompt of the end-of-training sample.
+    #[arg(long)]
+    pub sample_prompt: Option<String>,
+    /// Device peak in TFLOP/s for MFU.
+    #[arg(long)]
+    pub peak_tflops: Option<f64>,
+    /// Device type whose data-sheet peak is used for MFU: a100, h100, h200, mi250x, mi300x.
+    #[arg(long)]
+    pub device_type: Option<String>,
+}
+
+impl TrainArgs {
+    /// Overrides `s` with every flag that was given.
+    pub fn apply(self, s: &mut TrainSettings) {
+        macro_rules! set {
+            ($($f:ident),*) => { $( if let Some(v) = self.$f { s.$f = v; } )* };
+        }
+        set!(
+            model, steps, micro_batch, seq_len, grad_accum, lr, min_lr, warmup_steps,
+            weight_decay, beta1, beta2, eps, grad_clip, seed, backend, val_fraction,
+            eval_every, eval_batches, sample_tokens, sample_prompt
+        );
+        macro_rules! set_opt {
+            ($($f:ident),*) => { $( if self.$f.is_some() { s.$f = self.$f; } )* };
+        }
+        set_opt!(vocab_size, out, corpus, peak_tflops, device_type);
+    }
+}
+
+/// `ferrotron generate` flags.
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    /// Run directory written by `ferrotron train`.
+    #[arg(long)]
+    pub run: PathBuf,
+    /// Text to continue.
+    #[arg(long, default_value = "ROMEO:")]
+    pub prompt: String,
+    /// Tokens to generate.
+    #[arg(long, default_value_t = 200)]
+    pub max_new_tokens: usize,
+    /// Softmax temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f64,
+    /// Sample among the k most likely tokens (0 = all).
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    /// Seed of the sampler.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Compute backend (default: the run's).
+    #[arg(long)]
+    pub backend: Option<String>,
+}

@@ -1,0 +1,57 @@
+//! Runs one generic task on the backend chosen at run time.
+
+use burn::tensor::backend::AutodiffBackend;
+use ferrotron_engine::backend::BackendKind;
+
+use crate::error::usage;
+
+/// Work that is generic over the (autodiff) backend.
+pub trait BackendTask {
+    /// What the task returns.
+    type Output;
+    /// Runs the task on backend `B` and `device`.
+    fn run<B: AutodiffBackend>(self, kind: BackendKind, device: B::Device) -> anyhow::Result<Self::Output>;
+}
+
+/// Calls `task.run::<B>` for the backend named by `kind`, once.
+pub fn dispatch<T: BackendTask>(kind: BackendKind, task: T) -> anyhow::Result<T::Output> {
+    use burn::backend::Autodiff;
+    match kind {
+        #[cfg(feature = "flex")]
+        BackendKind::Flex => task.run::<Autodiff<burn::backend::Flex>>(kind, Default::default()),
+        #[cfg(feature = "ndarray")]
+        BackendKind::Ndarray => task.run::<Autodiff<burn::backend::NdArray>>(kind, Default::default()),
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => gpu_guard(kind, || {
+            task.run::<Autodiff<burn::backend::Cuda>>(kind, Default::default())
+        }),
+        #[cfg(feature = "rocm")]
+        BackendKind::Rocm => gpu_guard(kind, || {
+            task.run::<Autodiff<burn::backend::Rocm>>(kind, Default::default())
+        }),
+        #[allow(unreachable_patterns)]
+        other => Err(usage(format!(
+            "--backend {other}: not compiled into this build (rebuild with --features {other})"
+        ))),
+    }
+}
+
+/// Turns the GPU runtimes' panic on a missing driver library into an error.
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+fn gpu_guard<R>(kind: BackendKind, f: impl FnOnce() -> anyhow::Result<R>) -> anyhow::Result<R> {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    std::panic::set_hook(previous);
+    result.unwrap_or_else(|panic| {
+        let message = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        Err(anyhow::anyhow!(
+            "--backend {kind}: the GPU runtime failed ({message}); is the {} driver installed and a device visible?",
+            if kind == BackendKind::Cuda { "CUDA" } else { "ROCm/HIP" }
+        ))
+    })
+}

@@ -1,0 +1,164 @@
+//! Training settings: defaults, then `--config FILE.toml`, then flags.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::usage;
+
+/// Every setting of a training run. Defaults are the out-of-the-box run: the
+/// small GPT on the embedded corpus, about 3 minutes on 2 CPU cores.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainSettings {
+    /// Model preset name.
+    pub model: String,
+    /// Vocabulary of the tokenizer and the model; the preset's when unset.
+    pub vocab_size: Option<usize>,
+    /// Optimizer steps.
+    pub steps: usize,
+    /// Sequences per micro-batch.
+    pub micro_batch: usize,
+    /// Tokens per sequence.
+    pub seq_len: usize,
+    /// Micro-batches accumulated per optimizer step.
+    pub grad_accum: usize,
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Final learning rate of the cosine decay.
+    pub min_lr: f64,
+    /// Linear warm-up steps.
+    pub warmup_steps: usize,
+    /// AdamW decoupled weight decay (matrices and embeddings only).
+    pub weight_decay: f64,
+    /// AdamW beta1.
+    pub beta1: f64,
+    /// AdamW beta2.
+    pub beta2: f64,
+    /// AdamW epsilon.
+    pub eps: f64,
+    /// Global gradient-norm clip (0 disables).
+    pub grad_clip: f64,
+    /// Seed of initialisation and data order.
+    pub seed: u64,
+    /// Compute backend (see `ferrotron train --help`).
+    pub backend: String,
+    /// Run directory (default `runs/<model>-<unix time>`).
+    pub out: Option<PathBuf>,
+    /// Text corpus (UTF-8, plain or .gz); the embedded Shakespeare when unset.
+    pub corpus: Option<PathBuf>,
+    /// Fraction of the token stream held out for validation.
+    pub val_fraction: f64,
+    /// Validate (and checkpoint) every this many steps.
+    pub eval_every: usize,
+    /// Validation batches per evaluation.
+    pub eval_batches: usize,
+    /// Tokens of text sampled at the end of training (0 = none).
+    pub sample_tokens: usize,
+    /// Prompt of the end-of-training sample.
+    pub sample_prompt: String,
+    /// Device peak for MFU, TFLOP/s; overrides `device_type`.
+    pub peak_tflops: Option<f64>,
+    /// Device type whose data-sheet peak is used for MFU (a100, h100, ...).
+    pub device_type: Option<String>,
+}
+
+impl Default for TrainSettings {
+    fn default() -> Self {
+        Self {
+            model: "gpt-mini".into(),
+            vocab_size: None,
+            steps: 600,
+            micro_batch: 16,
+            seq_len: 128,
+            grad_accum: 1,
+            lr: 1e-3,
+            min_lr: 1e-4,
+            warmup_steps: 50,
+            weight_decay: 0.1,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            grad_clip: 1.0,
+            seed: 1337,
+            backend: "flex".into(),
+            out: None,
+            corpus: None,
+            val_fraction: 0.1,
+            eval_every: 100,
+            eval_batches: 8,
+            sample_tokens: 120,
+            sample_prompt: "ROMEO:".into(),
+            peak_tflops: None,
+            device_type: None,
+        }
+    }
+}
+
+impl TrainSettings {
+    /// Reads settings from a TOML file; unknown keys are an error naming the key.
+    pub fn from_file(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| usage(format!("--config {}: {e}", path.display())))?;
+        toml::from_str(&text).map_err(|e| {
+            usage(format!(
+                "--config {}: {}",
+                path.display(),
+                e.message().trim()
+            ))
+        })
+    }
+
+    /// Checks every size and rate; the error names the flag.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        for (flag, v) in [
+            ("--steps", self.steps),
+            ("--micro-batch", self.micro_batch),
+            ("--seq-len", self.seq_len),
+            ("--grad-accum", self.grad_accum),
+            ("--eval-every", self.eval_every),
+            ("--eval-batches", self.eval_batches),
+        ] {
+            if v == 0 {
+                return Err(usage(format!("{flag} must be positive, got 0")));
+            }
+        }
+        for (flag, v) in [("--lr", self.lr), ("--eps", self.eps)] {
+            if !(v > 0.0) {
+                return Err(usage(format!("{flag} must be positive, got {v}")));
+            }
+        }
+        for (flag, v) in [
+            ("--min-lr", self.min_lr),
+            ("--weight-decay", self.weight_decay),
+            ("--grad-clip", self.grad_clip),
+        ] {
+            if !(v >= 0.0) {
+                return Err(usage(format!("{flag} must be non-negative, got {v}")));
+            }
+        }
+        for (flag, v) in [("--beta1", self.beta1), ("--beta2", self.beta2)] {
+            if !(0.0..1.0).contains(&v) {
+                return Err(usage(format!("{flag} must be in [0, 1), got {v}")));
+            }
+        }
+        if !(self.val_fraction > 0.0 && self.val_fraction < 1.0) {
+            return Err(usage(format!(
+                "--val-fraction must be in (0, 1), got {}",
+                self.val_fraction
+            )));
+        }
+        if let Some(v) = self.vocab_size {
+            let min = ferrotron_engine::data::MIN_VOCAB_SIZE;
+            if v < min {
+                return Err(usage(format!("--vocab-size must be at least {min} (256 bytes + <|endoftext|>), got {v}")));
+            }
+        }
+        if let Some(p) = self.peak_tflops {
+            if !(p > 0.0) {
+                return Err(usage(format!("--peak-tflops must be positive, got {p}")));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,263 @@
+//! `ferrotron train`: resolve settings, prepare data, train, write the run directory.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use burn::module::AutodiffModule;
+use burn::tensor::backend::AutodiffBackend;
+use ferrotron_engine::backend::BackendKind;
+use ferrotron_engine::checkpoint::{save_safetensors, write_atomic};
+use ferrotron_engine::data::{self, BatchSampler, Tokenizer};
+use ferrotron_engine::metrics::{self, MetricsWriter, StepRecord, ValRecord};
+use ferrotron_engine::optim::{AdamWConfig, LrSchedule};
+use ferrotron_engine::params::named_tensors;
+use ferrotron_models::presets::{preset, PRESET_NAMES};
+use ferrotron_models::{generate, Decoder, SamplingConfig};
+use ferrotron_parallel::trainer::{StepConfig, Trainer};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::args::TrainArgs;
+use crate::dispatch::{dispatch, BackendTask};
+use crate::error::usage;
+use crate::run_config::RunConfig;
+use crate::settings::TrainSettings;
+
+/// Runs `ferrotron train`. Every input is checked before anything is written.
+pub fn train(args: TrainArgs) -> anyhow::Result<()> {
+    let mut s = match &args.config {
+        Some(path) => TrainSettings::from_file(path)?,
+        None => TrainSettings::default(),
+    };
+    args.apply(&mut s);
+    s.validate()?;
+    let kind: BackendKind = s.backend.parse().map_err(|e| usage(format!("--backend: {e}")))?;
+    let mut model = preset(&s.model).ok_or_else(|| {
+        usage(format!(
+            "--model: unknown preset '{}'; available: {}",
+            s.model,
+            PRESET_NAMES.join(", ")
+        ))
+    })?;
+    if let Some(v) = s.vocab_size {
+        model.vocab_size = v;
+    }
+    if s.seq_len > model.max_seq_len {
+        return Err(usage(format!(
+            "--seq-len {} exceeds the {} preset's max_seq_len {}",
+            s.seq_len, s.model, model.max_seq_len
+        )));
+    }
+    let peak = resolve_peak(&s)?;
+    let text = match &s.corpus {
+        Some(path) => data::read_corpus(path).map_err(|e| usage(format!("--corpus: {e}")))?,
+        None => data::embedded_corpus(),
+    };
+    let out = s.out.clone().unwrap_or_else(|| default_run_dir(&s.model));
+    if fs::read_dir(&out).map(|mut d| d.next().is_some()).unwrap_or(false) {
+        return Err(usage(format!(
+            "--out {}: directory is not empty; choose a new run directory",
+            out.display()
+        )));
+    }
+    s.out = Some(out.clone());
+    fs::create_dir_all(&out).with_context(|| format!("creating run directory {}", out.display()))?;
+    let config = RunConfig { train: s, model };
+    write_atomic(&out.join("config.toml"), toml::to_string(&config)?.as_bytes())?;
+    dispatch(kind, TrainTask { config, text, out, peak })
+}
+
+/// Where the run goes when `--out` is not given.
+fn default_run_dir(model: &str) -> PathBuf {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    Path::new("runs").join(format!("{model}-{secs}"))
+}
+
+/// The peak FLOP/s used for MFU: a flag, the table, or (None) to measure.
+fn resolve_peak(s: &TrainSettings) -> anyhow::Result<Option<f64>> {
+    if let Some(t) = s.peak_tflops {
+        return Ok(Some(t * 1e12));
+    }
+    match &s.device_type {
+        None => Ok(None),
+        Some(name) => metrics::peak_flops_for(name).map(Some).ok_or_else(|| {
+            let known: Vec<&str> = metrics::PEAK_FLOPS_TABLE.iter().map(|(n, _)| *n).collect();
+            usage(format!(
+                "--device-type: unknown device '{name}'; known: {} (or give --peak-tflops)",
+                known.join(", ")
+            ))
+        }),
+    }
+}
+
+struct TrainTask {
+    config: RunConfig,
+    text: String,
+    out: PathBuf,
+    peak: Option<f64>,
+}
+
+impl BackendTask for TrainTask {
+    type Output = ();
+
+    fn run<B: AutodiffBackend>(self, kind: BackendKind, device: B::Device) -> anyhow::Result<()> {
+        let RunConfig { train: s, model: mc } = &self.config;
+        let out = &self.out;
+        println!("run directory: {}", out.display());
+        let t0 = Instant::now();
+        let tokenizer = data::load_or_train(&out.join("tokenizer.json"), &self.text, mc.vocab_size)?;
+        let tokens = data::encode(&tokenizer, &self.text)?;
+        let split = data::split(tokens, s.val_fraction, s.seq_len + 1)
+            .map_err(|e| usage(format!("--corpus: {e}")))?;
+        println!(
+            "data: {} train / {} validation tokens (vocab {}), prepared in {:.1} s",
+            split.train.len(),
+            split.val.len(),
+            tokenizer.get_vocab_size(true),
+            t0.elapsed().as_secs_f64()
+        );
+        let mut sampler = BatchSampler::new(split.train.len(), s.seq_len, s.seed)?;
+        let val_batches = data::eval_batches(&split.val, s.seq_len, s.micro_batch, s.eval_batches);
+
+        let model = Decoder::<B>::new(mc, s.seed, &device)?;
+        let peak = match self.peak {
+            Some(p) => p,
+            None => {
+                let p = metrics::measure_matmul_flops::<B::InnerBackend>(&device, 512, 3);
+                println!(
+                    "MFU is relative to this {kind} device's measured f32 matmul rate, {:.1} GFLOP/s (set --peak-tflops or --device-type for a data-sheet peak)",
+                    p / 1e9
+                );
+                p
+            }
+        };
+        let global_batch = s.micro_batch * s.grad_accum;
+        println!(
+            "model {} ({:.2} M parameters) on {kind}; global batch {} x {} tokens = micro batch {} x grad-accum {}",
+            s.model,
+            mc.num_params() as f64 / 1e6,
+            global_batch,
+            s.seq_len,
+            s.micro_batch,
+            s.grad_accum
+        );
+        let step_config = StepConfig {
+            adamw: AdamWConfig {
+                beta1: s.beta1,
+                beta2: s.beta2,
+                eps: s.eps,
+                weight_decay: s.weight_decay,
+            },
+            schedule: LrSchedule {
+                max_lr: s.lr,
+                min_lr: s.min_lr,
+                warmup_steps: s.warmup_steps,
+                total_steps: s.steps,
+            },
+            grad_clip: s.grad_clip,
+        };
+        let mut trainer = Trainer::new(model, step_config, device.clone());
+        let flops_per_token = mc.train_flops_per_token(s.seq_len);
+        let mut log = MetricsWriter::create(&out.join("metrics.jsonl"))?;
+        let mut train_curve = Vec::new();
+        let mut val_curve = Vec::new();
+
+        let val_loss = trainer.evaluate(&val_batches);
+        log.write(&ValRecord { step: 0, val_loss })?;
+        val_curve.push((0.0, val_loss));
+        println!("step 0: val_loss {val_loss:.4}");
+
+        let bar = ProgressBar::new(s.steps as u64);
+        bar.set_style(
+            ProgressStyle::with_template("{bar:30} step {pos}/{len} | {msg} | ETA {eta}")
+                .expect("the progress template is valid"),
+        );
+        for step in 1..=s.steps {
+            let micro: Vec<_> = (0..s.grad_accum)
+                .map(|_| sampler.next_batch(&split.train, s.micro_batch))
+                .collect();
+            let t = Instant::now();
+            let o = trainer.step(&micro);
+            let dt = t.elapsed().as_secs_f64();
+            let flops = flops_per_token * o.tokens as f64 / dt;
+            let record = StepRecord {
+                step,
+                loss: o.loss,
+                lr: o.lr,
+                grad_norm: o.grad_norm,
+                tokens_per_s: o.tokens as f64 / dt,
+                tflops_per_device: flops / 1e12,
+                mfu: flops / peak,
+                step_time_s: dt,
+            };
+            log.write(&record)?;
+            train_curve.push((step as f64, o.loss));
+            bar.set_position(step as u64);
+            bar.set_message(format!(
+                "loss {:.4} | {:.0} tokens/s | MFU {:.1}%",
+                o.loss,
+                record.tokens_per_s,
+                100.0 * record.mfu
+            ));
+            if step % s.eval_every == 0 || step == s.steps {
+                let val_loss = trainer.evaluate(&val_batches);
+                log.write(&ValRecord { step, val_loss })?;
+                val_curve.push((step as f64, val_loss));
+                save_checkpoint(trainer.model(), out)?;
+                bar.println(format!(
+                    "step {step}: loss {:.4} | val_loss {val_loss:.4} | {:.0} tokens/s | grad_norm {:.3} | lr {:.2e}",
+                    o.loss, record.tokens_per_s, o.grad_norm, o.lr
+                ));
+            }
+        }
+        bar.finish_and_clear();
+        write_atomic(
+            &out.join("loss.svg"),
+            metrics::write_loss_svg(&train_curve, &val_curve).as_bytes(),
+        )?;
+        let (first, last) = (val_curve[0].1, val_curve[val_curve.len() - 1].1);
+        println!(
+            "done in {:.0} s: val_loss {first:.4} -> {last:.4} ({:.0}% lower)",
+            t0.elapsed().as_secs_f64(),
+            100.0 * (1.0 - last / first)
+        );
+        if s.sample_tokens > 0 {
+            let sampling = SamplingConfig {
+                temperature: 0.8,
+                top_k: 40,
+                seed: s.seed,
+            };
+            let model = trainer.model().valid();
+            let text = sample(&model, &tokenizer, &s.sample_prompt, s.sample_tokens, &sampling, &device)?;
+            println!("--- sample ---\n{text}\n--------------");
+        }
+        Ok(())
+    }
+}
+
+/// Writes `model.safetensors` in the run directory (atomically).
+fn save_checkpoint<B: AutodiffBackend>(model: &Decoder<B>, out: &Path) -> anyhow::Result<()> {
+    save_safetensors(&out.join("model.safetensors"), &named_tensors(&model.valid()))?;
+    Ok(())
+}
+
+/// Continues `prompt` by `n` sampled tokens and returns the whole text.
+pub fn sample<B: burn::tensor::backend::Backend>(
+    model: &Decoder<B>,
+    tokenizer: &Tokenizer,
+    prompt: &str,
+    n: usize,
+    sampling: &SamplingConfig,
+    device: &B::Device,
+) -> anyhow::Result<String> {
+    let ids = data::encode(tokenizer, prompt)?;
+    let new = generate(model, &ids, n, sampling, true, device);
+    let all: Vec<u32> = ids.into_iter().chain(new).collect();
+    tokenizer
+        .decode(&all, false)
+        .map_err(|e| anyhow::anyhow!("decoding the sample: {e}"))
+}

@@ -1,0 +1,122 @@
+//! The compute backends compiled into this build and how to name them.
+//!
+//! Each backend is a cargo feature (`flex` by default; `ndarray`, `cuda`,
+//! `rocm` opt-in). Training code is generic over `burn::tensor::backend::Backend`;
+//! the CLI picks one of the compiled backends at run time and calls the
+//! generic function once.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// A backend the user can ask for with `--backend`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// burn-flex: pure-Rust CPU backend (gemm + SIMD + rayon).
+    Flex,
+    /// burn-ndarray: the older pure-Rust CPU backend.
+    Ndarray,
+    /// NVIDIA GPUs through CubeCL's CUDA runtime (driver loaded at run time).
+    Cuda,
+    /// AMD GPUs through CubeCL's HIP runtime (driver loaded at run time).
+    Rocm,
+}
+
+/// Every backend name, compiled or not, in the order they are listed to users.
+pub const ALL_BACKENDS: [BackendKind; 4] = [
+    BackendKind::Flex,
+    BackendKind::Ndarray,
+    BackendKind::Cuda,
+    BackendKind::Rocm,
+];
+
+impl BackendKind {
+    /// The name used on the command line and in config files.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Flex => "flex",
+            BackendKind::Ndarray => "ndarray",
+            BackendKind::Cuda => "cuda",
+            BackendKind::Rocm => "rocm",
+        }
+    }
+
+    /// Whether this build contains the backend (its cargo feature was on).
+    pub fn is_compiled(self) -> bool {
+        match self {
+            BackendKind::Flex => cfg!(feature = "flex"),
+            BackendKind::Ndarray => cfg!(feature = "ndarray"),
+            BackendKind::Cuda => cfg!(feature = "cuda"),
+            BackendKind::Rocm => cfg!(feature = "rocm"),
+        }
+    }
+
+    /// Whether the backend computes on the CPU.
+    pub fn is_cpu(self) -> bool {
+        matches!(self, BackendKind::Flex | BackendKind::Ndarray)
+    }
+
+    /// The backends compiled into this build.
+    pub fn compiled() -> Vec<BackendKind> {
+        ALL_BACKENDS.into_iter().filter(|b| b.is_compiled()).collect()
+    }
+
+    /// The default backend of this build: the first compiled one
+    /// (flex in a default build, measured fastest on CPUs; see README).
+    pub fn default_compiled() -> Option<BackendKind> {
+        Self::compiled().into_iter().next()
+    }
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A `--backend` value that is not a backend this build offers.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown or unavailable backend '{given}': this build offers {offered} (others need their cargo feature: {all})")]
+pub struct BackendError {
+    /// What the user asked for.
+    pub given: String,
+    /// Comma-separated compiled backends.
+    pub offered: String,
+    /// Comma-separated names of every backend.
+    pub all: String,
+}
+
+impl FromStr for BackendKind {
+    type Err = BackendError;
+
+    /// Parses a backend name, accepting only backends compiled into this build.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let names = |v: &[BackendKind]| {
+            v.iter()
+                .map(|b| b.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        ALL_BACKENDS
+            .into_iter()
+            .find(|b| b.name() == s && b.is_compiled())
+            .ok_or_else(|| BackendError {
+                given: s.to_string(),
+                offered: names(&BackendKind::compiled()),
+                all: names(&ALL_BACKENDS),
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_build_offers_flex_and_rejects_unknown_names() {
+        assert_eq!(BackendKind::default_compiled(), Some(BackendKind::Flex));
+        assert_eq!("flex".parse::<BackendKind>().unwrap(), BackendKind::Flex);
+        let err = "tpu".parse::<BackendKind>().unwrap_err().to_string();
+        assert!(err.contains("'tpu'") && err.contains("flex"), "{err}");
+    }
+}

@@ -1,0 +1,146 @@
+//! Error type of the data pipeline.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong while reading a corpus, training or loading a
+/// tokenizer, splitting tokens or sampling batches.
+///
+/// Every variant names the file, the argument or the part of the data involved
+/// so that the message alone tells the user what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// A file could not be read, written, renamed or its directory created.
+    #[error("{action} `{path}`: {source}")]
+    Io {
+        /// What was being done, e.g. "reading corpus file".
+        action: &'static str,
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The underlying I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A corpus file is not valid UTF-8 (after gzip decompression for `.gz`).
+    #[error("corpus file `{path}` is not valid UTF-8: {source}")]
+    NotUtf8 {
+        /// The corpus file.
+        path: PathBuf,
+        /// Where the first invalid byte sequence is.
+        #[source]
+        source: std::string::FromUtf8Error,
+    },
+
+    /// A tokenizer file exists but could not be parsed as a `tokenizer.json`.
+    #[error("cannot load tokenizer file `{path}`: {source}")]
+    TokenizerLoad {
+        /// The tokenizer file.
+        path: PathBuf,
+        /// The error reported by the `tokenizers` crate.
+        #[source]
+        source: tokenizers::Error,
+    },
+
+    /// A tokenizer could not be serialised for saving to `path`.
+    #[error("cannot serialise tokenizer for `{path}`: {source}")]
+    TokenizerSave {
+        /// The file the tokenizer was to be saved to.
+        path: PathBuf,
+        /// The error reported by the `tokenizers` crate.
+        #[source]
+        source: tokenizers::Error,
+    },
+
+    /// A cached tokenizer file has a different vocabulary size than requested.
+    #[error(
+        "tokenizer file `{path}` has a vocabulary of {found} tokens but {expected} were \
+         requested; delete the file to retrain or request vocab_size = {found}"
+    )]
+    VocabMismatch {
+        /// The cached tokenizer file.
+        path: PathBuf,
+        /// The requested `vocab_size` (tokens).
+        expected: usize,
+        /// The vocabulary size stored in the file (tokens, special tokens included).
+        found: usize,
+    },
+
+    /// The requested vocabulary is smaller than the byte alphabet plus special tokens.
+    #[error("vocab_size {requested} is too small: a byte-level BPE needs at least {minimum} tokens")]
+    VocabTooSmall {
+        /// The requested `vocab_size` (tokens).
+        requested: usize,
+        /// 256 byte tokens + the special tokens.
+        minimum: usize,
+    },
+
+    /// The training text ran out of mergeable pairs before reaching `vocab_size`.
+    #[error(
+        "training text ({text_bytes} bytes) only supports a vocabulary of {learned} tokens, \
+         {requested} were requested; use more text or a smaller vocab_size"
+    )]
+    CorpusTooSmallForVocab {
+        /// The requested `vocab_size` (tokens).
+        requested: usize,
+        /// The vocabulary size actually learned (tokens).
+        learned: usize,
+        /// Size of the training text in bytes.
+        text_bytes: usize,
+    },
+
+    /// BPE training failed inside the `tokenizers` crate.
+    #[error("BPE training failed: {source}")]
+    TokenizerTrain {
+        /// The error reported by the `tokenizers` crate.
+        #[source]
+        source: tokenizers::Error,
+    },
+
+    /// Encoding text into token ids failed inside the `tokenizers` crate.
+    #[error("encoding text ({text_bytes} bytes) failed: {source}")]
+    Encode {
+        /// Size of the text being encoded, in bytes.
+        text_bytes: usize,
+        /// The error reported by the `tokenizers` crate.
+        #[source]
+        source: tokenizers::Error,
+    },
+
+    /// An argument is outside its valid range.
+    #[error("invalid {name} = {value}: {reason}")]
+    InvalidArgument {
+        /// The argument's name, e.g. "val_fraction".
+        name: &'static str,
+        /// The value given, formatted.
+        value: String,
+        /// What the valid range is.
+        reason: &'static str,
+    },
+
+    /// One side of a train/validation split would be too short.
+    #[error(
+        "{part} split would have {len} tokens (of {total}), fewer than the minimum {min_len}; \
+         use a longer corpus or change val_fraction"
+    )]
+    SplitTooShort {
+        /// "train" or "val".
+        part: &'static str,
+        /// Tokens the part would get.
+        len: usize,
+        /// The minimum number of tokens asked for.
+        min_len: usize,
+        /// Total tokens being split.
+        total: usize,
+    },
+
+    /// A token stream is too short to cut even one window of `seq_len + 1` tokens.
+    #[error("{what} has {tokens_len} tokens, too few for one window of seq_len {seq_len} + 1")]
+    TooFewTokens {
+        /// Which stream, e.g. "token stream" or "sampler state".
+        what: &'static str,
+        /// Tokens available.
+        tokens_len: usize,
+        /// Requested sequence length (tokens per row).
+        seq_len: usize,
+    },
+}

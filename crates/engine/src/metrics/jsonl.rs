@@ -1,0 +1,63 @@
+//! `metrics.jsonl`: one JSON object per optimizer step and per validation.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// What one optimizer step measured.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepRecord {
+    /// Optimizer step, 1-based.
+    pub step: usize,
+    /// Mean training cross-entropy of the step's global batch, nats/token.
+    pub loss: f64,
+    /// Learning rate used for the step.
+    pub lr: f64,
+    /// Global L2 norm of the gradients before clipping.
+    pub grad_norm: f64,
+    /// Tokens processed by the step divided by its wall time, tokens/s.
+    pub tokens_per_s: f64,
+    /// Achieved model FLOP/s per device, in TFLOP/s (1e12 FLOP/s).
+    pub tflops_per_device: f64,
+    /// Model FLOPs utilisation: achieved FLOP/s over the device peak, 0..1.
+    pub mfu: f64,
+    /// Wall time of the step, seconds.
+    pub step_time_s: f64,
+}
+
+/// A validation measurement.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ValRecord {
+    /// Optimizer steps taken before the measurement (0 = before training).
+    pub step: usize,
+    /// Mean validation cross-entropy, nats/token.
+    pub val_loss: f64,
+}
+
+/// Appends records to a `metrics.jsonl` file, flushing after each line.
+pub struct MetricsWriter {
+    out: BufWriter<File>,
+}
+
+impl MetricsWriter {
+    /// Creates (or truncates) the file at `path`.
+    pub fn create(path: &Path) -> std::io::Result<Self> {
+        let f = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .open(path)?;
+        Ok(Self {
+            out: BufWriter::new(f),
+        })
+    }
+
+    /// Writes one record as a line of JSON.
+    pub fn write<T: Serialize>(&mut self, record: &T) -> std::io::Result<()> {
+        serde_json::to_writer(&mut self.out, record)?;
+        self.out.write_all(b"\n")?;
+        self.out.flush()
+    }
+}

@@ -1,0 +1,9 @@
+//! Training metrics: per-step records as JSON lines, the loss plot, FLOP/s and MFU.
+
+mod jsonl;
+mod peak;
+mod plot;
+
+pub use jsonl::{MetricsWriter, StepRecord, ValRecord};
+pub use peak::{measure_matmul_flops, peak_flops_for, PEAK_FLOPS_TABLE};
+pub use plot::write_loss_svg;

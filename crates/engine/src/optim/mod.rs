@@ -1,0 +1,9 @@
+//! Optimisation: AdamW, the learning-rate schedule and gradient clipping.
+
+mod adamw;
+mod clip;
+mod schedule;
+
+pub use adamw::{AdamW, AdamWConfig};
+pub use clip::{clip_global_norm, global_grad_norm};
+pub use schedule::LrSchedule;

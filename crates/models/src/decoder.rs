@@ -1,0 +1,181 @@
+//! The decoder-only transformer shared by GPT-2, Llama and BLOOM.
+
+use burn::module::{Module, Param};
+use burn::tensor::activation::log_softmax;
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor};
+use ferrotron_engine::lm::CausalLm;
+
+use crate::config::{ConfigError, DecoderConfig, Position};
+use crate::init::Init;
+use crate::layers::position::PositionContext;
+use crate::layers::{Attention, LayerKv, Mlp, Norm};
+
+/// One pre-norm transformer block: `x + attn(norm(x))`, then `x + mlp(norm(x))`.
+#[derive(Module, Debug)]
+pub struct Block<B: Backend> {
+    /// Norm before attention.
+    pub attn_norm: Norm<B>,
+    /// Self-attention.
+    pub attn: Attention<B>,
+    /// Norm before the MLP.
+    pub mlp_norm: Norm<B>,
+    /// Feed-forward block.
+    pub mlp: Mlp<B>,
+}
+
+/// Keys and values of every layer for incremental decoding.
+#[derive(Clone, Debug)]
+pub struct KvCache<B: Backend> {
+    layers: Vec<Option<LayerKv<B>>>,
+    len: usize,
+}
+
+impl<B: Backend> KvCache<B> {
+    /// An empty cache for a model of `n_layers` blocks.
+    pub fn new(n_layers: usize) -> Self {
+        Self {
+            layers: vec![None; n_layers],
+            len: 0,
+        }
+    }
+
+    /// Number of positions cached.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is cached yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// The decoder: embeddings, `n_layers` blocks, final norm and output head.
+#[derive(Module, Debug)]
+pub struct Decoder<B: Backend> {
+    /// Token embeddings `[vocab, hidden]` (also the head when tied).
+    pub embed: Param<Tensor<B, 2>>,
+    /// Learned position embeddings `[max_seq_len, hidden]` (GPT-2).
+    pub pos_embed: Option<Param<Tensor<B, 2>>>,
+    /// LayerNorm after the embedding (BLOOM).
+    pub embed_norm: Option<Norm<B>>,
+    /// The transformer blocks.
+    pub layers: Vec<Block<B>>,
+    /// Norm before the head.
+    pub final_norm: Norm<B>,
+    /// Output head `[hidden, vocab]` when not tied to `embed`.
+    pub head: Option<Param<Tensor<B, 2>>>,
+    #[module(skip)]
+    config: DecoderConfig,
+}
+
+impl<B: Backend> Decoder<B> {
+    /// A freshly initialised model. The same `seed` gives the same weights on
+    /// every backend: `N(0, init_std^2)` for matrices and embeddings, scaled by
+    /// `1/sqrt(2 n_layers)` for the two residual output projections (GPT-2),
+    /// zero biases, unit norm gains.
+    pub fn new(config: &DecoderConfig, seed: u64, device: &B::Device) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let c = config;
+        let mut init = Init::<B>::new(seed, device);
+        let out_std = c.init_std / (2.0 * c.n_layers as f64).sqrt();
+        let norm = || Norm::new(c.norm, c.hidden_size, c.norm_eps, device);
+        let embed = init.normal([c.vocab_size, c.hidden_size], c.init_std);
+        let pos_embed = (c.position == Position::Learned)
+            .then(|| init.normal([c.max_seq_len, c.hidden_size], c.init_std));
+        let embed_norm = c.embed_norm.then(|| norm());
+        let layers = (0..c.n_layers)
+            .map(|_| Block {
+                attn_norm: norm(),
+                attn: Attention::new(&mut init, c, out_std),
+                mlp_norm: norm(),
+                mlp: Mlp::new(&mut init, c, out_std),
+            })
+            .collect();
+        let final_norm = norm();
+        let head = (!c.tied_head).then(|| init.normal([c.hidden_size, c.vocab_size], c.init_std));
+        Ok(Self {
+            embed,
+            pos_embed,
+            embed_norm,
+            layers,
+            final_norm,
+            head,
+            config: c.clone(),
+        })
+    }
+
+    /// The configuration the model was built from.
+    pub fn config(&self) -> &DecoderConfig {
+        &self.config
+    }
+
+    /// Logits `[batch, seq, vocab]` for token ids `[batch, seq]`.
+    pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        self.forward_from(tokens, 0, None)
+    }
+
+    /// Logits `[batch, len, vocab]` for `len` new tokens, attending to and
+    /// extending `cache`.
+    pub fn forward_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> Tensor<B, 3> {
+        let start = cache.len;
+        cache.len += tokens.dims()[1];
+        self.forward_from(tokens, start, Some(cache))
+    }
+
+    fn forward_from(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        start: usize,
+        mut cache: Option<&mut KvCache<B>>,
+    ) -> Tensor<B, 3> {
+        let c = &self.config;
+        let [b, t] = tokens.dims();
+        assert!(
+            start + t <= c.max_seq_len,
+            "sequence of {} tokens exceeds max_seq_len {}",
+            start + t,
+            c.max_seq_len
+        );
+        let device = tokens.device();
+        let flat = tokens.reshape([b * t]);
+        let mut x = self
+            .embed
+            .val()
+            .select(0, flat)
+            .reshape([b, t, c.hidden_size]);
+        if let Some(pe) = &self.pos_embed {
+            x = x + pe.val().narrow(0, start, t).unsqueeze::<3>();
+        }
+        if let Some(n) = &self.embed_norm {
+            x = n.forward(x);
+        }
+        let pos = PositionContext::new(&c.position, c.n_heads, c.head_dim(), start, t, &device);
+        for (i, layer) in self.layers.iter().enumerate() {
+            let kv = cache.as_mut().map(|c| &mut c.layers[i]);
+            x = x.clone() + layer.attn.forward(layer.attn_norm.forward(x), &pos, kv);
+            x = x.clone() + layer.mlp.forward(layer.mlp_norm.forward(x));
+        }
+        let x = self.final_norm.forward(x).reshape([b * t, c.hidden_size]);
+        let head = match &self.head {
+            Some(h) => h.val(),
+            None => self.embed.val().transpose(),
+        };
+        x.matmul(head).reshape([b, t, c.vocab_size])
+    }
+}
+
+/// Mean cross-entropy of `logits` `[batch, seq, vocab]` against `targets`
+/// `[batch, seq]`, in nats per token; shape `[1]`.
+pub fn cross_entropy<B: Backend>(logits: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
+    let [b, t, v] = logits.dims();
+    let logp = log_softmax(logits.reshape([b * t, v]), 1);
+    logp.gather(1, targets.reshape([b * t, 1])).mean().neg()
+}
+
+impl<B: Backend> CausalLm<B> for Decoder<B> {
+    fn loss(&self, inputs: Tensor<B, 2, Int>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
+        cross_entropy(self.forward(inputs), targets)
+    }
+}

@@ -1,0 +1,135 @@
+//! Position information for one forward pass: RoPE tables, ALiBi biases and
+//! the causal mask, built on the host for query positions `start..start+len`.
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Bool, Tensor, TensorData};
+
+use crate::config::Position;
+
+/// Everything attention needs to know about positions in this pass.
+#[derive(Clone, Debug)]
+pub struct PositionContext<B: Backend> {
+    /// RoPE `(cos, sin)`, each `[1, 1, len, head_dim]` (rotate-half layout).
+    pub rope: Option<(Tensor<B, 4>, Tensor<B, 4>)>,
+    /// ALiBi bias `[1, n_heads, 1, start + len]`: `slope_h * key_position`.
+    pub alibi: Option<Tensor<B, 4>>,
+    /// `[1, 1, len, start + len]`, true where a query may not see a key.
+    pub causal_mask: Tensor<B, 4, Bool>,
+}
+
+impl<B: Backend> PositionContext<B> {
+    /// Builds the context for `len` new queries after `start` cached positions.
+    pub fn new(
+        position: &Position,
+        n_heads: usize,
+        head_dim: usize,
+        start: usize,
+        len: usize,
+        device: &B::Device,
+    ) -> Self {
+        let keys = start + len;
+        let mask: Vec<bool> = (0..len)
+            .flat_map(|i| (0..keys).map(move |j| j > start + i))
+            .collect();
+        let causal_mask = Tensor::from_data(TensorData::new(mask, [1, 1, len, keys]), device);
+        let rope = match position {
+            Position::Rope { theta } => Some(rope_tables(*theta, head_dim, start, len, device)),
+            _ => None,
+        };
+        let alibi = match position {
+            Position::Alibi => {
+                let bias: Vec<f32> = alibi_slopes(n_heads)
+                    .iter()
+                    .flat_map(|s| (0..keys).map(move |j| s * j as f32))
+                    .collect();
+                Some(Tensor::from_data(TensorData::new(bias, [1, n_heads, 1, keys]), device))
+            }
+            _ => None,
+        };
+        Self {
+            rope,
+            alibi,
+            causal_mask,
+        }
+    }
+}
+
+/// RoPE cosines and sines for positions `start..start+len`, computed in f32
+/// the way Hugging Face `transformers` does (`inv_freq = 1 / theta^(2i/d)`,
+/// angle = position x inv_freq, duplicated across both halves).
+fn rope_tables<B: Backend>(
+    theta: f64,
+    head_dim: usize,
+    start: usize,
+    len: usize,
+    device: &B::Device,
+) -> (Tensor<B, 4>, Tensor<B, 4>) {
+    let half = head_dim / 2;
+    let inv_freq: Vec<f32> = (0..half)
+        .map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32))
+        .collect();
+    let mut cos = Vec::with_capacity(len * head_dim);
+    let mut sin = Vec::with_capacity(len * head_dim);
+    for p in start..start + len {
+        for _ in 0..2 {
+            for f in &inv_freq {
+                let angle = p as f32 * f;
+                cos.push(angle.cos());
+                sin.push(angle.sin());
+            }
+        }
+    }
+    let shape = [1, 1, len, head_dim];
+    (
+        Tensor::from_data(TensorData::new(cos, shape), device),
+        Tensor::from_data(TensorData::new(sin, shape), device),
+    )
+}
+
+/// Applies RoPE to `x` `[batch, heads, len, head_dim]`:
+/// `x * cos + rotate_half(x) * sin` with `rotate_half([a, b]) = [-b, a]`.
+pub fn apply_rope<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 4>, sin: &Tensor<B, 4>) -> Tensor<B, 4> {
+    let d = x.dims()[3];
+    let a = x.clone().narrow(3, 0, d / 2);
+    let b = x.clone().narrow(3, d / 2, d / 2);
+    let rotated = Tensor::cat(vec![b.neg(), a], 3);
+    x * cos.clone() + rotated * sin.clone()
+}
+
+/// ALiBi slopes of BLOOM / Press et al. for `n_heads` heads, including the
+/// interleaved extra slopes when `n_heads` is not a power of two.
+pub fn alibi_slopes(n_heads: usize) -> Vec<f32> {
+    let closest = 1usize << (usize::BITS - 1 - n_heads.leading_zeros());
+    let base = 2f64.powf(-(2f64.powf(-((closest as f64).log2() - 3.0))));
+    let mut slopes: Vec<f32> = (1..=closest).map(|i| base.powi(i as i32) as f32).collect();
+    if closest != n_heads {
+        let extra_base = 2f64.powf(-(2f64.powf(-((2.0 * closest as f64).log2() - 3.0))));
+        let extra = n_heads - closest;
+        slopes.extend(
+            (0..extra)
+                .map(|k| extra_base.powi((1 + 2 * k) as i32) as f32),
+        );
+    }
+    slopes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alibi_slopes_match_the_paper() {
+        // 8 heads: 1/2, 1/4, ..., 1/256.
+        let s = alibi_slopes(8);
+        for (i, v) in s.iter().enumerate() {
+            assert!((v - 0.5f32.powi(i as i32 + 1)).abs() < 1e-7);
+        }
+        // 6 heads: the 4 slopes of 4 heads (1/4, 1/16, 1/64, 1/256), then
+        // odd powers of the 8-head base (1/2, 1/8).
+        let s = alibi_slopes(6);
+        let want = [0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125];
+        for (a, b) in s.iter().zip(want) {
+            assert!((a - b).abs() < 1e-7, "{s:?}");
+        }
+    }
+}

@@ -1,0 +1,16 @@
+//! Ferrotron architectures.
+//!
+//! One configurable decoder ([`Decoder`]) covers GPT-2, Llama 2/3 and BLOOM;
+//! a family is a [`DecoderConfig`], and [`presets`] holds the published shapes
+//! and small CPU-sized ones.
+
+pub mod config;
+pub mod decoder;
+pub mod generate;
+mod init;
+pub mod layers;
+pub mod presets;
+
+pub use config::{ConfigError, DecoderConfig, MlpKind, NormKind, Position};
+pub use decoder::{Decoder, KvCache};
+pub use generate::{generate, SamplingConfig};

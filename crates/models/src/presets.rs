@@ -1,0 +1,157 @@
+//! Named model shapes: the published GPT-2, Llama and BLOOM sizes, and small
+//! presets that train on a CPU in minutes.
+
+use crate::config::{DecoderConfig, MlpKind, NormKind, Position};
+
+/// Every preset name, in the order they are listed to users.
+pub const PRESET_NAMES: &[&str] = &[
+    "gpt-mini",
+    "llama-mini",
+    "bloom-mini",
+    "gpt2",
+    "gpt2-medium",
+    "gpt2-large",
+    "gpt2-xl",
+    "llama2-7b",
+    "llama3-8b",
+    "llama3-70b",
+    "bloom-560m",
+    "bloom-7b1",
+    "bloom-176b",
+];
+
+fn gpt2(hidden: usize, layers: usize, heads: usize) -> DecoderConfig {
+    DecoderConfig {
+        vocab_size: 50257,
+        hidden_size: hidden,
+        n_layers: layers,
+        n_heads: heads,
+        n_kv_heads: heads,
+        ffn_size: 4 * hidden,
+        max_seq_len: 1024,
+        position: Position::Learned,
+        norm: NormKind::LayerNorm,
+        norm_eps: 1e-5,
+        mlp: MlpKind::GeluTanh,
+        bias: true,
+        tied_head: true,
+        embed_norm: false,
+        init_std: 0.02,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn llama(
+    vocab: usize,
+    hidden: usize,
+    layers: usize,
+    heads: usize,
+    kv_heads: usize,
+    ffn: usize,
+    max_seq: usize,
+    theta: f64,
+) -> DecoderConfig {
+    DecoderConfig {
+        vocab_size: vocab,
+        hidden_size: hidden,
+        n_layers: layers,
+        n_heads: heads,
+        n_kv_heads: kv_heads,
+        ffn_size: ffn,
+        max_seq_len: max_seq,
+        position: Position::Rope { theta },
+        norm: NormKind::RmsNorm,
+        norm_eps: 1e-5,
+        mlp: MlpKind::Swiglu,
+        bias: false,
+        tied_head: false,
+        embed_norm: false,
+        init_std: 0.02,
+    }
+}
+
+fn bloom(hidden: usize, layers: usize, heads: usize) -> DecoderConfig {
+    DecoderConfig {
+        vocab_size: 250880,
+        hidden_size: hidden,
+        n_layers: layers,
+        n_heads: heads,
+        n_kv_heads: heads,
+        ffn_size: 4 * hidden,
+        max_seq_len: 2048,
+        position: Position::Alibi,
+        norm: NormKind::LayerNorm,
+        norm_eps: 1e-5,
+        mlp: MlpKind::GeluTanh,
+        bias: true,
+        tied_head: true,
+        embed_norm: true,
+        init_std: 0.02,
+    }
+}
+
+/// Vocabulary of the mini presets: the size the embedded corpus's byte-level
+/// BPE tokenizer is trained to.
+pub const MINI_VOCAB: usize = 4096;
+
+/// The configuration of a preset, or `None` for an unknown name.
+pub fn preset(name: &str) -> Option<DecoderConfig> {
+    let c = match name {
+        "gpt-mini" => DecoderConfig {
+            vocab_size: MINI_VOCAB,
+            max_seq_len: 256,
+            ..gpt2(192, 4, 6)
+        },
+        "llama-mini" => llama(MINI_VOCAB, 192, 4, 6, 2, 512, 256, 500000.0),
+        "bloom-mini" => DecoderConfig {
+            vocab_size: MINI_VOCAB,
+            // 6 heads: not a power of two, which exercises ALiBi's extra slopes.
+            ..bloom(192, 4, 6)
+        },
+        "gpt2" => gpt2(768, 12, 12),
+        "gpt2-medium" => gpt2(1024, 24, 16),
+        "gpt2-large" => gpt2(1280, 36, 20),
+        "gpt2-xl" => gpt2(1600, 48, 25),
+        "llama2-7b" => llama(32000, 4096, 32, 32, 32, 11008, 4096, 10000.0),
+        "llama3-8b" => llama(128256, 4096, 32, 32, 8, 14336, 8192, 500000.0),
+        "llama3-70b" => llama(128256, 8192, 80, 64, 8, 28672, 8192, 500000.0),
+        "bloom-560m" => bloom(1024, 24, 16),
+        "bloom-7b1" => bloom(4096, 30, 32),
+        "bloom-176b" => bloom(14336, 70, 112),
+        _ => return None,
+    };
+    Some(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn published_presets_have_published_parameter_counts() {
+        // Counts of the Hugging Face checkpoints (tied heads counted once).
+        let expected = [
+            ("gpt2", 124_439_808),
+            ("gpt2-medium", 354_823_168),
+            ("gpt2-large", 774_030_080),
+            ("gpt2-xl", 1_557_611_200),
+            ("llama2-7b", 6_738_415_616),
+            ("llama3-8b", 8_030_261_248),
+            ("llama3-70b", 70_553_706_496),
+            ("bloom-560m", 559_214_592),
+            ("bloom-7b1", 7_069_016_064),
+            ("bloom-176b", 176_247_271_424),
+        ];
+        for (name, count) in expected {
+            assert_eq!(preset(name).unwrap().num_params(), count, "{name}");
+        }
+    }
+
+    #[test]
+    fn every_listed_preset_exists_and_validates() {
+        for name in PRESET_NAMES {
+            preset(name).unwrap().validate().unwrap();
+        }
+        assert!(preset("gpt5").is_none());
+    }
+}
