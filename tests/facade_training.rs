@@ -44,7 +44,10 @@ fn train(config: &DecoderConfig, steps: usize) -> Vec<f64> {
     let mut sampler = BatchSampler::new(tokens.len(), 32, 1).unwrap();
     (0..steps)
         .map(|_| {
-            let micro = [sampler.next_batch(&tokens, 4), sampler.next_batch(&tokens, 4)];
+            let micro = [
+                sampler.next_batch(&tokens, 4),
+                sampler.next_batch(&tokens, 4),
+            ];
             trainer.step(&micro).loss
         })
         .collect()

@@ -19,7 +19,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Train a model (with no flags: a small GPT on the embedded corpus, ~3 min on 2 CPU cores).
-    Train(TrainArgs),
+    Train(Box<TrainArgs>),
     /// Sample text from a trained run.
     Generate(GenerateArgs),
 }
@@ -115,9 +115,26 @@ impl TrainArgs {
             ($($f:ident),*) => { $( if let Some(v) = self.$f { s.$f = v; } )* };
         }
         set!(
-            model, steps, micro_batch, seq_len, grad_accum, lr, min_lr, warmup_steps,
-            weight_decay, beta1, beta2, eps, grad_clip, seed, backend, val_fraction,
-            eval_every, eval_batches, sample_tokens, sample_prompt
+            model,
+            steps,
+            micro_batch,
+            seq_len,
+            grad_accum,
+            lr,
+            min_lr,
+            warmup_steps,
+            weight_decay,
+            beta1,
+            beta2,
+            eps,
+            grad_clip,
+            seed,
+            backend,
+            val_fraction,
+            eval_every,
+            eval_batches,
+            sample_tokens,
+            sample_prompt
         );
         macro_rules! set_opt {
             ($($f:ident),*) => { $( if self.$f.is_some() { s.$f = self.$f; } )* };

@@ -10,7 +10,11 @@ pub trait BackendTask {
     /// What the task returns.
     type Output;
     /// Runs the task on backend `B` and `device`.
-    fn run<B: AutodiffBackend>(self, kind: BackendKind, device: B::Device) -> anyhow::Result<Self::Output>;
+    fn run<B: AutodiffBackend>(
+        self,
+        kind: BackendKind,
+        device: B::Device,
+    ) -> anyhow::Result<Self::Output>;
 }
 
 /// Calls `task.run::<B>` for the backend named by `kind`, once.
@@ -20,7 +24,9 @@ pub fn dispatch<T: BackendTask>(kind: BackendKind, task: T) -> anyhow::Result<T:
         #[cfg(feature = "flex")]
         BackendKind::Flex => task.run::<Autodiff<burn::backend::Flex>>(kind, Default::default()),
         #[cfg(feature = "ndarray")]
-        BackendKind::Ndarray => task.run::<Autodiff<burn::backend::NdArray>>(kind, Default::default()),
+        BackendKind::Ndarray => {
+            task.run::<Autodiff<burn::backend::NdArray>>(kind, Default::default())
+        }
         #[cfg(feature = "cuda")]
         BackendKind::Cuda => gpu_guard(kind, || {
             task.run::<Autodiff<burn::backend::Cuda>>(kind, Default::default())

@@ -16,8 +16,13 @@ use crate::train::sample;
 /// Runs `ferrotron generate`.
 pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let config = RunConfig::read(&args.run)?;
-    let backend = args.backend.clone().unwrap_or_else(|| config.train.backend.clone());
-    let kind: BackendKind = backend.parse().map_err(|e| usage(format!("--backend: {e}")))?;
+    let backend = args
+        .backend
+        .clone()
+        .unwrap_or_else(|| config.train.backend.clone());
+    let kind: BackendKind = backend
+        .parse()
+        .map_err(|e| usage(format!("--backend: {e}")))?;
     if args.temperature < 0.0 {
         return Err(usage(format!(
             "--temperature must be non-negative, got {}",

@@ -18,7 +18,7 @@ use crate::error::UsageError;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Train(a) => train::train(a),
+        Command::Train(a) => train::train(*a),
         Command::Generate(a) => generate::generate(a),
     };
     match result {

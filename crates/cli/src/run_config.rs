@@ -22,8 +22,14 @@ impl RunConfig {
     /// Reads `<run>/config.toml`.
     pub fn read(run: &Path) -> anyhow::Result<Self> {
         let path = run.join("config.toml");
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| usage(format!("--run {}: cannot read {}: {e}", run.display(), path.display())))?;
-        toml::from_str(&text).map_err(|e| usage(format!("{}: {}", path.display(), e.message().trim())))
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            usage(format!(
+                "--run {}: cannot read {}: {e}",
+                run.display(),
+                path.display()
+            ))
+        })?;
+        toml::from_str(&text)
+            .map_err(|e| usage(format!("{}: {}", path.display(), e.message().trim())))
     }
 }

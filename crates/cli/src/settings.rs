@@ -68,13 +68,13 @@ impl Default for TrainSettings {
         Self {
             model: "gpt-mini".into(),
             vocab_size: None,
-            steps: 600,
-            micro_batch: 16,
+            steps: 270,
+            micro_batch: 8,
             seq_len: 128,
             grad_accum: 1,
-            lr: 1e-3,
+            lr: 2e-3,
             min_lr: 1e-4,
-            warmup_steps: 50,
+            warmup_steps: 20,
             weight_decay: 0.1,
             beta1: 0.9,
             beta2: 0.95,
@@ -85,7 +85,7 @@ impl Default for TrainSettings {
             out: None,
             corpus: None,
             val_fraction: 0.1,
-            eval_every: 100,
+            eval_every: 50,
             eval_batches: 8,
             sample_tokens: 120,
             sample_prompt: "ROMEO:".into(),
@@ -124,7 +124,7 @@ impl TrainSettings {
             }
         }
         for (flag, v) in [("--lr", self.lr), ("--eps", self.eps)] {
-            if !(v > 0.0) {
+            if v.is_nan() || v <= 0.0 {
                 return Err(usage(format!("{flag} must be positive, got {v}")));
             }
         }
@@ -133,7 +133,7 @@ impl TrainSettings {
             ("--weight-decay", self.weight_decay),
             ("--grad-clip", self.grad_clip),
         ] {
-            if !(v >= 0.0) {
+            if v.is_nan() || v < 0.0 {
                 return Err(usage(format!("{flag} must be non-negative, got {v}")));
             }
         }
@@ -142,7 +142,7 @@ impl TrainSettings {
                 return Err(usage(format!("{flag} must be in [0, 1), got {v}")));
             }
         }
-        if !(self.val_fraction > 0.0 && self.val_fraction < 1.0) {
+        if !(0.0..1.0).contains(&self.val_fraction) || self.val_fraction == 0.0 {
             return Err(usage(format!(
                 "--val-fraction must be in (0, 1), got {}",
                 self.val_fraction
@@ -151,11 +151,13 @@ impl TrainSettings {
         if let Some(v) = self.vocab_size {
             let min = ferrotron_engine::data::MIN_VOCAB_SIZE;
             if v < min {
-                return Err(usage(format!("--vocab-size must be at least {min} (256 bytes + <|endoftext|>), got {v}")));
+                return Err(usage(format!(
+                    "--vocab-size must be at least {min} (256 bytes + <|endoftext|>), got {v}"
+                )));
             }
         }
         if let Some(p) = self.peak_tflops {
-            if !(p > 0.0) {
+            if p.is_nan() || p <= 0.0 {
                 return Err(usage(format!("--peak-tflops must be positive, got {p}")));
             }
         }

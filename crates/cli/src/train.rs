@@ -32,7 +32,10 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
     };
     args.apply(&mut s);
     s.validate()?;
-    let kind: BackendKind = s.backend.parse().map_err(|e| usage(format!("--backend: {e}")))?;
+    let kind: BackendKind = s
+        .backend
+        .parse()
+        .map_err(|e| usage(format!("--backend: {e}")))?;
     let mut model = preset(&s.model).ok_or_else(|| {
         usage(format!(
             "--model: unknown preset '{}'; available: {}",
@@ -55,17 +58,32 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
         None => data::embedded_corpus(),
     };
     let out = s.out.clone().unwrap_or_else(|| default_run_dir(&s.model));
-    if fs::read_dir(&out).map(|mut d| d.next().is_some()).unwrap_or(false) {
+    if fs::read_dir(&out)
+        .map(|mut d| d.next().is_some())
+        .unwrap_or(false)
+    {
         return Err(usage(format!(
             "--out {}: directory is not empty; choose a new run directory",
             out.display()
         )));
     }
     s.out = Some(out.clone());
-    fs::create_dir_all(&out).with_context(|| format!("creating run directory {}", out.display()))?;
+    fs::create_dir_all(&out)
+        .with_context(|| format!("creating run directory {}", out.display()))?;
     let config = RunConfig { train: s, model };
-    write_atomic(&out.join("config.toml"), toml::to_string(&config)?.as_bytes())?;
-    dispatch(kind, TrainTask { config, text, out, peak })
+    write_atomic(
+        &out.join("config.toml"),
+        toml::to_string(&config)?.as_bytes(),
+    )?;
+    dispatch(
+        kind,
+        TrainTask {
+            config,
+            text,
+            out,
+            peak,
+        },
+    )
 }
 
 /// Where the run goes when `--out` is not given.
@@ -105,11 +123,15 @@ impl BackendTask for TrainTask {
     type Output = ();
 
     fn run<B: AutodiffBackend>(self, kind: BackendKind, device: B::Device) -> anyhow::Result<()> {
-        let RunConfig { train: s, model: mc } = &self.config;
+        let RunConfig {
+            train: s,
+            model: mc,
+        } = &self.config;
         let out = &self.out;
         println!("run directory: {}", out.display());
         let t0 = Instant::now();
-        let tokenizer = data::load_or_train(&out.join("tokenizer.json"), &self.text, mc.vocab_size)?;
+        let tokenizer =
+            data::load_or_train(&out.join("tokenizer.json"), &self.text, mc.vocab_size)?;
         let tokens = data::encode(&tokenizer, &self.text)?;
         let split = data::split(tokens, s.val_fraction, s.seq_len + 1)
             .map_err(|e| usage(format!("--corpus: {e}")))?;
@@ -208,10 +230,12 @@ impl BackendTask for TrainTask {
                 log.write(&ValRecord { step, val_loss })?;
                 val_curve.push((step as f64, val_loss));
                 save_checkpoint(trainer.model(), out)?;
-                bar.println(format!(
+                bar.suspend(|| {
+                    println!(
                     "step {step}: loss {:.4} | val_loss {val_loss:.4} | {:.0} tokens/s | grad_norm {:.3} | lr {:.2e}",
                     o.loss, record.tokens_per_s, o.grad_norm, o.lr
-                ));
+                )
+                });
             }
         }
         bar.finish_and_clear();
@@ -232,7 +256,14 @@ impl BackendTask for TrainTask {
                 seed: s.seed,
             };
             let model = trainer.model().valid();
-            let text = sample(&model, &tokenizer, &s.sample_prompt, s.sample_tokens, &sampling, &device)?;
+            let text = sample(
+                &model,
+                &tokenizer,
+                &s.sample_prompt,
+                s.sample_tokens,
+                &sampling,
+                &device,
+            )?;
             println!("--- sample ---\n{text}\n--------------");
         }
         Ok(())
@@ -241,7 +272,10 @@ impl BackendTask for TrainTask {
 
 /// Writes `model.safetensors` in the run directory (atomically).
 fn save_checkpoint<B: AutodiffBackend>(model: &Decoder<B>, out: &Path) -> anyhow::Result<()> {
-    save_safetensors(&out.join("model.safetensors"), &named_tensors(&model.valid()))?;
+    save_safetensors(
+        &out.join("model.safetensors"),
+        &named_tensors(&model.valid()),
+    )?;
     Ok(())
 }
 

@@ -35,8 +35,16 @@ fn bad_input_is_a_one_line_error_with_exit_code_2_and_writes_nothing() {
     let dir = scratch("bad");
     let out = dir.join("run");
     let o = out.to_str().unwrap();
-    assert_rejected(&["train", "--out", o, "--model", "gpt7"], &["gpt7", "gpt-mini", "llama3-8b"], &out);
-    assert_rejected(&["train", "--out", o, "--config", "/nonexistent/x.toml"], &["/nonexistent/x.toml"], &out);
+    assert_rejected(
+        &["train", "--out", o, "--model", "gpt7"],
+        &["gpt7", "gpt-mini", "llama3-8b"],
+        &out,
+    );
+    assert_rejected(
+        &["train", "--out", o, "--config", "/nonexistent/x.toml"],
+        &["/nonexistent/x.toml"],
+        &out,
+    );
     let bad_key = dir.join("bad.toml");
     std::fs::write(&bad_key, "steps = 3\nlearning_rate = 0.1\n").unwrap();
     assert_rejected(
@@ -45,10 +53,26 @@ fn bad_input_is_a_one_line_error_with_exit_code_2_and_writes_nothing() {
         &out,
     );
     assert_rejected(&["train", "--out", o, "--steps", "0"], &["--steps"], &out);
-    assert_rejected(&["train", "--out", o, "--micro-batch", "0"], &["--micro-batch"], &out);
-    assert_rejected(&["train", "--out", o, "--backend", "cuda"], &["cuda", "flex"], &out);
-    assert_rejected(&["train", "--out", o, "--backend", "tpu"], &["tpu", "flex"], &out);
-    assert_rejected(&["train", "--out", o, "--seq-len", "100000"], &["--seq-len", "max_seq_len"], &out);
+    assert_rejected(
+        &["train", "--out", o, "--micro-batch", "0"],
+        &["--micro-batch"],
+        &out,
+    );
+    assert_rejected(
+        &["train", "--out", o, "--backend", "cuda"],
+        &["cuda", "flex"],
+        &out,
+    );
+    assert_rejected(
+        &["train", "--out", o, "--backend", "tpu"],
+        &["tpu", "flex"],
+        &out,
+    );
+    assert_rejected(
+        &["train", "--out", o, "--seq-len", "100000"],
+        &["--seq-len", "max_seq_len"],
+        &out,
+    );
 }
 
 #[test]
@@ -56,20 +80,28 @@ fn train_writes_a_complete_run_directory_and_generate_reads_it() {
     let dir = scratch("run");
     let corpus = dir.join("corpus.txt");
     let words = [
-        "the", "cat", "sat", "on", "a", "mat", "while", "dogs", "ran", "under", "bright",
-        "stars", "and", "quiet", "rivers", "sang", "of", "old", "kings", "who", "lost",
-        "their", "crowns", "to", "clever", "foxes",
+        "the", "cat", "sat", "on", "a", "mat", "while", "dogs", "ran", "under", "bright", "stars",
+        "and", "quiet", "rivers", "sang", "of", "old", "kings", "who", "lost", "their", "crowns",
+        "to", "clever", "foxes",
     ];
     let text: String = (0..6000u64)
         .map(|i| {
             let w = words[((i * 2654435761) >> 7) as usize % words.len()];
-            if i % 11 == 10 { format!("{w}.\n") } else { format!("{w} ") }
+            if i % 11 == 10 {
+                format!("{w}.\n")
+            } else {
+                format!("{w} ")
+            }
         })
         .collect();
     std::fs::write(&corpus, text).unwrap();
     let out = dir.join("run");
     let config = dir.join("run.toml");
-    std::fs::write(&config, "model = \"llama-mini\"\nsteps = 12\nmicro_batch = 4\n").unwrap();
+    std::fs::write(
+        &config,
+        "model = \"llama-mini\"\nsteps = 12\nmicro_batch = 4\n",
+    )
+    .unwrap();
     let o = ferrotron(&[
         "train",
         "--config",
@@ -88,8 +120,18 @@ fn train_writes_a_complete_run_directory_and_generate_reads_it() {
         out.to_str().unwrap(),
     ]);
     let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&o.stderr));
-    for file in ["config.toml", "metrics.jsonl", "loss.svg", "tokenizer.json", "model.safetensors"] {
+    assert!(
+        o.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    for file in [
+        "config.toml",
+        "metrics.jsonl",
+        "loss.svg",
+        "tokenizer.json",
+        "model.safetensors",
+    ] {
         assert!(out.join(file).is_file(), "missing {file}");
     }
     let resolved = std::fs::read_to_string(out.join("config.toml")).unwrap();
@@ -100,7 +142,10 @@ fn train_writes_a_complete_run_directory_and_generate_reads_it() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     let steps: Vec<_> = lines.iter().filter(|v| v.get("loss").is_some()).collect();
-    let vals: Vec<_> = lines.iter().filter(|v| v.get("val_loss").is_some()).collect();
+    let vals: Vec<_> = lines
+        .iter()
+        .filter(|v| v.get("val_loss").is_some())
+        .collect();
     assert_eq!(steps.len(), 12);
     assert_eq!(vals.len(), 3, "validation at steps 0, 6 and 12");
     for key in ["step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu"] {
@@ -109,7 +154,13 @@ fn train_writes_a_complete_run_directory_and_generate_reads_it() {
     assert!(stdout.contains("--- sample ---"), "{stdout}");
 
     let g = Command::new(env!("CARGO_BIN_EXE_ferrotron"))
-        .args(["generate", "--run", out.to_str().unwrap(), "--prompt", "The cat"])
+        .args([
+            "generate",
+            "--run",
+            out.to_str().unwrap(),
+            "--prompt",
+            "The cat",
+        ])
         .args(["--max-new-tokens", "8", "--temperature", "0"])
         .output()
         .unwrap();
@@ -117,5 +168,10 @@ fn train_writes_a_complete_run_directory_and_generate_reads_it() {
     assert!(String::from_utf8_lossy(&g.stdout).starts_with("The cat"));
 
     // A run directory is never overwritten.
-    assert_eq!(ferrotron(&["train", "--out", out.to_str().unwrap()]).status.code(), Some(2));
+    assert_eq!(
+        ferrotron(&["train", "--out", out.to_str().unwrap()])
+            .status
+            .code(),
+        Some(2)
+    );
 }

@@ -58,7 +58,10 @@ impl BackendKind {
 
     /// The backends compiled into this build.
     pub fn compiled() -> Vec<BackendKind> {
-        ALL_BACKENDS.into_iter().filter(|b| b.is_compiled()).collect()
+        ALL_BACKENDS
+            .into_iter()
+            .filter(|b| b.is_compiled())
+            .collect()
     }
 
     /// The default backend of this build: the first compiled one
@@ -91,12 +94,7 @@ impl FromStr for BackendKind {
 
     /// Parses a backend name, accepting only backends compiled into this build.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let names = |v: &[BackendKind]| {
-            v.iter()
-                .map(|b| b.name())
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+        let names = |v: &[BackendKind]| v.iter().map(|b| b.name()).collect::<Vec<_>>().join(", ");
         ALL_BACKENDS
             .into_iter()
             .find(|b| b.name() == s && b.is_compiled())

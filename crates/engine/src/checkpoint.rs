@@ -59,19 +59,20 @@ pub fn save_safetensors(
     path: &Path,
     tensors: &[(String, TensorData)],
 ) -> Result<(), CheckpointError> {
-    let converted: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
-        .iter()
-        .map(|(name, data)| {
-            let values: Vec<f32> = data.clone().convert::<f32>().to_vec().map_err(|e| {
-                CheckpointError::Format {
-                    path: path.display().to_string(),
-                    message: format!("tensor '{name}': {e:?}"),
-                }
-            })?;
-            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            Ok((name.clone(), data.shape.to_vec(), bytes))
-        })
-        .collect::<Result<_, CheckpointError>>()?;
+    let converted: Vec<(String, Vec<usize>, Vec<u8>)> =
+        tensors
+            .iter()
+            .map(|(name, data)| {
+                let values: Vec<f32> = data.clone().convert::<f32>().to_vec().map_err(|e| {
+                    CheckpointError::Format {
+                        path: path.display().to_string(),
+                        message: format!("tensor '{name}': {e:?}"),
+                    }
+                })?;
+                let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                Ok((name.clone(), data.shape.to_vec(), bytes))
+            })
+            .collect::<Result<_, CheckpointError>>()?;
     let views: Vec<(String, TensorView<'_>)> = converted
         .iter()
         .map(|(name, shape, bytes)| {
@@ -156,7 +157,10 @@ mod tests {
         fs::create_dir_all(&dir).unwrap();
         let path = dir.join("model.safetensors");
         let t = vec![
-            ("a".to_string(), TensorData::new(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2])),
+            (
+                "a".to_string(),
+                TensorData::new(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2]),
+            ),
             ("b".to_string(), TensorData::new(vec![-0.5f32], [1])),
         ];
         save_safetensors(&path, &t).unwrap();

@@ -21,7 +21,9 @@ pub enum ParamError {
         source_name: String,
     },
     /// A tensor has a different shape than the parameter it should fill.
-    #[error("tensor '{name}' in {source_name} has shape {found:?}, the model expects {expected:?}")]
+    #[error(
+        "tensor '{name}' in {source_name} has shape {found:?}, the model expects {expected:?}"
+    )]
     Shape {
         /// Parameter name.
         name: String,

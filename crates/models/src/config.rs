@@ -108,33 +108,42 @@ impl DecoderConfig {
                 });
             }
         }
-        if self.hidden_size % self.n_heads != 0 {
+        if !self.hidden_size.is_multiple_of(self.n_heads) {
             return Err(ConfigError {
                 field: "hidden_size",
-                problem: format!("({}) must be divisible by n_heads ({})", self.hidden_size, self.n_heads),
+                problem: format!(
+                    "({}) must be divisible by n_heads ({})",
+                    self.hidden_size, self.n_heads
+                ),
             });
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(ConfigError {
                 field: "n_kv_heads",
-                problem: format!("({}) must divide n_heads ({})", self.n_kv_heads, self.n_heads),
+                problem: format!(
+                    "({}) must divide n_heads ({})",
+                    self.n_kv_heads, self.n_heads
+                ),
             });
         }
         if let Position::Rope { theta } = self.position {
-            if self.head_dim() % 2 != 0 {
+            if !self.head_dim().is_multiple_of(2) {
                 return Err(ConfigError {
                     field: "hidden_size",
-                    problem: format!("gives an odd head dim ({}); RoPE needs an even one", self.head_dim()),
+                    problem: format!(
+                        "gives an odd head dim ({}); RoPE needs an even one",
+                        self.head_dim()
+                    ),
                 });
             }
-            if !(theta > 0.0) {
+            if theta.is_nan() || theta <= 0.0 {
                 return Err(ConfigError {
                     field: "position.theta",
                     problem: format!("must be positive, got {theta}"),
                 });
             }
         }
-        if !(self.norm_eps > 0.0) {
+        if self.norm_eps.is_nan() || self.norm_eps <= 0.0 {
             return Err(ConfigError {
                 field: "norm_eps",
                 problem: format!("must be positive, got {}", self.norm_eps),
@@ -150,8 +159,12 @@ impl DecoderConfig {
         let b = usize::from(self.bias);
         let attn = (h * h + b * h) * 2 + (h * kv + b * kv) * 2;
         let mlp = match self.mlp {
-            MlpKind::GeluTanh => (h * self.ffn_size + b * self.ffn_size) + (self.ffn_size * h + b * h),
-            MlpKind::Swiglu => 2 * (h * self.ffn_size + b * self.ffn_size) + (self.ffn_size * h + b * h),
+            MlpKind::GeluTanh => {
+                (h * self.ffn_size + b * self.ffn_size) + (self.ffn_size * h + b * h)
+            }
+            MlpKind::Swiglu => {
+                2 * (h * self.ffn_size + b * self.ffn_size) + (self.ffn_size * h + b * h)
+            }
         };
         attn + mlp + 2 * self.norm_params()
     }
@@ -211,7 +224,10 @@ mod tests {
         let (s, l, h, v) = (1024.0, 12.0, 768.0, 50257.0);
         let megatron = 72.0 * s * l * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * l * h));
         let ours = c.train_flops_per_token(1024) * s;
-        assert!((ours - megatron).abs() / megatron < 1e-12, "{ours} vs {megatron}");
+        assert!(
+            (ours - megatron).abs() / megatron < 1e-12,
+            "{ours} vs {megatron}"
+        );
     }
 
     #[test]
@@ -221,7 +237,11 @@ mod tests {
         assert!(c.validate().unwrap_err().to_string().contains("n_kv_heads"));
         let mut c = presets::preset("gpt-mini").unwrap();
         c.hidden_size = 0;
-        assert!(c.validate().unwrap_err().to_string().contains("hidden_size must be positive"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("hidden_size must be positive"));
     }
 
     #[test]
@@ -231,7 +251,9 @@ mod tests {
         let back: crate::DecoderConfig = toml::from_str(&text).unwrap();
         assert_eq!(back, c);
         let bad = format!("{text}\nwidth = 3\n");
-        let e = toml::from_str::<crate::DecoderConfig>(&bad).unwrap_err().to_string();
+        let e = toml::from_str::<crate::DecoderConfig>(&bad)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("width"), "{e}");
     }
 }

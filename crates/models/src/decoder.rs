@@ -84,7 +84,7 @@ impl<B: Backend> Decoder<B> {
         let embed = init.normal([c.vocab_size, c.hidden_size], c.init_std);
         let pos_embed = (c.position == Position::Learned)
             .then(|| init.normal([c.max_seq_len, c.hidden_size], c.init_std));
-        let embed_norm = c.embed_norm.then(|| norm());
+        let embed_norm = c.embed_norm.then(norm);
         let layers = (0..c.n_layers)
             .map(|_| Block {
                 attn_norm: norm(),
@@ -118,7 +118,11 @@ impl<B: Backend> Decoder<B> {
 
     /// Logits `[batch, len, vocab]` for `len` new tokens, attending to and
     /// extending `cache`.
-    pub fn forward_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> Tensor<B, 3> {
+    pub fn forward_cached(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        cache: &mut KvCache<B>,
+    ) -> Tensor<B, 3> {
         let start = cache.len;
         cache.len += tokens.dims()[1];
         self.forward_from(tokens, start, Some(cache))

@@ -24,7 +24,13 @@ fn pick(logits: &[f32], s: &SamplingConfig, rng: &mut StdRng) -> u32 {
         logits
             .iter()
             .enumerate()
-            .fold((0, f32::NEG_INFINITY), |best, (i, &v)| if v > best.1 { (i, v) } else { best })
+            .fold((0, f32::NEG_INFINITY), |best, (i, &v)| {
+                if v > best.1 {
+                    (i, v)
+                } else {
+                    best
+                }
+            })
             .0 as u32
     };
     if s.temperature <= 0.0 {

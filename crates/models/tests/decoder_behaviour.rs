@@ -22,7 +22,10 @@ fn tiny(name: &str) -> DecoderConfig {
 }
 
 fn ids(v: &[i64]) -> Tensor<B, 2, Int> {
-    Tensor::from_data(TensorData::new(v.to_vec(), [1, v.len()]), &Default::default())
+    Tensor::from_data(
+        TensorData::new(v.to_vec(), [1, v.len()]),
+        &Default::default(),
+    )
 }
 
 fn values(t: Tensor<B, 3>) -> Vec<f32> {
@@ -42,7 +45,13 @@ fn built_models_have_the_configured_parameter_count() {
 fn same_seed_same_weights_other_seed_other_weights() {
     let c = tiny("llama-mini");
     let dev = Default::default();
-    let logits = |seed| values(Decoder::<B>::new(&c, seed, &dev).unwrap().forward(ids(&[1, 2, 3])));
+    let logits = |seed| {
+        values(
+            Decoder::<B>::new(&c, seed, &dev)
+                .unwrap()
+                .forward(ids(&[1, 2, 3])),
+        )
+    };
     assert_eq!(logits(3), logits(3));
     assert_ne!(logits(3), logits(4));
 }

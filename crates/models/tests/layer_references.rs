@@ -12,7 +12,9 @@ type B = Flex;
 fn pseudo_random(n: usize, seed: u32) -> Vec<f32> {
     (0..n)
         .map(|i| {
-            let x = (i as u32).wrapping_mul(2654435761).wrapping_add(seed.wrapping_mul(97));
+            let x = (i as u32)
+                .wrapping_mul(2654435761)
+                .wrapping_add(seed.wrapping_mul(97));
             ((x >> 8) % 2000) as f32 / 1000.0 - 1.0
         })
         .collect()
@@ -39,7 +41,9 @@ fn norms_match_their_definitions() {
             let want: Vec<f64> = match kind {
                 NormKind::LayerNorm => {
                     let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / h as f64;
-                    row.iter().map(|v| (v - mean) / (var + 1e-5).sqrt()).collect()
+                    row.iter()
+                        .map(|v| (v - mean) / (var + 1e-5).sqrt())
+                        .collect()
                 }
                 NormKind::RmsNorm => {
                     let ms = row.iter().map(|v| v * v).sum::<f64>() / h as f64;
@@ -56,10 +60,20 @@ fn norms_match_their_definitions() {
 #[test]
 fn rope_rotates_each_pair_by_position_times_frequency() {
     let (len, d, start, theta) = (5, 8, 3, 10000.0);
-    let ctx = PositionContext::<B>::new(&Position::Rope { theta }, 1, d, start, len, &Default::default());
+    let ctx = PositionContext::<B>::new(
+        &Position::Rope { theta },
+        1,
+        d,
+        start,
+        len,
+        &Default::default(),
+    );
     let (cos, sin) = ctx.rope.unwrap();
     let x = pseudo_random(len * d, 2);
-    let t: Tensor<B, 4> = Tensor::from_data(TensorData::new(x.clone(), [1, 1, len, d]), &Default::default());
+    let t: Tensor<B, 4> = Tensor::from_data(
+        TensorData::new(x.clone(), [1, 1, len, d]),
+        &Default::default(),
+    );
     let y: Vec<f32> = apply_rope(t, &cos, &sin).into_data().to_vec().unwrap();
     for p in 0..len {
         for i in 0..d / 2 {
@@ -74,16 +88,34 @@ fn rope_rotates_each_pair_by_position_times_frequency() {
 }
 
 #[test]
-fn causal_mask_hides_exactly_the_future_keys() {
-    let ctx = PositionContext::<B>::new(&Position::Learned, 1, 4, 2, 3, &Default::default());
-    let mask: Vec<bool> = ctx.causal_mask.into_data().to_vec().unwrap();
+fn attention_bias_hides_exactly_the_future_keys_and_adds_alibi() {
     // 3 queries at positions 2, 3, 4 over 5 keys.
-    let want = [
-        false, false, false, true, true, //
-        false, false, false, false, true, //
-        false, false, false, false, false,
-    ];
-    assert_eq!(mask, want);
+    let hidden = |q: usize, k: usize| k > 2 + q;
+    let ctx = PositionContext::<B>::new(&Position::Learned, 2, 4, 2, 3, &Default::default());
+    assert_eq!(ctx.attn_bias.dims(), [1, 1, 3, 5]);
+    let bias: Vec<f32> = ctx.attn_bias.into_data().to_vec().unwrap();
+    for q in 0..3 {
+        for k in 0..5 {
+            let want = if hidden(q, k) { f32::NEG_INFINITY } else { 0.0 };
+            assert_eq!(bias[q * 5 + k], want, "query {q} key {k}");
+        }
+    }
+    let ctx = PositionContext::<B>::new(&Position::Alibi, 2, 4, 2, 3, &Default::default());
+    assert_eq!(ctx.attn_bias.dims(), [1, 2, 3, 5]);
+    let bias: Vec<f32> = ctx.attn_bias.into_data().to_vec().unwrap();
+    // Two heads: slopes 1/16 and 1/256 (Press et al.: 2^(-8/n * h)).
+    for (h, slope) in [(0, 1.0 / 16.0), (1, 1.0 / 256.0)] {
+        for q in 0..3 {
+            for k in 0..5 {
+                let want = if hidden(q, k) {
+                    f32::NEG_INFINITY
+                } else {
+                    slope * k as f32
+                };
+                assert_eq!(bias[h * 15 + q * 5 + k], want, "head {h} query {q} key {k}");
+            }
+        }
+    }
 }
 
 #[test]
@@ -93,7 +125,10 @@ fn cross_entropy_is_the_mean_negative_log_likelihood() {
     let targets = [0i64, 5, 2, 2];
     let got: f32 = cross_entropy(
         tensor3(logits.clone(), [1, t, v]),
-        Tensor::<B, 2, Int>::from_data(TensorData::new(targets.to_vec(), [1, t]), &Default::default()),
+        Tensor::<B, 2, Int>::from_data(
+            TensorData::new(targets.to_vec(), [1, t]),
+            &Default::default(),
+        ),
     )
     .into_scalar();
     let mut want = 0.0;
@@ -104,4 +139,23 @@ fn cross_entropy_is_the_mean_negative_log_likelihood() {
     }
     want /= t as f64;
     assert!((got as f64 - want).abs() < 1e-6, "{got} vs {want}");
+}
+
+#[test]
+fn gelu_tanh_matches_the_tanh_formula() {
+    let x = pseudo_random(64, 4)
+        .into_iter()
+        .map(|v| v * 6.0)
+        .collect::<Vec<_>>();
+    let y: Vec<f32> = ferrotron_models::layers::gelu_tanh(tensor3(x.clone(), [1, 8, 8]))
+        .into_data()
+        .to_vec()
+        .unwrap();
+    for (a, &v) in y.iter().zip(&x) {
+        let v = v as f64;
+        let want = 0.5
+            * v
+            * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v.powi(3))).tanh());
+        assert!((*a as f64 - want).abs() < 1e-5, "{a} vs {want}");
+    }
 }

@@ -35,7 +35,10 @@ pub struct StepOutput {
 }
 
 /// Token ids of a batch as `(inputs, targets)`, each `[batch, seq_len]`.
-pub fn batch_tensors<B: Backend>(batch: &Batch, device: &B::Device) -> (Tensor<B, 2, Int>, Tensor<B, 2, Int>) {
+pub fn batch_tensors<B: Backend>(
+    batch: &Batch,
+    device: &B::Device,
+) -> (Tensor<B, 2, Int>, Tensor<B, 2, Int>) {
     let shape = [batch.batch, batch.seq_len];
     (
         Tensor::from_data(TensorData::new(batch.inputs.clone(), shape), device),
@@ -71,7 +74,9 @@ where
 
     /// The model being trained.
     pub fn model(&self) -> &M {
-        self.model.as_ref().expect("the model is always present between steps")
+        self.model
+            .as_ref()
+            .expect("the model is always present between steps")
     }
 
     /// Optimizer steps taken.
@@ -87,7 +92,10 @@ where
     /// One optimizer step over `micro_batches` (gradient accumulation over
     /// all of them; each contributes `1 / micro_batches.len()` of the loss).
     pub fn step(&mut self, micro_batches: &[Batch]) -> StepOutput {
-        let model = self.model.take().expect("the model is always present between steps");
+        let model = self
+            .model
+            .take()
+            .expect("the model is always present between steps");
         let n = micro_batches.len().max(1) as f64;
         let mut accumulator = GradientsAccumulator::<M>::new();
         let mut loss_sum = 0.0;

@@ -27,7 +27,9 @@ pub fn embedded_corpus() -> String {
     let mut text = String::with_capacity(5_100_000);
     MultiGzDecoder::new(EMBEDDED_CORPUS_GZ)
         .read_to_string(&mut text)
-        .expect("embedded corpus asset shakespeare.txt.gz is corrupt (rebuild with make_corpus.py)");
+        .expect(
+            "embedded corpus asset shakespeare.txt.gz is corrupt (rebuild with make_corpus.py)",
+        );
     text
 }
 

@@ -66,7 +66,9 @@ pub enum DataError {
     },
 
     /// The requested vocabulary is smaller than the byte alphabet plus special tokens.
-    #[error("vocab_size {requested} is too small: a byte-level BPE needs at least {minimum} tokens")]
+    #[error(
+        "vocab_size {requested} is too small: a byte-level BPE needs at least {minimum} tokens"
+    )]
     VocabTooSmall {
         /// The requested `vocab_size` (tokens).
         requested: usize,

@@ -28,7 +28,11 @@ pub struct Batch {
 impl Batch {
     /// Builds a batch from the windows starting at `starts` (token offsets);
     /// each needs `seq_len + 1` tokens inside `tokens`.
-    fn from_starts(tokens: &[u32], seq_len: usize, starts: impl ExactSizeIterator<Item = usize>) -> Self {
+    fn from_starts(
+        tokens: &[u32],
+        seq_len: usize,
+        starts: impl ExactSizeIterator<Item = usize>,
+    ) -> Self {
         let batch = starts.len();
         let mut inputs = Vec::with_capacity(batch * seq_len);
         let mut targets = Vec::with_capacity(batch * seq_len);
@@ -190,7 +194,12 @@ fn check_window(tokens_len: usize, seq_len: usize, what: &'static str) -> Result
 /// then a single smaller batch holds all of them. Returns `[]` when
 /// `seq_len`, `batch` or `max_batches` is 0 or `tokens` has at most `seq_len`
 /// tokens.
-pub fn eval_batches(tokens: &[u32], seq_len: usize, batch: usize, max_batches: usize) -> Vec<Batch> {
+pub fn eval_batches(
+    tokens: &[u32],
+    seq_len: usize,
+    batch: usize,
+    max_batches: usize,
+) -> Vec<Batch> {
     if seq_len == 0 || batch == 0 || max_batches == 0 || tokens.len() <= seq_len {
         return Vec::new();
     }
@@ -228,7 +237,11 @@ mod tests {
         for row in 0..b.batch {
             let inp = &b.inputs[row * b.seq_len..(row + 1) * b.seq_len];
             let tgt = &b.targets[row * b.seq_len..(row + 1) * b.seq_len];
-            assert_eq!(&inp[1..], &tgt[..b.seq_len - 1], "targets = inputs shifted by one");
+            assert_eq!(
+                &inp[1..],
+                &tgt[..b.seq_len - 1],
+                "targets = inputs shifted by one"
+            );
             // Locate the window in the stream (values are unique in `stream` over 1000 tokens).
             let start = tokens
                 .windows(b.seq_len)
@@ -273,8 +286,7 @@ mod tests {
         let tokens = stream(12);
         let mut s = BatchSampler::new(12, 10, 1).unwrap();
         let b = s.next_batch(&tokens, 64);
-        let firsts: std::collections::BTreeSet<i64> =
-            (0..64).map(|r| b.inputs[r * 10]).collect();
+        let firsts: std::collections::BTreeSet<i64> = (0..64).map(|r| b.inputs[r * 10]).collect();
         assert_eq!(firsts.len(), 2);
         assert!(s.next_batch(&tokens, 0).inputs.is_empty());
     }
@@ -301,11 +313,18 @@ mod tests {
     fn constructor_errors() {
         assert!(matches!(
             BatchSampler::new(10, 10, 0),
-            Err(DataError::TooFewTokens { tokens_len: 10, seq_len: 10, .. })
+            Err(DataError::TooFewTokens {
+                tokens_len: 10,
+                seq_len: 10,
+                ..
+            })
         ));
         assert!(matches!(
             BatchSampler::new(10, 0, 0),
-            Err(DataError::InvalidArgument { name: "seq_len", .. })
+            Err(DataError::InvalidArgument {
+                name: "seq_len",
+                ..
+            })
         ));
         let bad = SamplerState {
             seed: 0,
@@ -342,7 +361,10 @@ mod tests {
             }
         }
         assert_eq!(eval_batches(&tokens, 10, 3, 2).len(), 2);
-        assert_eq!(eval_batches(&tokens, 10, 3, 2), eval_batches(&tokens, 10, 3, 2));
+        assert_eq!(
+            eval_batches(&tokens, 10, 3, 2),
+            eval_batches(&tokens, 10, 3, 2)
+        );
         // Fewer windows than one batch: one smaller batch.
         let small = eval_batches(&tokens[..25], 10, 8, 4);
         assert_eq!(small.len(), 1);

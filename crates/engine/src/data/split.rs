@@ -66,12 +66,26 @@ mod tests {
     fn tiny_inputs_are_errors() {
         let err = split(vec![1, 2, 3], 0.1, 2).unwrap_err();
         assert!(
-            matches!(err, DataError::SplitTooShort { part: "val", len: 0, .. }),
+            matches!(
+                err,
+                DataError::SplitTooShort {
+                    part: "val",
+                    len: 0,
+                    ..
+                }
+            ),
             "{err}"
         );
         let err = split((0..10).collect(), 0.9, 2).unwrap_err();
         assert!(
-            matches!(err, DataError::SplitTooShort { part: "train", len: 1, .. }),
+            matches!(
+                err,
+                DataError::SplitTooShort {
+                    part: "train",
+                    len: 1,
+                    ..
+                }
+            ),
             "{err}"
         );
         let err = split(Vec::new(), 0.5, 0).unwrap_err();

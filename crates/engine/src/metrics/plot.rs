@@ -67,7 +67,10 @@ pub fn write_loss_svg(train: &[(f64, f64)], val: &[(f64, f64)]) -> String {
         (L + W - M) / 2.0,
         H - 6.0
     );
-    for (points, colour, label, row) in [(train, "#1f77b4", "train loss", 0.0), (val, "#d62728", "val loss", 1.0)] {
+    for (points, colour, label, row) in [
+        (train, "#1f77b4", "train loss", 0.0),
+        (val, "#d62728", "val loss", 1.0),
+    ] {
         if points.is_empty() {
             continue;
         }
@@ -98,7 +101,10 @@ mod tests {
 
     #[test]
     fn plots_both_series_within_the_frame() {
-        let svg = write_loss_svg(&[(1.0, 8.0), (2.0, 6.0), (3.0, 5.0)], &[(0.0, 8.5), (3.0, 5.5)]);
+        let svg = write_loss_svg(
+            &[(1.0, 8.0), (2.0, 6.0), (3.0, 5.0)],
+            &[(0.0, 8.5), (3.0, 5.5)],
+        );
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         assert_eq!(svg.matches("<polyline").count(), 2);
         // The highest loss sits on the top edge of the frame, the last step on the right edge.

@@ -39,11 +39,11 @@ impl<B: Backend> Norm<B> {
         let x = match self.kind {
             NormKind::LayerNorm => {
                 let centred = x.clone() - x.mean_dim(2);
-                let var = centred.clone().powf_scalar(2.0).mean_dim(2);
+                let var = (centred.clone() * centred.clone()).mean_dim(2);
                 centred / var.add_scalar(self.eps).sqrt()
             }
             NormKind::RmsNorm => {
-                let ms = x.clone().powf_scalar(2.0).mean_dim(2);
+                let ms = (x.clone() * x.clone()).mean_dim(2);
                 x / ms.add_scalar(self.eps).sqrt()
             }
         };

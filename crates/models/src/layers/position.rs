@@ -1,8 +1,8 @@
-//! Position information for one forward pass: RoPE tables, ALiBi biases and
-//! the causal mask, built on the host for query positions `start..start+len`.
+//! Position information for one forward pass: RoPE tables and the attention
+//! bias (causal mask and ALiBi), built on the host for query positions `start..start+len`.
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{Bool, Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData};
 
 use crate::config::Position;
 
@@ -11,10 +11,10 @@ use crate::config::Position;
 pub struct PositionContext<B: Backend> {
     /// RoPE `(cos, sin)`, each `[1, 1, len, head_dim]` (rotate-half layout).
     pub rope: Option<(Tensor<B, 4>, Tensor<B, 4>)>,
-    /// ALiBi bias `[1, n_heads, 1, start + len]`: `slope_h * key_position`.
-    pub alibi: Option<Tensor<B, 4>>,
-    /// `[1, 1, len, start + len]`, true where a query may not see a key.
-    pub causal_mask: Tensor<B, 4, Bool>,
+    /// Additive attention bias `[1, heads, len, start + len]` (`heads` is 1
+    /// without ALiBi): `-inf` where a query may not see a key (causal mask),
+    /// otherwise ALiBi's `slope_h * key_position`, or 0.
+    pub attn_bias: Tensor<B, 4>,
 }
 
 impl<B: Backend> PositionContext<B> {
@@ -28,29 +28,31 @@ impl<B: Backend> PositionContext<B> {
         device: &B::Device,
     ) -> Self {
         let keys = start + len;
-        let mask: Vec<bool> = (0..len)
-            .flat_map(|i| (0..keys).map(move |j| j > start + i))
+        let slopes = match position {
+            Position::Alibi => alibi_slopes(n_heads),
+            _ => vec![0.0],
+        };
+        let bias: Vec<f32> = slopes
+            .iter()
+            .flat_map(|&s| {
+                (0..len).flat_map(move |i| {
+                    (0..keys).map(move |j| {
+                        if j > start + i {
+                            f32::NEG_INFINITY
+                        } else {
+                            s * j as f32
+                        }
+                    })
+                })
+            })
             .collect();
-        let causal_mask = Tensor::from_data(TensorData::new(mask, [1, 1, len, keys]), device);
+        let attn_bias =
+            Tensor::from_data(TensorData::new(bias, [1, slopes.len(), len, keys]), device);
         let rope = match position {
             Position::Rope { theta } => Some(rope_tables(*theta, head_dim, start, len, device)),
             _ => None,
         };
-        let alibi = match position {
-            Position::Alibi => {
-                let bias: Vec<f32> = alibi_slopes(n_heads)
-                    .iter()
-                    .flat_map(|s| (0..keys).map(move |j| s * j as f32))
-                    .collect();
-                Some(Tensor::from_data(TensorData::new(bias, [1, n_heads, 1, keys]), device))
-            }
-            _ => None,
-        };
-        Self {
-            rope,
-            alibi,
-            causal_mask,
-        }
+        Self { rope, attn_bias }
     }
 }
 
@@ -88,7 +90,11 @@ fn rope_tables<B: Backend>(
 
 /// Applies RoPE to `x` `[batch, heads, len, head_dim]`:
 /// `x * cos + rotate_half(x) * sin` with `rotate_half([a, b]) = [-b, a]`.
-pub fn apply_rope<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 4>, sin: &Tensor<B, 4>) -> Tensor<B, 4> {
+pub fn apply_rope<B: Backend>(
+    x: Tensor<B, 4>,
+    cos: &Tensor<B, 4>,
+    sin: &Tensor<B, 4>,
+) -> Tensor<B, 4> {
     let d = x.dims()[3];
     let a = x.clone().narrow(3, 0, d / 2);
     let b = x.clone().narrow(3, d / 2, d / 2);
@@ -105,10 +111,7 @@ pub fn alibi_slopes(n_heads: usize) -> Vec<f32> {
     if closest != n_heads {
         let extra_base = 2f64.powf(-(2f64.powf(-((2.0 * closest as f64).log2() - 3.0))));
         let extra = n_heads - closest;
-        slopes.extend(
-            (0..extra)
-                .map(|k| extra_base.powi((1 + 2 * k) as i32) as f32),
-        );
+        slopes.extend((0..extra).map(|k| extra_base.powi((1 + 2 * k) as i32) as f32));
     }
     slopes
 }
