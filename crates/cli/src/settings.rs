@@ -68,7 +68,7 @@ impl Default for TrainSettings {
         Self {
             model: "gpt-mini".into(),
             vocab_size: None,
-            steps: 270,
+            steps: 250,
             micro_batch: 8,
             seq_len: 128,
             grad_accum: 1,
