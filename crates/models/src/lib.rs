@@ -7,6 +7,7 @@
 pub mod config;
 pub mod decoder;
 pub mod generate;
+pub mod hf;
 mod init;
 pub mod layers;
 pub mod presets;

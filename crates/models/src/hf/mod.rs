@@ -1,0 +1,96 @@
+//! Hugging Face interop: read and write `transformers` model directories.
+//!
+//! A model directory holds `config.json` (`GPT2LMHeadModel`,
+//! `LlamaForCausalLM` or `BloomForCausalLM`), the weights as
+//! `model.safetensors` or shards listed in `model.safetensors.index.json`,
+//! and optionally `tokenizer.json`.
+//!
+//! - [`config`]: `config.json` to and from [`DecoderConfig`](crate::DecoderConfig).
+//! - [`names`]: the table from our parameter names to Hugging Face tensor
+//!   names and layouts, per family.
+//! - [`import`]: [`load_hf_dir`], a directory to our named tensors.
+//! - [`export`]: [`save_hf_dir`], our named tensors to a directory.
+
+pub mod config;
+pub mod export;
+pub mod import;
+pub mod names;
+
+pub use config::{from_hf_config, to_hf_config, Family};
+pub use export::save_hf_dir;
+pub use import::{convert_to_ours, load_hf_dir, HfModel};
+
+/// Everything that can be wrong with a Hugging Face model directory or an export.
+#[derive(Debug, thiserror::Error)]
+pub enum HfError {
+    /// A file could not be read or written.
+    #[error("{path}: {message}")]
+    Io {
+        /// File involved.
+        path: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// `config.json` names an architecture we do not implement.
+    #[error("{path}: unsupported architecture {found}; supported: GPT2LMHeadModel, LlamaForCausalLM, BloomForCausalLM")]
+    Architecture {
+        /// The config file.
+        path: String,
+        /// The `architectures` / `model_type` found.
+        found: String,
+    },
+    /// A field of `config.json` is missing, of the wrong type, or has a value we
+    /// do not support.
+    #[error("{path}: field '{field}' {problem}")]
+    Field {
+        /// The config file.
+        path: String,
+        /// The offending field.
+        field: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A tensor the model needs is absent from the weights.
+    #[error("{path}: tensor '{name}' is missing")]
+    MissingTensor {
+        /// Weights file or directory.
+        path: String,
+        /// Hugging Face tensor name.
+        name: String,
+    },
+    /// A tensor has another shape than the config implies.
+    #[error("{path}: tensor '{name}' has shape {found:?}, the config implies {expected:?}")]
+    TensorShape {
+        /// Weights file.
+        path: String,
+        /// Hugging Face tensor name.
+        name: String,
+        /// Shape in the file.
+        found: Vec<usize>,
+        /// Shape the config implies.
+        expected: Vec<usize>,
+    },
+    /// The weights hold tensors that belong to no parameter.
+    #[error("{path}: unexpected tensor(s): {names}")]
+    UnexpectedTensors {
+        /// Weights file or directory.
+        path: String,
+        /// Comma-separated names.
+        names: String,
+    },
+    /// The tokenizer knows more ids than the model has embeddings.
+    #[error(
+        "{path}: tokenizer vocabulary ({tokenizer}) does not fit the model's vocab_size ({model})"
+    )]
+    VocabMismatch {
+        /// The tokenizer file.
+        path: String,
+        /// Ids the tokenizer can produce.
+        tokenizer: usize,
+        /// `vocab_size` of the model.
+        model: usize,
+    },
+    /// Our configuration has no Hugging Face equivalent.
+    #[error("cannot export: {0}")]
+    NotExportable(String),
+}
