@@ -20,8 +20,12 @@ pub struct Cli {
 pub enum Command {
     /// Train a model (with no flags: a small GPT on the embedded corpus, ~3 min on 2 CPU cores).
     Train(Box<TrainArgs>),
-    /// Sample text from a trained run.
+    /// Sample text (or token ids) from a trained run or a Hugging Face model directory.
     Generate(GenerateArgs),
+    /// Mean next-token loss (and logits) of a model on given token ids.
+    Eval(EvalArgs),
+    /// Write a run (or a Hugging Face directory) as a Hugging Face model directory.
+    Export(ExportArgs),
 }
 
 /// `ferrotron train` flags; each overrides the same key of `--config`.
@@ -148,10 +152,19 @@ impl TrainArgs {
 pub struct GenerateArgs {
     /// Run directory written by `ferrotron train`.
     #[arg(long)]
-    pub run: PathBuf,
-    /// Text to continue.
+    pub run: Option<PathBuf>,
+    /// Hugging Face model directory (config.json, safetensors, optional tokenizer.json).
+    #[arg(long)]
+    pub hf_dir: Option<PathBuf>,
+    /// Text to continue (needs a tokenizer).
     #[arg(long, default_value = "ROMEO:")]
     pub prompt: String,
+    /// Token ids to continue, comma-separated (e.g. 1,2,3); prints the new ids as a JSON array.
+    #[arg(long, value_delimiter = ',')]
+    pub prompt_ids: Option<Vec<u32>>,
+    /// Pick the most likely token at every step (same as --temperature 0).
+    #[arg(long)]
+    pub greedy: bool,
     /// Tokens to generate.
     #[arg(long, default_value_t = 200)]
     pub max_new_tokens: usize,
@@ -167,4 +180,38 @@ pub struct GenerateArgs {
     /// Compute backend (default: the run's).
     #[arg(long)]
     pub backend: Option<String>,
+}
+
+/// `ferrotron eval` flags.
+#[derive(Args, Debug)]
+pub struct EvalArgs {
+    /// Run directory written by `ferrotron train`.
+    #[arg(long)]
+    pub run: Option<PathBuf>,
+    /// Hugging Face model directory.
+    #[arg(long)]
+    pub hf_dir: Option<PathBuf>,
+    /// JSON file {"input_ids": [[...], ...]}: a batch of equal-length rows.
+    #[arg(long)]
+    pub tokens: PathBuf,
+    /// Write the float32 logits [batch, seq, vocab] as tensor `logits` of this safetensors file.
+    #[arg(long)]
+    pub logits_out: Option<PathBuf>,
+    /// Compute backend (default: the run's, flex for --hf-dir).
+    #[arg(long)]
+    pub backend: Option<String>,
+}
+
+/// `ferrotron export` flags.
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    /// Run directory written by `ferrotron train`.
+    #[arg(long)]
+    pub run: Option<PathBuf>,
+    /// Hugging Face model directory (re-exported in our canonical form).
+    #[arg(long)]
+    pub hf_dir: Option<PathBuf>,
+    /// Output directory; must be new or empty.
+    #[arg(long)]
+    pub out: PathBuf,
 }

@@ -1,25 +1,25 @@
-//! `ferrotron generate`: sample text from a trained run.
+//! `ferrotron generate`: continue a prompt with a run's or a Hugging Face model.
 
 use burn::tensor::backend::AutodiffBackend;
 use ferrotron_engine::backend::BackendKind;
-use ferrotron_engine::checkpoint::load_safetensors;
-use ferrotron_engine::data::Tokenizer;
-use ferrotron_engine::params::load_named_tensors;
-use ferrotron_models::{Decoder, SamplingConfig};
+use ferrotron_models::{generate as decode, SamplingConfig};
 
 use crate::args::GenerateArgs;
 use crate::dispatch::{dispatch, BackendTask};
 use crate::error::usage;
-use crate::run_config::RunConfig;
+use crate::source::ModelSource;
 use crate::train::sample;
 
 /// Runs `ferrotron generate`.
+///
+/// With `--prompt-ids` prints the new token ids as a JSON array; otherwise
+/// prints the prompt text and its continuation (needs a tokenizer).
 pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
-    let config = RunConfig::read(&args.run)?;
+    let source = ModelSource::read(args.run.as_deref(), args.hf_dir.as_deref())?;
     let backend = args
         .backend
         .clone()
-        .unwrap_or_else(|| config.train.backend.clone());
+        .unwrap_or_else(|| source.backend.clone());
     let kind: BackendKind = backend
         .parse()
         .map_err(|e| usage(format!("--backend: {e}")))?;
@@ -29,41 +29,75 @@ pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
             args.temperature
         )));
     }
-    dispatch(kind, GenerateTask { args, config })
+    let prompt = match &args.prompt_ids {
+        Some(ids) => {
+            if ids.is_empty() {
+                return Err(usage("--prompt-ids: give at least one token id"));
+            }
+            source.check_ids(ids, "--prompt-ids")?;
+            Prompt::Ids(ids.clone())
+        }
+        None => Prompt::Text(Box::new(source.tokenizer("--prompt")?)),
+    };
+    dispatch(
+        kind,
+        GenerateTask {
+            args,
+            source,
+            prompt,
+        },
+    )
+}
+
+enum Prompt {
+    Ids(Vec<u32>),
+    Text(Box<ferrotron_engine::data::Tokenizer>),
 }
 
 struct GenerateTask {
     args: GenerateArgs,
-    config: RunConfig,
+    source: ModelSource,
+    prompt: Prompt,
 }
 
 impl BackendTask for GenerateTask {
     type Output = ();
 
     fn run<B: AutodiffBackend>(self, _: BackendKind, device: B::Device) -> anyhow::Result<()> {
-        let run = &self.args.run;
-        let tok_path = run.join("tokenizer.json");
-        let tokenizer = Tokenizer::from_file(&tok_path)
-            .map_err(|e| usage(format!("{}: {e}", tok_path.display())))?;
-        let weights_path = run.join("model.safetensors");
-        let weights = load_safetensors(&weights_path).map_err(|e| usage(e.to_string()))?;
-        let model = Decoder::<B::InnerBackend>::new(&self.config.model, 0, &device)?;
-        let model = load_named_tensors(model, weights, &weights_path.display().to_string())
-            .map_err(|e| usage(e.to_string()))?;
+        let model = self.source.model::<B::InnerBackend>(&device)?;
         let sampling = SamplingConfig {
-            temperature: self.args.temperature,
+            temperature: if self.args.greedy {
+                0.0
+            } else {
+                self.args.temperature
+            },
             top_k: self.args.top_k,
             seed: self.args.seed,
         };
-        let text = sample(
-            &model,
-            &tokenizer,
-            &self.args.prompt,
-            self.args.max_new_tokens,
-            &sampling,
-            &device,
-        )?;
-        println!("{text}");
+        match &self.prompt {
+            Prompt::Ids(ids) => {
+                let new = decode(
+                    &model,
+                    ids,
+                    self.args.max_new_tokens,
+                    &sampling,
+                    true,
+                    &device,
+                );
+                println!("{}", serde_json::to_string(&new)?);
+            }
+            Prompt::Text(tokenizer) => {
+                let text = sample(
+                    &model,
+                    tokenizer,
+                    &self.args.prompt,
+                    self.args.max_new_tokens,
+                    &sampling,
+                    &device,
+                )?;
+                println!("{text}");
+            }
+        }
         Ok(())
     }
 }

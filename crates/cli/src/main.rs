@@ -3,9 +3,12 @@
 mod args;
 mod dispatch;
 mod error;
+mod eval;
+mod export;
 mod generate;
 mod run_config;
 mod settings;
+mod source;
 mod train;
 
 use std::process::ExitCode;
@@ -20,6 +23,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Train(a) => train::train(*a),
         Command::Generate(a) => generate::generate(a),
+        Command::Eval(a) => eval::eval(a),
+        Command::Export(a) => export::export(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

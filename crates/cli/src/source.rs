@@ -1,0 +1,93 @@
+//! Where a model comes from: a run directory (`--run`) or a Hugging Face
+//! model directory (`--hf-dir`). Everything is read and checked before a
+//! backend is chosen, so bad input exits with code 2 before any work.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use burn::tensor::backend::Backend;
+use burn::tensor::TensorData;
+use ferrotron_engine::checkpoint::load_safetensors;
+use ferrotron_engine::data::Tokenizer;
+use ferrotron_engine::params::load_named_tensors;
+use ferrotron_models::hf::load_hf_dir;
+use ferrotron_models::{Decoder, DecoderConfig};
+
+use crate::error::usage;
+use crate::run_config::RunConfig;
+
+/// A model read from disk: its shape, weights (our names) and tokenizer.
+pub struct ModelSource {
+    /// The architecture.
+    pub config: DecoderConfig,
+    /// Every parameter under our name.
+    pub tensors: BTreeMap<String, TensorData>,
+    /// `tokenizer.json`, when the directory has one.
+    pub tokenizer: Option<PathBuf>,
+    /// The backend the run was trained on (`flex` for Hugging Face directories).
+    pub backend: String,
+    /// The directory, for error messages.
+    pub name: String,
+}
+
+impl ModelSource {
+    /// Reads exactly one of `--run` or `--hf-dir`.
+    pub fn read(run: Option<&Path>, hf_dir: Option<&Path>) -> anyhow::Result<Self> {
+        match (run, hf_dir) {
+            (Some(run), None) => {
+                let rc = RunConfig::read(run)?;
+                let weights = run.join("model.safetensors");
+                let tensors = load_safetensors(&weights).map_err(|e| usage(e.to_string()))?;
+                let tok = run.join("tokenizer.json");
+                Ok(Self {
+                    config: rc.model,
+                    tensors,
+                    tokenizer: tok.exists().then_some(tok),
+                    backend: rc.train.backend,
+                    name: weights.display().to_string(),
+                })
+            }
+            (None, Some(dir)) => {
+                let hf = load_hf_dir(dir)
+                    .map_err(|e| usage(format!("--hf-dir {}: {e}", dir.display())))?;
+                Ok(Self {
+                    config: hf.config,
+                    tensors: hf.tensors,
+                    tokenizer: hf.tokenizer,
+                    backend: "flex".into(),
+                    name: dir.display().to_string(),
+                })
+            }
+            _ => Err(usage("give exactly one of --run DIR or --hf-dir DIR")),
+        }
+    }
+
+    /// The tokenizer, or a usage error naming `flag` when there is none.
+    pub fn tokenizer(&self, flag: &str) -> anyhow::Result<Tokenizer> {
+        let path = self.tokenizer.as_ref().ok_or_else(|| {
+            usage(format!(
+                "{flag}: {} has no tokenizer.json; give token ids instead",
+                self.name
+            ))
+        })?;
+        Tokenizer::from_file(path).map_err(|e| usage(format!("{}: {e}", path.display())))
+    }
+
+    /// Builds the model on `device` with the weights.
+    pub fn model<B: Backend>(&self, device: &B::Device) -> anyhow::Result<Decoder<B>> {
+        let model = Decoder::<B>::new(&self.config, 0, device)?;
+        load_named_tensors(model, self.tensors.clone(), &self.name)
+            .map_err(|e| usage(e.to_string()))
+    }
+
+    /// Checks that every id is inside the vocabulary; the error names `what`.
+    pub fn check_ids(&self, ids: &[u32], what: &str) -> anyhow::Result<()> {
+        if let Some(bad) = ids.iter().find(|&&i| i as usize >= self.config.vocab_size) {
+            return Err(usage(format!(
+                "{what}: token id {bad} is outside the model's vocabulary (vocab_size {})",
+                self.config.vocab_size
+            )));
+        }
+        Ok(())
+    }
+}

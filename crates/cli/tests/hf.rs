@@ -1,0 +1,275 @@
+//! `ferrotron eval`, `generate` and `export` on Hugging Face model
+//! directories (the committed fixtures of `scripts/make_hf_fixtures.py`), and
+//! their one-line errors with exit code 2 on bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use burn::tensor::TensorData;
+use ferrotron_engine::checkpoint::{load_safetensors, save_safetensors};
+
+fn ferrotron(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ferrotron"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../models/tests/fixtures/hf")
+        .join(name)
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ferrotron-hf-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn expected(name: &str) -> serde_json::Value {
+    let text = std::fs::read_to_string(fixture(name).join("expected.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn ok_stdout(args: &[&str]) -> String {
+    let o = ferrotron(args);
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn eval_prints_the_loss_of_transformers_and_writes_logits() {
+    let dir = scratch("eval");
+    for name in ["gpt2", "llama", "llama_tied", "bloom"] {
+        let f = fixture(name);
+        let logits = dir.join(format!("{name}.safetensors"));
+        let out = ok_stdout(&[
+            "eval",
+            "--hf-dir",
+            s(&f.join("model")),
+            "--tokens",
+            s(&f.join("input_ids.json")),
+            "--logits-out",
+            s(&logits),
+        ]);
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        let e = expected(name);
+        let err = (v["loss"].as_f64().unwrap() - e["loss"].as_f64().unwrap()).abs();
+        assert!(err <= 1e-5, "{name}: loss error {err}");
+        assert_eq!(v["tokens"], e["tokens"], "{name}");
+        let ours = &load_safetensors(&logits).unwrap()["logits"];
+        let theirs = &load_safetensors(&f.join("expected.safetensors")).unwrap()["logits"];
+        assert_eq!(ours.shape, theirs.shape);
+        let (a, b) = (
+            ours.to_vec::<f32>().unwrap(),
+            theirs.to_vec::<f32>().unwrap(),
+        );
+        let max = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max);
+        assert!(max <= 1e-4, "{name}: logits error {max}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn greedy_generate_prints_the_token_ids_of_transformers() {
+    for name in ["gpt2", "llama", "bloom"] {
+        let e = expected(name);
+        let prompt: Vec<String> = e["prompt_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_string())
+            .collect();
+        let out = ok_stdout(&[
+            "generate",
+            "--hf-dir",
+            s(&fixture(name).join("model")),
+            "--prompt-ids",
+            &prompt.join(","),
+            "--max-new-tokens",
+            "16",
+            "--greedy",
+        ]);
+        let got: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(got, e["greedy_ids"], "{name}");
+    }
+    // With a tokenizer, a text prompt prints text.
+    let out = ok_stdout(&[
+        "generate",
+        "--hf-dir",
+        s(&fixture("gpt2").join("model")),
+        "--prompt",
+        "the king",
+        "--max-new-tokens",
+        "3",
+        "--greedy",
+    ]);
+    assert!(out.starts_with("the king"), "{out}");
+}
+
+#[test]
+fn an_export_evaluates_to_the_same_loss_and_is_a_new_directory() {
+    let dir = scratch("export");
+    for name in ["gpt2", "llama", "bloom"] {
+        let f = fixture(name);
+        let out = dir.join(name);
+        ok_stdout(&["export", "--hf-dir", s(&f.join("model")), "--out", s(&out)]);
+        let tokens = f.join("input_ids.json");
+        let a = ok_stdout(&[
+            "eval",
+            "--hf-dir",
+            s(&f.join("model")),
+            "--tokens",
+            s(&tokens),
+        ]);
+        let b = ok_stdout(&["eval", "--hf-dir", s(&out), "--tokens", s(&tokens)]);
+        assert_eq!(a, b, "{name}");
+        let o = ferrotron(&["export", "--hf-dir", s(&f.join("model")), "--out", s(&out)]);
+        assert_eq!(o.status.code(), Some(2), "an export never overwrites");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A copy of fixture `name`'s model directory, for breaking.
+fn broken_copy(dir: &Path, name: &str) -> PathBuf {
+    let out = dir.join(name);
+    std::fs::create_dir_all(&out).unwrap();
+    for entry in std::fs::read_dir(fixture(name).join("model")).unwrap() {
+        let p = entry.unwrap().path();
+        std::fs::copy(&p, out.join(p.file_name().unwrap())).unwrap();
+    }
+    out
+}
+
+fn edit_config(model: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = model.join("config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(&path, v.to_string()).unwrap();
+}
+
+fn edit_weights(model: &Path, edit: impl FnOnce(&mut Vec<(String, TensorData)>)) {
+    let path = model.join("model.safetensors");
+    let mut t: Vec<(String, TensorData)> = load_safetensors(&path).unwrap().into_iter().collect();
+    edit(&mut t);
+    save_safetensors(&path, &t).unwrap();
+}
+
+/// Exit code 2 and a one-line error containing every needle, for `eval`.
+fn assert_rejected(model: &Path, needles: &[&str]) {
+    let tokens = fixture("gpt2").join("input_ids.json");
+    let o = ferrotron(&["eval", "--hf-dir", s(model), "--tokens", s(&tokens)]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    for n in needles {
+        assert!(err.contains(n), "'{err}' lacks '{n}'");
+    }
+}
+
+#[test]
+fn bad_model_directories_are_one_line_errors_naming_the_field_or_tensor() {
+    let dir = scratch("bad");
+    let m = broken_copy(&dir.join("arch"), "llama");
+    edit_config(&m, |v| {
+        v["architectures"] = serde_json::json!(["MistralForCausalLM"])
+    });
+    assert_rejected(&m, &["MistralForCausalLM", "LlamaForCausalLM"]);
+
+    let m = broken_copy(&dir.join("scaling"), "llama");
+    edit_config(&m, |v| {
+        v["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0})
+    });
+    assert_rejected(&m, &["rope_scaling"]);
+
+    let m = broken_copy(&dir.join("missing"), "llama");
+    edit_weights(&m, |t| {
+        t.retain(|(n, _)| n != "model.layers.1.mlp.up_proj.weight")
+    });
+    assert_rejected(&m, &["model.layers.1.mlp.up_proj.weight", "missing"]);
+
+    let m = broken_copy(&dir.join("untied"), "llama");
+    edit_weights(&m, |t| t.retain(|(n, _)| n != "lm_head.weight"));
+    assert_rejected(&m, &["lm_head.weight", "missing"]);
+
+    let m = broken_copy(&dir.join("shape"), "bloom");
+    edit_weights(&m, |t| {
+        for (n, d) in t.iter_mut() {
+            if n == "transformer.h.0.self_attention.query_key_value.weight" {
+                let v: Vec<f32> = d.to_vec().unwrap();
+                *d = TensorData::new(v[..v.len() / 2].to_vec(), [d.shape[0] / 2, d.shape[1]]);
+            }
+        }
+    });
+    assert_rejected(
+        &m,
+        &[
+            "transformer.h.0.self_attention.query_key_value.weight",
+            "shape",
+        ],
+    );
+
+    let m = broken_copy(&dir.join("extra"), "gpt2");
+    edit_weights(&m, |t| {
+        t.push((
+            "transformer.h.0.attn.rotary.weight".into(),
+            TensorData::new(vec![0f32; 2], [2]),
+        ))
+    });
+    assert_rejected(&m, &["unexpected", "transformer.h.0.attn.rotary.weight"]);
+
+    let m = broken_copy(&dir.join("vocab"), "gpt2");
+    let tok_path = m.join("tokenizer.json");
+    let mut tok: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&tok_path).unwrap()).unwrap();
+    let vocab = tok["model"]["vocab"].as_object_mut().unwrap();
+    for i in 0..200 {
+        let id = vocab.len();
+        vocab.insert(format!("w{i}"), serde_json::json!(id));
+    }
+    std::fs::write(&tok_path, tok.to_string()).unwrap();
+    assert_rejected(&m, &["tokenizer.json", "vocab"]);
+
+    // Exactly one model source.
+    let o = ferrotron(&["eval", "--tokens", "x.json"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--hf-dir"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_token_files_are_one_line_errors() {
+    let dir = scratch("tokens");
+    let model = fixture("gpt2").join("model");
+    for (body, needle) in [
+        (r#"{"ids": [[1, 2]]}"#, "input_ids"),
+        (r#"{"input_ids": [[1, 2, 3], [1, 2]]}"#, "row 1"),
+        (r#"{"input_ids": [[1, 2, 500]]}"#, "500"),
+    ] {
+        let f = dir.join("t.json");
+        std::fs::write(&f, body).unwrap();
+        let o = ferrotron(&["eval", "--hf-dir", s(&model), "--tokens", s(&f)]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(err.contains(needle) && err.contains("t.json"), "{err}");
+    }
+    let o = ferrotron(&["generate", "--hf-dir", s(&model), "--prompt-ids", "1,999"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("999"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
