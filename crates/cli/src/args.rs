@@ -110,6 +110,12 @@ pub struct TrainArgs {
     /// Device type whose data-sheet peak is used for MFU: a100, h100, h200, mi250x, mi300x.
     #[arg(long)]
     pub device_type: Option<String>,
+    /// Start from a Hugging Face model directory (config, weights, tokenizer) instead of --model.
+    #[arg(long)]
+    pub hf_dir: Option<PathBuf>,
+    /// At the end, also write the model as a Hugging Face directory (must be new or empty).
+    #[arg(long)]
+    pub hf_out: Option<PathBuf>,
 }
 
 impl TrainArgs {
@@ -143,7 +149,15 @@ impl TrainArgs {
         macro_rules! set_opt {
             ($($f:ident),*) => { $( if self.$f.is_some() { s.$f = self.$f; } )* };
         }
-        set_opt!(vocab_size, out, corpus, peak_tflops, device_type);
+        set_opt!(
+            vocab_size,
+            out,
+            corpus,
+            peak_tflops,
+            device_type,
+            hf_dir,
+            hf_out
+        );
     }
 }
 

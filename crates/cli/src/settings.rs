@@ -61,6 +61,11 @@ pub struct TrainSettings {
     pub peak_tflops: Option<f64>,
     /// Device type whose data-sheet peak is used for MFU (a100, h100, ...).
     pub device_type: Option<String>,
+    /// Start from this Hugging Face model directory (its config, weights and
+    /// tokenizer) instead of a preset.
+    pub hf_dir: Option<PathBuf>,
+    /// Also write the trained model as a Hugging Face directory here at the end.
+    pub hf_out: Option<PathBuf>,
 }
 
 impl Default for TrainSettings {
@@ -91,6 +96,8 @@ impl Default for TrainSettings {
             sample_prompt: "ROMEO:".into(),
             peak_tflops: None,
             device_type: None,
+            hf_dir: None,
+            hf_out: None,
         }
     }
 }

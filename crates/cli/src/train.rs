@@ -1,5 +1,6 @@
 //! `ferrotron train`: resolve settings, prepare data, train, write the run directory.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -7,12 +8,14 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::TensorData;
 use ferrotron_engine::backend::BackendKind;
 use ferrotron_engine::checkpoint::{save_safetensors, write_atomic};
 use ferrotron_engine::data::{self, BatchSampler, Tokenizer};
 use ferrotron_engine::metrics::{self, MetricsWriter, StepRecord, ValRecord};
 use ferrotron_engine::optim::{AdamWConfig, LrSchedule};
-use ferrotron_engine::params::named_tensors;
+use ferrotron_engine::params::{load_named_tensors, named_tensors};
+use ferrotron_models::hf::{load_hf_dir, save_hf_dir, Family};
 use ferrotron_models::presets::{preset, PRESET_NAMES};
 use ferrotron_models::{generate, Decoder, SamplingConfig};
 use ferrotron_parallel::trainer::{StepConfig, Trainer};
@@ -21,6 +24,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::args::TrainArgs;
 use crate::dispatch::{dispatch, BackendTask};
 use crate::error::usage;
+use crate::export::check_out_dir;
 use crate::run_config::RunConfig;
 use crate::settings::TrainSettings;
 
@@ -36,15 +40,34 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
         .backend
         .parse()
         .map_err(|e| usage(format!("--backend: {e}")))?;
-    let mut model = preset(&s.model).ok_or_else(|| {
-        usage(format!(
-            "--model: unknown preset '{}'; available: {}",
-            s.model,
-            PRESET_NAMES.join(", ")
-        ))
-    })?;
+    let hf = match &s.hf_dir {
+        Some(dir) => {
+            Some(load_hf_dir(dir).map_err(|e| usage(format!("--hf-dir {}: {e}", dir.display())))?)
+        }
+        None => None,
+    };
+    let mut model = match &hf {
+        Some(hf) => hf.config.clone(),
+        None => preset(&s.model).ok_or_else(|| {
+            usage(format!(
+                "--model: unknown preset '{}'; available: {}",
+                s.model,
+                PRESET_NAMES.join(", ")
+            ))
+        })?,
+    };
     if let Some(v) = s.vocab_size {
+        if hf.is_some() && v != model.vocab_size {
+            return Err(usage(format!(
+                "--vocab-size {v}: the --hf-dir model has vocab_size {}",
+                model.vocab_size
+            )));
+        }
         model.vocab_size = v;
+    }
+    if let Some(dir) = &s.hf_out {
+        Family::of(&model).map_err(|e| usage(format!("--hf-out: {e}")))?;
+        check_out_dir(dir, "--hf-out")?;
     }
     if s.seq_len > model.max_seq_len {
         return Err(usage(format!(
@@ -70,6 +93,12 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
     s.out = Some(out.clone());
     fs::create_dir_all(&out)
         .with_context(|| format!("creating run directory {}", out.display()))?;
+    let hf_tokenizer = hf.as_ref().and_then(|h| h.tokenizer.clone());
+    if let Some(tok) = &hf_tokenizer {
+        fs::copy(tok, out.join("tokenizer.json"))
+            .with_context(|| format!("copying {} into the run directory", tok.display()))?;
+    }
+    let initial = hf.map(|h| h.tensors);
     let config = RunConfig { train: s, model };
     write_atomic(
         &out.join("config.toml"),
@@ -82,6 +111,8 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
             text,
             out,
             peak,
+            initial,
+            hf_tokenizer: hf_tokenizer.is_some(),
         },
     )
 }
@@ -117,6 +148,11 @@ struct TrainTask {
     text: String,
     out: PathBuf,
     peak: Option<f64>,
+    /// Initial weights (from `--hf-dir`) instead of a seeded initialisation.
+    initial: Option<BTreeMap<String, TensorData>>,
+    /// Whether `tokenizer.json` came from `--hf-dir` (its vocabulary may be
+    /// smaller than the model's).
+    hf_tokenizer: bool,
 }
 
 impl BackendTask for TrainTask {
@@ -130,8 +166,13 @@ impl BackendTask for TrainTask {
         let out = &self.out;
         println!("run directory: {}", out.display());
         let t0 = Instant::now();
-        let tokenizer =
-            data::load_or_train(&out.join("tokenizer.json"), &self.text, mc.vocab_size)?;
+        let tok_path = out.join("tokenizer.json");
+        let tokenizer = if self.hf_tokenizer {
+            Tokenizer::from_file(&tok_path)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", tok_path.display()))?
+        } else {
+            data::load_or_train(&tok_path, &self.text, mc.vocab_size)?
+        };
         let tokens = data::encode(&tokenizer, &self.text)?;
         let split = data::split(tokens, s.val_fraction, s.seq_len + 1)
             .map_err(|e| usage(format!("--corpus: {e}")))?;
@@ -145,7 +186,11 @@ impl BackendTask for TrainTask {
         let mut sampler = BatchSampler::new(split.train.len(), s.seq_len, s.seed)?;
         let val_batches = data::eval_batches(&split.val, s.seq_len, s.micro_batch, s.eval_batches);
 
-        let model = Decoder::<B>::new(mc, s.seed, &device)?;
+        let mut model = Decoder::<B>::new(mc, s.seed, &device)?;
+        if let Some(initial) = self.initial {
+            let name = s.hf_dir.as_ref().map(|d| d.display().to_string());
+            model = load_named_tensors(model, initial, &name.unwrap_or_default())?;
+        }
         let peak = match self.peak {
             Some(p) => p,
             None => {
@@ -249,6 +294,15 @@ impl BackendTask for TrainTask {
             t0.elapsed().as_secs_f64(),
             100.0 * (1.0 - last / first)
         );
+        if let Some(dir) = &s.hf_out {
+            save_hf_dir(
+                dir,
+                mc,
+                &named_tensors(&trainer.model().valid()),
+                Some(&out.join("tokenizer.json")),
+            )?;
+            println!("Hugging Face model written to {}", dir.display());
+        }
         if s.sample_tokens > 0 {
             let sampling = SamplingConfig {
                 temperature: 0.8,

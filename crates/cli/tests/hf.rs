@@ -273,3 +273,63 @@ fn bad_token_files_are_one_line_errors() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("999"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn train_from_an_hf_dir_writes_an_hf_dir_equal_to_the_exported_run() {
+    let dir = scratch("train");
+    let corpus = dir.join("corpus.txt");
+    let text = "the king of love and the queen , my lord .\n".repeat(200);
+    std::fs::write(&corpus, text).unwrap();
+    let (run, hf_out, exported) = (dir.join("run"), dir.join("hf"), dir.join("exported"));
+    let model = fixture("gpt2").join("model");
+    let o = ferrotron(&[
+        "train",
+        "--hf-dir",
+        s(&model),
+        "--corpus",
+        s(&corpus),
+        "--steps",
+        "2",
+        "--seq-len",
+        "16",
+        "--micro-batch",
+        "2",
+        "--eval-every",
+        "2",
+        "--eval-batches",
+        "1",
+        "--sample-tokens",
+        "0",
+        "--peak-tflops",
+        "1",
+        "--out",
+        s(&run),
+        "--hf-out",
+        s(&hf_out),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    ok_stdout(&["export", "--run", s(&run), "--out", s(&exported)]);
+    let tokens = fixture("gpt2").join("input_ids.json");
+    let trained = ok_stdout(&["eval", "--hf-dir", s(&hf_out), "--tokens", s(&tokens)]);
+    let from_run = ok_stdout(&["eval", "--run", s(&run), "--tokens", s(&tokens)]);
+    let from_export = ok_stdout(&["eval", "--hf-dir", s(&exported), "--tokens", s(&tokens)]);
+    let start = ok_stdout(&["eval", "--hf-dir", s(&model), "--tokens", s(&tokens)]);
+    assert_eq!(trained, from_run);
+    assert_eq!(trained, from_export);
+    assert_ne!(trained, start, "training changed the weights");
+    assert!(hf_out.join("tokenizer.json").is_file());
+
+    // A config with no Hugging Face family is refused before training.
+    let o = ferrotron(&[
+        "train",
+        "--model",
+        "gpt-mini",
+        "--hf-out",
+        s(&hf_out),
+        "--out",
+        s(&dir.join("run2")),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--hf-out"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
