@@ -17,6 +17,14 @@ pub trait BackendTask {
     ) -> anyhow::Result<Self::Output>;
 }
 
+/// The backend named by `--backend`, if compiled in and able to start here.
+pub fn parse_backend(name: &str) -> anyhow::Result<BackendKind> {
+    let kind: BackendKind = name.parse().map_err(|e| usage(format!("--backend: {e}")))?;
+    kind.check_runtime()
+        .map_err(|e| usage(format!("--backend: {e}")))?;
+    Ok(kind)
+}
+
 /// Calls `task.run::<B>` for the backend named by `kind`, once.
 pub fn dispatch<T: BackendTask>(kind: BackendKind, task: T) -> anyhow::Result<T::Output> {
     use burn::backend::Autodiff;
@@ -42,22 +50,34 @@ pub fn dispatch<T: BackendTask>(kind: BackendKind, task: T) -> anyhow::Result<T:
     }
 }
 
-/// Turns the GPU runtimes' panic on a missing driver library into an error.
+/// Turns a panic of the GPU runtime (on any of its threads) into an error
+/// carrying the first panic message, which names the root cause.
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 fn gpu_guard<R>(kind: BackendKind, f: impl FnOnce() -> anyhow::Result<R>) -> anyhow::Result<R> {
+    use std::sync::Mutex;
+    static FIRST_PANIC: Mutex<Option<String>> = Mutex::new(None);
     let previous = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-    std::panic::set_hook(previous);
-    result.unwrap_or_else(|panic| {
-        let message = panic
+    std::panic::set_hook(Box::new(|info| {
+        let payload = info.payload();
+        let message = payload
             .downcast_ref::<String>()
             .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        if let Ok(mut first) = FIRST_PANIC.lock() {
+            first.get_or_insert(message);
+        }
+    }));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    std::panic::set_hook(previous);
+    result.unwrap_or_else(|_| {
+        let message = FIRST_PANIC
+            .lock()
+            .ok()
+            .and_then(|mut m| m.take())
             .unwrap_or_default();
         Err(anyhow::anyhow!(
-            "--backend {kind}: the GPU runtime failed ({message}); is the {} driver installed and a device visible?",
-            if kind == BackendKind::Cuda { "CUDA" } else { "ROCm/HIP" }
+            "--backend {kind}: the GPU runtime failed: {message}"
         ))
     })
 }

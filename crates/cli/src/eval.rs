@@ -9,7 +9,7 @@ use ferrotron_engine::checkpoint::save_safetensors;
 use ferrotron_models::decoder::cross_entropy;
 
 use crate::args::EvalArgs;
-use crate::dispatch::{dispatch, BackendTask};
+use crate::dispatch::{dispatch, parse_backend, BackendTask};
 use crate::error::usage;
 use crate::source::ModelSource;
 
@@ -30,9 +30,7 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
         .backend
         .clone()
         .unwrap_or_else(|| source.backend.clone());
-    let kind: BackendKind = backend
-        .parse()
-        .map_err(|e| usage(format!("--backend: {e}")))?;
+    let kind: BackendKind = parse_backend(&backend)?;
     dispatch(
         kind,
         EvalTask {

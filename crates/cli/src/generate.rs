@@ -5,7 +5,7 @@ use ferrotron_engine::backend::BackendKind;
 use ferrotron_models::{generate as decode, SamplingConfig};
 
 use crate::args::GenerateArgs;
-use crate::dispatch::{dispatch, BackendTask};
+use crate::dispatch::{dispatch, parse_backend, BackendTask};
 use crate::error::usage;
 use crate::source::ModelSource;
 use crate::train::sample;
@@ -20,9 +20,7 @@ pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         .backend
         .clone()
         .unwrap_or_else(|| source.backend.clone());
-    let kind: BackendKind = backend
-        .parse()
-        .map_err(|e| usage(format!("--backend: {e}")))?;
+    let kind: BackendKind = parse_backend(&backend)?;
     if args.temperature < 0.0 {
         return Err(usage(format!(
             "--temperature must be non-negative, got {}",

@@ -22,7 +22,7 @@ use ferrotron_parallel::trainer::{StepConfig, Trainer};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::args::TrainArgs;
-use crate::dispatch::{dispatch, BackendTask};
+use crate::dispatch::{dispatch, parse_backend, BackendTask};
 use crate::error::usage;
 use crate::export::check_out_dir;
 use crate::run_config::RunConfig;
@@ -36,10 +36,7 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
     };
     args.apply(&mut s);
     s.validate()?;
-    let kind: BackendKind = s
-        .backend
-        .parse()
-        .map_err(|e| usage(format!("--backend: {e}")))?;
+    let kind: BackendKind = parse_backend(&s.backend)?;
     let hf = match &s.hf_dir {
         Some(dir) => {
             Some(load_hf_dir(dir).map_err(|e| usage(format!("--hf-dir {}: {e}", dir.display())))?)

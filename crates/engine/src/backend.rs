@@ -77,16 +77,66 @@ impl fmt::Display for BackendKind {
     }
 }
 
-/// A `--backend` value that is not a backend this build offers.
+/// A backend that cannot be used: unknown, not compiled in, or without its driver.
 #[derive(Debug, thiserror::Error)]
-#[error("unknown or unavailable backend '{given}': this build offers {offered} (others need their cargo feature: {all})")]
-pub struct BackendError {
-    /// What the user asked for.
-    pub given: String,
-    /// Comma-separated compiled backends.
-    pub offered: String,
-    /// Comma-separated names of every backend.
-    pub all: String,
+pub enum BackendError {
+    /// The name is not a backend of this build.
+    #[error("unknown or unavailable backend '{given}': this build offers {offered} (others need their cargo feature: {all})")]
+    Unknown {
+        /// What the user asked for.
+        given: String,
+        /// Comma-separated compiled backends.
+        offered: String,
+        /// Comma-separated names of every backend.
+        all: String,
+    },
+    /// The backend is compiled in but its driver library does not load.
+    #[error("backend '{backend}' is compiled in but unusable here: {detail}")]
+    DriverMissing {
+        /// The backend's name.
+        backend: &'static str,
+        /// Which libraries were tried and what to do.
+        detail: String,
+    },
+}
+
+impl BackendKind {
+    /// Checks that the backend can start on this machine: for GPU backends,
+    /// that the driver libraries load, probed with the same loaders the
+    /// CubeCL runtimes use (their own failure is a panic, on ROCm an abort).
+    pub fn check_runtime(self) -> Result<(), BackendError> {
+        match self {
+            #[cfg(feature = "cuda")]
+            BackendKind::Cuda => {
+                let names = cudarc::get_lib_name_candidates("cuda");
+                // SAFETY: loading the CUDA driver runs only its initialisers.
+                let loads = |n: &String| unsafe { libloading::Library::new(n) }.is_ok();
+                if names.iter().any(loads) {
+                    Ok(())
+                } else {
+                    Err(BackendError::DriverMissing {
+                        backend: "cuda",
+                        detail: format!(
+                            "the NVIDIA driver library does not load (tried {}); install the driver or set LD_LIBRARY_PATH",
+                            names.first().map(String::as_str).unwrap_or("libcuda.so")
+                        ),
+                    })
+                }
+            }
+            #[cfg(feature = "rocm")]
+            BackendKind::Rocm => {
+                if cubecl_hip_sys::is_available() {
+                    Ok(())
+                } else {
+                    Err(BackendError::DriverMissing {
+                        backend: "rocm",
+                        detail: "libamdhip64.so / libhiprtc.so do not load; install ROCm or set ROCM_PATH".into(),
+                    })
+                }
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 impl FromStr for BackendKind {
@@ -98,7 +148,7 @@ impl FromStr for BackendKind {
         ALL_BACKENDS
             .into_iter()
             .find(|b| b.name() == s && b.is_compiled())
-            .ok_or_else(|| BackendError {
+            .ok_or_else(|| BackendError::Unknown {
                 given: s.to_string(),
                 offered: names(&BackendKind::compiled()),
                 all: names(&ALL_BACKENDS),
