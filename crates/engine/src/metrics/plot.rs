@@ -67,6 +67,12 @@ pub fn write_loss_svg(train: &[(f64, f64)], val: &[(f64, f64)]) -> String {
         (L + W - M) / 2.0,
         H - 6.0
     );
+    let _ = writeln!(
+        s,
+        r#"<text x="14" y="{:.1}" text-anchor="middle" transform="rotate(-90 14 {:.1})">loss (nats/token)</text>"#,
+        (M + H - B) / 2.0,
+        (M + H - B) / 2.0
+    );
     for (points, colour, label, row) in [
         (train, "#1f77b4", "train loss", 0.0),
         (val, "#d62728", "val loss", 1.0),
