@@ -10,6 +10,9 @@ use ferrotron_engine::lm::CausalLm;
 use ferrotron_engine::optim::{clip_global_norm, AdamW, AdamWConfig, LrSchedule};
 use serde::{Deserialize, Serialize};
 
+use crate::comm::CommError;
+use crate::data::DataParallel;
+
 /// How optimizer steps are taken.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StepConfig {
@@ -24,13 +27,13 @@ pub struct StepConfig {
 /// What one optimizer step did.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepOutput {
-    /// Mean loss over the step's micro-batches, nats/token.
+    /// Mean loss over the step's micro-batches (of every DP rank), nats/token.
     pub loss: f64,
     /// Learning rate used.
     pub lr: f64,
     /// Global gradient norm before clipping.
     pub grad_norm: f64,
-    /// Tokens in the step (all micro-batches).
+    /// Tokens in the step (all micro-batches; of every DP rank in a data-parallel step).
     pub tokens: usize,
 }
 
@@ -92,6 +95,28 @@ where
     /// One optimizer step over `micro_batches` (gradient accumulation over
     /// all of them; each contributes `1 / micro_batches.len()` of the loss).
     pub fn step(&mut self, micro_batches: &[Batch]) -> StepOutput {
+        self.step_inner(micro_batches, None)
+            .expect("a one-rank step does not communicate")
+    }
+
+    /// One data-parallel optimizer step: `micro_batches` are this rank's
+    /// rows of the global batch. Gradients are accumulated locally, then
+    /// averaged over the DP ranks once (in buckets), then clipped by their
+    /// global norm, so every rank applies the identical update. The loss is
+    /// the mean over all ranks and `tokens` counts the whole global batch.
+    pub fn step_data_parallel(
+        &mut self,
+        micro_batches: &[Batch],
+        dp: &DataParallel,
+    ) -> Result<StepOutput, CommError> {
+        self.step_inner(micro_batches, Some(dp))
+    }
+
+    fn step_inner(
+        &mut self,
+        micro_batches: &[Batch],
+        dp: Option<&DataParallel>,
+    ) -> Result<StepOutput, CommError> {
         let model = self
             .model
             .take()
@@ -109,6 +134,14 @@ where
             tokens += batch.batch * batch.seq_len;
         }
         let mut grads = accumulator.grads();
+        let mut loss = loss_sum / n;
+        if let Some(dp) = dp.filter(|dp| dp.size() > 1) {
+            grads = dp.average_gradients(&model, grads)?;
+            let mut mean = [loss as f32];
+            dp.mean(&mut mean)?;
+            loss = mean[0] as f64;
+            tokens *= dp.size();
+        }
         let grad_norm = if self.config.grad_clip > 0.0 {
             clip_global_norm(&model, &mut grads, self.config.grad_clip)
         } else {
@@ -117,12 +150,12 @@ where
         let lr = self.config.schedule.lr(self.steps_done);
         self.model = Some(self.optimizer.step(lr, model, grads));
         self.steps_done += 1;
-        StepOutput {
-            loss: loss_sum / n,
+        Ok(StepOutput {
+            loss,
             lr,
             grad_norm,
             tokens,
-        }
+        })
     }
 
     /// Mean loss over `batches` without gradients, nats/token.

@@ -1,0 +1,114 @@
+//! Communicators: the collective and point-to-point operations that span ranks.
+//!
+//! Deliberately simple: every operation works on `f32` host buffers
+//! (`&[f32]` / `&mut [f32]`). Burn tensors are converted at the call site
+//! (`into_data()` / `from_data`), which costs a device-to-host copy on a GPU
+//! and nothing more on a CPU backend. Two implementations exist:
+//! [`SingleProcess`] (world size 1, every collective the identity) and,
+//! with the `mpi` cargo feature, [`MpiCommunicator`] (Open MPI through the
+//! `mpi` crate). A device-side transport (NCCL/RCCL) is not built.
+
+#[cfg(feature = "mpi")]
+mod mpi;
+mod single;
+
+#[cfg(feature = "mpi")]
+pub use self::mpi::MpiCommunicator;
+pub use single::SingleProcess;
+
+/// What can go wrong in a communicator call.
+#[derive(Debug, thiserror::Error)]
+pub enum CommError {
+    /// Buffer lengths do not fit the operation.
+    #[error("{op}: {detail}")]
+    BadLength {
+        /// The operation (`all_gather`, ...).
+        op: &'static str,
+        /// What was expected and found.
+        detail: String,
+    },
+    /// A rank outside `0..world_size`.
+    #[error("{op}: rank {rank} is outside 0..{world_size}")]
+    BadRank {
+        /// The operation.
+        op: &'static str,
+        /// The rank given.
+        rank: usize,
+        /// The world size.
+        world_size: usize,
+    },
+    /// The transport could not start or failed.
+    #[error("{0}")]
+    Transport(String),
+}
+
+/// Collective and point-to-point operations over the ranks of one job.
+///
+/// Every rank of the job must make the same sequence of collective calls
+/// with buffers of the same length (as in MPI); a mismatch is undefined at
+/// the transport level. Buffer lengths are counted in `f32` elements.
+pub trait Communicator {
+    /// This process's rank, `0..world_size()`.
+    fn rank(&self) -> usize;
+    /// Number of ranks in the job.
+    fn world_size(&self) -> usize;
+    /// Sums `buf` element-wise over all ranks, in place; every rank gets the sum.
+    fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<(), CommError>;
+    /// Averages `buf` element-wise over all ranks, in place (sum, then `/ world_size`).
+    fn all_reduce_avg(&self, buf: &mut [f32]) -> Result<(), CommError> {
+        self.all_reduce_sum(buf)?;
+        let w = self.world_size() as f32;
+        if w > 1.0 {
+            buf.iter_mut().for_each(|x| *x /= w);
+        }
+        Ok(())
+    }
+    /// Concatenates every rank's `send` (length `n`) in rank order into
+    /// `recv` (length `n * world_size`).
+    fn all_gather(&self, send: &[f32], recv: &mut [f32]) -> Result<(), CommError>;
+    /// Sums `send` (length `n * world_size`) over ranks and leaves block
+    /// `rank` of the sum (length `n`) in `recv`.
+    fn reduce_scatter_sum(&self, send: &[f32], recv: &mut [f32]) -> Result<(), CommError>;
+    /// Copies `buf` of rank `root` into `buf` of every rank.
+    fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<(), CommError>;
+    /// Sends `buf` to rank `dest` (blocking) with message `tag`.
+    fn send(&self, buf: &[f32], dest: usize, tag: i32) -> Result<(), CommError>;
+    /// Receives exactly `buf.len()` values from rank `src` with message `tag` (blocking).
+    fn recv(&self, buf: &mut [f32], src: usize, tag: i32) -> Result<(), CommError>;
+    /// Returns once every rank has called `barrier`.
+    fn barrier(&self) -> Result<(), CommError>;
+    /// Ends the whole job with exit code `code` (every rank). For world size 1
+    /// this is `std::process::exit`.
+    fn abort(&self, code: i32) -> !;
+}
+
+/// Checks `recv.len() == send.len() * world` (all-gather) and the reverse.
+pub(crate) fn check_blocks(
+    op: &'static str,
+    small: usize,
+    large: usize,
+    world: usize,
+) -> Result<(), CommError> {
+    if small * world != large {
+        return Err(CommError::BadLength {
+            op,
+            detail: format!(
+                "the large buffer must hold world_size ({world}) x {small} = {} values, got {large}",
+                small * world
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Checks that `rank < world`.
+pub(crate) fn check_rank(op: &'static str, rank: usize, world: usize) -> Result<(), CommError> {
+    if rank >= world {
+        return Err(CommError::BadRank {
+            op,
+            rank,
+            world_size: world,
+        });
+    }
+    Ok(())
+}
