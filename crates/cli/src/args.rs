@@ -116,6 +116,18 @@ pub struct TrainArgs {
     /// At the end, also write the model as a Hugging Face directory (must be new or empty).
     #[arg(long)]
     pub hf_out: Option<PathBuf>,
+    /// Data-parallel degree (default: the world size / (tp x pp)); dp x tp x pp must equal the world size.
+    #[arg(long)]
+    pub dp: Option<usize>,
+    /// Tensor-parallel degree (only 1: tensor parallelism is not implemented yet).
+    #[arg(long)]
+    pub tp: Option<usize>,
+    /// Pipeline-parallel degree (only 1: pipeline parallelism is not implemented yet).
+    #[arg(long)]
+    pub pp: Option<usize>,
+    /// Gradient all-reduce bucket size for data parallelism, MiB.
+    #[arg(long)]
+    pub bucket_mb: Option<f64>,
 }
 
 impl TrainArgs {
@@ -144,7 +156,10 @@ impl TrainArgs {
             eval_every,
             eval_batches,
             sample_tokens,
-            sample_prompt
+            sample_prompt,
+            tp,
+            pp,
+            bucket_mb
         );
         macro_rules! set_opt {
             ($($f:ident),*) => { $( if self.$f.is_some() { s.$f = self.$f; } )* };
@@ -156,7 +171,8 @@ impl TrainArgs {
             peak_tflops,
             device_type,
             hf_dir,
-            hf_out
+            hf_out,
+            dp
         );
     }
 }

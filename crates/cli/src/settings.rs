@@ -66,6 +66,14 @@ pub struct TrainSettings {
     pub hf_dir: Option<PathBuf>,
     /// Also write the trained model as a Hugging Face directory here at the end.
     pub hf_out: Option<PathBuf>,
+    /// Data-parallel degree; unset = world size / (tp x pp).
+    pub dp: Option<usize>,
+    /// Tensor-parallel degree (only 1 is implemented).
+    pub tp: usize,
+    /// Pipeline-parallel degree (only 1 is implemented).
+    pub pp: usize,
+    /// Gradient all-reduce bucket size for data parallelism, MiB.
+    pub bucket_mb: f64,
 }
 
 impl Default for TrainSettings {
@@ -98,6 +106,10 @@ impl Default for TrainSettings {
             device_type: None,
             hf_dir: None,
             hf_out: None,
+            dp: None,
+            tp: 1,
+            pp: 1,
+            bucket_mb: ferrotron_parallel::data::DEFAULT_BUCKET_MB,
         }
     }
 }
@@ -125,12 +137,19 @@ impl TrainSettings {
             ("--grad-accum", self.grad_accum),
             ("--eval-every", self.eval_every),
             ("--eval-batches", self.eval_batches),
+            ("--dp", self.dp.unwrap_or(1)),
+            ("--tp", self.tp),
+            ("--pp", self.pp),
         ] {
             if v == 0 {
                 return Err(usage(format!("{flag} must be positive, got 0")));
             }
         }
-        for (flag, v) in [("--lr", self.lr), ("--eps", self.eps)] {
+        for (flag, v) in [
+            ("--lr", self.lr),
+            ("--eps", self.eps),
+            ("--bucket-mb", self.bucket_mb),
+        ] {
             if v.is_nan() || v <= 0.0 {
                 return Err(usage(format!("{flag} must be positive, got {v}")));
             }

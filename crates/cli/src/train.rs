@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
@@ -18,17 +19,26 @@ use ferrotron_engine::params::{load_named_tensors, named_tensors};
 use ferrotron_models::hf::{load_hf_dir, save_hf_dir, Family};
 use ferrotron_models::presets::{preset, PRESET_NAMES};
 use ferrotron_models::{generate, Decoder, SamplingConfig};
+use ferrotron_parallel::comm::{Communicator, SingleProcess};
+use ferrotron_parallel::data::DataParallel;
+use ferrotron_parallel::launch::{self, LaunchInfo};
+use ferrotron_parallel::mesh::Mesh;
 use ferrotron_parallel::trainer::{StepConfig, Trainer};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::args::TrainArgs;
 use crate::dispatch::{dispatch, parse_backend, BackendTask};
-use crate::error::usage;
+use crate::error::{usage, UsageError};
 use crate::export::check_out_dir;
 use crate::run_config::RunConfig;
 use crate::settings::TrainSettings;
 
 /// Runs `ferrotron train`. Every input is checked before anything is written.
+///
+/// In a multi-rank job (launched by `mpirun` or `srun`) every rank runs
+/// this; rank 0 alone writes the run directory and prints progress, and an
+/// error on any rank aborts the whole job (`MPI_Abort`) instead of leaving
+/// the other ranks waiting.
 pub fn train(args: TrainArgs) -> anyhow::Result<()> {
     let mut s = match &args.config {
         Some(path) => TrainSettings::from_file(path)?,
@@ -36,6 +46,64 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
     };
     args.apply(&mut s);
     s.validate()?;
+    let launch = launch::detect().map_err(|e| usage(format!("launcher variables: {e}")))?;
+    let mesh = Mesh::new(s.dp, s.tp, s.pp, launch.world_size).map_err(|e| usage(e.to_string()))?;
+    if launch.world_size > 1 && s.out.is_none() {
+        return Err(usage(
+            "--out is required in a multi-rank run (every rank must name the same run directory)",
+        ));
+    }
+    let comm = open_communicator(&launch)?;
+    let result = train_ranked(s, mesh, comm.clone());
+    if let Err(e) = &result {
+        if comm.world_size() > 1 {
+            let code = if e.downcast_ref::<UsageError>().is_some() {
+                2
+            } else {
+                1
+            };
+            eprintln!("error (rank {}): {e:#}", comm.rank());
+            comm.abort(code);
+        }
+    }
+    result
+}
+
+/// The communicator for this job: one rank, or MPI's world.
+fn open_communicator(launch: &LaunchInfo) -> anyhow::Result<Rc<dyn Communicator>> {
+    if launch.world_size == 1 {
+        return Ok(Rc::new(SingleProcess));
+    }
+    #[cfg(feature = "mpi")]
+    {
+        let comm = ferrotron_parallel::comm::MpiCommunicator::init()
+            .map_err(|e| anyhow::anyhow!("starting MPI: {e}"))?;
+        if (comm.rank(), comm.world_size()) != (launch.rank, launch.world_size) {
+            return Err(usage(format!(
+                "{} says rank {} of {}, but MPI says rank {} of {}; multi-rank runs need mpirun or srun with MPI (PMIx)",
+                launch.launcher,
+                launch.rank,
+                launch.world_size,
+                comm.rank(),
+                comm.world_size()
+            )));
+        }
+        Ok(Rc::new(comm))
+    }
+    #[cfg(not(feature = "mpi"))]
+    Err(usage(format!(
+        "{} started {} ranks, but this ferrotron was built without the `mpi` feature (cargo build --features mpi)",
+        launch.launcher, launch.world_size
+    )))
+}
+
+/// `train` once the mesh and communicator are known.
+fn train_ranked(
+    mut s: TrainSettings,
+    mesh: Mesh,
+    comm: Rc<dyn Communicator>,
+) -> anyhow::Result<()> {
+    let lead = comm.rank() == 0;
     let kind: BackendKind = parse_backend(&s.backend)?;
     let hf = match &s.hf_dir {
         Some(dir) => {
@@ -78,9 +146,10 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
         None => data::embedded_corpus(),
     };
     let out = s.out.clone().unwrap_or_else(|| default_run_dir(&s.model));
-    if fs::read_dir(&out)
-        .map(|mut d| d.next().is_some())
-        .unwrap_or(false)
+    if lead
+        && fs::read_dir(&out)
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(false)
     {
         return Err(usage(format!(
             "--out {}: directory is not empty; choose a new run directory",
@@ -88,19 +157,21 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
         )));
     }
     s.out = Some(out.clone());
-    fs::create_dir_all(&out)
-        .with_context(|| format!("creating run directory {}", out.display()))?;
     let hf_tokenizer = hf.as_ref().and_then(|h| h.tokenizer.clone());
-    if let Some(tok) = &hf_tokenizer {
-        fs::copy(tok, out.join("tokenizer.json"))
-            .with_context(|| format!("copying {} into the run directory", tok.display()))?;
-    }
     let initial = hf.map(|h| h.tensors);
     let config = RunConfig { train: s, model };
-    write_atomic(
-        &out.join("config.toml"),
-        toml::to_string(&config)?.as_bytes(),
-    )?;
+    if lead {
+        fs::create_dir_all(&out)
+            .with_context(|| format!("creating run directory {}", out.display()))?;
+        if let Some(tok) = &hf_tokenizer {
+            fs::copy(tok, out.join("tokenizer.json"))
+                .with_context(|| format!("copying {} into the run directory", tok.display()))?;
+        }
+        write_atomic(
+            &out.join("config.toml"),
+            toml::to_string(&config)?.as_bytes(),
+        )?;
+    }
     dispatch(
         kind,
         TrainTask {
@@ -110,6 +181,8 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
             peak,
             initial,
             hf_tokenizer: hf_tokenizer.is_some(),
+            mesh,
+            comm,
         },
     )
 }
@@ -150,6 +223,15 @@ struct TrainTask {
     /// Whether `tokenizer.json` came from `--hf-dir` (its vocabulary may be
     /// smaller than the model's).
     hf_tokenizer: bool,
+    /// The parallel layout (data parallelism only, today).
+    mesh: Mesh,
+    /// This rank's communicator (all ranks form the DP group).
+    comm: Rc<dyn Communicator>,
+}
+
+/// `println!` on rank 0 only.
+macro_rules! say {
+    ($lead:expr, $($arg:tt)*) => { if $lead { println!($($arg)*); } };
 }
 
 impl BackendTask for TrainTask {
@@ -161,19 +243,35 @@ impl BackendTask for TrainTask {
             model: mc,
         } = &self.config;
         let out = &self.out;
-        println!("run directory: {}", out.display());
+        let comm = self.comm.clone();
+        let lead = comm.rank() == 0;
+        say!(lead, "run directory: {}", out.display());
+        say!(lead, "{}", self.mesh.describe());
         let t0 = Instant::now();
         let tok_path = out.join("tokenizer.json");
-        let tokenizer = if self.hf_tokenizer {
+        let read_tokenizer = || {
             Tokenizer::from_file(&tok_path)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", tok_path.display()))?
+                .map_err(|e| anyhow::anyhow!("{}: {e}", tok_path.display()))
+        };
+        // Rank 0 trains (or copies) the tokenizer into the run directory;
+        // the other ranks read it from there once it is written.
+        let tokenizer = if !lead {
+            None
+        } else if self.hf_tokenizer {
+            Some(read_tokenizer()?)
         } else {
-            data::load_or_train(&tok_path, &self.text, mc.vocab_size)?
+            Some(data::load_or_train(&tok_path, &self.text, mc.vocab_size)?)
+        };
+        comm.barrier()?;
+        let tokenizer = match tokenizer {
+            Some(t) => t,
+            None => read_tokenizer()?,
         };
         let tokens = data::encode(&tokenizer, &self.text)?;
         let split = data::split(tokens, s.val_fraction, s.seq_len + 1)
             .map_err(|e| usage(format!("--corpus: {e}")))?;
-        println!(
+        say!(
+            lead,
             "data: {} train / {} validation tokens (vocab {}), prepared in {:.1} s",
             split.train.len(),
             split.val.len(),
@@ -192,20 +290,24 @@ impl BackendTask for TrainTask {
             Some(p) => p,
             None => {
                 let p = metrics::measure_matmul_flops::<B::InnerBackend>(&device, 512, 3);
-                println!(
+                say!(
+                    lead,
                     "MFU is relative to this {kind} device's measured f32 matmul rate, {:.1} GFLOP/s (set --peak-tflops or --device-type for a data-sheet peak)",
                     p / 1e9
                 );
                 p
             }
         };
-        let global_batch = s.micro_batch * s.grad_accum;
-        println!(
-            "model {} ({:.2} M parameters) on {kind}; global batch {} x {} tokens = micro batch {} x grad-accum {}",
+        let dp_size = self.mesh.dp;
+        let global_batch = dp_size * s.micro_batch * s.grad_accum;
+        say!(
+            lead,
+            "model {} ({:.2} M parameters) on {kind}; global batch {} x {} tokens = dp {} x micro batch {} x grad-accum {}",
             s.model,
             mc.num_params() as f64 / 1e6,
             global_batch,
             s.seq_len,
+            dp_size,
             s.micro_batch,
             s.grad_accum
         );
@@ -225,29 +327,46 @@ impl BackendTask for TrainTask {
             grad_clip: s.grad_clip,
         };
         let mut trainer = Trainer::new(model, step_config, device.clone());
+        let dp = DataParallel::new(comm.clone(), s.bucket_mb);
         let flops_per_token = mc.train_flops_per_token(s.seq_len);
-        let mut log = MetricsWriter::create(&out.join("metrics.jsonl"))?;
+        let mut log = if lead {
+            Some(MetricsWriter::create(&out.join("metrics.jsonl"))?)
+        } else {
+            None
+        };
+
         let mut train_curve = Vec::new();
         let mut val_curve = Vec::new();
 
         let val_loss = trainer.evaluate(&val_batches);
-        log.write(&ValRecord { step: 0, val_loss })?;
+        if let Some(log) = log.as_mut() {
+            log.write(&ValRecord { step: 0, val_loss })?;
+        }
         val_curve.push((0.0, val_loss));
-        println!("step 0: val_loss {val_loss:.4}");
+        say!(lead, "step 0: val_loss {val_loss:.4}");
 
-        let bar = ProgressBar::new(s.steps as u64);
+        let bar = if lead {
+            ProgressBar::new(s.steps as u64)
+        } else {
+            ProgressBar::hidden()
+        };
         bar.set_style(
             ProgressStyle::with_template("{bar:30} step {pos}/{len} | {msg} | ETA {eta}")
                 .expect("the progress template is valid"),
         );
         for step in 1..=s.steps {
-            let micro: Vec<_> = (0..s.grad_accum)
+            // The sampler draws the whole global batch (the same stream on
+            // every rank); DP rank r keeps micro-batch r of each group of
+            // dp, so the union is the one-rank run's batch.
+            let micro: Vec<_> = (0..s.grad_accum * dp_size)
                 .map(|_| sampler.next_batch(&split.train, s.micro_batch))
+                .skip(dp.rank())
+                .step_by(dp_size)
                 .collect();
             let t = Instant::now();
-            let o = trainer.step(&micro);
+            let o = trainer.step_data_parallel(&micro, &dp)?;
             let dt = t.elapsed().as_secs_f64();
-            let flops = flops_per_token * o.tokens as f64 / dt;
+            let flops = flops_per_token * o.tokens as f64 / dt / dp_size as f64;
             let record = StepRecord {
                 step,
                 loss: o.loss,
@@ -258,7 +377,9 @@ impl BackendTask for TrainTask {
                 mfu: flops / peak,
                 step_time_s: dt,
             };
-            log.write(&record)?;
+            if let Some(log) = log.as_mut() {
+                log.write(&record)?;
+            }
             train_curve.push((step as f64, o.loss));
             bar.set_position(step as u64);
             bar.set_message(format!(
@@ -269,11 +390,16 @@ impl BackendTask for TrainTask {
             ));
             if step % s.eval_every == 0 || step == s.steps {
                 let val_loss = trainer.evaluate(&val_batches);
-                log.write(&ValRecord { step, val_loss })?;
+                if let Some(log) = log.as_mut() {
+                    log.write(&ValRecord { step, val_loss })?;
+                }
                 val_curve.push((step as f64, val_loss));
-                save_checkpoint(trainer.model(), out)?;
+                if lead {
+                    save_checkpoint(trainer.model(), out)?;
+                }
                 bar.suspend(|| {
-                    println!(
+                    say!(
+                    lead,
                     "step {step}: loss {:.4} | val_loss {val_loss:.4} | {:.0} tokens/s | grad_norm {:.3} | lr {:.2e}",
                     o.loss, record.tokens_per_s, o.grad_norm, o.lr
                 )
@@ -281,6 +407,9 @@ impl BackendTask for TrainTask {
             }
         }
         bar.finish_and_clear();
+        if !lead {
+            return Ok(());
+        }
         write_atomic(
             &out.join("loss.svg"),
             metrics::write_loss_svg(&train_curve, &val_curve).as_bytes(),

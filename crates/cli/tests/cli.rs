@@ -69,6 +69,16 @@ fn bad_input_is_a_one_line_error_with_exit_code_2_and_writes_nothing() {
         &out,
     );
     assert_rejected(
+        &["train", "--out", o, "--dp", "2"],
+        &["--dp 2", "must equal the world size 1"],
+        &out,
+    );
+    assert_rejected(
+        &["train", "--out", o, "--bucket-mb", "0"],
+        &["--bucket-mb"],
+        &out,
+    );
+    assert_rejected(
         &["train", "--out", o, "--seq-len", "100000"],
         &["--seq-len", "max_seq_len"],
         &out,

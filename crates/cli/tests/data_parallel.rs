@@ -1,0 +1,239 @@
+//! Data parallelism across processes: `mpirun -np 2` and `-np 4` runs of
+//! the `ferrotron` binary match the one-rank run with the same global batch.
+//!
+//! Needs the binary built with the `mpi` feature (`cargo test -p
+//! ferrotron-cli --features mpi`) and Open MPI's `mpirun`; without the
+//! feature the tests are skipped with a printed reason, with it a missing
+//! `mpirun` is a failure.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use ferrotron_engine::checkpoint::load_safetensors;
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ferrotron-dp-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `false` (and a printed reason) when the binary has no MPI support.
+fn mpi_built() -> bool {
+    if !cfg!(feature = "mpi") {
+        eprintln!(
+            "SKIPPED: ferrotron was built without the `mpi` feature; run `cargo test -p ferrotron-cli --features mpi`"
+        );
+    }
+    cfg!(feature = "mpi")
+}
+
+/// Runs `ferrotron train` with `args` on `ranks` processes (1: no mpirun).
+fn train(ranks: usize, args: &[&str]) -> Output {
+    let bin = env!("CARGO_BIN_EXE_ferrotron");
+    let mut cmd = if ranks == 1 {
+        Command::new(bin)
+    } else {
+        let mut c = Command::new("mpirun");
+        c.args(["--allow-run-as-root", "--oversubscribe", "-np"])
+            .arg(ranks.to_string())
+            .arg(bin);
+        c
+    };
+    // Keep the child ranks single-threaded enough to share 2 cores.
+    cmd.env("OMPI_MCA_rmaps_base_oversubscribe", "1");
+    cmd.arg("train").args(args).output().unwrap_or_else(|e| {
+        panic!(
+            "could not start {} (is Open MPI's mpirun installed?): {e}",
+            if ranks == 1 { bin } else { "mpirun" }
+        )
+    })
+}
+
+fn corpus(dir: &Path) -> PathBuf {
+    let path = dir.join("small.txt");
+    let text: String = (0..400)
+        .map(|i| {
+            format!(
+                "Line {i}: the quick brown fox jumps over the lazy dog {}.\n",
+                i * 7 % 13
+            )
+        })
+        .collect();
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Training losses of a run's metrics.jsonl, by step.
+fn losses(run: &Path) -> Vec<f64> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter_map(|v| v.get("loss").and_then(|l| l.as_f64()))
+        .collect()
+}
+
+/// Relative error of the whole model: max |a - b| over every weight divided
+/// by max |b| over every weight. (Per tensor it would be meaningless for
+/// the attention key biases, whose gradient is analytically zero because
+/// softmax ignores a constant shift: they hold only rounding noise, ~1e-7.)
+fn max_weight_rel_err(a: &Path, b: &Path) -> f64 {
+    let a = load_safetensors(&a.join("model.safetensors")).unwrap();
+    let b = load_safetensors(&b.join("model.safetensors")).unwrap();
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+    let (mut diff, mut scale) = (0f32, 0f32);
+    for (name, ta) in &a {
+        let x = ta.to_vec::<f32>().unwrap();
+        let y = b[name].to_vec::<f32>().unwrap();
+        assert_eq!(x.len(), y.len(), "{name}");
+        for (p, q) in x.iter().zip(&y) {
+            assert!(p.is_finite(), "{name} holds {p}");
+            diff = diff.max((p - q).abs());
+            scale = scale.max(q.abs());
+        }
+    }
+    f64::from(diff / scale)
+}
+
+/// Trains `model` on one rank with grad-accum 4, then on 2 and 4 ranks with
+/// the same global batch (8 sequences), and compares losses and weights.
+fn dp_matches_single_rank(model: &str) {
+    if !mpi_built() {
+        return;
+    }
+    let dir = scratch(model);
+    let corpus = corpus(&dir);
+    let common = |accum: &'static str| {
+        vec![
+            "--model",
+            model,
+            "--vocab-size",
+            "300",
+            "--corpus",
+            corpus.to_str().unwrap(),
+            "--seq-len",
+            "32",
+            "--micro-batch",
+            "2",
+            "--steps",
+            "5",
+            "--grad-accum",
+            accum,
+            "--eval-every",
+            "5",
+            "--eval-batches",
+            "2",
+            "--sample-tokens",
+            "0",
+            "--peak-tflops",
+            "1",
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>()
+    };
+    let run = |ranks: usize, accum: &'static str| {
+        let out = dir.join(format!("np{ranks}"));
+        let mut args = common(accum);
+        args.extend(["--out".into(), out.to_str().unwrap().to_owned()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = train(ranks, &args);
+        assert!(
+            o.status.success(),
+            "{model} on {ranks} ranks failed:\n{}\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        out
+    };
+    let single = run(1, "4");
+    let want = losses(&single);
+    assert_eq!(want.len(), 5);
+    for (ranks, accum) in [(2, "2"), (4, "1")] {
+        let out = run(ranks, accum);
+        let got = losses(&out);
+        assert_eq!(got.len(), want.len());
+        for (step, (g, w)) in got.iter().zip(&want).enumerate() {
+            let rel = (g - w).abs() / w.abs();
+            assert!(
+                rel <= 1e-5,
+                "{model} np{ranks} step {}: loss {g} vs {w} (rel {rel:e})",
+                step + 1
+            );
+        }
+        let rel = max_weight_rel_err(&out, &single);
+        eprintln!("{model} np{ranks}: max relative weight error {rel:e}");
+        assert!(
+            rel <= 1e-5,
+            "{model} np{ranks}: weights differ, relative error {rel:e}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn gpt_dp2_and_dp4_equal_single_rank() {
+    dp_matches_single_rank("gpt-mini");
+}
+
+#[test]
+fn llama_dp2_and_dp4_equal_single_rank() {
+    dp_matches_single_rank("llama-mini");
+}
+
+#[test]
+fn bloom_dp2_and_dp4_equal_single_rank() {
+    dp_matches_single_rank("bloom-mini");
+}
+
+#[test]
+fn a_mesh_that_does_not_fit_the_world_size_exits_2_on_every_rank() {
+    if !mpi_built() {
+        return;
+    }
+    let dir = scratch("mesh");
+    let out = dir.join("run");
+    let o = train(2, &["--dp", "3", "--out", out.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("must equal the world size 2"), "{err}");
+    assert!(!out.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn tensor_and_pipeline_parallelism_are_refused_as_not_implemented() {
+    if !mpi_built() {
+        return;
+    }
+    let dir = scratch("tp");
+    let out = dir.join("run");
+    for flag in ["--tp", "--pp"] {
+        let o = train(2, &["--dp", "1", flag, "2", "--out", out.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success());
+        assert!(err.contains("not implemented yet"), "{err}");
+        assert!(!out.exists());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_failing_rank_aborts_the_job_instead_of_hanging() {
+    if !mpi_built() {
+        return;
+    }
+    let dir = scratch("abort");
+    let out = dir.join("run");
+    // Rank 0 finds the run directory not empty and fails after the other
+    // rank has gone on to wait for it: MPI_Abort must end the job.
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("x"), "taken").unwrap();
+    let t = std::time::Instant::now();
+    let o = train(2, &["--steps", "1", "--out", out.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not empty"));
+    assert!(t.elapsed().as_secs() < 120);
+    let _ = std::fs::remove_dir_all(&dir);
+}
