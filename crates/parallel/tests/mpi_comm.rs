@@ -1,0 +1,96 @@
+//! Every `MpiCommunicator` operation, checked on 2 and 3 ranks under
+//! `mpirun`. The launcher test re-runs this test binary under `mpirun`,
+//! selecting the ignored worker test; a failing assertion on any rank makes
+//! `mpirun` exit non-zero. Skipped (with a printed reason) without the
+//! `mpi` feature; with it, a missing `mpirun` is a failure.
+
+use std::process::Command;
+
+#[test]
+fn mpi_communicator_operations_are_correct_on_2_and_3_ranks() {
+    if !cfg!(feature = "mpi") {
+        eprintln!("SKIPPED: built without the `mpi` feature; run `cargo test -p ferrotron-parallel --features mpi`");
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    for ranks in ["2", "3"] {
+        let o = Command::new("mpirun")
+            .args(["--allow-run-as-root", "--oversubscribe", "-np", ranks])
+            .arg(&exe)
+            .args(["--ignored", "--exact", "mpi_worker", "--test-threads=1"])
+            .output()
+            .expect("mpirun runs (is Open MPI installed?)");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(o.status.success(), "np {ranks}:\n{text}");
+        assert!(text.matches("1 passed").count() >= 2, "np {ranks}:\n{text}");
+    }
+}
+
+/// One rank's checks; run only under mpirun by the test above.
+#[test]
+#[ignore = "runs under mpirun, started by mpi_communicator_operations_are_correct_on_2_and_3_ranks"]
+fn mpi_worker() {
+    #[cfg(feature = "mpi")]
+    worker::run();
+}
+
+#[cfg(feature = "mpi")]
+mod worker {
+    use ferrotron_parallel::comm::{Communicator, MpiCommunicator};
+
+    pub fn run() {
+        let c = MpiCommunicator::init().unwrap();
+        let (r, w) = (c.rank(), c.world_size());
+        let rf = r as f32;
+        let wf = w as f32;
+        // Sum of ranks 0..w.
+        let tri = wf * (wf - 1.0) / 2.0;
+
+        let mut buf = vec![rf, 1.0, -2.0 * rf];
+        c.all_reduce_sum(&mut buf).unwrap();
+        assert_eq!(buf, [tri, wf, -2.0 * tri]);
+
+        let mut buf = vec![rf; 4];
+        c.all_reduce_avg(&mut buf).unwrap();
+        assert_eq!(buf, vec![tri / wf; 4]);
+
+        let mut all = vec![0.0; 2 * w];
+        c.all_gather(&[rf, 10.0 + rf], &mut all).unwrap();
+        let want: Vec<f32> = (0..w).flat_map(|k| [k as f32, 10.0 + k as f32]).collect();
+        assert_eq!(all, want);
+
+        // Block k of rank q's input is q + 100 k; block r of the sum is tri + 100 r w.
+        let send: Vec<f32> = (0..w).flat_map(|k| [rf + 100.0 * k as f32; 2]).collect();
+        let mut mine = vec![0.0; 2];
+        c.reduce_scatter_sum(&send, &mut mine).unwrap();
+        assert_eq!(mine, [tri + 100.0 * rf * wf; 2]);
+
+        let mut b = if r == w - 1 {
+            vec![7.0, 8.0]
+        } else {
+            vec![0.0; 2]
+        };
+        c.broadcast(&mut b, w - 1).unwrap();
+        assert_eq!(b, [7.0, 8.0]);
+
+        // A ring: send to the next rank, receive from the previous one.
+        let (next, prev) = ((r + 1) % w, (r + w - 1) % w);
+        if r % 2 == 0 {
+            c.send(&[rf; 3], next, 5).unwrap();
+        }
+        let mut got = vec![0.0; 3];
+        c.recv(&mut got, prev, 5).unwrap();
+        if r % 2 == 1 {
+            c.send(&[rf; 3], next, 5).unwrap();
+        }
+        assert_eq!(got, [prev as f32; 3]);
+
+        assert!(c.broadcast(&mut b, w).is_err());
+        assert!(c.all_gather(&[1.0], &mut [0.0; 1]).is_err() || w == 1);
+        c.barrier().unwrap();
+    }
+}
