@@ -20,7 +20,8 @@ pub const PRESET_NAMES: &[&str] = &[
     "bloom-176b",
 ];
 
-fn gpt2(hidden: usize, layers: usize, heads: usize) -> DecoderConfig {
+/// The GPT-2 family at a given width, depth and head count (published defaults elsewhere).
+pub(crate) fn gpt2(hidden: usize, layers: usize, heads: usize) -> DecoderConfig {
     DecoderConfig {
         vocab_size: 50257,
         hidden_size: hidden,
@@ -40,8 +41,9 @@ fn gpt2(hidden: usize, layers: usize, heads: usize) -> DecoderConfig {
     }
 }
 
+/// The Llama family with the given shape (published defaults elsewhere).
 #[allow(clippy::too_many_arguments)]
-fn llama(
+pub(crate) fn llama(
     vocab: usize,
     hidden: usize,
     layers: usize,
@@ -70,7 +72,8 @@ fn llama(
     }
 }
 
-fn bloom(hidden: usize, layers: usize, heads: usize) -> DecoderConfig {
+/// The BLOOM family at a given width, depth and head count (published defaults elsewhere).
+pub(crate) fn bloom(hidden: usize, layers: usize, heads: usize) -> DecoderConfig {
     DecoderConfig {
         vocab_size: 250880,
         hidden_size: hidden,

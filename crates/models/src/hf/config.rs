@@ -11,6 +11,7 @@ use serde_json::{json, Map, Value};
 
 use super::HfError;
 use crate::config::{DecoderConfig, MlpKind, NormKind, Position};
+use crate::presets;
 
 /// The `transformers` model families we read and write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -232,20 +233,12 @@ fn parse(f: &Fields<'_>) -> Result<(Family, DecoderConfig), HfError> {
             let heads = f.usize("n_head")?;
             DecoderConfig {
                 vocab_size,
-                hidden_size: hidden,
-                n_layers: f.usize("n_layer")?,
-                n_heads: heads,
-                n_kv_heads: heads,
                 ffn_size: f.usize_or("n_inner", Some(4 * hidden))?,
                 max_seq_len: f.usize("n_positions")?,
-                position: Position::Learned,
-                norm: NormKind::LayerNorm,
                 norm_eps: f.f64_or("layer_norm_epsilon", 1e-5)?,
-                mlp: MlpKind::GeluTanh,
-                bias: true,
                 tied_head: f.bool_or("tie_word_embeddings", true)?,
-                embed_norm: false,
                 init_std,
+                ..presets::gpt2(hidden, f.usize("n_layer")?, heads)
             }
         }
         Family::Llama => {
@@ -294,21 +287,19 @@ fn parse(f: &Fields<'_>) -> Result<(Family, DecoderConfig), HfError> {
                 }
             }
             DecoderConfig {
-                vocab_size,
-                hidden_size: hidden,
-                n_layers: f.usize("num_hidden_layers")?,
-                n_heads: heads,
-                n_kv_heads: f.usize_or("num_key_value_heads", Some(heads))?,
-                ffn_size: f.usize("intermediate_size")?,
-                max_seq_len: f.usize_or("max_position_embeddings", Some(2048))?,
-                position: Position::Rope { theta },
-                norm: NormKind::RmsNorm,
                 norm_eps: f.f64_or("rms_norm_eps", 1e-6)?,
-                mlp: MlpKind::Swiglu,
-                bias: false,
                 tied_head: f.bool_or("tie_word_embeddings", false)?,
-                embed_norm: false,
                 init_std,
+                ..presets::llama(
+                    vocab_size,
+                    hidden,
+                    f.usize("num_hidden_layers")?,
+                    heads,
+                    f.usize_or("num_key_value_heads", Some(heads))?,
+                    f.usize("intermediate_size")?,
+                    f.usize_or("max_position_embeddings", Some(2048))?,
+                    theta,
+                )
             }
         }
         Family::Bloom => {
@@ -325,26 +316,18 @@ fn parse(f: &Fields<'_>) -> Result<(Family, DecoderConfig), HfError> {
                 Some(_) => f.usize("num_attention_heads")?,
                 None => f.usize("n_head")?,
             };
+            let layers = match f.get("num_hidden_layers") {
+                Some(_) => f.usize("num_hidden_layers")?,
+                None => f.usize("n_layer")?,
+            };
             DecoderConfig {
                 vocab_size,
-                hidden_size: hidden,
-                n_layers: match f.get("num_hidden_layers") {
-                    Some(_) => f.usize("num_hidden_layers")?,
-                    None => f.usize("n_layer")?,
-                },
-                n_heads: heads,
-                n_kv_heads: heads,
-                ffn_size: 4 * hidden,
                 // ALiBi has no position table; this only bounds the input length.
                 max_seq_len: f.usize_or("seq_length", Some(2048))?,
-                position: Position::Alibi,
-                norm: NormKind::LayerNorm,
                 norm_eps: f.f64_or("layer_norm_epsilon", 1e-5)?,
-                mlp: MlpKind::GeluTanh,
-                bias: true,
                 tied_head: f.bool_or("tie_word_embeddings", true)?,
-                embed_norm: true,
                 init_std,
+                ..presets::bloom(hidden, layers, heads)
             }
         }
     };
