@@ -1,0 +1,3 @@
+//! Ferrotron's CubeCL kernels: one `#[cube]` source per fused op, generic
+//! over the CubeCL runtime, so the same code compiles for CUDA, HIP/ROCm and
+//! wgpu. Tests launch them on the wgpu runtime over Mesa's lavapipe.
