@@ -1,10 +1,10 @@
 //! The decoder-only transformer shared by GPT-2, Llama and BLOOM.
 
-use burn::module::{Module, Param};
+use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor};
-use ferrotron_engine::lm::CausalLm;
+use ferrotron_engine::lm::{CausalLm, StagedLm};
 
 use crate::config::{ConfigError, DecoderConfig, Position};
 use crate::init::Init;
@@ -22,6 +22,20 @@ pub struct Block<B: Backend> {
     pub mlp_norm: Norm<B>,
     /// Feed-forward block.
     pub mlp: Mlp<B>,
+}
+
+impl<B: Backend> Block<B> {
+    /// The block applied to `x` `[batch, len, hidden]`, attending to and
+    /// extending `kv` when decoding incrementally.
+    pub fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        pos: &PositionContext<B>,
+        kv: Option<&mut Option<LayerKv<B>>>,
+    ) -> Tensor<B, 3> {
+        let x = x.clone() + self.attn.forward(self.attn_norm.forward(x), pos, kv);
+        x.clone() + self.mlp.forward(self.mlp_norm.forward(x))
+    }
 }
 
 /// Keys and values of every layer for incremental decoding.
@@ -135,6 +149,22 @@ impl<B: Backend> Decoder<B> {
         mut cache: Option<&mut KvCache<B>>,
     ) -> Tensor<B, 3> {
         let c = &self.config;
+        let t = tokens.dims()[1];
+        let device = tokens.device();
+        let mut x = self.embed_from(tokens, start);
+        let pos = PositionContext::new(&c.position, c.n_heads, c.head_dim(), start, t, &device);
+        for (i, layer) in self.layers.iter().enumerate() {
+            let kv = cache.as_mut().map(|c| &mut c.layers[i]);
+            x = layer.forward(x, &pos, kv);
+        }
+        self.head_logits(x)
+    }
+
+    /// Hidden states `[batch, len, hidden]` of `tokens` `[batch, len]` at
+    /// positions `start..start+len`: token (and position) embeddings, then
+    /// the embedding norm (BLOOM).
+    fn embed_from(&self, tokens: Tensor<B, 2, Int>, start: usize) -> Tensor<B, 3> {
+        let c = &self.config;
         let [b, t] = tokens.dims();
         assert!(
             start + t <= c.max_seq_len,
@@ -142,7 +172,6 @@ impl<B: Backend> Decoder<B> {
             start + t,
             c.max_seq_len
         );
-        let device = tokens.device();
         let flat = tokens.reshape([b * t]);
         let mut x = self
             .embed
@@ -155,12 +184,14 @@ impl<B: Backend> Decoder<B> {
         if let Some(n) = &self.embed_norm {
             x = n.forward(x);
         }
-        let pos = PositionContext::new(&c.position, c.n_heads, c.head_dim(), start, t, &device);
-        for (i, layer) in self.layers.iter().enumerate() {
-            let kv = cache.as_mut().map(|c| &mut c.layers[i]);
-            x = x.clone() + layer.attn.forward(layer.attn_norm.forward(x), &pos, kv);
-            x = x.clone() + layer.mlp.forward(layer.mlp_norm.forward(x));
-        }
+        x
+    }
+
+    /// Logits `[batch, len, vocab]` of the last block's output `x`
+    /// `[batch, len, hidden]`: final norm, then the head.
+    fn head_logits(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let c = &self.config;
+        let [b, t, _] = x.dims();
         let x = self.final_norm.forward(x).reshape([b * t, c.hidden_size]);
         let head = match &self.head {
             Some(h) => h.val(),
@@ -181,5 +212,33 @@ pub fn cross_entropy<B: Backend>(logits: Tensor<B, 3>, targets: Tensor<B, 2, Int
 impl<B: Backend> CausalLm<B> for Decoder<B> {
     fn loss(&self, inputs: Tensor<B, 2, Int>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
         cross_entropy(self.forward(inputs), targets)
+    }
+}
+
+impl<B: Backend> StagedLm<B> for Decoder<B> {
+    type Context = PositionContext<B>;
+
+    fn num_blocks(&self) -> usize {
+        self.layers.len()
+    }
+
+    fn embed(&self, inputs: Tensor<B, 2, Int>) -> (Tensor<B, 3>, PositionContext<B>) {
+        let c = &self.config;
+        let t = inputs.dims()[1];
+        let device = inputs.device();
+        let pos = PositionContext::new(&c.position, c.n_heads, c.head_dim(), 0, t, &device);
+        (self.embed_from(inputs, 0), pos)
+    }
+
+    fn block(&self, index: usize, x: Tensor<B, 3>, context: &PositionContext<B>) -> Tensor<B, 3> {
+        self.layers[index].forward(x, context, None)
+    }
+
+    fn head_loss(&self, x: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
+        cross_entropy(self.head_logits(x), targets)
+    }
+
+    fn visit_block<V: ModuleVisitor<B>>(&self, index: usize, visitor: &mut V) {
+        self.layers[index].visit(visitor);
     }
 }

@@ -6,6 +6,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use super::MemoryBytes;
+
 /// What one optimizer step measured.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StepRecord {
@@ -25,6 +27,10 @@ pub struct StepRecord {
     pub mfu: f64,
     /// Wall time of the step, seconds.
     pub step_time_s: f64,
+    /// Training state held by the writing rank (rank 0), bytes by class
+    /// (`param_bytes`, `grad_bytes`, `optimizer_bytes` in the JSON).
+    #[serde(flatten)]
+    pub memory: MemoryBytes,
 }
 
 /// A validation measurement.

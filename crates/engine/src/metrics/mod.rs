@@ -1,9 +1,11 @@
-//! Training metrics: per-step records as JSON lines, the loss plot, FLOP/s and MFU.
+//! Training metrics: per-step records as JSON lines, the loss plot, FLOP/s and MFU, memory by class.
 
 mod jsonl;
+mod memory;
 mod peak;
 mod plot;
 
 pub use jsonl::{MetricsWriter, StepRecord, ValRecord};
+pub use memory::MemoryBytes;
 pub use peak::{measure_matmul_flops, peak_flops_for, PEAK_FLOPS_TABLE};
 pub use plot::write_loss_svg;

@@ -78,7 +78,7 @@ impl<B: Backend> AdamW<B> {
         AB: AutodiffBackend<InnerBackend = B>,
         M: AutodiffModule<AB>,
     {
-        self.step += 1;
+        self.begin_step();
         let mut mapper = Update::<AB> {
             opt: self,
             grads,
@@ -87,18 +87,27 @@ impl<B: Backend> AdamW<B> {
         module.map(&mut mapper)
     }
 
-    /// The updated value of one parameter `p` (any shape) given its gradient.
-    fn update<const D: usize>(
+    /// Counts one more optimizer step (the bias corrections use the count).
+    /// Call once per step before [`AdamW::update_flat`]; [`AdamW::step`]
+    /// does it itself.
+    pub fn begin_step(&mut self) {
+        self.step += 1;
+    }
+
+    /// The updated value of `p`, a rank-1 view of parameter `id` (the whole
+    /// parameter or a contiguous shard of it, always the same range for the
+    /// same `id`), given its gradient `grad` of the same length. `decay`
+    /// says whether weight decay applies (matrices and embeddings).
+    pub fn update_flat(
         &mut self,
         id: ParamId,
         lr: f64,
-        p: Tensor<B, D>,
-        grad: Tensor<B, D>,
-    ) -> Tensor<B, D> {
+        p: Tensor<B, 1>,
+        grad: Tensor<B, 1>,
+        decay: bool,
+    ) -> Tensor<B, 1> {
         let c = self.config;
-        let shape = p.shape();
-        let n = shape.num_elements();
-        let g = grad.reshape([n]);
+        let g = grad;
         let state = self.moments.remove(&id).unwrap_or_else(|| Moments {
             m: g.zeros_like(),
             v: g.zeros_like(),
@@ -111,12 +120,26 @@ impl<B: Backend> AdamW<B> {
         // torch: denom = sqrt(v) / sqrt(bias2) + eps; p -= lr / bias1 * m / denom
         let denom = v.clone().sqrt().div_scalar(bias2.sqrt()).add_scalar(c.eps);
         let delta = m.clone().div(denom).mul_scalar(lr / bias1);
-        let mut flat = p.reshape([n]);
-        if D >= 2 && c.weight_decay != 0.0 {
+        let mut flat = p;
+        if decay && c.weight_decay != 0.0 {
             flat = flat.mul_scalar(1.0 - lr * c.weight_decay);
         }
         self.moments.insert(id, Moments { m, v });
-        (flat - delta).reshape(shape)
+        flat - delta
+    }
+
+    /// The updated value of one parameter `p` (any shape) given its gradient.
+    fn update<const D: usize>(
+        &mut self,
+        id: ParamId,
+        lr: f64,
+        p: Tensor<B, D>,
+        grad: Tensor<B, D>,
+    ) -> Tensor<B, D> {
+        let shape = p.shape();
+        let n = shape.num_elements();
+        self.update_flat(id, lr, p.reshape([n]), grad.reshape([n]), D >= 2)
+            .reshape(shape)
     }
 }
 

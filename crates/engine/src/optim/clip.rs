@@ -50,6 +50,14 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Scale<'_, B> {
     }
 }
 
+/// The factor that scales gradients of global L2 norm `norm` down to at
+/// most `max_norm`, as PyTorch computes it (`max_norm / (norm + 1e-6)`);
+/// `None` when no clipping is needed (the factor would be >= 1).
+pub fn clip_factor(norm: f64, max_norm: f64) -> Option<f64> {
+    let factor = max_norm / (norm + 1e-6);
+    (factor < 1.0).then_some(factor)
+}
+
 /// Clips the gradients to a global L2 norm of at most `max_norm`.
 ///
 /// Returns the norm before clipping. As in PyTorch, gradients are scaled by
@@ -60,8 +68,7 @@ pub fn clip_global_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
     max_norm: f64,
 ) -> f64 {
     let norm = global_grad_norm(module, grads);
-    let factor = max_norm / (norm + 1e-6);
-    if factor < 1.0 {
+    if let Some(factor) = clip_factor(norm, max_norm) {
         let mut v = Scale::<B> {
             grads,
             factor,
