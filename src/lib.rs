@@ -2,7 +2,7 @@
 //!
 //! This facade re-exports the public API of the workspace crates:
 //! [`engine`] (numerics on one device: backends, optimizer, data, checkpoints,
-//! metrics), [`parallel`] (the training step executor) and [`models`] (the
+//! metrics), [`parallel`] (the training step executor, data parallelism, ZeRO) and [`models`] (the
 //! configurable decoder and its presets).
 //!
 //! ```no_run
@@ -18,7 +18,7 @@
 //! let mut trainer = Trainer::new(model, step, Default::default());
 //! let mut sampler = ferrotron::engine::data::BatchSampler::new(10_000, 64, 0).unwrap();
 //! let tokens: Vec<u32> = (0..10_000).map(|i| i % 4096).collect();
-//! let out = trainer.step(&[sampler.next_batch(&tokens, 8)]);
+//! let out = trainer.step(&[sampler.next_batch(&tokens, 8)]).unwrap();
 //! println!("loss {}", out.loss);
 //! ```
 

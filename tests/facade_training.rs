@@ -48,7 +48,7 @@ fn train(config: &DecoderConfig, steps: usize) -> Vec<f64> {
                 sampler.next_batch(&tokens, 4),
                 sampler.next_batch(&tokens, 4),
             ];
-            trainer.step(&micro).loss
+            trainer.step(&micro).unwrap().loss
         })
         .collect()
 }

@@ -11,3 +11,4 @@ pub mod data;
 pub mod launch;
 pub mod mesh;
 pub mod trainer;
+pub mod zero;

@@ -34,6 +34,11 @@ impl DataParallel {
         Self { comm, bucket_elems }
     }
 
+    /// The DP group's communicator.
+    pub fn communicator(&self) -> Rc<dyn Communicator> {
+        self.comm.clone()
+    }
+
     /// This rank's index in the DP group.
     pub fn rank(&self) -> usize {
         self.comm.rank()

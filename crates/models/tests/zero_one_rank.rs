@@ -1,0 +1,157 @@
+//! ZeRO's code paths on one rank, in every build: stages 1, 2 and 3 with a
+//! DP group of one must train exactly like the plain trainer (stage 3 runs
+//! the block-by-block forward with recomputation in backward), and the
+//! staged forward of the decoder must compose to its loss. The multi-rank
+//! equivalence runs under `mpirun` in crates/cli/tests/data_parallel.rs.
+
+use std::rc::Rc;
+
+use burn::backend::{Autodiff, Flex};
+use burn::module::AutodiffModule;
+use burn::tensor::{Int, Tensor, TensorData};
+use ferrotron_engine::data::BatchSampler;
+use ferrotron_engine::lm::{CausalLm, StagedLm};
+use ferrotron_engine::optim::{AdamWConfig, LrSchedule};
+use ferrotron_engine::params::named_tensors;
+use ferrotron_models::presets::preset;
+use ferrotron_models::{Decoder, DecoderConfig};
+use ferrotron_parallel::comm::SingleProcess;
+use ferrotron_parallel::data::DataParallel;
+use ferrotron_parallel::trainer::{StepConfig, Trainer};
+use ferrotron_parallel::zero::ZeroStage;
+
+type B = Autodiff<Flex>;
+
+fn tiny(name: &str) -> DecoderConfig {
+    DecoderConfig {
+        vocab_size: 64,
+        hidden_size: 48,
+        n_layers: 3,
+        ffn_size: 96,
+        max_seq_len: 32,
+        ..preset(name).unwrap()
+    }
+}
+
+/// Trains 3 steps of 2 micro-batches; returns the losses and the weights.
+fn train(config: &DecoderConfig, zero: Option<ZeroStage>) -> (Vec<f64>, Vec<(String, Vec<f32>)>) {
+    let device = Default::default();
+    let model = Decoder::<B>::new(config, 3, &device).unwrap();
+    let step = StepConfig {
+        adamw: AdamWConfig::default(),
+        schedule: LrSchedule {
+            max_lr: 3e-3,
+            min_lr: 3e-4,
+            warmup_steps: 1,
+            total_steps: 3,
+        },
+        grad_clip: 0.5,
+    };
+    let mut trainer = match zero {
+        None => Trainer::new(model, step, device),
+        Some(stage) => {
+            // Tiny buckets so stages 1 and 2 cut parameters into many units.
+            let dp = DataParallel::new(Rc::new(SingleProcess), 0.002);
+            Trainer::data_parallel(model, step, device, dp, stage)
+        }
+    };
+    let tokens: Vec<u32> = (0..5_000u32).map(|i| (i * 7 + i / 13) % 64).collect();
+    let mut sampler = BatchSampler::new(tokens.len(), 16, 5).unwrap();
+    let losses = (0..3)
+        .map(|_| {
+            let micro = [
+                sampler.next_batch(&tokens, 2),
+                sampler.next_batch(&tokens, 2),
+            ];
+            trainer.step(&micro).unwrap().loss
+        })
+        .collect();
+    let weights = named_tensors(&trainer.full_model().unwrap().valid())
+        .into_iter()
+        .map(|(name, t)| (name, t.to_vec::<f32>().unwrap()))
+        .collect();
+    (losses, weights)
+}
+
+#[test]
+fn zero_stages_on_one_rank_train_like_the_plain_trainer() {
+    for family in ["gpt-mini", "llama-mini", "bloom-mini"] {
+        let config = tiny(family);
+        let (want_losses, want_weights) = train(&config, None);
+        for stage in [ZeroStage::One, ZeroStage::Two, ZeroStage::Three] {
+            let (losses, weights) = train(&config, Some(stage));
+            for (a, b) in losses.iter().zip(&want_losses) {
+                assert!(
+                    (a - b).abs() <= 1e-5 * b.abs(),
+                    "{family} zero {stage}: {losses:?} vs {want_losses:?}"
+                );
+            }
+            let (mut diff, mut scale) = (0f32, 0f32);
+            for ((name, w), (want_name, v)) in weights.iter().zip(&want_weights) {
+                assert_eq!(name, want_name);
+                for (p, q) in w.iter().zip(v) {
+                    diff = diff.max((p - q).abs());
+                    scale = scale.max(q.abs());
+                }
+            }
+            assert!(
+                diff <= 1e-5 * scale,
+                "{family} zero {stage}: weights differ by {diff} (max weight {scale})"
+            );
+        }
+    }
+}
+
+#[test]
+fn staged_forward_composes_to_the_loss() {
+    for family in ["gpt-mini", "llama-mini", "bloom-mini"] {
+        let device = Default::default();
+        let model = Decoder::<Flex>::new(&tiny(family), 11, &device).unwrap();
+        let ids: Vec<i64> = (0..2 * 9).map(|i| (i * 5 % 64) as i64).collect();
+        let inputs =
+            Tensor::<Flex, 2, Int>::from_data(TensorData::new(ids.clone(), [2, 9]), &device);
+        let targets = Tensor::<Flex, 2, Int>::from_data(
+            TensorData::new(ids.iter().map(|i| (i + 1) % 64).collect::<Vec<_>>(), [2, 9]),
+            &device,
+        );
+        let whole: f32 = model.loss(inputs.clone(), targets.clone()).into_scalar();
+        let (mut x, context) = model.embed(inputs);
+        for i in 0..model.num_blocks() {
+            x = model.block(i, x, &context);
+        }
+        let staged: f32 = model.head_loss(x, targets).into_scalar();
+        assert_eq!(whole, staged, "{family}");
+    }
+}
+
+#[test]
+fn zero3_evaluation_equals_the_plain_trainers() {
+    let config = tiny("bloom-mini");
+    let device = Default::default();
+    let step = StepConfig {
+        adamw: AdamWConfig::default(),
+        schedule: LrSchedule {
+            max_lr: 1e-3,
+            min_lr: 1e-4,
+            warmup_steps: 1,
+            total_steps: 1,
+        },
+        grad_clip: 1.0,
+    };
+    let tokens: Vec<u32> = (0..2_000u32).map(|i| (i * 3 + i / 7) % 64).collect();
+    let batches = [BatchSampler::new(tokens.len(), 16, 2)
+        .unwrap()
+        .next_batch(&tokens, 3)];
+    let plain = Trainer::new(
+        Decoder::<B>::new(&config, 3, &device).unwrap(),
+        step.clone(),
+        device,
+    );
+    let dp = DataParallel::new(Rc::new(SingleProcess), 25.0);
+    let model = Decoder::<B>::new(&config, 3, &device).unwrap();
+    let zero3 = Trainer::data_parallel(model, step, device, dp, ZeroStage::Three);
+    assert_eq!(
+        plain.evaluate(&batches).unwrap(),
+        zero3.evaluate(&batches).unwrap()
+    );
+}

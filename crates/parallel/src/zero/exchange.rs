@@ -1,0 +1,84 @@
+//! The two ZeRO collectives on one unit, through host `f32` vectors:
+//! all-gather of the owned chunks into whole parameters, and reduce-scatter
+//! of whole gradients into the owned chunk.
+
+use std::collections::HashMap;
+
+use burn::module::ParamId;
+use burn::tensor::TensorData;
+
+use super::layout::{Piece, Unit};
+use crate::comm::{CommError, Communicator};
+
+/// The unit's flat vector (`chunk * dp` elements, zero-padded) from the
+/// host values of its parameters; a parameter missing from `values`
+/// (no gradient) contributes zeros.
+pub(crate) fn flat_unit(unit: &Unit, dp: usize, values: &HashMap<ParamId, Vec<f32>>) -> Vec<f32> {
+    let mut flat = vec![0.0; unit.chunk * dp];
+    for s in &unit.slots {
+        if let Some(v) = values.get(&s.id) {
+            flat[s.offset..s.offset + s.numel()].copy_from_slice(v);
+        }
+    }
+    flat
+}
+
+/// This rank's chunk (`unit.chunk` elements, zero-padded) from the host
+/// values of its `pieces`.
+pub(crate) fn chunk_from_pieces(
+    unit: &Unit,
+    pieces: &[Piece],
+    values: &HashMap<ParamId, Vec<f32>>,
+) -> Vec<f32> {
+    let mut chunk = vec![0.0; unit.chunk];
+    for p in pieces {
+        chunk[p.chunk_offset..p.chunk_offset + p.len()].copy_from_slice(&values[&p.id]);
+    }
+    chunk
+}
+
+/// The values of each piece, cut out of this rank's `chunk`.
+pub(crate) fn split_chunk(pieces: &[Piece], chunk: &[f32]) -> Vec<(ParamId, Vec<f32>)> {
+    pieces
+        .iter()
+        .map(|p| {
+            let v = chunk[p.chunk_offset..p.chunk_offset + p.len()].to_vec();
+            (p.id, v)
+        })
+        .collect()
+}
+
+/// All-gathers every rank's `chunk` of `unit` and returns each parameter
+/// whole, in its shape.
+pub(crate) fn all_gather_unit(
+    comm: &dyn Communicator,
+    unit: &Unit,
+    chunk: &[f32],
+) -> Result<HashMap<ParamId, TensorData>, CommError> {
+    let mut flat = vec![0.0; unit.chunk * comm.world_size()];
+    comm.all_gather(chunk, &mut flat)?;
+    Ok(unit
+        .slots
+        .iter()
+        .map(|s| {
+            let v = flat[s.offset..s.offset + s.numel()].to_vec();
+            (s.id, TensorData::new(v, s.shape.clone()))
+        })
+        .collect())
+}
+
+/// Sums the unit's flat vector `flat` over the ranks and returns this
+/// rank's chunk of the sum divided by the number of ranks (the average).
+pub(crate) fn reduce_scatter_avg(
+    comm: &dyn Communicator,
+    unit: &Unit,
+    flat: &[f32],
+) -> Result<Vec<f32>, CommError> {
+    let mut chunk = vec![0.0; unit.chunk];
+    comm.reduce_scatter_sum(flat, &mut chunk)?;
+    let w = comm.world_size() as f32;
+    if w > 1.0 {
+        chunk.iter_mut().for_each(|x| *x /= w);
+    }
+    Ok(chunk)
+}

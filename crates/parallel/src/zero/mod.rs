@@ -1,0 +1,422 @@
+//! ZeRO: sharding the optimizer state (stage 1), the gradients (stage 2)
+//! and the parameters (stage 3, FSDP) over the data-parallel ranks.
+//!
+//! The parameters are grouped into units ([`layout`]): buckets of at most
+//! `--bucket-mb` for stages 1 and 2, and for stage 3 the FSDP units of a
+//! [`StagedLm`] (the root — embeddings, final norm, head — and each
+//! block). Rank `r` owns chunk `r` of every unit and keeps AdamW's moments
+//! for that chunk only.
+//!
+//! - Stage 1: gradients are averaged by bucketed all-reduce (as plain DP),
+//!   each rank updates its chunk, and the updated chunks are all-gathered
+//!   unit by unit into every rank's full copy of the model.
+//! - Stage 2: after each micro-batch's backward the gradients are
+//!   reduce-scattered unit by unit; a rank accumulates only its chunk.
+//!   Clipping uses the global norm (an all-reduce of the chunks' squared
+//!   sums). The update is stage 1's.
+//! - Stage 3: between steps a rank holds only its chunk of the parameters
+//!   (the model's tensors are one-element placeholders). Each micro-batch
+//!   runs the blocks one at a time: forward without autodiff, gathering a
+//!   block's parameters just before it runs and freeing them after, keeping
+//!   only the block inputs; then backward block by block in reverse,
+//!   gathering the block again, recomputing its forward with autodiff and
+//!   back-propagating the incoming gradient, reduce-scattering the block's
+//!   gradients and freeing it. The root unit stays gathered for the whole
+//!   step (its embedding starts and its head ends every micro-batch).
+//!
+//! Everything moves through host `f32` vectors (the [`Communicator`]
+//! contract). Burn's backward pass returns all gradients of a graph at
+//! once, so under stage 2 a micro-batch's full gradients exist until they
+//! are reduce-scattered; under stage 3 only one block's do.
+
+mod exchange;
+pub mod layout;
+mod staged;
+pub(crate) mod tensors;
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::rc::Rc;
+use std::str::FromStr;
+
+use burn::module::{AutodiffModule, ParamId};
+use burn::optim::GradientsParams;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{ElementConversion, Tensor, TensorData};
+use ferrotron_engine::lm::StagedLm;
+use ferrotron_engine::optim::AdamW;
+use serde::{Deserialize, Serialize};
+
+use self::exchange::{
+    all_gather_unit, chunk_from_pieces, flat_unit, reduce_scatter_avg, split_chunk,
+};
+use self::layout::{param_infos, Infos, ParamInfo, Piece, ShardLayout};
+use self::tensors::{host_f32, Assign, GradValues, ParamBytes, ParamValues, Release};
+use crate::comm::{CommError, Communicator};
+
+/// How much of the training state is sharded over the DP ranks (`--zero`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "u8", into = "u8")]
+pub enum ZeroStage {
+    /// Nothing: every rank holds everything (plain data parallelism).
+    #[default]
+    Off,
+    /// Optimizer state.
+    One,
+    /// Optimizer state and gradients.
+    Two,
+    /// Optimizer state, gradients and parameters (FSDP).
+    Three,
+}
+
+impl TryFrom<u8> for ZeroStage {
+    type Error = String;
+
+    fn try_from(n: u8) -> Result<Self, String> {
+        match n {
+            0 => Ok(Self::Off),
+            1 => Ok(Self::One),
+            2 => Ok(Self::Two),
+            3 => Ok(Self::Three),
+            _ => Err(format!("ZeRO stage {n} does not exist; use 0, 1, 2 or 3")),
+        }
+    }
+}
+
+impl From<ZeroStage> for u8 {
+    fn from(s: ZeroStage) -> u8 {
+        s as u8
+    }
+}
+
+impl FromStr for ZeroStage {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let n: u8 = s
+            .parse()
+            .map_err(|_| format!("'{s}' is not a ZeRO stage; use 0, 1, 2 or 3"))?;
+        Self::try_from(n)
+    }
+}
+
+impl fmt::Display for ZeroStage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", u8::from(*self))
+    }
+}
+
+/// This rank's shards and the ZeRO collectives of one training run.
+pub struct Zero<B: AutodiffBackend> {
+    stage: ZeroStage,
+    layout: ShardLayout,
+    /// This rank's pieces of each unit.
+    pieces: Vec<Vec<Piece>>,
+    /// The parameters of each unit.
+    unit_ids: Vec<HashSet<ParamId>>,
+    comm: Rc<dyn Communicator>,
+    device: B::Device,
+    /// Stage 3: this rank's pieces of the parameters (between steps, the
+    /// only copy of the weights on this rank).
+    params: HashMap<ParamId, Tensor<B::InnerBackend, 1>>,
+    /// Stages 2 and 3: this rank's pieces of the gradients being accumulated.
+    grads: HashMap<ParamId, Tensor<B::InnerBackend, 1>>,
+}
+
+impl<B: AutodiffBackend> Zero<B> {
+    /// Shards `model` for `stage` (not [`ZeroStage::Off`]) over the ranks of
+    /// `comm`. Stages 1 and 2 use buckets of at most `bucket_elems` values;
+    /// stage 3 uses the model's units, keeps this rank's chunk of every
+    /// parameter and returns the model with placeholders in their place.
+    pub fn new<M>(
+        stage: ZeroStage,
+        model: M,
+        comm: Rc<dyn Communicator>,
+        bucket_elems: usize,
+        device: B::Device,
+    ) -> (Self, M)
+    where
+        M: AutodiffModule<B> + StagedLm<B>,
+    {
+        assert!(stage != ZeroStage::Off, "ZeRO stage 0 shards nothing");
+        let groups = match stage {
+            ZeroStage::Three => fsdp_units(&model),
+            _ => ShardLayout::buckets(param_infos(&model), bucket_elems),
+        };
+        let layout = ShardLayout::new(groups, comm.rank(), comm.world_size());
+        let pieces = (0..layout.units().len())
+            .map(|u| layout.pieces(u))
+            .collect();
+        let unit_ids = layout
+            .units()
+            .iter()
+            .map(|u| u.slots.iter().map(|s| s.id).collect())
+            .collect();
+        let mut zero = Self {
+            stage,
+            layout,
+            pieces,
+            unit_ids,
+            comm,
+            device,
+            params: HashMap::new(),
+            grads: HashMap::new(),
+        };
+        let model = if stage == ZeroStage::Three {
+            zero.shard_parameters(model)
+        } else {
+            model
+        };
+        (zero, model)
+    }
+
+    /// The stage.
+    pub fn stage(&self) -> ZeroStage {
+        self.stage
+    }
+
+    /// The units and this rank's chunks.
+    pub fn layout(&self) -> &ShardLayout {
+        &self.layout
+    }
+
+    /// Keeps this rank's pieces of every parameter and releases the rest.
+    fn shard_parameters<M: AutodiffModule<B>>(&mut self, mut model: M) -> M {
+        for u in 0..self.pieces.len() {
+            let mut values = ParamValues {
+                want: &self.unit_ids[u],
+                out: HashMap::new(),
+            };
+            model.visit(&mut values);
+            for p in &self.pieces[u] {
+                let v = values.out[&p.id][p.start..p.end].to_vec();
+                self.params.insert(p.id, self.tensor(v));
+            }
+            model = self.release(u, model);
+        }
+        model
+    }
+
+    fn tensor(&self, values: Vec<f32>) -> Tensor<B::InnerBackend, 1> {
+        let n = values.len();
+        Tensor::from_data(TensorData::new(values, [n]), &self.device)
+    }
+
+    /// Replaces the parameters of unit `u` in `model` by placeholders.
+    fn release<M: AutodiffModule<B>>(&self, u: usize, model: M) -> M {
+        model.map(&mut Release::<B> {
+            ids: &self.unit_ids[u],
+            device: self.device.clone(),
+        })
+    }
+
+    /// Puts the whole parameters of unit `u`, all-gathered from every
+    /// rank's `chunk`, into `model`.
+    fn assign_gathered<M: AutodiffModule<B>>(
+        &self,
+        u: usize,
+        chunk: &[f32],
+        model: M,
+        require_grad: bool,
+    ) -> Result<M, CommError> {
+        let values = all_gather_unit(&*self.comm, &self.layout.units()[u], chunk)?;
+        Ok(model.map(&mut Assign::<B> {
+            values,
+            device: self.device.clone(),
+            require_grad,
+        }))
+    }
+
+    /// Stage 3: all-gathers the parameters of unit `u` into `model`.
+    fn gather<M: AutodiffModule<B>>(
+        &self,
+        u: usize,
+        model: M,
+        require_grad: bool,
+    ) -> Result<M, CommError> {
+        let values: HashMap<ParamId, Vec<f32>> = self.pieces[u]
+            .iter()
+            .map(|p| (p.id, host_f32(self.params[&p.id].clone())))
+            .collect();
+        let chunk = chunk_from_pieces(&self.layout.units()[u], &self.pieces[u], &values);
+        self.assign_gathered(u, &chunk, model, require_grad)
+    }
+
+    /// Stage 3: `model` with every parameter gathered (a collective: every
+    /// rank must call it). Used for evaluation and checkpoints.
+    pub fn gather_all<M: AutodiffModule<B>>(&self, mut model: M) -> Result<M, CommError> {
+        for u in 0..self.pieces.len() {
+            model = self.gather(u, model, true)?;
+        }
+        Ok(model)
+    }
+
+    /// Host values of the gradients in `grads` of unit `u`'s parameters.
+    fn grad_values<M: AutodiffModule<B>>(
+        &self,
+        u: usize,
+        model: &M,
+        grads: &GradientsParams,
+    ) -> HashMap<ParamId, Vec<f32>> {
+        let mut values = GradValues {
+            grads,
+            want: &self.unit_ids[u],
+            out: HashMap::new(),
+        };
+        model.visit(&mut values);
+        values.out
+    }
+
+    /// Reduce-scatters unit `u`'s gradients `values` (averaged over the
+    /// ranks) and adds this rank's chunk to the accumulated gradient pieces.
+    fn accumulate_values(
+        &mut self,
+        u: usize,
+        values: &HashMap<ParamId, Vec<f32>>,
+    ) -> Result<(), CommError> {
+        let unit = &self.layout.units()[u];
+        let flat = flat_unit(unit, self.layout.dp(), values);
+        let chunk = reduce_scatter_avg(&*self.comm, unit, &flat)?;
+        for (id, v) in split_chunk(&self.pieces[u], &chunk) {
+            let g = self.tensor(v);
+            let sum = match self.grads.remove(&id) {
+                Some(acc) => acc + g,
+                None => g,
+            };
+            self.grads.insert(id, sum);
+        }
+        Ok(())
+    }
+
+    /// Stage 2: reduce-scatters one micro-batch's gradients, unit by unit.
+    pub fn accumulate<M: AutodiffModule<B>>(
+        &mut self,
+        model: &M,
+        grads: GradientsParams,
+    ) -> Result<(), CommError> {
+        for u in 0..self.pieces.len() {
+            let values = self.grad_values(u, model, &grads);
+            self.accumulate_values(u, &values)?;
+        }
+        Ok(())
+    }
+
+    /// Stages 2 and 3: the global L2 norm of the accumulated gradients
+    /// (every rank's pieces together).
+    pub fn grad_norm(&self) -> Result<f64, CommError> {
+        let local: f64 = self
+            .grads
+            .values()
+            .map(|g| g.clone().powf_scalar(2.0).sum().into_scalar().elem::<f64>())
+            .sum();
+        let mut buf = [local as f32];
+        self.comm.all_reduce_sum(&mut buf)?;
+        Ok(f64::from(buf[0]).sqrt())
+    }
+
+    /// Stages 2 and 3: multiplies the accumulated gradient pieces by `factor`.
+    pub fn scale_grads(&mut self, factor: f64) {
+        for g in self.grads.values_mut() {
+            *g = g.clone().mul_scalar(factor);
+        }
+    }
+
+    /// Bytes of the accumulated gradient pieces held (stages 2 and 3).
+    pub fn grad_bytes(&self) -> usize {
+        self.grads
+            .values()
+            .map(|g| g.shape().num_elements() * 4)
+            .sum()
+    }
+
+    /// Bytes of parameters this rank holds: the model's tensors (stage 3:
+    /// placeholders) plus the parameter pieces (stage 3).
+    pub fn param_bytes<M: AutodiffModule<B>>(&self, model: &M) -> usize {
+        let mut v = ParamBytes(0);
+        model.visit(&mut v);
+        v.0 + self
+            .params
+            .values()
+            .map(|p| p.shape().num_elements() * 4)
+            .sum::<usize>()
+    }
+
+    /// Stages 1 and 2: one AdamW step of this rank's pieces, then the
+    /// updated pieces all-gathered into `model`, unit by unit. Stage 1
+    /// takes the pieces' gradients from `grads` (averaged, clipped);
+    /// stage 2 uses the accumulated pieces (and `grads` is `None`).
+    pub fn update_replicated<M: AutodiffModule<B>>(
+        &mut self,
+        mut model: M,
+        grads: Option<&GradientsParams>,
+        lr: f64,
+        optimizer: &mut AdamW<B::InnerBackend>,
+    ) -> Result<M, CommError> {
+        optimizer.begin_step();
+        for u in 0..self.pieces.len() {
+            let mut params = ParamValues {
+                want: &self.unit_ids[u],
+                out: HashMap::new(),
+            };
+            model.visit(&mut params);
+            let full_grads = grads.map(|grads| self.grad_values(u, &model, grads));
+            let mut updated = HashMap::new();
+            for p in &self.pieces[u] {
+                let param = self.tensor(params.out[&p.id][p.start..p.end].to_vec());
+                let grad = match &full_grads {
+                    Some(g) => g
+                        .get(&p.id)
+                        .map(|g| self.tensor(g[p.start..p.end].to_vec())),
+                    None => self.grads.remove(&p.id),
+                };
+                let new = match grad {
+                    Some(g) => optimizer.update_flat(p.id, lr, param, g, p.decay),
+                    None => param,
+                };
+                updated.insert(p.id, host_f32(new));
+            }
+            let chunk = chunk_from_pieces(&self.layout.units()[u], &self.pieces[u], &updated);
+            model = self.assign_gathered(u, &chunk, model, true)?;
+        }
+        Ok(model)
+    }
+
+    /// Stage 3: one AdamW step of this rank's parameter pieces with the
+    /// accumulated gradient pieces (nothing is communicated).
+    pub fn update_sharded(&mut self, lr: f64, optimizer: &mut AdamW<B::InnerBackend>) {
+        optimizer.begin_step();
+        for pieces in &self.pieces {
+            for p in pieces {
+                let Some(g) = self.grads.remove(&p.id) else {
+                    continue;
+                };
+                let param = self
+                    .params
+                    .remove(&p.id)
+                    .expect("stage 3 holds every piece");
+                let new = optimizer.update_flat(p.id, lr, param, g, p.decay);
+                self.params.insert(p.id, new);
+            }
+        }
+    }
+}
+
+/// The FSDP units of a staged model: the root (every parameter outside the
+/// blocks, in visiting order), then each block.
+fn fsdp_units<B: AutodiffBackend, M: AutodiffModule<B> + StagedLm<B>>(
+    model: &M,
+) -> Vec<Vec<ParamInfo>> {
+    let blocks: Vec<Vec<ParamInfo>> = (0..model.num_blocks())
+        .map(|i| {
+            let mut v = Infos(Vec::new());
+            model.visit_block(i, &mut v);
+            v.0
+        })
+        .collect();
+    let in_blocks: HashSet<ParamId> = blocks.iter().flatten().map(|p| p.0).collect();
+    let root = param_infos(model)
+        .into_iter()
+        .filter(|p| !in_blocks.contains(&p.0))
+        .collect();
+    std::iter::once(root).chain(blocks).collect()
+}

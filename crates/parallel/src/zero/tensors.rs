@@ -1,0 +1,113 @@
+//! Moving parameters and gradients between a model and flat host vectors.
+
+use std::collections::{HashMap, HashSet};
+
+use burn::module::{ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::optim::GradientsParams;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Tensor, TensorData};
+
+/// The values of a tensor as host `f32`, row-major.
+pub(crate) fn host_f32<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
+    t.into_data()
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .expect("a tensor converted to f32 holds f32 values")
+}
+
+/// Host values of the parameters whose ids are in `want`.
+pub(crate) struct ParamValues<'a> {
+    pub(crate) want: &'a HashSet<ParamId>,
+    pub(crate) out: HashMap<ParamId, Vec<f32>>,
+}
+
+impl<B: Backend> ModuleVisitor<B> for ParamValues<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if self.want.contains(&param.id) {
+            self.out.insert(param.id, host_f32(param.val()));
+        }
+    }
+}
+
+/// Host values of the gradients in `grads` of the parameters whose ids
+/// are in `want` (parameters without a gradient are left out).
+pub(crate) struct GradValues<'a> {
+    pub(crate) grads: &'a GradientsParams,
+    pub(crate) want: &'a HashSet<ParamId>,
+    pub(crate) out: HashMap<ParamId, Vec<f32>>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for GradValues<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if !self.want.contains(&param.id) {
+            return;
+        }
+        if let Some(g) = self.grads.get::<B::InnerBackend, D>(param.id) {
+            self.out.insert(param.id, host_f32(g));
+        }
+    }
+}
+
+/// Bytes held by the parameter tensors of a module (what it holds now:
+/// placeholders of released ZeRO-3 parameters count as their one element).
+pub(crate) struct ParamBytes(pub(crate) usize);
+
+impl<B: Backend> ModuleVisitor<B> for ParamBytes {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let t = param.val();
+        self.0 += t.shape().num_elements() * t.dtype().size();
+    }
+}
+
+/// Bytes held by the gradients in `grads` of a module's parameters.
+pub(crate) struct GradBytes<'a> {
+    pub(crate) grads: &'a GradientsParams,
+    pub(crate) bytes: usize,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for GradBytes<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if let Some(g) = self.grads.get::<B::InnerBackend, D>(param.id) {
+            self.bytes += g.shape().num_elements() * g.dtype().size();
+        }
+    }
+}
+
+/// Replaces the parameters named in `values` by tensors holding those
+/// values (`require_grad` says whether backward computes their gradients).
+pub(crate) struct Assign<B: Backend> {
+    pub(crate) values: HashMap<ParamId, TensorData>,
+    pub(crate) device: B::Device,
+    pub(crate) require_grad: bool,
+}
+
+impl<B: Backend> ModuleMapper<B> for Assign<B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, mapper) = param.consume();
+        let Some(data) = self.values.remove(&id) else {
+            return Param::from_mapped_value(id, tensor, mapper);
+        };
+        let mut t = Tensor::<B, D>::from_data(data, &self.device);
+        if self.require_grad {
+            t = t.require_grad();
+        }
+        Param::from_mapped_value(id, t, mapper)
+    }
+}
+
+/// Replaces the parameters in `ids` by one-element placeholders, freeing
+/// their memory (ZeRO-3 between uses).
+pub(crate) struct Release<'a, B: Backend> {
+    pub(crate) ids: &'a HashSet<ParamId>,
+    pub(crate) device: B::Device,
+}
+
+impl<B: Backend> ModuleMapper<B> for Release<'_, B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, mapper) = param.consume();
+        if !self.ids.contains(&id) {
+            return Param::from_mapped_value(id, tensor, mapper);
+        }
+        Param::from_mapped_value(id, Tensor::zeros([1; D], &self.device), mapper)
+    }
+}
