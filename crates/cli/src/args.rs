@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use ferrotron_parallel::zero::ZeroStage;
+
 use crate::settings::TrainSettings;
 
 /// Ferrotron: train GPT-2, Llama and BLOOM style language models.
@@ -128,6 +130,9 @@ pub struct TrainArgs {
     /// Gradient all-reduce bucket size for data parallelism, MiB.
     #[arg(long)]
     pub bucket_mb: Option<f64>,
+    /// ZeRO stage: 0 off, 1 shard optimizer state, 2 + gradients, 3 + parameters (FSDP).
+    #[arg(long)]
+    pub zero: Option<ZeroStage>,
 }
 
 impl TrainArgs {
@@ -159,7 +164,8 @@ impl TrainArgs {
             sample_prompt,
             tp,
             pp,
-            bucket_mb
+            bucket_mb,
+            zero
         );
         macro_rules! set_opt {
             ($($f:ident),*) => { $( if self.$f.is_some() { s.$f = self.$f; } )* };

@@ -4,6 +4,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use ferrotron_parallel::zero::ZeroStage;
+
 use crate::error::usage;
 
 /// Every setting of a training run. Defaults are the out-of-the-box run: the
@@ -72,8 +74,11 @@ pub struct TrainSettings {
     pub tp: usize,
     /// Pipeline-parallel degree (only 1 is implemented).
     pub pp: usize,
-    /// Gradient all-reduce bucket size for data parallelism, MiB.
+    /// Gradient all-reduce bucket size for data parallelism, MiB (also
+    /// the size of ZeRO-1/2's communication units).
     pub bucket_mb: f64,
+    /// ZeRO stage over the DP ranks (0 = off).
+    pub zero: ZeroStage,
 }
 
 impl Default for TrainSettings {
@@ -110,6 +115,7 @@ impl Default for TrainSettings {
             tp: 1,
             pp: 1,
             bucket_mb: ferrotron_parallel::data::DEFAULT_BUCKET_MB,
+            zero: ZeroStage::Off,
         }
     }
 }

@@ -326,8 +326,15 @@ impl BackendTask for TrainTask {
             },
             grad_clip: s.grad_clip,
         };
-        let mut trainer = Trainer::new(model, step_config, device.clone());
         let dp = DataParallel::new(comm.clone(), s.bucket_mb);
+        let dp_rank = dp.rank();
+        let mut trainer = Trainer::data_parallel(model, step_config, device.clone(), dp, s.zero);
+        say!(
+            lead,
+            "ZeRO stage {}; memory per rank: {}",
+            s.zero,
+            trainer.planned_memory().describe()
+        );
         let flops_per_token = mc.train_flops_per_token(s.seq_len);
         let mut log = if lead {
             Some(MetricsWriter::create(&out.join("metrics.jsonl"))?)
@@ -338,7 +345,7 @@ impl BackendTask for TrainTask {
         let mut train_curve = Vec::new();
         let mut val_curve = Vec::new();
 
-        let val_loss = trainer.evaluate(&val_batches);
+        let val_loss = trainer.evaluate(&val_batches)?;
         if let Some(log) = log.as_mut() {
             log.write(&ValRecord { step: 0, val_loss })?;
         }
@@ -360,11 +367,11 @@ impl BackendTask for TrainTask {
             // dp, so the union is the one-rank run's batch.
             let micro: Vec<_> = (0..s.grad_accum * dp_size)
                 .map(|_| sampler.next_batch(&split.train, s.micro_batch))
-                .skip(dp.rank())
+                .skip(dp_rank)
                 .step_by(dp_size)
                 .collect();
             let t = Instant::now();
-            let o = trainer.step_data_parallel(&micro, &dp)?;
+            let o = trainer.step(&micro)?;
             let dt = t.elapsed().as_secs_f64();
             let flops = flops_per_token * o.tokens as f64 / dt / dp_size as f64;
             let record = StepRecord {
@@ -376,6 +383,7 @@ impl BackendTask for TrainTask {
                 tflops_per_device: flops / 1e12,
                 mfu: flops / peak,
                 step_time_s: dt,
+                memory: trainer.memory(),
             };
             if let Some(log) = log.as_mut() {
                 log.write(&record)?;
@@ -389,13 +397,15 @@ impl BackendTask for TrainTask {
                 100.0 * record.mfu
             ));
             if step % s.eval_every == 0 || step == s.steps {
-                let val_loss = trainer.evaluate(&val_batches);
+                let val_loss = trainer.evaluate(&val_batches)?;
                 if let Some(log) = log.as_mut() {
                     log.write(&ValRecord { step, val_loss })?;
                 }
                 val_curve.push((step as f64, val_loss));
+                // Under ZeRO-3 gathering the model is a collective: every rank takes part.
+                let model = trainer.full_model()?;
                 if lead {
-                    save_checkpoint(trainer.model(), out)?;
+                    save_checkpoint(&model, out)?;
                 }
                 bar.suspend(|| {
                     say!(
@@ -407,6 +417,7 @@ impl BackendTask for TrainTask {
             }
         }
         bar.finish_and_clear();
+        let model = trainer.full_model()?.valid();
         if !lead {
             return Ok(());
         }
@@ -424,7 +435,7 @@ impl BackendTask for TrainTask {
             save_hf_dir(
                 dir,
                 mc,
-                &named_tensors(&trainer.model().valid()),
+                &named_tensors(&model),
                 Some(&out.join("tokenizer.json")),
             )?;
             println!("Hugging Face model written to {}", dir.display());
@@ -435,7 +446,6 @@ impl BackendTask for TrainTask {
                 top_k: 40,
                 seed: s.seed,
             };
-            let model = trainer.model().valid();
             let text = sample(
                 &model,
                 &tokenizer,

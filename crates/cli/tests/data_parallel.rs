@@ -1,5 +1,7 @@
 //! Data parallelism across processes: `mpirun -np 2` and `-np 4` runs of
-//! the `ferrotron` binary match the one-rank run with the same global batch.
+//! the `ferrotron` binary, and `-np 2` runs with ZeRO-1, -2 and -3, match
+//! the one-rank run with the same global batch; ZeRO's per-rank memory is
+//! the one-rank figure divided by the DP size for each sharded class.
 //!
 //! Needs the binary built with the `mpi` feature (`cargo test -p
 //! ferrotron-cli --features mpi`) and Open MPI's `mpirun`; without the
@@ -74,6 +76,43 @@ fn losses(run: &Path) -> Vec<f64> {
         .collect()
 }
 
+/// The memory by class of the last step record, bytes:
+/// `[param_bytes, grad_bytes, optimizer_bytes]`.
+fn memory(run: &Path) -> [u64; 3] {
+    let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let last = text
+        .lines()
+        .rev()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v.get("loss").is_some())
+        .unwrap();
+    ["param_bytes", "grad_bytes", "optimizer_bytes"].map(|k| last[k].as_u64().unwrap())
+}
+
+/// Checks each memory class: sharded ones (by ZeRO `stage`) hold 1/`dp`
+/// of the one-rank bytes, plus at most the padding of each unit's last
+/// chunk and the 4-byte placeholders of released ZeRO-3 tensors (< 4 KiB
+/// for a mini model); the others hold exactly the one-rank bytes.
+fn check_memory(model: &str, stage: u64, dp: u64, got: [u64; 3], single: [u64; 3]) {
+    let sharded = [stage >= 3, stage >= 2, stage >= 1];
+    for (i, name) in ["parameters", "gradients", "optimizer state"]
+        .iter()
+        .enumerate()
+    {
+        if sharded[i] {
+            let share = single[i] / dp;
+            assert!(
+                got[i] >= share && got[i] - share < 4096,
+                "{model} zero {stage}: {name} {} bytes, want {share} (1/{dp} of {})",
+                got[i],
+                single[i]
+            );
+        } else {
+            assert_eq!(got[i], single[i], "{model} zero {stage}: {name}");
+        }
+    }
+}
+
 /// Relative error of the whole model: max |a - b| over every weight divided
 /// by max |b| over every weight. (Per tensor it would be meaningless for
 /// the attention key biases, whose gradient is analytically zero because
@@ -97,7 +136,8 @@ fn max_weight_rel_err(a: &Path, b: &Path) -> f64 {
 }
 
 /// Trains `model` on one rank with grad-accum 4, then on 2 and 4 ranks with
-/// the same global batch (8 sequences), and compares losses and weights.
+/// the same global batch (8 sequences), and on 2 ranks with ZeRO-1, -2 and
+/// -3, and compares losses, weights and memory by class.
 fn dp_matches_single_rank(model: &str) {
     if !mpi_built() {
         return;
@@ -133,10 +173,11 @@ fn dp_matches_single_rank(model: &str) {
         .map(String::from)
         .collect::<Vec<_>>()
     };
-    let run = |ranks: usize, accum: &'static str| {
-        let out = dir.join(format!("np{ranks}"));
+    let run = |ranks: usize, accum: &'static str, zero: u64| {
+        let out = dir.join(format!("np{ranks}-zero{zero}"));
         let mut args = common(accum);
         args.extend(["--out".into(), out.to_str().unwrap().to_owned()]);
+        args.extend(["--zero".into(), zero.to_string()]);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let o = train(ranks, &args);
         assert!(
@@ -147,43 +188,51 @@ fn dp_matches_single_rank(model: &str) {
         );
         out
     };
-    let single = run(1, "4");
+    let single = run(1, "4", 0);
     let want = losses(&single);
     assert_eq!(want.len(), 5);
-    for (ranks, accum) in [(2, "2"), (4, "1")] {
-        let out = run(ranks, accum);
+    let single_memory = memory(&single);
+    for (ranks, accum, zero) in [
+        (2, "2", 0),
+        (4, "1", 0),
+        (2, "2", 1),
+        (2, "2", 2),
+        (2, "2", 3),
+    ] {
+        let out = run(ranks, accum, zero);
+        check_memory(model, zero, ranks as u64, memory(&out), single_memory);
         let got = losses(&out);
         assert_eq!(got.len(), want.len());
         for (step, (g, w)) in got.iter().zip(&want).enumerate() {
             let rel = (g - w).abs() / w.abs();
             assert!(
                 rel <= 1e-5,
-                "{model} np{ranks} step {}: loss {g} vs {w} (rel {rel:e})",
+                "{model} np{ranks} zero {zero} step {}: loss {g} vs {w} (rel {rel:e})",
                 step + 1
             );
         }
         let rel = max_weight_rel_err(&out, &single);
-        eprintln!("{model} np{ranks}: max relative weight error {rel:e}");
+        eprintln!("{model} np{ranks} zero {zero}: max relative weight error {rel:e}");
         assert!(
             rel <= 1e-5,
-            "{model} np{ranks}: weights differ, relative error {rel:e}"
+            "{model} np{ranks} zero {zero}: weights differ, relative error {rel:e}"
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
-fn gpt_dp2_and_dp4_equal_single_rank() {
+fn gpt_dp2_dp4_and_zero_1_2_3_equal_single_rank() {
     dp_matches_single_rank("gpt-mini");
 }
 
 #[test]
-fn llama_dp2_and_dp4_equal_single_rank() {
+fn llama_dp2_dp4_and_zero_1_2_3_equal_single_rank() {
     dp_matches_single_rank("llama-mini");
 }
 
 #[test]
-fn bloom_dp2_and_dp4_equal_single_rank() {
+fn bloom_dp2_dp4_and_zero_1_2_3_equal_single_rank() {
     dp_matches_single_rank("bloom-mini");
 }
 
