@@ -34,7 +34,7 @@ pub enum NcclError {
         reason: String,
     },
     /// The library opened but lacks a function of the NCCL C API.
-    #[error("{library}: symbol {symbol} not found ({reason}); this is not an NCCL/RCCL library, or one older than NCCL 2.10")]
+    #[error("{library}: symbol {symbol} not found ({reason}); this is not an NCCL/RCCL library, or one older than NCCL 2.7 (which added ncclSend and ncclRecv)")]
     MissingSymbol {
         /// The C function name.
         symbol: &'static str,

@@ -214,7 +214,7 @@ impl NcclLibrary {
                 })
         }
         // SAFETY: each type in `Fns` is the signature from `nccl.h` (checked
-        // against NCCL 2.21-2.27 and RCCL's rccl.h); the pointers stay valid
+        // against the bindgen output of nccl.h in cudarc 0.19); the pointers stay valid
         // while `_lib` is alive, which `NcclLibrary` guarantees.
         let fns = unsafe {
             Fns {

@@ -10,7 +10,7 @@ pub enum NcclDataType {
     F32,
     /// IEEE binary16, 2 bytes (`ncclFloat16` = 6).
     F16,
-    /// bfloat16, 2 bytes (`ncclBfloat16` = 9; NCCL >= 2.10, every RCCL with HIP >= 3.1).
+    /// bfloat16, 2 bytes (`ncclBfloat16` = 9; NCCL >= 2.10; RCCL has it too).
     Bf16,
 }
 
