@@ -6,10 +6,13 @@
 //! and nothing more on a CPU backend. Two implementations exist:
 //! [`SingleProcess`] (world size 1, every collective the identity) and,
 //! with the `mpi` cargo feature, [`MpiCommunicator`] (Open MPI through the
-//! `mpi` crate). A device-side transport (NCCL/RCCL) is not built.
+//! `mpi` crate). The device-side transport, NCCL / RCCL on raw device
+//! pointers, is the separate [`nccl`] binding, bootstrapped over one of
+//! these; training does not use it yet.
 
 #[cfg(feature = "mpi")]
 mod mpi;
+pub mod nccl;
 mod single;
 
 #[cfg(feature = "mpi")]
