@@ -62,7 +62,9 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
             } else {
                 1
             };
-            eprintln!("error (rank {}): {e:#}", comm.rank());
+            // One write, so that the lines of two failing ranks do not interleave.
+            let line = format!("error (rank {}): {e:#}\n", comm.rank());
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
             comm.abort(code);
         }
     }

@@ -10,10 +10,6 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// The communicator timeout of the workers.
-const TIMEOUT: Duration = Duration::from_secs(2);
-/// How long the hanging rank sleeps: far beyond the timeout.
-const HANG: Duration = Duration::from_secs(30);
 /// The job must end well before the hanging rank would wake up.
 const BOUND: Duration = Duration::from_secs(20);
 
@@ -78,7 +74,7 @@ fn a_rank_that_exits_abruptly_ends_the_job() {
 #[ignore = "runs under mpirun, started by a_rank_that_hangs_past_the_timeout_is_named_and_the_job_ends"]
 fn hanging_rank_worker() {
     #[cfg(feature = "mpi")]
-    worker::run(|| std::thread::sleep(HANG));
+    worker::run(|| std::thread::sleep(worker::HANG));
 }
 
 /// Rank 2 exits without finalizing MPI before the second all-reduce.
@@ -91,14 +87,22 @@ fn exiting_rank_worker() {
 
 #[cfg(feature = "mpi")]
 mod worker {
+    use std::io::Write;
+    use std::time::Duration;
+
     use ferrotron_parallel::comm::{CommError, Communicator, MpiCommunicator};
+
+    /// The communicator timeout of the workers.
+    const TIMEOUT: Duration = Duration::from_secs(2);
+    /// How long the hanging rank sleeps: far beyond the timeout.
+    pub const HANG: Duration = Duration::from_secs(30);
 
     /// One all-reduce on every rank, then `lose_rank_2` on rank 2, then a
     /// second all-reduce. A rank whose all-reduce fails prints the error,
     /// checks that it names rank 2, and aborts the job, as the training
     /// loop does.
     pub fn run(lose_rank_2: impl FnOnce()) {
-        let c = MpiCommunicator::init_with_timeout(super::TIMEOUT).unwrap();
+        let c = MpiCommunicator::init_with_timeout(TIMEOUT).unwrap();
         let r = c.rank();
         let mut buf = [1.0f32; 4];
         c.all_reduce_sum(&mut buf).unwrap();
@@ -109,14 +113,16 @@ mod worker {
         match c.all_reduce_sum(&mut buf) {
             Ok(()) => panic!("rank {r}: the all-reduce without rank 2 completed"),
             Err(e) => {
-                eprintln!("rank {r} failed: {e}");
+                // One write, so that the lines of two ranks do not interleave.
+                let line = format!("rank {r} failed: {e}\n");
+                let _ = std::io::stderr().write_all(line.as_bytes());
                 assert!(
                     matches!(&e, CommError::Timeout { lost, .. } if lost == &[2]),
                     "{e:?}"
                 );
                 // Let the other live rank print its error before MPI_Abort
                 // ends every process.
-                std::thread::sleep(std::time::Duration::from_secs(1));
+                std::thread::sleep(Duration::from_secs(1));
                 c.abort(1);
             }
         }
