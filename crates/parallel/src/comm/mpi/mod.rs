@@ -26,9 +26,9 @@
 //! 0, 1 did)`.
 //!
 //! The cost on the normal path: the operation works on heap copies of the
-//! buffers ([`lent`] says why) — one allocation and two copies of the data
-//! per call, small next to moving the data between processes — plus one
-//! `MPI_Improbe` per sleeping test. Open MPI serves nonblocking collectives
+//! buffers ([`lent`] says why; the copies are reused from call to call, so
+//! up to twice the largest buffer stays allocated), that is two copies of
+//! the data per call, plus one `MPI_Improbe` per sleeping test. Open MPI serves nonblocking collectives
 //! with its `libnbc` schedules rather than the tuned blocking algorithms.
 //!
 //! After a timeout the operation cannot be cancelled (MPI has no way to
@@ -54,7 +54,7 @@ use ::mpi::request::StaticScope;
 use ::mpi::topology::SimpleCommunicator;
 use ::mpi::traits::{Communicator as _, CommunicatorCollectives, Destination, Root, Source};
 
-use self::lent::Lent;
+use self::lent::Spares;
 use self::op::Op;
 use self::wait::Peers;
 use super::{check_blocks, check_rank, CommError, Communicator, DEFAULT_TIMEOUT};
@@ -76,6 +76,8 @@ pub struct MpiCommunicator {
     counts: [Cell<u64>; Op::ALL.len()],
     /// Set when an operation timed out.
     failed: Cell<bool>,
+    /// Buffers for the next operations.
+    spares: Spares,
     /// Finalized on drop unless `failed`.
     universe: ManuallyDrop<Universe>,
 }
@@ -105,6 +107,7 @@ impl MpiCommunicator {
             timeout,
             counts: Default::default(),
             failed: Cell::new(false),
+            spares: Spares::default(),
             universe: ManuallyDrop::new(universe),
         })
     }
@@ -139,8 +142,8 @@ impl Communicator for MpiCommunicator {
 
     fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<(), CommError> {
         let at = self.start(Op::AllReduce)?;
-        let send = Lent::copy_of(buf);
-        let mut recv = Lent::zeros(buf.len());
+        let send = self.spares.lend_copy(buf);
+        let mut recv = self.spares.lend_scratch(buf.len());
         // SAFETY: one view of each buffer, used only by this request.
         let req = self.world.immediate_all_reduce_into(
             StaticScope,
@@ -151,8 +154,8 @@ impl Communicator for MpiCommunicator {
         self.finish(req, at, Peers::All)?;
         // SAFETY: the request completed.
         unsafe {
-            buf.copy_from_slice(&recv.take());
-            drop(send.take());
+            self.spares.reclaim(recv, Some(buf));
+            self.spares.reclaim(send, None);
         }
         Ok(())
     }
@@ -160,8 +163,8 @@ impl Communicator for MpiCommunicator {
     fn all_gather(&self, send: &[f32], recv: &mut [f32]) -> Result<(), CommError> {
         check_blocks("all_gather", send.len(), recv.len(), self.world_size())?;
         let at = self.start(Op::AllGather)?;
-        let lent_send = Lent::copy_of(send);
-        let mut lent_recv = Lent::zeros(recv.len());
+        let lent_send = self.spares.lend_copy(send);
+        let mut lent_recv = self.spares.lend_scratch(recv.len());
         // SAFETY: one view of each buffer, used only by this request.
         let req = self.world.immediate_all_gather_into(
             StaticScope,
@@ -171,8 +174,8 @@ impl Communicator for MpiCommunicator {
         self.finish(req, at, Peers::All)?;
         // SAFETY: the request completed.
         unsafe {
-            recv.copy_from_slice(&lent_recv.take());
-            drop(lent_send.take());
+            self.spares.reclaim(lent_recv, Some(recv));
+            self.spares.reclaim(lent_send, None);
         }
         Ok(())
     }
@@ -185,8 +188,8 @@ impl Communicator for MpiCommunicator {
             self.world_size(),
         )?;
         let at = self.start(Op::ReduceScatter)?;
-        let lent_send = Lent::copy_of(send);
-        let mut lent_recv = Lent::zeros(recv.len());
+        let lent_send = self.spares.lend_copy(send);
+        let mut lent_recv = self.spares.lend_scratch(recv.len());
         // SAFETY: one view of each buffer, used only by this request.
         let req = self.world.immediate_reduce_scatter_block_into(
             StaticScope,
@@ -197,8 +200,8 @@ impl Communicator for MpiCommunicator {
         self.finish(req, at, Peers::All)?;
         // SAFETY: the request completed.
         unsafe {
-            recv.copy_from_slice(&lent_recv.take());
-            drop(lent_send.take());
+            self.spares.reclaim(lent_recv, Some(recv));
+            self.spares.reclaim(lent_send, None);
         }
         Ok(())
     }
@@ -206,7 +209,7 @@ impl Communicator for MpiCommunicator {
     fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<(), CommError> {
         check_rank("broadcast", root, self.world_size())?;
         let at = self.start(Op::Broadcast)?;
-        let mut lent = Lent::copy_of(buf);
+        let mut lent = self.spares.lend_copy(buf);
         // SAFETY: one view of the buffer, used only by this request.
         let req = self
             .world
@@ -214,14 +217,14 @@ impl Communicator for MpiCommunicator {
             .immediate_broadcast_into(StaticScope, unsafe { lent.view_mut() });
         self.finish(req, at, Peers::All)?;
         // SAFETY: the request completed.
-        buf.copy_from_slice(&unsafe { lent.take() });
+        unsafe { self.spares.reclaim(lent, Some(buf)) };
         Ok(())
     }
 
     fn send(&self, buf: &[f32], dest: usize, tag: i32) -> Result<(), CommError> {
         check_rank("send", dest, self.world_size())?;
         let at = self.start(Op::Send)?;
-        let lent = Lent::copy_of(buf);
+        let lent = self.spares.lend_copy(buf);
         // SAFETY: one view of the buffer, used only by this request.
         let req = self
             .world
@@ -229,30 +232,30 @@ impl Communicator for MpiCommunicator {
             .immediate_send_with_tag(StaticScope, unsafe { lent.view() }, tag);
         self.finish(req, at, Peers::One(dest))?;
         // SAFETY: the request completed.
-        drop(unsafe { lent.take() });
+        unsafe { self.spares.reclaim(lent, None) };
         Ok(())
     }
 
     fn recv(&self, buf: &mut [f32], src: usize, tag: i32) -> Result<(), CommError> {
         check_rank("recv", src, self.world_size())?;
         let at = self.start(Op::Recv)?;
-        let mut lent = Lent::zeros(buf.len());
+        let mut lent = self.spares.lend_scratch(buf.len());
         // SAFETY: one view of the buffer, used only by this request.
         let req = self
             .world
             .process_at_rank(src as i32)
             .immediate_receive_into_with_tag(StaticScope, unsafe { lent.view_mut() }, tag);
         let status = self.finish(req, at, Peers::One(src))?;
-        // SAFETY: the request completed.
-        let got_values = unsafe { lent.take() };
         let got = status.count(f32::equivalent_datatype()) as usize;
-        if got != buf.len() {
+        let whole = got == buf.len();
+        // SAFETY: the request completed.
+        unsafe { self.spares.reclaim(lent, whole.then_some(&mut *buf)) };
+        if !whole {
             return Err(CommError::BadLength {
                 op: "recv",
                 detail: format!("expected {} values from rank {src}, got {got}", buf.len()),
             });
         }
-        buf.copy_from_slice(&got_values);
         Ok(())
     }
 
