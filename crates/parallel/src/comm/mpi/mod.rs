@@ -26,10 +26,13 @@
 //! 0, 1 did)`.
 //!
 //! The cost on the normal path: the operation works on heap copies of the
-//! buffers ([`lent`] says why; the copies are reused from call to call, so
-//! up to twice the largest buffer stays allocated), that is two copies of
-//! the data per call, plus one `MPI_Improbe` per sleeping test. Open MPI serves nonblocking collectives
-//! with its `libnbc` schedules rather than the tuned blocking algorithms.
+//! buffers ([`lent`] says why; they are reused from call to call, so up to
+//! twice the largest buffer stays allocated), that is two copies of the
+//! data per call, plus one `MPI_Improbe` per sleeping test. Measured on 2
+//! ranks of a shared 2-core machine: a 25 MiB all-reduce took about 100 ms
+//! against about 70 ms for the blocking `MPI_Allreduce` (the nonblocking
+//! call alone is as fast as the blocking one), 1024 values about 11 µs
+//! against 4 µs.
 //!
 //! After a timeout the operation cannot be cancelled (MPI has no way to
 //! cancel a collective): the communicator is marked failed, every later
@@ -110,11 +113,6 @@ impl MpiCommunicator {
             spares: Spares::default(),
             universe: ManuallyDrop::new(universe),
         })
-    }
-
-    /// The timeout of every operation.
-    pub fn timeout(&self) -> Duration {
-        self.timeout
     }
 }
 
