@@ -118,6 +118,10 @@ pub struct TrainArgs {
     /// At the end, also write the model as a Hugging Face directory (must be new or empty).
     #[arg(long)]
     pub hf_out: Option<PathBuf>,
+    /// Multi-rank runs: seconds every communicator operation may take (default 600); a rank
+    /// that waits longer fails naming the ranks that never arrived, and the job is aborted.
+    #[arg(long = "comm-timeout", value_name = "SECONDS")]
+    pub comm_timeout_s: Option<f64>,
     /// Data-parallel degree (default: the world size / (tp x pp)); dp x tp x pp must equal the world size.
     #[arg(long)]
     pub dp: Option<usize>,
@@ -162,6 +166,7 @@ impl TrainArgs {
             eval_batches,
             sample_tokens,
             sample_prompt,
+            comm_timeout_s,
             tp,
             pp,
             bucket_mb,

@@ -1,6 +1,7 @@
 //! Training settings: defaults, then `--config FILE.toml`, then flags.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -68,6 +69,10 @@ pub struct TrainSettings {
     pub hf_dir: Option<PathBuf>,
     /// Also write the trained model as a Hugging Face directory here at the end.
     pub hf_out: Option<PathBuf>,
+    /// Timeout of every communicator operation of a multi-rank run, seconds
+    /// (`--comm-timeout`); on timeout the error names the missing ranks and
+    /// the job is aborted.
+    pub comm_timeout_s: f64,
     /// Data-parallel degree; unset = world size / (tp x pp).
     pub dp: Option<usize>,
     /// Tensor-parallel degree (only 1 is implemented).
@@ -111,6 +116,7 @@ impl Default for TrainSettings {
             device_type: None,
             hf_dir: None,
             hf_out: None,
+            comm_timeout_s: ferrotron_parallel::comm::DEFAULT_TIMEOUT.as_secs_f64(),
             dp: None,
             tp: 1,
             pp: 1,
@@ -180,6 +186,12 @@ impl TrainSettings {
                 self.val_fraction
             )));
         }
+        if !Duration::try_from_secs_f64(self.comm_timeout_s).is_ok_and(|t| !t.is_zero()) {
+            return Err(usage(format!(
+                "--comm-timeout must be a positive number of seconds, got {}",
+                self.comm_timeout_s
+            )));
+        }
         if let Some(v) = self.vocab_size {
             let min = ferrotron_engine::data::MIN_VOCAB_SIZE;
             if v < min {
@@ -194,5 +206,10 @@ impl TrainSettings {
             }
         }
         Ok(())
+    }
+
+    /// The communicator timeout (valid after [`TrainSettings::validate`]).
+    pub fn comm_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.comm_timeout_s)
     }
 }

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use burn::module::AutodiffModule;
@@ -53,7 +53,7 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
             "--out is required in a multi-rank run (every rank must name the same run directory)",
         ));
     }
-    let comm = open_communicator(&launch)?;
+    let comm = open_communicator(&launch, s.comm_timeout())?;
     let result = train_ranked(s, mesh, comm.clone());
     if let Err(e) = &result {
         if comm.world_size() > 1 {
@@ -62,21 +62,28 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
             } else {
                 1
             };
-            eprintln!("error (rank {}): {e:#}", comm.rank());
+            // One write, so that the lines of two failing ranks do not interleave.
+            let line = format!("error (rank {}): {e:#}\n", comm.rank());
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
             comm.abort(code);
         }
     }
     result
 }
 
-/// The communicator for this job: one rank, or MPI's world.
-fn open_communicator(launch: &LaunchInfo) -> anyhow::Result<Rc<dyn Communicator>> {
+/// The communicator for this job: one rank, or MPI's world with `timeout`
+/// on every operation.
+#[cfg_attr(not(feature = "mpi"), allow(unused_variables))]
+fn open_communicator(
+    launch: &LaunchInfo,
+    timeout: Duration,
+) -> anyhow::Result<Rc<dyn Communicator>> {
     if launch.world_size == 1 {
         return Ok(Rc::new(SingleProcess));
     }
     #[cfg(feature = "mpi")]
     {
-        let comm = ferrotron_parallel::comm::MpiCommunicator::init()
+        let comm = ferrotron_parallel::comm::MpiCommunicator::init_with_timeout(timeout)
             .map_err(|e| anyhow::anyhow!("starting MPI: {e}"))?;
         if (comm.rank(), comm.world_size()) != (launch.rank, launch.world_size) {
             return Err(usage(format!(

@@ -79,6 +79,11 @@ fn bad_input_is_a_one_line_error_with_exit_code_2_and_writes_nothing() {
         &out,
     );
     assert_rejected(
+        &["train", "--out", o, "--comm-timeout", "0"],
+        &["--comm-timeout", "positive number of seconds"],
+        &out,
+    );
+    assert_rejected(
         &["train", "--out", o, "--seq-len", "100000"],
         &["--seq-len", "max_seq_len"],
         &out,

@@ -286,3 +286,25 @@ fn a_failing_rank_aborts_the_job_instead_of_hanging() {
     assert!(t.elapsed().as_secs() < 120);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Rank 0 trains the tokenizer (seconds on the embedded corpus) while rank 1
+/// waits at a barrier: with a 1 ms `--comm-timeout`, rank 1 gives up, names
+/// rank 0 on stderr, and aborts the job.
+#[test]
+fn a_rank_kept_waiting_past_comm_timeout_names_the_missing_rank() {
+    if !mpi_built() {
+        return;
+    }
+    let dir = scratch("timeout");
+    let out = dir.join("run");
+    let o = train(
+        2,
+        &["--comm-timeout", "0.001", "--out", out.to_str().unwrap()],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    let want =
+        "error (rank 1): barrier #1 did not complete within 1ms: rank 0 never arrived (rank 1 did)";
+    assert!(err.contains(want), "missing `{want}` in:\n{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

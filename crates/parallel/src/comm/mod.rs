@@ -6,9 +6,11 @@
 //! and nothing more on a CPU backend. Two implementations exist:
 //! [`SingleProcess`] (world size 1, every collective the identity) and,
 //! with the `mpi` cargo feature, [`MpiCommunicator`] (Open MPI through the
-//! `mpi` crate). The device-side transport, NCCL / RCCL on raw device
-//! pointers, is the separate [`nccl`] binding, bootstrapped over one of
-//! these; training does not use it yet.
+//! `mpi` crate), whose every operation fails with [`CommError::Timeout`],
+//! naming the missing ranks, when it does not complete within a timeout
+//! ([`DEFAULT_TIMEOUT`] unless set). The device-side transport, NCCL / RCCL
+//! on raw device pointers, is the separate [`nccl`] binding, bootstrapped
+//! over one of these; training does not use it yet.
 
 #[cfg(feature = "mpi")]
 mod mpi;
@@ -18,6 +20,12 @@ mod single;
 #[cfg(feature = "mpi")]
 pub use self::mpi::MpiCommunicator;
 pub use single::SingleProcess;
+
+use std::time::Duration;
+
+/// Default timeout of a communicator operation: 600 s, the 10 minutes of
+/// `torch.distributed`'s default.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// What can go wrong in a communicator call.
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +47,22 @@ pub enum CommError {
         rank: usize,
         /// The world size.
         world_size: usize,
+    },
+    /// An operation did not complete within the timeout; `detail` names the
+    /// ranks that never arrived, e.g. `all_reduce #17 did not complete within
+    /// 2s: rank 2 never arrived (ranks 0, 1 did)`.
+    #[error("{op} #{seq} did not complete within {timeout:?}: {detail}")]
+    Timeout {
+        /// The operation (`all_reduce`, `barrier`, `send`, ...).
+        op: &'static str,
+        /// Its number among this rank's operations of that kind (from 1).
+        seq: u64,
+        /// The communicator's timeout.
+        timeout: Duration,
+        /// The ranks never heard from, ascending.
+        lost: Vec<usize>,
+        /// Who arrived and who did not, in words.
+        detail: String,
     },
     /// The transport could not start or failed.
     #[error("{0}")]
