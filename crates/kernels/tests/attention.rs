@@ -258,6 +258,17 @@ fn kernels_match_reference_head_dim_128() {
 }
 
 #[test]
+fn kernels_match_reference_other_head_dims() {
+    let cases = [
+        case(1, 4, 2, 20, 32, true, true),
+        case(1, 2, 1, 19, 80, false, true),
+    ];
+    for (seed, c) in cases.into_iter().enumerate() {
+        check_case(c, 300 + seed as u64);
+    }
+}
+
+#[test]
 fn kernels_match_reference_on_random_shapes() {
     let mut rng = Rng::new(2024);
     for seed in 0..4 {
