@@ -106,7 +106,6 @@ pub fn attention_backward<R: Runtime>(
     check_buffer("out", out, shape.q_elems())?;
     check_buffer("lse", lse, shape.rows())?;
     check_buffer("d_out", d_out, shape.q_elems())?;
-    let rows_cubes = grid_axis(client, shape.rows().div_ceil(ROWS_PER_CUBE), 0)?;
     let tiles = grid_axis(client, shape.seq.div_ceil(ROWS_PER_CUBE), 0)?;
     let heads = grid_axis(client, shape.batch * shape.n_heads, 1)?;
     let kv_heads = grid_axis(client, shape.batch * shape.n_kv_heads, 1)?;
@@ -116,12 +115,12 @@ pub fn attention_backward<R: Runtime>(
     let delta = client.empty(shape.rows() * size_of::<f32>());
     attention_delta_kernel::launch::<f32, R>(
         client,
-        CubeCount::Static(rows_cubes, 1, 1),
+        CubeCount::Static(tiles, heads, 1),
         cube_dim,
         array(out, shape.q_elems()),
         array(d_out, shape.q_elems()),
         array(&delta, shape.rows()),
-        shape.rows() as u32,
+        shape.seq as u32,
         shape.head_dim,
     );
 
