@@ -1,7 +1,8 @@
 //! Launchers of the attention kernels, generic over the CubeCL runtime.
 //!
-//! Memory: besides its outputs, the forward pass allocates nothing; the
-//! backward pass allocates `delta` (`[batch, n_heads, seq]`). Every buffer is
+//! Memory: besides its outputs, the forward pass allocates nothing but a
+//! one-value stand-in when there are no ALiBi slopes; the backward pass adds
+//! `delta` (`[batch, n_heads, seq]`). Every buffer is
 //! therefore `O(batch * heads * seq * head_dim)` or `O(batch * heads * seq)`;
 //! no `[seq, seq]` score matrix exists at any point. Shared memory per cube
 //! is at most 16 KiB.
