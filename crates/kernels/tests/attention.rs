@@ -238,6 +238,7 @@ fn kernels_match_reference_head_dim_64() {
         case(2, 4, 4, 33, 64, false, true),
         case(1, 8, 2, 65, 64, false, false),
         case(1, 2, 1, 65, 64, true, true),
+        case(1, 4, 2, 150, 64, true, true),
     ];
     for (seed, c) in cases.into_iter().enumerate() {
         check_case(c, seed as u64);
