@@ -1,0 +1,218 @@
+//! Launchers of the attention kernels, generic over the CubeCL runtime.
+//!
+//! Memory: besides its outputs, the forward pass allocates nothing but a
+//! one-value stand-in when there are no ALiBi slopes; the backward pass adds
+//! `delta` (`[batch, n_heads, seq]`). Every buffer is
+//! therefore `O(batch * heads * seq * head_dim)` or `O(batch * heads * seq)`;
+//! no `[seq, seq]` score matrix exists at any point. Shared memory per cube
+//! is at most 16 KiB.
+
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+
+use super::backward_kv::attention_backward_kv_kernel;
+use super::backward_q::attention_backward_q_kernel;
+use super::delta::attention_delta_kernel;
+use super::forward::attention_forward_kernel;
+use super::shape::{
+    check_buffer, AttentionError, AttentionInputs, AttentionOptions, AttentionShape,
+};
+use super::tiles::{staged_rows, ROWS_PER_CUBE};
+
+/// Result of [`attention_forward`].
+#[derive(Debug)]
+pub struct AttentionForward {
+    /// Attention output, `[batch, n_heads, seq, head_dim]` `f32`.
+    pub out: Handle,
+    /// Natural-log log-sum-exp of each query row's scaled, biased, masked
+    /// scores, `[batch, n_heads, seq]` `f32`; the backward pass needs it.
+    pub lse: Handle,
+}
+
+/// Result of [`attention_backward`].
+#[derive(Debug)]
+pub struct AttentionGradients {
+    /// Gradient of the queries, `[batch, n_heads, seq, head_dim]` `f32`.
+    pub dq: Handle,
+    /// Gradient of the keys, `[batch, n_kv_heads, seq, head_dim]` `f32`,
+    /// summed over the query heads that share each key/value head.
+    pub dk: Handle,
+    /// Gradient of the values, `[batch, n_kv_heads, seq, head_dim]` `f32`.
+    pub dv: Handle,
+}
+
+/// FlashAttention forward: `out = softmax(scale * q k^T + bias + mask) v`
+/// per `(batch, head)`, computed tile by tile with an online softmax, plus
+/// the per-row log-sum-exp. See [`AttentionShape`] for the layouts and
+/// [`AttentionInputs::alibi_slopes`] for the bias convention.
+///
+/// Errors when the shape is unsupported or a buffer size does not match it.
+/// The kernels run asynchronously; read the outputs through `client`.
+pub fn attention_forward<R: Runtime>(
+    client: &ComputeClient<R>,
+    shape: AttentionShape,
+    options: AttentionOptions,
+    inputs: AttentionInputs<'_>,
+) -> Result<AttentionForward, AttentionError> {
+    shape.validate()?;
+    inputs.check(&shape)?;
+    let query_tiles = grid_axis(client, shape.seq.div_ceil(ROWS_PER_CUBE), 0)?;
+    let heads = grid_axis(client, shape.batch * shape.n_heads, 1)?;
+
+    let out = client.empty(shape.q_elems() * size_of::<f32>());
+    let lse = client.empty(shape.rows() * size_of::<f32>());
+    let (slopes, alibi) = slopes_arg(client, &inputs, &shape);
+    attention_forward_kernel::launch::<f32, R>(
+        client,
+        CubeCount::Static(query_tiles, heads, 1),
+        CubeDim::new_1d(ROWS_PER_CUBE as u32),
+        array(inputs.q, shape.q_elems()),
+        array(inputs.k, shape.kv_elems()),
+        array(inputs.v, shape.kv_elems()),
+        slopes,
+        array(&out, shape.q_elems()),
+        array(&lse, shape.rows()),
+        shape.seq as u32,
+        shape.n_heads as u32,
+        shape.group() as u32,
+        options.scale_for(shape.head_dim),
+        shape.head_dim,
+        staged_rows(shape.head_dim, 0),
+        options.causal,
+        alibi,
+    );
+    Ok(AttentionForward { out, lse })
+}
+
+/// FlashAttention-2 backward: from the forward's inputs, its `out` and
+/// `lse`, and the output gradient `d_out` (`[batch, n_heads, seq,
+/// head_dim]`), computes `dq`, `dk`, `dv`. Three launches: `delta =
+/// rowsum(d_out * out)`; dK/dV per key tile over all query tiles (and all
+/// query heads of a key/value group); dQ per query tile over all key tiles.
+/// The probabilities are recomputed from `lse`; no atomics, so the result is
+/// deterministic.
+///
+/// Errors when the shape is unsupported or a buffer size does not match it.
+pub fn attention_backward<R: Runtime>(
+    client: &ComputeClient<R>,
+    shape: AttentionShape,
+    options: AttentionOptions,
+    inputs: AttentionInputs<'_>,
+    out: &Handle,
+    lse: &Handle,
+    d_out: &Handle,
+) -> Result<AttentionGradients, AttentionError> {
+    shape.validate()?;
+    inputs.check(&shape)?;
+    check_buffer("out", out, shape.q_elems())?;
+    check_buffer("lse", lse, shape.rows())?;
+    check_buffer("d_out", d_out, shape.q_elems())?;
+    let tiles = grid_axis(client, shape.seq.div_ceil(ROWS_PER_CUBE), 0)?;
+    let heads = grid_axis(client, shape.batch * shape.n_heads, 1)?;
+    let kv_heads = grid_axis(client, shape.batch * shape.n_kv_heads, 1)?;
+    let scale = options.scale_for(shape.head_dim);
+    let cube_dim = CubeDim::new_1d(ROWS_PER_CUBE as u32);
+
+    let delta = client.empty(shape.rows() * size_of::<f32>());
+    attention_delta_kernel::launch::<f32, R>(
+        client,
+        CubeCount::Static(tiles, heads, 1),
+        cube_dim,
+        array(out, shape.q_elems()),
+        array(d_out, shape.q_elems()),
+        array(&delta, shape.rows()),
+        shape.seq as u32,
+        shape.head_dim,
+    );
+
+    let dk = client.empty(shape.kv_elems() * size_of::<f32>());
+    let dv = client.empty(shape.kv_elems() * size_of::<f32>());
+    let (slopes, alibi) = slopes_arg(client, &inputs, &shape);
+    attention_backward_kv_kernel::launch::<f32, R>(
+        client,
+        CubeCount::Static(tiles, kv_heads, 1),
+        cube_dim,
+        array(inputs.q, shape.q_elems()),
+        array(inputs.k, shape.kv_elems()),
+        array(inputs.v, shape.kv_elems()),
+        slopes,
+        array(d_out, shape.q_elems()),
+        array(lse, shape.rows()),
+        array(&delta, shape.rows()),
+        array(&dk, shape.kv_elems()),
+        array(&dv, shape.kv_elems()),
+        shape.seq as u32,
+        shape.n_heads as u32,
+        shape.group() as u32,
+        scale,
+        shape.head_dim,
+        staged_rows(shape.head_dim, 1),
+        options.causal,
+        alibi,
+    );
+
+    let dq = client.empty(shape.q_elems() * size_of::<f32>());
+    let (slopes, alibi) = slopes_arg(client, &inputs, &shape);
+    attention_backward_q_kernel::launch::<f32, R>(
+        client,
+        CubeCount::Static(tiles, heads, 1),
+        cube_dim,
+        array(inputs.q, shape.q_elems()),
+        array(inputs.k, shape.kv_elems()),
+        array(inputs.v, shape.kv_elems()),
+        slopes,
+        array(d_out, shape.q_elems()),
+        array(lse, shape.rows()),
+        array(&delta, shape.rows()),
+        array(&dq, shape.q_elems()),
+        shape.seq as u32,
+        shape.n_heads as u32,
+        shape.group() as u32,
+        scale,
+        shape.head_dim,
+        staged_rows(shape.head_dim, 0),
+        options.causal,
+        alibi,
+    );
+    Ok(AttentionGradients { dq, dk, dv })
+}
+
+/// An array argument over `handle` holding `elems` values. The launchers
+/// checked every size against the shape before calling this.
+fn array<R: Runtime>(handle: &Handle, elems: usize) -> ArrayArg<R> {
+    // SAFETY: `elems` is the number of `f32` values the handle holds
+    // (checked by the launchers), so the binding does not overrun it.
+    unsafe { ArrayArg::from_raw_parts(handle.clone(), elems) }
+}
+
+/// The slopes argument and the kernels' `alibi` flag. Without slopes the
+/// kernels never read the argument (`alibi` is a compile-time `false`), but
+/// every binding needs a buffer: a one-value buffer stands in.
+fn slopes_arg<R: Runtime>(
+    client: &ComputeClient<R>,
+    inputs: &AttentionInputs<'_>,
+    shape: &AttentionShape,
+) -> (ArrayArg<R>, bool) {
+    match inputs.alibi_slopes {
+        Some(slopes) => (array(slopes, shape.n_heads), true),
+        None => {
+            let unused = client.create_from_slice(f32::as_bytes(&[0.0]));
+            (array(&unused, 1), false)
+        }
+    }
+}
+
+/// `cubes` as a launch-grid size along `axis`, checked against the device.
+fn grid_axis<R: Runtime>(
+    client: &ComputeClient<R>,
+    cubes: usize,
+    axis: usize,
+) -> Result<u32, AttentionError> {
+    let (x, y, z) = client.properties().hardware.max_cube_count;
+    let max = [x, y, z][axis];
+    if cubes <= max as usize {
+        Ok(cubes as u32)
+    } else {
+        Err(AttentionError::GridTooLarge { cubes, max })
+    }
+}

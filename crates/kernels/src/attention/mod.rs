@@ -1,0 +1,26 @@
+//! FlashAttention with its own backward (FlashAttention-2 algorithm), as
+//! CubeCL kernels.
+//!
+//! - Forward ([`attention_forward`]): per query tile, an online softmax over
+//!   key/value tiles staged in shared memory; writes the output and the
+//!   per-row log-sum-exp, never the `[seq, seq]` scores.
+//! - Backward ([`attention_backward`]): `delta = rowsum(dO * O)`, then dK/dV
+//!   per key tile (iterating over query tiles) and dQ per query tile
+//!   (iterating over key tiles), both recomputing the probabilities from the
+//!   log-sum-exp. Two passes instead of atomics, so results are
+//!   deterministic.
+//!
+//! Supported: causal masking, grouped-query attention (`n_kv_heads` divides
+//! `n_heads`, K/V never repeated in memory), ALiBi slopes, any sequence
+//! length (ragged last tiles), head dimensions up to 256, `f32`.
+
+mod backward_kv;
+mod backward_q;
+mod delta;
+mod forward;
+mod launch;
+mod shape;
+mod tiles;
+
+pub use launch::{attention_backward, attention_forward, AttentionForward, AttentionGradients};
+pub use shape::{AttentionError, AttentionInputs, AttentionOptions, AttentionShape};

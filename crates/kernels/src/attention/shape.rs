@@ -1,0 +1,198 @@
+//! Shapes, options and shape checks of the attention launchers.
+
+use cubecl::server::Handle;
+
+use super::tiles::MAX_HEAD_DIM;
+
+/// Dimensions of one attention call. `q`, the output and `dO` are `[batch,
+/// n_heads, seq, head_dim]`; `k`, `v` (and their gradients) are `[batch,
+/// n_kv_heads, seq, head_dim]`; the log-sum-exp is `[batch, n_heads, seq]`.
+/// All contiguous row-major `f32`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionShape {
+    /// Batch size.
+    pub batch: usize,
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads; must divide `n_heads`. Query head `h` attends with
+    /// key/value head `h / (n_heads / n_kv_heads)` (grouped-query attention).
+    pub n_kv_heads: usize,
+    /// Sequence length (queries and keys), in tokens; any value from 1.
+    pub seq: usize,
+    /// Values per head, 1 to 256. The test suite covers 32, 64, 80 and 128;
+    /// 256 passed a manual run (its lavapipe shader compile takes ~30 s).
+    pub head_dim: usize,
+}
+
+impl AttentionShape {
+    /// Elements of `q` (and of the output, `dO`, `dQ`).
+    pub fn q_elems(&self) -> usize {
+        self.batch * self.n_heads * self.seq * self.head_dim
+    }
+
+    /// Elements of `k` and `v` (and of `dK`, `dV`).
+    pub fn kv_elems(&self) -> usize {
+        self.batch * self.n_kv_heads * self.seq * self.head_dim
+    }
+
+    /// Elements of the log-sum-exp (one per query row).
+    pub fn rows(&self) -> usize {
+        self.batch * self.n_heads * self.seq
+    }
+
+    /// Query heads per key/value head.
+    pub fn group(&self) -> usize {
+        self.n_heads / self.n_kv_heads
+    }
+
+    /// Checks the dimensions: all non-zero, `n_kv_heads` divides `n_heads`,
+    /// `head_dim` at most 256 and every buffer addressable with 32-bit
+    /// indices.
+    pub fn validate(&self) -> Result<(), AttentionError> {
+        for (name, value) in [
+            ("batch", self.batch),
+            ("n_heads", self.n_heads),
+            ("n_kv_heads", self.n_kv_heads),
+            ("seq", self.seq),
+            ("head_dim", self.head_dim),
+        ] {
+            if value == 0 {
+                return Err(AttentionError::ZeroDim { name });
+            }
+        }
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
+            return Err(AttentionError::HeadsNotDivisible {
+                n_heads: self.n_heads,
+                n_kv_heads: self.n_kv_heads,
+            });
+        }
+        if self.head_dim > MAX_HEAD_DIM {
+            return Err(AttentionError::HeadDimTooLarge {
+                head_dim: self.head_dim,
+                max: MAX_HEAD_DIM,
+            });
+        }
+        let elems = self.q_elems();
+        if elems > u32::MAX as usize {
+            return Err(AttentionError::TooLarge { elems });
+        }
+        Ok(())
+    }
+}
+
+/// Options of one attention call.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AttentionOptions {
+    /// Mask key `j` for query `i` when `j > i`.
+    pub causal: bool,
+    /// Multiplier of `q . k` before the softmax; `None` means
+    /// `1 / sqrt(head_dim)`.
+    pub scale: Option<f32>,
+}
+
+impl AttentionOptions {
+    /// The softmax scale used for `head_dim`.
+    pub fn scale_for(&self, head_dim: usize) -> f32 {
+        self.scale.unwrap_or(1.0 / (head_dim as f32).sqrt())
+    }
+}
+
+/// Device buffers read by both the forward and the backward pass.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionInputs<'a> {
+    /// Queries, `[batch, n_heads, seq, head_dim]`.
+    pub q: &'a Handle,
+    /// Keys, `[batch, n_kv_heads, seq, head_dim]`.
+    pub k: &'a Handle,
+    /// Values, `[batch, n_kv_heads, seq, head_dim]`.
+    pub v: &'a Handle,
+    /// Optional ALiBi slopes, `[n_heads]`: the score of query `i` and key
+    /// `j` in head `h` gets `slopes[h] * (j - i)` added (BLOOM / Hugging Face
+    /// convention; with the causal mask `j - i <= 0`, so positive slopes
+    /// penalise distant keys).
+    pub alibi_slopes: Option<&'a Handle>,
+}
+
+/// Errors of the attention launchers: a shape that the kernels do not
+/// support or a buffer whose size does not match the shape.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AttentionError {
+    /// A dimension is zero.
+    #[error("attention shape: `{name}` must be at least 1")]
+    ZeroDim {
+        /// The field of [`AttentionShape`].
+        name: &'static str,
+    },
+    /// `n_kv_heads` does not divide `n_heads`.
+    #[error("attention shape: n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")]
+    HeadsNotDivisible {
+        /// Query heads.
+        n_heads: usize,
+        /// Key/value heads.
+        n_kv_heads: usize,
+    },
+    /// `head_dim` above the supported maximum.
+    #[error("attention shape: head_dim {head_dim} is above the supported maximum {max}")]
+    HeadDimTooLarge {
+        /// Requested head dimension.
+        head_dim: usize,
+        /// Largest supported head dimension.
+        max: usize,
+    },
+    /// A buffer would need indices beyond 32 bits.
+    #[error("attention shape: {elems} elements per buffer exceed the 32-bit index range")]
+    TooLarge {
+        /// Elements of the largest buffer.
+        elems: usize,
+    },
+    /// A buffer's size does not match the shape.
+    #[error("attention buffer `{name}`: expected {expected_bytes} bytes for the given shape, got {actual_bytes}")]
+    BufferSize {
+        /// Which buffer (`q`, `k`, `v`, `alibi_slopes`, `out`, `lse`, `d_out`).
+        name: &'static str,
+        /// Bytes the shape implies (`f32` elements * 4).
+        expected_bytes: u64,
+        /// Bytes of the handle.
+        actual_bytes: u64,
+    },
+    /// The launch grid exceeds the device's cube-count limit.
+    #[error("attention launch: {cubes} cubes along one axis exceed the device limit {max}")]
+    GridTooLarge {
+        /// Cubes requested along the axis.
+        cubes: usize,
+        /// The device's limit for that axis.
+        max: u32,
+    },
+}
+
+/// Checks that `handle` holds exactly `elems` `f32` values.
+pub(crate) fn check_buffer(
+    name: &'static str,
+    handle: &Handle,
+    elems: usize,
+) -> Result<(), AttentionError> {
+    let expected_bytes = (elems * size_of::<f32>()) as u64;
+    let actual_bytes = handle.size_in_used();
+    if expected_bytes == actual_bytes {
+        Ok(())
+    } else {
+        Err(AttentionError::BufferSize {
+            name,
+            expected_bytes,
+            actual_bytes,
+        })
+    }
+}
+
+impl AttentionInputs<'_> {
+    /// Checks the sizes of `q`, `k`, `v` and the slopes against `shape`.
+    pub(crate) fn check(&self, shape: &AttentionShape) -> Result<(), AttentionError> {
+        check_buffer("q", self.q, shape.q_elems())?;
+        check_buffer("k", self.k, shape.kv_elems())?;
+        check_buffer("v", self.v, shape.kv_elems())?;
+        if let Some(slopes) = self.alibi_slopes {
+            check_buffer("alibi_slopes", slopes, shape.n_heads)?;
+        }
+        Ok(())
+    }
+}

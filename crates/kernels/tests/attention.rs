@@ -1,0 +1,381 @@
+//! FlashAttention kernels (forward and FlashAttention-2 backward) against a
+//! naive host reference, on the wgpu runtime (lavapipe on machines without a
+//! GPU). The reference's own gradients are checked against central finite
+//! differences first.
+
+mod attention_support;
+mod common;
+
+use attention_support::reference::Problem;
+use attention_support::rng::Rng;
+use common::{client, download, upload};
+use ferrotron_kernels::attention::{
+    attention_backward, attention_forward, AttentionError, AttentionInputs, AttentionOptions,
+    AttentionShape,
+};
+
+/// Largest error allowed, relative to the largest magnitude of the
+/// reference tensor.
+const TOLERANCE: f64 = 1e-4;
+
+/// One kernel test: shape and options.
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    shape: AttentionShape,
+    causal: bool,
+    alibi: bool,
+    scale: Option<f32>,
+}
+
+fn case(
+    batch: usize,
+    n_heads: usize,
+    n_kv_heads: usize,
+    seq: usize,
+    head_dim: usize,
+    causal: bool,
+    alibi: bool,
+) -> Case {
+    Case {
+        shape: AttentionShape {
+            batch,
+            n_heads,
+            n_kv_heads,
+            seq,
+            head_dim,
+        },
+        causal,
+        alibi,
+        scale: None,
+    }
+}
+
+/// ALiBi slopes `2^(-8 (h + 1) / n_heads)` (BLOOM's formula for a power-of-two
+/// head count, used here for any count).
+fn alibi_slopes(n_heads: usize) -> Vec<f32> {
+    (0..n_heads)
+        .map(|h| 2f32.powf(-8.0 * (h + 1) as f32 / n_heads as f32))
+        .collect()
+}
+
+fn to_f64(values: &[f32]) -> Vec<f64> {
+    values.iter().map(|&x| x as f64).collect()
+}
+
+/// Largest `|got - want|` divided by the largest `|want|`.
+fn relative_error(got: &[f32], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len(), "length of a kernel output");
+    let magnitude = want.iter().fold(1e-12f64, |m, w| m.max(w.abs()));
+    let worst = got
+        .iter()
+        .zip(want)
+        .map(|(&g, w)| (g as f64 - w).abs())
+        .fold(0.0, f64::max);
+    worst / magnitude
+}
+
+/// Runs forward and backward of `case` on the device and on the host,
+/// asserts every output within [`TOLERANCE`] and returns the largest
+/// relative error.
+fn check_case(case: Case, seed: u64) -> f64 {
+    let s = case.shape;
+    let mut rng = Rng::new(seed);
+    // Queries scaled up so the softmax is far from uniform.
+    let q: Vec<f32> = rng.vec(s.q_elems()).iter().map(|x| 4.0 * x).collect();
+    let k = rng.vec(s.kv_elems());
+    let v = rng.vec(s.kv_elems());
+    let d_out = rng.vec(s.q_elems());
+    let slopes = case.alibi.then(|| alibi_slopes(s.n_heads));
+    let options = AttentionOptions {
+        causal: case.causal,
+        scale: case.scale,
+    };
+
+    let problem = Problem {
+        shape: s,
+        causal: case.causal,
+        scale: options.scale_for(s.head_dim) as f64,
+        slopes: slopes.as_deref().map(to_f64),
+        q: to_f64(&q),
+        k: to_f64(&k),
+        v: to_f64(&v),
+    };
+    let want = problem.forward();
+    let want_grads = problem.backward(&to_f64(&d_out));
+
+    let client = client();
+    let (q_h, k_h, v_h, do_h) = (
+        upload(&client, &q),
+        upload(&client, &k),
+        upload(&client, &v),
+        upload(&client, &d_out),
+    );
+    let slopes_h = slopes.as_deref().map(|x| upload(&client, x));
+    let inputs = AttentionInputs {
+        q: &q_h,
+        k: &k_h,
+        v: &v_h,
+        alibi_slopes: slopes_h.as_ref(),
+    };
+    let fwd = attention_forward(&client, s, options, inputs).expect("forward launch");
+    let grads = attention_backward(&client, s, options, inputs, &fwd.out, &fwd.lse, &do_h)
+        .expect("backward launch");
+
+    let errors = [
+        (
+            "out",
+            relative_error(&download(&client, fwd.out), &want.out),
+        ),
+        (
+            "lse",
+            relative_error(&download(&client, fwd.lse), &want.lse),
+        ),
+        (
+            "dq",
+            relative_error(&download(&client, grads.dq), &want_grads.dq),
+        ),
+        (
+            "dk",
+            relative_error(&download(&client, grads.dk), &want_grads.dk),
+        ),
+        (
+            "dv",
+            relative_error(&download(&client, grads.dv), &want_grads.dv),
+        ),
+    ];
+    eprintln!("{case:?}: relative errors {errors:?}");
+    for (name, error) in errors {
+        assert!(
+            error <= TOLERANCE,
+            "{name} off by {error:e} (relative to its largest magnitude) for {case:?}"
+        );
+    }
+    errors.iter().map(|e| e.1).fold(0.0, f64::max)
+}
+
+/// The input tensor `name` (`q`, `k` or `v`) of `problem`.
+fn tensor_mut<'a>(problem: &'a mut Problem, name: &str) -> &'a mut Vec<f64> {
+    match name {
+        "q" => &mut problem.q,
+        "k" => &mut problem.k,
+        _ => &mut problem.v,
+    }
+}
+
+#[test]
+fn reference_gradients_match_finite_differences() {
+    let shape = AttentionShape {
+        batch: 1,
+        n_heads: 4,
+        n_kv_heads: 2,
+        seq: 5,
+        head_dim: 3,
+    };
+    for (causal, alibi) in [(false, false), (true, false), (true, true), (false, true)] {
+        let mut rng = Rng::new(7);
+        let mut problem = Problem {
+            shape,
+            causal,
+            scale: 0.8,
+            slopes: alibi.then(|| to_f64(&alibi_slopes(shape.n_heads))),
+            q: to_f64(&rng.vec(shape.q_elems())),
+            k: to_f64(&rng.vec(shape.kv_elems())),
+            v: to_f64(&rng.vec(shape.kv_elems())),
+        };
+        let d_out = to_f64(&rng.vec(shape.q_elems()));
+        let grads = problem.backward(&d_out);
+        let loss =
+            |p: &Problem| -> f64 { p.forward().out.iter().zip(&d_out).map(|(o, g)| o * g).sum() };
+        let step = 1e-5;
+        for (name, analytic) in [("q", &grads.dq), ("k", &grads.dk), ("v", &grads.dv)] {
+            for (idx, &exact) in analytic.iter().enumerate() {
+                let original = tensor_mut(&mut problem, name)[idx];
+                tensor_mut(&mut problem, name)[idx] = original + step;
+                let up = loss(&problem);
+                tensor_mut(&mut problem, name)[idx] = original - step;
+                let down = loss(&problem);
+                tensor_mut(&mut problem, name)[idx] = original;
+                let numeric = (up - down) / (2.0 * step);
+                assert!(
+                    (numeric - exact).abs() < 1e-8,
+                    "d{name}[{idx}] (causal {causal}, alibi {alibi}): analytic {exact} vs numeric {numeric}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn reference_causal_first_row_copies_first_value() {
+    let shape = AttentionShape {
+        batch: 1,
+        n_heads: 1,
+        n_kv_heads: 1,
+        seq: 3,
+        head_dim: 2,
+    };
+    let mut rng = Rng::new(3);
+    let problem = Problem {
+        shape,
+        causal: true,
+        scale: 0.5,
+        slopes: None,
+        q: to_f64(&rng.vec(6)),
+        k: to_f64(&rng.vec(6)),
+        v: to_f64(&rng.vec(6)),
+    };
+    let fwd = problem.forward();
+    assert_eq!(&fwd.out[..2], &problem.v[..2]);
+    let score = 0.5 * (problem.q[0] * problem.k[0] + problem.q[1] * problem.k[1]);
+    assert!((fwd.lse[0] - score).abs() < 1e-12);
+}
+
+#[test]
+fn kernels_match_reference_head_dim_64() {
+    let cases = [
+        case(1, 2, 2, 1, 64, true, false),
+        case(1, 8, 2, 7, 64, true, true),
+        case(2, 4, 4, 33, 64, false, true),
+        case(1, 8, 2, 65, 64, false, false),
+        case(1, 2, 1, 65, 64, true, true),
+        case(1, 4, 2, 150, 64, true, true),
+    ];
+    for (seed, c) in cases.into_iter().enumerate() {
+        check_case(c, seed as u64);
+    }
+}
+
+#[test]
+fn kernels_match_reference_head_dim_128() {
+    let cases = [
+        case(1, 8, 2, 65, 128, true, true),
+        case(2, 2, 1, 33, 128, false, false),
+        case(1, 4, 2, 7, 128, false, true),
+        case(1, 2, 2, 1, 128, true, false),
+    ];
+    for (seed, c) in cases.into_iter().enumerate() {
+        check_case(c, 100 + seed as u64);
+    }
+}
+
+#[test]
+fn kernels_match_reference_other_head_dims() {
+    let cases = [
+        case(1, 4, 2, 20, 32, true, true),
+        case(1, 2, 1, 19, 80, false, true),
+    ];
+    for (seed, c) in cases.into_iter().enumerate() {
+        check_case(c, 300 + seed as u64);
+    }
+}
+
+#[test]
+fn kernels_match_reference_on_random_shapes() {
+    let mut rng = Rng::new(2024);
+    for seed in 0..4 {
+        let (n_heads, n_kv_heads) = [(8, 2), (4, 1), (2, 2), (6, 3)][rng.below(4)];
+        let mut c = case(
+            1 + rng.below(2),
+            n_heads,
+            n_kv_heads,
+            1 + rng.below(80),
+            [64, 128][rng.below(2)],
+            rng.below(2) == 0,
+            rng.below(2) == 0,
+        );
+        c.scale = Some(0.05 + 0.2 * (rng.below(100) as f32 / 100.0));
+        check_case(c, 200 + seed);
+    }
+}
+
+#[test]
+fn backward_is_deterministic() {
+    let s = AttentionShape {
+        batch: 1,
+        n_heads: 4,
+        n_kv_heads: 2,
+        seq: 40,
+        head_dim: 64,
+    };
+    let mut rng = Rng::new(11);
+    let client = client();
+    let (q, k, v, d_out) = (
+        upload(&client, &rng.vec(s.q_elems())),
+        upload(&client, &rng.vec(s.kv_elems())),
+        upload(&client, &rng.vec(s.kv_elems())),
+        upload(&client, &rng.vec(s.q_elems())),
+    );
+    let inputs = AttentionInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        alibi_slopes: None,
+    };
+    let options = AttentionOptions {
+        causal: true,
+        scale: None,
+    };
+    let fwd = attention_forward(&client, s, options, inputs).expect("forward launch");
+    let run = || {
+        let g = attention_backward(&client, s, options, inputs, &fwd.out, &fwd.lse, &d_out)
+            .expect("backward launch");
+        [g.dq, g.dk, g.dv].map(|h| download(&client, h))
+    };
+    assert_eq!(run(), run());
+}
+
+#[test]
+fn launchers_reject_bad_shapes_and_buffers() {
+    let client = client();
+    let s = AttentionShape {
+        batch: 1,
+        n_heads: 4,
+        n_kv_heads: 2,
+        seq: 3,
+        head_dim: 64,
+    };
+    let q = upload(&client, &vec![0.0; s.q_elems()]);
+    let kv = upload(&client, &vec![0.0; s.kv_elems()]);
+    let inputs = AttentionInputs {
+        q: &q,
+        k: &kv,
+        v: &kv,
+        alibi_slopes: None,
+    };
+    let options = AttentionOptions::default();
+
+    let uneven = AttentionShape { n_kv_heads: 3, ..s };
+    assert_eq!(
+        attention_forward(&client, uneven, options, inputs).unwrap_err(),
+        AttentionError::HeadsNotDivisible {
+            n_heads: 4,
+            n_kv_heads: 3
+        }
+    );
+    let wide = AttentionShape { head_dim: 512, ..s };
+    assert!(matches!(
+        attention_forward(&client, wide, options, inputs),
+        Err(AttentionError::HeadDimTooLarge { .. })
+    ));
+    let swapped = AttentionInputs { k: &q, ..inputs };
+    assert_eq!(
+        attention_forward(&client, s, options, swapped).unwrap_err(),
+        AttentionError::BufferSize {
+            name: "k",
+            expected_bytes: (s.kv_elems() * 4) as u64,
+            actual_bytes: (s.q_elems() * 4) as u64,
+        }
+    );
+    let slopes = upload(&client, &[0.5; 3]);
+    let short_slopes = AttentionInputs {
+        alibi_slopes: Some(&slopes),
+        ..inputs
+    };
+    assert!(matches!(
+        attention_forward(&client, s, options, short_slopes),
+        Err(AttentionError::BufferSize {
+            name: "alibi_slopes",
+            ..
+        })
+    ));
+}
