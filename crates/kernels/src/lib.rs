@@ -1,3 +1,8 @@
 //! Ferrotron's CubeCL kernels: one `#[cube]` source per fused op, generic
 //! over the CubeCL runtime, so the same code compiles for CUDA, HIP/ROCm and
 //! wgpu. Tests launch them on the wgpu runtime over Mesa's lavapipe.
+
+mod check;
+pub mod swiglu;
+
+pub use check::ShapeError;
