@@ -3,6 +3,8 @@
 //! wgpu. Tests launch them on the wgpu runtime over Mesa's lavapipe.
 
 mod check;
+pub mod norm;
+mod reduce;
 pub mod swiglu;
 
 pub use check::ShapeError;
