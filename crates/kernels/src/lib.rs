@@ -5,6 +5,7 @@
 mod check;
 pub mod norm;
 mod reduce;
+pub mod rope;
 pub mod swiglu;
 
 pub use check::ShapeError;
