@@ -3,6 +3,7 @@
 //! wgpu. Tests launch them on the wgpu runtime over Mesa's lavapipe.
 
 mod check;
+pub mod cross_entropy;
 pub mod norm;
 mod reduce;
 pub mod rope;
