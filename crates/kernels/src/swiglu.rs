@@ -51,7 +51,10 @@ fn swiglu_backward_kernel<F: Float, N: Size>(
 
 /// Largest vector width (4, 2 or 1 f32) that divides `len`.
 fn vector_size(len: usize) -> usize {
-    [4, 2, 1].into_iter().find(|v| len.is_multiple_of(*v)).unwrap_or(1)
+    [4, 2, 1]
+        .into_iter()
+        .find(|v| len.is_multiple_of(*v))
+        .unwrap_or(1)
 }
 
 /// Computes `out[i] = silu(gate[i]) * up[i]` for `i < len`.
