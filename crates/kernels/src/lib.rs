@@ -3,3 +3,11 @@
 //! wgpu. Tests launch them on the wgpu runtime over Mesa's lavapipe.
 
 pub mod attention;
+mod check;
+pub mod cross_entropy;
+pub mod norm;
+mod reduce;
+pub mod rope;
+pub mod swiglu;
+
+pub use check::ShapeError;

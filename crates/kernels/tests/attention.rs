@@ -124,23 +124,23 @@ fn check_case(case: Case, seed: u64) -> f64 {
     let errors = [
         (
             "out",
-            relative_error(&download(&client, fwd.out), &want.out),
+            relative_error(&download(&client, &fwd.out), &want.out),
         ),
         (
             "lse",
-            relative_error(&download(&client, fwd.lse), &want.lse),
+            relative_error(&download(&client, &fwd.lse), &want.lse),
         ),
         (
             "dq",
-            relative_error(&download(&client, grads.dq), &want_grads.dq),
+            relative_error(&download(&client, &grads.dq), &want_grads.dq),
         ),
         (
             "dk",
-            relative_error(&download(&client, grads.dk), &want_grads.dk),
+            relative_error(&download(&client, &grads.dk), &want_grads.dk),
         ),
         (
             "dv",
-            relative_error(&download(&client, grads.dv), &want_grads.dv),
+            relative_error(&download(&client, &grads.dv), &want_grads.dv),
         ),
     ];
     eprintln!("{case:?}: relative errors {errors:?}");
@@ -319,7 +319,7 @@ fn backward_is_deterministic() {
     let run = || {
         let g = attention_backward(&client, s, options, inputs, &fwd.out, &fwd.lse, &d_out)
             .expect("backward launch");
-        [g.dq, g.dk, g.dv].map(|h| download(&client, h))
+        [g.dq, g.dk, g.dv].map(|h| download(&client, &h))
     };
     assert_eq!(run(), run());
 }

@@ -1,40 +1,122 @@
-//! Test support shared by the kernel tests: the wgpu client (Vulkan over
-//! Mesa's lavapipe on machines without a GPU) and `f32` transfers.
-
-use std::panic::{catch_unwind, AssertUnwindSafe};
+//! Shared test helpers: a wgpu client over lavapipe, a seeded generator,
+//! buffer upload/download and error measures.
+#![allow(dead_code)] // each test binary uses a different subset
 
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
 
-/// The runtime every kernel test launches on.
-pub type TestRuntime = WgpuRuntime;
+/// The runtime the tests launch on.
+pub type R = WgpuRuntime;
 
-/// The client of the default wgpu device. Panics with install instructions
-/// when wgpu finds no adapter, so a machine without a Vulkan driver fails the
-/// tests instead of skipping them.
-pub fn client() -> ComputeClient<TestRuntime> {
-    catch_unwind(AssertUnwindSafe(|| {
-        WgpuRuntime::client(&WgpuDevice::DefaultDevice)
-    }))
-    .unwrap_or_else(|_| {
+/// A wgpu client on the default adapter (lavapipe on CI and dev machines).
+pub fn client() -> ComputeClient<R> {
+    let made = std::panic::catch_unwind(|| R::client(&WgpuDevice::DefaultDevice));
+    made.unwrap_or_else(|_| {
         panic!(
-            "no wgpu adapter found: the kernel tests need a Vulkan driver; on Debian install \
-             the software one with `apt-get install -y mesa-vulkan-drivers libvulkan1` \
-             (see README, Kernels)"
+            "no Vulkan adapter for the wgpu runtime: install Mesa's lavapipe \
+             (apt-get install -t bookworm-backports mesa-vulkan-drivers libvulkan1)"
         )
     })
 }
 
-/// Uploads `values` to a new device buffer.
-pub fn upload(client: &ComputeClient<TestRuntime>, values: &[f32]) -> Handle {
-    client.create_from_slice(f32::as_bytes(values))
+/// Small seeded generator (SplitMix64) so tests need no extra crate.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[lo, hi)`.
+    pub fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        let u = (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
+        lo + (hi - lo) * u
+    }
+
+    pub fn vec(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+        (0..n).map(|_| self.uniform(lo, hi)).collect()
+    }
+
+    /// Uniform integer in `[0, n)`.
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
 }
 
-/// Reads a device buffer of `f32` values back to the host.
-pub fn download(client: &ComputeClient<TestRuntime>, handle: Handle) -> Vec<f32> {
-    let bytes = client
-        .read_one(handle)
-        .expect("reading a kernel output back from the device");
+pub fn upload(client: &ComputeClient<R>, data: &[f32]) -> Handle {
+    client.create_from_slice(f32::as_bytes(data))
+}
+
+pub fn upload_u32(client: &ComputeClient<R>, data: &[u32]) -> Handle {
+    client.create_from_slice(u32::as_bytes(data))
+}
+
+pub fn zeros(client: &ComputeClient<R>, n: usize) -> Handle {
+    upload(client, &vec![0.0; n])
+}
+
+pub fn download(client: &ComputeClient<R>, handle: &Handle) -> Vec<f32> {
+    let bytes = client.read_one(handle.clone()).expect("read back a buffer");
     f32::from_bytes(&bytes).to_vec()
+}
+
+/// Max |a - b| divided by max(max |b|, 1e-6): error relative to the
+/// reference's largest magnitude.
+pub fn rel_err(actual: &[f32], expected: &[f32]) -> f32 {
+    assert_eq!(actual.len(), expected.len(), "length mismatch");
+    let scale = expected.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+    let diff = actual
+        .iter()
+        .zip(expected)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    diff / scale
+}
+
+/// Asserts `rel_err(actual, expected) <= tol` and prints the error seen.
+pub fn assert_close(what: &str, actual: &[f32], expected: &[f32], tol: f32) {
+    let err = rel_err(actual, expected);
+    println!("{what}: max error relative to max magnitude {err:.2e}");
+    assert!(err <= tol, "{what}: relative error {err:.2e} > {tol:.0e}");
+}
+
+/// Central finite difference of the scalar `f` at `x` along each input
+/// coordinate, in f64.
+pub fn finite_diff(x: &[f64], f: impl Fn(&[f64]) -> f64) -> Vec<f64> {
+    let h = 1e-6;
+    (0..x.len())
+        .map(|i| {
+            let mut plus = x.to_vec();
+            let mut minus = x.to_vec();
+            plus[i] += h;
+            minus[i] -= h;
+            (f(&plus) - f(&minus)) / (2.0 * h)
+        })
+        .collect()
+}
+
+/// Asserts two f64 vectors agree to `tol` relative to the largest magnitude.
+pub fn assert_close_f64(what: &str, actual: &[f64], expected: &[f64], tol: f64) {
+    let scale = expected.iter().fold(1e-9f64, |m, v| m.max(v.abs()));
+    let diff = actual
+        .iter()
+        .zip(expected)
+        .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+    println!(
+        "{what}: max error relative to max magnitude {:.2e}",
+        diff / scale
+    );
+    assert!(
+        diff / scale <= tol,
+        "{what}: relative error {:.2e} > {tol:.0e}",
+        diff / scale
+    );
 }

@@ -1,0 +1,68 @@
+//! Launcher-side checks shared by the fused ops: every launcher validates
+//! its shapes against the byte sizes of the handles it is given before it
+//! launches anything, and reports a mismatch as a [`ShapeError`].
+
+use cubecl::server::Handle;
+use std::fmt;
+
+/// A launcher was given shapes or buffers that do not agree.
+///
+/// `op` names the launcher (for example `"rms_norm_forward"`), `message`
+/// says which argument is wrong and what was expected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShapeError {
+    /// The launcher that rejected its arguments.
+    pub op: &'static str,
+    /// Which argument is wrong and what was expected.
+    pub message: String,
+}
+
+impl fmt::Display for ShapeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.op, self.message)
+    }
+}
+
+impl std::error::Error for ShapeError {}
+
+/// Fails unless `value` is at least 1.
+pub(crate) fn nonzero(op: &'static str, name: &str, value: usize) -> Result<(), ShapeError> {
+    if value == 0 {
+        return Err(ShapeError {
+            op,
+            message: format!("{name} must be at least 1, got 0"),
+        });
+    }
+    Ok(())
+}
+
+/// Fails unless `handle` holds exactly `elems` 4-byte elements (f32, u32).
+pub(crate) fn elems_4b(
+    op: &'static str,
+    name: &str,
+    handle: &Handle,
+    elems: usize,
+) -> Result<(), ShapeError> {
+    let bytes = handle.size_in_used();
+    if bytes != (elems as u64) * 4 {
+        return Err(ShapeError {
+            op,
+            message: format!(
+                "{name} holds {bytes} bytes, expected {elems} elements of 4 bytes = {} bytes",
+                elems * 4
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Fails unless `value` fits the `u32` scalars the kernels take.
+pub(crate) fn fits_u32(op: &'static str, name: &str, value: usize) -> Result<(), ShapeError> {
+    if u32::try_from(value).is_err() {
+        return Err(ShapeError {
+            op,
+            message: format!("{name} = {value} does not fit in u32"),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,166 @@
+//! Fused rotary position embedding (RoPE), Llama / Hugging Face convention
+//! (`rotate_half`): within each head vector of length `head_dim`, element
+//! `i` is paired with element `i + head_dim / 2`, for `i < head_dim / 2`,
+//! and the pair is rotated by the angle `pos * theta^(-2 i / head_dim)`
+//! (radians), where `pos = position_offset + s` for sequence index `s`:
+//!
+//! ```text
+//! x[i]        <- x[i] * cos - x[i + half] * sin
+//! x[i + half] <- x[i + half] * cos + x[i] * sin
+//! ```
+//!
+//! The tensor is rotated in place. The backward is the rotation by the
+//! negative angle, also in place on the incoming gradient.
+
+use crate::check::{self, ShapeError};
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+
+/// Units per cube: one unit rotates one pair.
+const CUBE_DIM: u32 = 256;
+
+/// Shape of the tensor RoPE rotates: `[batch, heads, seq, head_dim]`,
+/// row-major f32 (query or key heads; call once per tensor for GQA).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RopeShape {
+    /// Batch size.
+    pub batch: usize,
+    /// Number of heads in this tensor.
+    pub heads: usize,
+    /// Sequence length; the positions are `position_offset..position_offset + seq`.
+    pub seq: usize,
+    /// Head dimension; must be even.
+    pub head_dim: usize,
+}
+
+impl RopeShape {
+    fn elems(&self) -> usize {
+        self.batch * self.heads * self.seq * self.head_dim
+    }
+}
+
+#[cube(launch_unchecked)]
+fn rope_kernel<F: Float>(
+    x: &mut Array<F>,
+    pairs: u32,
+    seq: u32,
+    head_dim: u32,
+    position_offset: u32,
+    theta: f32,
+    #[comptime] inverse: bool,
+) {
+    let pair = ABSOLUTE_POS;
+    if pair >= pairs as usize {
+        terminate!();
+    }
+    let half = (head_dim / 2) as usize;
+    let i = pair % half;
+    let vector = pair / half; // index over [batch, heads, seq]
+    let s = vector % seq as usize;
+    let pos = F::cast_from(s as u32 + position_offset);
+    // theta^(-2 i / head_dim) = exp(-(2 i / head_dim) * ln(theta))
+    let exponent = F::cast_from(2 * i as u32) / F::cast_from(head_dim);
+    let angle = pos * (F::new(0.0) - exponent * F::cast_from(theta).ln()).exp();
+    let cos = angle.cos();
+    let mut sin = angle.sin();
+    if comptime!(inverse) {
+        sin = F::new(0.0) - sin;
+    }
+    let lo = vector * head_dim as usize + i;
+    let hi = lo + half;
+    let a = x[lo];
+    let b = x[hi];
+    x[lo] = a * cos - b * sin;
+    x[hi] = b * cos + a * sin;
+}
+
+fn launch<R: Runtime>(
+    op: &'static str,
+    client: &ComputeClient<R>,
+    x: &Handle,
+    shape: RopeShape,
+    position_offset: usize,
+    theta: f32,
+    inverse: bool,
+) -> Result<(), ShapeError> {
+    check::nonzero(op, "batch", shape.batch)?;
+    check::nonzero(op, "heads", shape.heads)?;
+    check::nonzero(op, "seq", shape.seq)?;
+    check::nonzero(op, "head_dim", shape.head_dim)?;
+    if !shape.head_dim.is_multiple_of(2) {
+        return Err(ShapeError {
+            op,
+            message: format!("head_dim must be even, got {}", shape.head_dim),
+        });
+    }
+    if !(theta.is_finite() && theta > 1.0) {
+        return Err(ShapeError {
+            op,
+            message: format!("theta must be a finite number above 1, got {theta}"),
+        });
+    }
+    check::fits_u32(op, "batch * heads * seq * head_dim", shape.elems())?;
+    check::fits_u32(op, "position_offset + seq", position_offset + shape.seq)?;
+    check::elems_4b(op, "x", x, shape.elems())?;
+    let pairs = shape.elems() / 2;
+    let cube_dim = CubeDim::new_1d(CUBE_DIM);
+    // SAFETY: `x` holds `2 * pairs` f32 (checked above); the kernel guards
+    // `pair < pairs` and touches only elements `< 2 * pairs`.
+    unsafe {
+        rope_kernel::launch_unchecked::<f32, R>(
+            client,
+            cubecl::calculate_cube_count_elemwise(client, pairs, cube_dim),
+            cube_dim,
+            ArrayArg::from_raw_parts(x.clone(), shape.elems()),
+            pairs as u32,
+            shape.seq as u32,
+            shape.head_dim as u32,
+            position_offset as u32,
+            theta,
+            inverse,
+        );
+    }
+    Ok(())
+}
+
+/// Rotates `x: [batch, heads, seq, head_dim]` (f32) in place by RoPE, with
+/// positions `position_offset + s` (use the KV-cache length as offset when
+/// decoding) and base `theta` (10000 for Llama 2, 500000 for Llama 3).
+pub fn rope_forward<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &Handle,
+    shape: RopeShape,
+    position_offset: usize,
+    theta: f32,
+) -> Result<(), ShapeError> {
+    launch(
+        "rope_forward",
+        client,
+        x,
+        shape,
+        position_offset,
+        theta,
+        false,
+    )
+}
+
+/// Backward of [`rope_forward`]: rotates the gradient
+/// `d_x: [batch, heads, seq, head_dim]` in place by the negative angles,
+/// turning the gradient of the rotated tensor into that of its input.
+pub fn rope_backward<R: Runtime>(
+    client: &ComputeClient<R>,
+    d_x: &Handle,
+    shape: RopeShape,
+    position_offset: usize,
+    theta: f32,
+) -> Result<(), ShapeError> {
+    launch(
+        "rope_backward",
+        client,
+        d_x,
+        shape,
+        position_offset,
+        theta,
+        true,
+    )
+}
