@@ -25,9 +25,18 @@ pub fn parse_backend(name: &str) -> anyhow::Result<BackendKind> {
     Ok(kind)
 }
 
-/// Calls `task.run::<B>` for the backend named by `kind`, once.
-pub fn dispatch<T: BackendTask>(kind: BackendKind, task: T) -> anyhow::Result<T::Output> {
+/// Calls `task.run::<B>` for the backend named by `kind`, once, on GPU
+/// `gpu` of this node (the launcher's local rank in a multi-rank job: one
+/// rank per device). CPU backends have one device and ignore `gpu`.
+pub fn dispatch<T: BackendTask>(
+    kind: BackendKind,
+    gpu: usize,
+    task: T,
+) -> anyhow::Result<T::Output> {
     use burn::backend::Autodiff;
+    // A build without GPU backends has one device.
+    #[cfg(not(any(feature = "cuda", feature = "rocm")))]
+    let _ = gpu;
     match kind {
         #[cfg(feature = "flex")]
         BackendKind::Flex => task.run::<Autodiff<burn::backend::Flex>>(kind, Default::default()),
@@ -37,11 +46,13 @@ pub fn dispatch<T: BackendTask>(kind: BackendKind, task: T) -> anyhow::Result<T:
         }
         #[cfg(feature = "cuda")]
         BackendKind::Cuda => gpu_guard(kind, || {
-            task.run::<Autodiff<burn::backend::Cuda>>(kind, Default::default())
+            let device = burn::backend::cuda::CudaDevice { index: gpu };
+            task.run::<Autodiff<burn::backend::Cuda>>(kind, device)
         }),
         #[cfg(feature = "rocm")]
         BackendKind::Rocm => gpu_guard(kind, || {
-            task.run::<Autodiff<burn::backend::Rocm>>(kind, Default::default())
+            let device = burn::backend::rocm::RocmDevice { index: gpu };
+            task.run::<Autodiff<burn::backend::Rocm>>(kind, device)
         }),
         #[allow(unreachable_patterns)]
         other => Err(usage(format!(

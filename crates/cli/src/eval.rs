@@ -33,6 +33,7 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
     let kind: BackendKind = parse_backend(&backend)?;
     dispatch(
         kind,
+        0,
         EvalTask {
             source,
             ids,

@@ -39,6 +39,7 @@ pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     };
     dispatch(
         kind,
+        0,
         GenerateTask {
             args,
             source,

@@ -54,7 +54,7 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
         ));
     }
     let comm = open_communicator(&launch, s.comm_timeout())?;
-    let result = train_ranked(s, mesh, comm.clone());
+    let result = train_ranked(s, mesh, launch.local_rank, comm.clone());
     if let Err(e) = &result {
         if comm.world_size() > 1 {
             let code = if e.downcast_ref::<UsageError>().is_some() {
@@ -104,10 +104,12 @@ fn open_communicator(
     )))
 }
 
-/// `train` once the mesh and communicator are known.
+/// `train` once the mesh and communicator are known; `local_rank` picks
+/// this rank's GPU on its node.
 fn train_ranked(
     mut s: TrainSettings,
     mesh: Mesh,
+    local_rank: usize,
     comm: Rc<dyn Communicator>,
 ) -> anyhow::Result<()> {
     let lead = comm.rank() == 0;
@@ -181,6 +183,7 @@ fn train_ranked(
     }
     dispatch(
         kind,
+        local_rank,
         TrainTask {
             config,
             text,
