@@ -7,8 +7,7 @@ mod attention_support;
 mod common;
 
 use attention_support::reference::Problem;
-use attention_support::rng::Rng;
-use common::{client, download, upload};
+use common::{client, download, upload, Rng};
 use ferrotron_kernels::attention::{
     attention_backward, attention_forward, AttentionError, AttentionInputs, AttentionOptions,
     AttentionShape,
@@ -81,10 +80,14 @@ fn check_case(case: Case, seed: u64) -> f64 {
     let s = case.shape;
     let mut rng = Rng::new(seed);
     // Queries scaled up so the softmax is far from uniform.
-    let q: Vec<f32> = rng.vec(s.q_elems()).iter().map(|x| 4.0 * x).collect();
-    let k = rng.vec(s.kv_elems());
-    let v = rng.vec(s.kv_elems());
-    let d_out = rng.vec(s.q_elems());
+    let q: Vec<f32> = rng
+        .vec(s.q_elems(), -1.0, 1.0)
+        .iter()
+        .map(|x| 4.0 * x)
+        .collect();
+    let k = rng.vec(s.kv_elems(), -1.0, 1.0);
+    let v = rng.vec(s.kv_elems(), -1.0, 1.0);
+    let d_out = rng.vec(s.q_elems(), -1.0, 1.0);
     let slopes = case.alibi.then(|| alibi_slopes(s.n_heads));
     let options = AttentionOptions {
         causal: case.causal,
@@ -178,11 +181,11 @@ fn reference_gradients_match_finite_differences() {
             causal,
             scale: 0.8,
             slopes: alibi.then(|| to_f64(&alibi_slopes(shape.n_heads))),
-            q: to_f64(&rng.vec(shape.q_elems())),
-            k: to_f64(&rng.vec(shape.kv_elems())),
-            v: to_f64(&rng.vec(shape.kv_elems())),
+            q: to_f64(&rng.vec(shape.q_elems(), -1.0, 1.0)),
+            k: to_f64(&rng.vec(shape.kv_elems(), -1.0, 1.0)),
+            v: to_f64(&rng.vec(shape.kv_elems(), -1.0, 1.0)),
         };
-        let d_out = to_f64(&rng.vec(shape.q_elems()));
+        let d_out = to_f64(&rng.vec(shape.q_elems(), -1.0, 1.0));
         let grads = problem.backward(&d_out);
         let loss =
             |p: &Problem| -> f64 { p.forward().out.iter().zip(&d_out).map(|(o, g)| o * g).sum() };
@@ -220,9 +223,9 @@ fn reference_causal_first_row_copies_first_value() {
         causal: true,
         scale: 0.5,
         slopes: None,
-        q: to_f64(&rng.vec(6)),
-        k: to_f64(&rng.vec(6)),
-        v: to_f64(&rng.vec(6)),
+        q: to_f64(&rng.vec(6, -1.0, 1.0)),
+        k: to_f64(&rng.vec(6, -1.0, 1.0)),
+        v: to_f64(&rng.vec(6, -1.0, 1.0)),
     };
     let fwd = problem.forward();
     assert_eq!(&fwd.out[..2], &problem.v[..2]);
@@ -300,10 +303,10 @@ fn backward_is_deterministic() {
     let mut rng = Rng::new(11);
     let client = client();
     let (q, k, v, d_out) = (
-        upload(&client, &rng.vec(s.q_elems())),
-        upload(&client, &rng.vec(s.kv_elems())),
-        upload(&client, &rng.vec(s.kv_elems())),
-        upload(&client, &rng.vec(s.q_elems())),
+        upload(&client, &rng.vec(s.q_elems(), -1.0, 1.0)),
+        upload(&client, &rng.vec(s.kv_elems(), -1.0, 1.0)),
+        upload(&client, &rng.vec(s.kv_elems(), -1.0, 1.0)),
+        upload(&client, &rng.vec(s.q_elems(), -1.0, 1.0)),
     );
     let inputs = AttentionInputs {
         q: &q,

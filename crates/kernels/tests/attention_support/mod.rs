@@ -1,5 +1,4 @@
-//! Host-side pieces of the attention tests: a seeded generator and the
+//! Host-side pieces of the attention tests: the
 //! naive reference attention with its analytic backward.
 
 pub mod reference;
-pub mod rng;
