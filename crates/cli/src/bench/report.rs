@@ -70,7 +70,7 @@ impl Row {
 /// What the columns measure, printed above the table and stored in the JSON.
 fn legend(reps: usize) -> String {
     format!(
-        "forward + backward, f32; time = median of {reps} runs after 1 warm-up. \
+        "forward + backward, f32; time = median of {reps} timed run(s) after 1 warm-up. \
          fused = ferrotron-kernels on cubecl wgpu (default adapter), memory = device bytes \
          in use after the backward (inputs, outputs, saved tensors). reference = Burn \
          Autodiff<Flex> on the CPU, memory = peak Rust heap from the inputs to the end of \
