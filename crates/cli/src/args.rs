@@ -28,6 +28,43 @@ pub enum Command {
     Eval(EvalArgs),
     /// Write a run (or a Hugging Face directory) as a Hugging Face model directory.
     Export(ExportArgs),
+    /// Micro-benchmarks (`bench kernels`: fused CubeCL kernels vs the Burn reference).
+    Bench(BenchArgs),
+}
+
+/// `ferrotron bench` subcommands.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// What to benchmark.
+    #[command(subcommand)]
+    pub command: BenchCommand,
+}
+
+/// The benchmarks.
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Time and peak memory of each fused kernel (wgpu) vs its Burn reference (CPU),
+    /// forward + backward, over a sweep of shapes (needs the `kernels-bench` feature).
+    Kernels(KernelsBenchArgs),
+}
+
+/// `ferrotron bench kernels` flags.
+#[derive(Args, Debug)]
+#[cfg_attr(not(feature = "kernels-bench"), allow(dead_code))]
+pub struct KernelsBenchArgs {
+    /// Tiny shapes (a smoke test of a few seconds).
+    #[arg(long)]
+    pub quick: bool,
+    /// Longest attention sequence, tokens, of the sweep 256, 512, 1024, 2048, 4096. The
+    /// default stops at 1024: on a 2-core CPU (lavapipe) 2048 takes ~10 min and 4096 ~40.
+    #[arg(long, default_value_t = 1024)]
+    pub max_seq: usize,
+    /// Timed runs per path and shape after one warm-up; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Also write the rows as JSON to FILE (atomically).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
 }
 
 /// `ferrotron train` flags; each overrides the same key of `--config`.

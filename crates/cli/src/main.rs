@@ -1,6 +1,7 @@
 //! The `ferrotron` command.
 
 mod args;
+mod bench;
 mod dispatch;
 mod error;
 mod eval;
@@ -25,6 +26,7 @@ fn main() -> ExitCode {
         Command::Generate(a) => generate::generate(a),
         Command::Eval(a) => eval::eval(a),
         Command::Export(a) => export::export(a),
+        Command::Bench(a) => bench::bench(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,175 @@
+//! The benchmarked ops and the shape sweep.
+
+use std::fmt;
+
+/// One op at one shape; every op is timed forward + backward together.
+#[derive(Clone, Copy, Debug)]
+pub enum Case {
+    /// Causal attention, q/k/v `[batch, heads, seq, head_dim]` (kv heads = heads).
+    Attention {
+        /// Batch size.
+        batch: usize,
+        /// Query and key/value heads.
+        heads: usize,
+        /// Sequence length, tokens.
+        seq: usize,
+        /// Values per head.
+        head_dim: usize,
+    },
+    /// `silu(gate) * up`, gate and up `[rows, ffn]`.
+    Swiglu {
+        /// Token rows.
+        rows: usize,
+        /// FFN width.
+        ffn: usize,
+    },
+    /// RMSNorm (or LayerNorm when `layer`) of `[batch, seq, hidden]` over `hidden`.
+    Norm {
+        /// LayerNorm if true, RMSNorm otherwise.
+        layer: bool,
+        /// Batch size.
+        batch: usize,
+        /// Sequence length, tokens.
+        seq: usize,
+        /// Normalised width.
+        hidden: usize,
+    },
+    /// Rotary embedding of `[batch, heads, seq, head_dim]`.
+    Rope {
+        /// Batch size.
+        batch: usize,
+        /// Heads.
+        heads: usize,
+        /// Sequence length, tokens.
+        seq: usize,
+        /// Values per head (even).
+        head_dim: usize,
+    },
+    /// Mean cross-entropy of logits `[rows, vocab]` against `[rows]` targets.
+    CrossEntropy {
+        /// Token rows.
+        rows: usize,
+        /// Vocabulary size.
+        vocab: usize,
+    },
+}
+
+/// Norm epsilon of both paths.
+pub const NORM_EPS: f32 = 1e-5;
+/// RoPE base of both paths.
+pub const ROPE_THETA: f32 = 10_000.0;
+/// Attention sequence lengths of the default sweep, tokens.
+pub const ATTENTION_SEQS: [usize; 5] = [256, 512, 1024, 2048, 4096];
+
+impl Case {
+    /// Kernel name, as in the table and the JSON.
+    pub fn kernel(&self) -> &'static str {
+        match self {
+            Case::Attention { .. } => "attention",
+            Case::Swiglu { .. } => "swiglu",
+            Case::Norm { layer: false, .. } => "rms_norm",
+            Case::Norm { layer: true, .. } => "layer_norm",
+            Case::Rope { .. } => "rope",
+            Case::CrossEntropy { .. } => "cross_entropy",
+        }
+    }
+
+    /// Bytes the reference attention keeps in `[batch, heads, seq, seq]`
+    /// f32 tensors during forward + backward, estimated as eight of them
+    /// (scores, scaled, masked, softmax and their gradients); 0 for the
+    /// other ops, whose reference never holds more than a few inputs' worth.
+    pub fn reference_bytes_estimate(&self) -> u64 {
+        match *self {
+            Case::Attention {
+                batch, heads, seq, ..
+            } => 8 * (batch * heads * seq * seq * 4) as u64,
+            _ => 0,
+        }
+    }
+}
+
+impl fmt::Display for Case {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Case::Attention {
+                batch,
+                heads,
+                seq,
+                head_dim,
+            }
+            | Case::Rope {
+                batch,
+                heads,
+                seq,
+                head_dim,
+            } => write!(f, "[{batch}, {heads}, {seq}, {head_dim}]"),
+            Case::Swiglu { rows, ffn } => write!(f, "[{rows}, {ffn}]"),
+            Case::Norm {
+                batch, seq, hidden, ..
+            } => write!(f, "[{batch}, {seq}, {hidden}]"),
+            Case::CrossEntropy { rows, vocab } => write!(f, "[{rows}, {vocab}]"),
+        }
+    }
+}
+
+/// The sweep: attention at every sequence length up to `max_seq`, then one
+/// shape of each other op; `quick` shrinks everything to a smoke test.
+pub fn sweep(quick: bool, max_seq: usize) -> Vec<Case> {
+    let (batch, heads, head_dim) = if quick { (1, 2, 64) } else { (4, 8, 64) };
+    let seqs: &[usize] = if quick { &[64, 128] } else { &ATTENTION_SEQS };
+    let mut cases: Vec<Case> = seqs
+        .iter()
+        .filter(|&&seq| seq <= max_seq)
+        .map(|&seq| Case::Attention {
+            batch,
+            heads,
+            seq,
+            head_dim,
+        })
+        .collect();
+    // 512 x 50257 f32 logits are 98 MiB: 1024 rows (196 MiB) exceed the
+    // largest buffer lavapipe's wgpu adapter allocates.
+    let (seq, hidden, ffn, ce_rows, vocab) = if quick {
+        (32, 256, 512, 64, 1000)
+    } else {
+        (1024, 1024, 2816, 2 * 256, 50257)
+    };
+    cases.push(Case::Swiglu {
+        rows: batch * seq,
+        ffn,
+    });
+    for layer in [false, true] {
+        cases.push(Case::Norm {
+            layer,
+            batch,
+            seq,
+            hidden,
+        });
+    }
+    cases.push(Case::Rope {
+        batch,
+        heads,
+        seq,
+        head_dim,
+    });
+    cases.push(Case::CrossEntropy {
+        rows: ce_rows,
+        vocab,
+    });
+    cases
+}
+
+/// Deterministic input values in `[-1, 1)`, different per `salt`.
+pub fn pattern(n: usize, salt: u64) -> Vec<f32> {
+    (0..n as u64)
+        .map(|i| {
+            let h = (i ^ (salt << 40)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
+            h as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// Deterministic class ids in `[0, vocab)`.
+pub fn targets(rows: usize, vocab: usize) -> Vec<u32> {
+    (0..rows).map(|r| ((r * 7919) % vocab) as u32).collect()
+}

@@ -1,0 +1,202 @@
+//! The fused path: ferrotron-kernels launched on cubecl's wgpu runtime.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use cubecl::future::block_on;
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
+use ferrotron_kernels::attention::{
+    attention_backward, attention_forward, AttentionInputs, AttentionOptions, AttentionShape,
+};
+use ferrotron_kernels::cross_entropy::cross_entropy_forward_backward;
+use ferrotron_kernels::norm::layer::{layer_norm_backward, layer_norm_forward};
+use ferrotron_kernels::norm::rms::{rms_norm_backward, rms_norm_forward};
+use ferrotron_kernels::rope::{rope_backward, rope_forward, RopeShape};
+use ferrotron_kernels::swiglu::{swiglu_backward, swiglu_forward};
+
+use super::cases::{pattern, targets, Case, NORM_EPS, ROPE_THETA};
+use super::kernels::Sample;
+
+/// The wgpu client the fused ops run on.
+pub type Client = ComputeClient<WgpuRuntime>;
+
+/// A client on wgpu's default adapter (lavapipe on a machine without a GPU).
+pub fn client() -> Result<Client> {
+    std::panic::catch_unwind(|| WgpuRuntime::client(&WgpuDevice::DefaultDevice)).map_err(|_| {
+        anyhow::anyhow!("no Vulkan adapter for cubecl's wgpu runtime (install Mesa's lavapipe)")
+    })
+}
+
+/// Device bytes in active allocations (`MemoryUsage::bytes_in_use`).
+fn in_use(client: &Client) -> Result<u64> {
+    Ok(client
+        .memory_usage()
+        .context("cubecl memory usage")?
+        .bytes_in_use)
+}
+
+fn upload(client: &Client, data: &[f32]) -> Handle {
+    client.create_from_slice(f32::as_bytes(data))
+}
+
+fn sync(client: &Client) -> Result<()> {
+    block_on(client.sync()).context("wgpu sync")
+}
+
+/// Runs forward + backward of `case` once. Inputs (and the upstream
+/// gradient, all ones, as Burn's `backward()` seeds it) are uploaded before
+/// the clock starts; the clock stops after `client.sync()`. Memory is the
+/// device `bytes_in_use` after the backward, with every input, output and
+/// saved tensor still alive, minus that before the inputs were uploaded.
+pub fn run(client: &Client, case: &Case) -> Result<Sample> {
+    let base = in_use(client)?;
+    match *case {
+        Case::Attention {
+            batch,
+            heads,
+            seq,
+            head_dim,
+        } => attention(client, base, batch, heads, seq, head_dim),
+        Case::Swiglu { rows, ffn } => swiglu(client, base, rows * ffn),
+        Case::Norm {
+            layer,
+            batch,
+            seq,
+            hidden,
+        } => norm(client, base, layer, batch * seq, hidden),
+        Case::Rope {
+            batch,
+            heads,
+            seq,
+            head_dim,
+        } => rope(
+            client,
+            base,
+            RopeShape {
+                batch,
+                heads,
+                seq,
+                head_dim,
+            },
+        ),
+        Case::CrossEntropy { rows, vocab } => cross_entropy(client, base, rows, vocab),
+    }
+}
+
+/// Waits for the device, stops the clock and reads the memory in use; the
+/// caller's buffers are still alive.
+fn finish(client: &Client, start: Instant, base: u64) -> Result<Sample> {
+    sync(client)?;
+    let elapsed = start.elapsed();
+    Ok(Sample {
+        elapsed,
+        peak_bytes: in_use(client)?.saturating_sub(base),
+    })
+}
+
+fn rand(client: &Client, n: usize, salt: u64) -> Handle {
+    upload(client, &pattern(n, salt))
+}
+
+fn ones(client: &Client, n: usize) -> Handle {
+    upload(client, &vec![1.0; n])
+}
+
+fn attention(
+    client: &Client,
+    base: u64,
+    batch: usize,
+    heads: usize,
+    seq: usize,
+    head_dim: usize,
+) -> Result<Sample> {
+    let shape = AttentionShape {
+        batch,
+        n_heads: heads,
+        n_kv_heads: heads,
+        seq,
+        head_dim,
+    };
+    let q = rand(client, shape.q_elems(), 1);
+    let k = rand(client, shape.kv_elems(), 2);
+    let v = rand(client, shape.kv_elems(), 3);
+    let d_out = ones(client, shape.q_elems());
+    let inputs = AttentionInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        alibi_slopes: None,
+    };
+    let options = AttentionOptions {
+        causal: true,
+        scale: None,
+    };
+    sync(client)?;
+    let start = Instant::now();
+    let fwd = attention_forward(client, shape, options, inputs)?;
+    let _grads = attention_backward(client, shape, options, inputs, &fwd.out, &fwd.lse, &d_out)?;
+    finish(client, start, base)
+}
+
+fn swiglu(client: &Client, base: u64, len: usize) -> Result<Sample> {
+    let (gate, up, d_out) = (
+        rand(client, len, 1),
+        rand(client, len, 2),
+        ones(client, len),
+    );
+    sync(client)?;
+    let start = Instant::now();
+    let [out, d_gate, d_up] = [(); 3].map(|_| client.empty(len * 4));
+    swiglu_forward(client, &gate, &up, &out, len)?;
+    swiglu_backward(client, &gate, &up, &d_out, &d_gate, &d_up, len)?;
+    finish(client, start, base)
+}
+
+fn norm(client: &Client, base: u64, layer: bool, rows: usize, hidden: usize) -> Result<Sample> {
+    let n = rows * hidden;
+    let (x, dy) = (rand(client, n, 1), ones(client, n));
+    let (weight, bias) = (ones(client, hidden), upload(client, &vec![0.0; hidden]));
+    sync(client)?;
+    let start = Instant::now();
+    let [y, dx] = [(); 2].map(|_| client.empty(n * 4));
+    let [d_weight, d_bias] = [(); 2].map(|_| client.empty(hidden * 4));
+    let [mean, rstd] = [(); 2].map(|_| client.empty(rows * 4));
+    if layer {
+        layer_norm_forward(
+            client, &x, &weight, &bias, &y, &mean, &rstd, rows, hidden, NORM_EPS,
+        )?;
+        layer_norm_backward(
+            client, &x, &weight, &mean, &rstd, &dy, &dx, &d_weight, &d_bias, rows, hidden,
+        )?;
+    } else {
+        rms_norm_forward(client, &x, &weight, &y, &rstd, rows, hidden, NORM_EPS)?;
+        rms_norm_backward(
+            client, &x, &weight, &rstd, &dy, &dx, &d_weight, rows, hidden,
+        )?;
+    }
+    finish(client, start, base)
+}
+
+fn rope(client: &Client, base: u64, shape: RopeShape) -> Result<Sample> {
+    let n = shape.batch * shape.heads * shape.seq * shape.head_dim;
+    let (x, d_x) = (rand(client, n, 1), ones(client, n));
+    sync(client)?;
+    let start = Instant::now();
+    rope_forward(client, &x, shape, 0, ROPE_THETA)?;
+    rope_backward(client, &d_x, shape, 0, ROPE_THETA)?;
+    finish(client, start, base)
+}
+
+fn cross_entropy(client: &Client, base: u64, rows: usize, vocab: usize) -> Result<Sample> {
+    let logits = rand(client, rows * vocab, 1);
+    let targets = client.create_from_slice(u32::as_bytes(&targets(rows, vocab)));
+    sync(client)?;
+    let start = Instant::now();
+    let [row_loss, mean_loss] = [rows, 1].map(|n| client.empty(n * 4));
+    cross_entropy_forward_backward(
+        client, &logits, &targets, &row_loss, &mean_loss, rows, vocab, 1.0,
+    )?;
+    finish(client, start, base)
+}

@@ -1,0 +1,39 @@
+//! `ferrotron bench`: micro-benchmarks. `bench kernels` compares the fused
+//! CubeCL kernels with the plain Burn reference (needs the `kernels-bench`
+//! cargo feature).
+
+#[cfg(feature = "kernels-bench")]
+mod alloc;
+#[cfg(feature = "kernels-bench")]
+mod cases;
+#[cfg(feature = "kernels-bench")]
+mod fused;
+#[cfg(feature = "kernels-bench")]
+mod kernels;
+#[cfg(feature = "kernels-bench")]
+mod reference;
+#[cfg(feature = "kernels-bench")]
+mod report;
+
+use anyhow::Result;
+
+use crate::args::{BenchArgs, BenchCommand};
+
+/// Runs one `bench` subcommand.
+pub fn bench(args: BenchArgs) -> Result<()> {
+    match args.command {
+        BenchCommand::Kernels(a) => run_kernels(a),
+    }
+}
+
+#[cfg(feature = "kernels-bench")]
+fn run_kernels(args: crate::args::KernelsBenchArgs) -> Result<()> {
+    kernels::run(args)
+}
+
+#[cfg(not(feature = "kernels-bench"))]
+fn run_kernels(_: crate::args::KernelsBenchArgs) -> Result<()> {
+    Err(crate::error::usage(
+        "`bench kernels` is not compiled in: build with `--features kernels-bench` (cargo feature of ferrotron-cli)",
+    ))
+}

@@ -1,0 +1,64 @@
+//! `ferrotron bench kernels`: a quick sweep writes one JSON row per kernel
+//! with positive times (built with `--features kernels-bench`), and without
+//! the feature the subcommand exits 2 naming the feature.
+
+use std::process::Command;
+
+#[cfg(feature = "kernels-bench")]
+#[test]
+fn quick_bench_writes_a_json_row_per_kernel_with_positive_times() {
+    let json = std::env::temp_dir().join(format!("ferrotron-bench-{}.json", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_ferrotron"))
+        .args(["bench", "kernels", "--quick", "--reps", "1", "--json"])
+        .arg(&json)
+        .env("CUBECL_AUTOTUNE_LEVEL", "minimal")
+        .output()
+        .expect("the binary runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed: {stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("--json file written"))
+            .expect("valid JSON");
+    let _ = std::fs::remove_file(&json);
+    let rows = doc["rows"].as_array().expect("rows array");
+    let kernels = [
+        "attention",
+        "swiglu",
+        "rms_norm",
+        "layer_norm",
+        "rope",
+        "cross_entropy",
+    ];
+    for kernel in kernels {
+        let row = rows
+            .iter()
+            .find(|r| r["kernel"] == kernel)
+            .unwrap_or_else(|| panic!("no row for {kernel}"));
+        for key in [
+            "fused_ms",
+            "reference_ms",
+            "fused_peak_mib",
+            "reference_peak_mib",
+        ] {
+            let v = row[key].as_f64().unwrap_or(0.0);
+            assert!(v > 0.0, "{kernel}: {key} = {}", row[key]);
+        }
+        assert!(stdout.contains(kernel), "table lacks {kernel}");
+    }
+}
+
+#[cfg(not(feature = "kernels-bench"))]
+#[test]
+fn bench_kernels_without_the_feature_exits_2_naming_it() {
+    println!("skipped the quick benchmark: built without --features kernels-bench");
+    let out = Command::new(env!("CARGO_BIN_EXE_ferrotron"))
+        .args(["bench", "kernels", "--quick"])
+        .output()
+        .expect("the binary runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("kernels-bench"), "{stderr}");
+}
