@@ -51,7 +51,7 @@ use self::exchange::{
     all_gather_unit, chunk_from_pieces, flat_unit, reduce_scatter_avg, split_chunk,
 };
 use self::layout::{param_infos, Infos, ParamInfo, Piece, ShardLayout};
-use self::tensors::{host_f32, Assign, GradValues, ParamBytes, ParamValues, Release};
+use self::tensors::{host_f32, Assign, GradValues, ParamBytes, PieceTensors, Release};
 use crate::comm::{CommError, Communicator};
 
 /// How much of the training state is sharded over the DP ranks (`--zero`).
@@ -183,18 +183,28 @@ impl<B: AutodiffBackend> Zero<B> {
     /// Keeps this rank's pieces of every parameter and releases the rest.
     fn shard_parameters<M: AutodiffModule<B>>(&mut self, mut model: M) -> M {
         for u in 0..self.pieces.len() {
-            let mut values = ParamValues {
-                want: &self.unit_ids[u],
-                out: HashMap::new(),
-            };
-            model.visit(&mut values);
-            for p in &self.pieces[u] {
-                let v = values.out[&p.id][p.start..p.end].to_vec();
-                self.params.insert(p.id, self.tensor(v));
-            }
+            let pieces = self.piece_tensors(u, &model, None);
+            self.params.extend(pieces);
             model = self.release(u, model);
         }
         model
+    }
+
+    /// This rank's pieces of unit `u`'s parameters, or with `grads` of
+    /// their gradients, sliced on the device.
+    fn piece_tensors<M: AutodiffModule<B>>(
+        &self,
+        u: usize,
+        model: &M,
+        grads: Option<&GradientsParams>,
+    ) -> HashMap<ParamId, Tensor<B::InnerBackend, 1>> {
+        let mut v = PieceTensors::<B> {
+            pieces: self.pieces[u].iter().map(|p| (p.id, p)).collect(),
+            grads,
+            out: HashMap::new(),
+        };
+        model.visit(&mut v);
+        v.out
     }
 
     fn tensor(&self, values: Vec<f32>) -> Tensor<B::InnerBackend, 1> {
@@ -354,19 +364,13 @@ impl<B: AutodiffBackend> Zero<B> {
     ) -> Result<M, CommError> {
         optimizer.begin_step();
         for u in 0..self.pieces.len() {
-            let mut params = ParamValues {
-                want: &self.unit_ids[u],
-                out: HashMap::new(),
-            };
-            model.visit(&mut params);
-            let full_grads = grads.map(|grads| self.grad_values(u, &model, grads));
+            let mut params = self.piece_tensors(u, &model, None);
+            let mut piece_grads = grads.map(|grads| self.piece_tensors(u, &model, Some(grads)));
             let mut updated = HashMap::new();
             for p in &self.pieces[u] {
-                let param = self.tensor(params.out[&p.id][p.start..p.end].to_vec());
-                let grad = match &full_grads {
-                    Some(g) => g
-                        .get(&p.id)
-                        .map(|g| self.tensor(g[p.start..p.end].to_vec())),
+                let param = params.remove(&p.id).expect("every piece has its parameter");
+                let grad = match piece_grads.as_mut() {
+                    Some(g) => g.remove(&p.id),
                     None => self.grads.remove(&p.id),
                 };
                 let new = match grad {

@@ -7,6 +7,8 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 
+use super::layout::Piece;
+
 /// The values of a tensor as host `f32`, row-major.
 pub(crate) fn host_f32<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
     t.into_data()
@@ -15,17 +17,30 @@ pub(crate) fn host_f32<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> 
         .expect("a tensor converted to f32 holds f32 values")
 }
 
-/// Host values of the parameters whose ids are in `want`.
-pub(crate) struct ParamValues<'a> {
-    pub(crate) want: &'a HashSet<ParamId>,
-    pub(crate) out: HashMap<ParamId, Vec<f32>>,
+/// This rank's pieces of the parameters, or with `grads` of their
+/// gradients, as rank-1 tensors on the device: elements `start..end` of
+/// each parameter's flat view (parameters without a gradient are left out).
+pub(crate) struct PieceTensors<'a, B: AutodiffBackend> {
+    pub(crate) pieces: HashMap<ParamId, &'a Piece>,
+    pub(crate) grads: Option<&'a GradientsParams>,
+    pub(crate) out: HashMap<ParamId, Tensor<B::InnerBackend, 1>>,
 }
 
-impl<B: Backend> ModuleVisitor<B> for ParamValues<'_> {
+impl<B: AutodiffBackend> ModuleVisitor<B> for PieceTensors<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        if self.want.contains(&param.id) {
-            self.out.insert(param.id, host_f32(param.val()));
-        }
+        let Some(piece) = self.pieces.get(&param.id) else {
+            return;
+        };
+        let whole = match self.grads {
+            Some(grads) => match grads.get::<B::InnerBackend, D>(param.id) {
+                Some(g) => g,
+                None => return,
+            },
+            None => param.val().inner(),
+        };
+        let n = whole.shape().num_elements();
+        let flat = whole.reshape([n]).slice(piece.start..piece.end);
+        self.out.insert(param.id, flat);
     }
 }
 
