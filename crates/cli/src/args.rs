@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use ferrotron_models::Kernels;
 use ferrotron_parallel::zero::ZeroStage;
 
 use crate::settings::TrainSettings;
@@ -174,6 +175,10 @@ pub struct TrainArgs {
     /// ZeRO stage: 0 off, 1 shard optimizer state, 2 + gradients, 3 + parameters (FSDP).
     #[arg(long)]
     pub zero: Option<ZeroStage>,
+    /// Hot operations: fused (CubeCL kernels; cuda, rocm) or reference (plain Burn ops);
+    /// default fused where the backend has them.
+    #[arg(long)]
+    pub kernels: Option<Kernels>,
 }
 
 impl TrainArgs {
@@ -220,7 +225,8 @@ impl TrainArgs {
             device_type,
             hf_dir,
             hf_out,
-            dp
+            dp,
+            kernels
         );
     }
 }

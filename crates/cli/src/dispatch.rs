@@ -1,7 +1,7 @@
 //! Runs one generic task on the backend chosen at run time.
 
-use burn::tensor::backend::AutodiffBackend;
 use ferrotron_engine::backend::BackendKind;
+use ferrotron_models::ops::TrainBackend;
 
 use crate::error::usage;
 
@@ -10,7 +10,7 @@ pub trait BackendTask {
     /// What the task returns.
     type Output;
     /// Runs the task on backend `B` and `device`.
-    fn run<B: AutodiffBackend>(
+    fn run<B: TrainBackend>(
         self,
         kind: BackendKind,
         device: B::Device,
@@ -47,12 +47,12 @@ pub fn dispatch<T: BackendTask>(
         #[cfg(feature = "cuda")]
         BackendKind::Cuda => gpu_guard(kind, || {
             let device = burn::backend::cuda::CudaDevice { index: gpu };
-            task.run::<Autodiff<burn::backend::Cuda>>(kind, device)
+            task.run::<Autodiff<ferrotron_models::ops::Cuda>>(kind, device)
         }),
         #[cfg(feature = "rocm")]
         BackendKind::Rocm => gpu_guard(kind, || {
             let device = burn::backend::rocm::RocmDevice { index: gpu };
-            task.run::<Autodiff<burn::backend::Rocm>>(kind, device)
+            task.run::<Autodiff<ferrotron_models::ops::Rocm>>(kind, device)
         }),
         #[allow(unreachable_patterns)]
         other => Err(usage(format!(

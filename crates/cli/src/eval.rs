@@ -2,11 +2,10 @@
 
 use std::path::Path;
 
-use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor, TensorData};
 use ferrotron_engine::backend::BackendKind;
 use ferrotron_engine::checkpoint::save_safetensors;
-use ferrotron_models::decoder::cross_entropy;
+use ferrotron_models::ops::{cross_entropy, TrainBackend};
 
 use crate::args::EvalArgs;
 use crate::dispatch::{dispatch, parse_backend, BackendTask};
@@ -86,7 +85,7 @@ struct EvalTask {
 impl BackendTask for EvalTask {
     type Output = ();
 
-    fn run<B: AutodiffBackend>(self, _: BackendKind, device: B::Device) -> anyhow::Result<()> {
+    fn run<B: TrainBackend>(self, _: BackendKind, device: B::Device) -> anyhow::Result<()> {
         let model = self.source.model::<B::InnerBackend>(&device)?;
         let [b, t] = self.shape;
         let data: Vec<i64> = self.ids.iter().map(|&i| i as i64).collect();
@@ -94,6 +93,7 @@ impl BackendTask for EvalTask {
             Tensor::<B::InnerBackend, 2, Int>::from_data(TensorData::new(data, [b, t]), &device);
         let logits = model.forward(tokens.clone());
         let loss = cross_entropy(
+            model.kernels(),
             logits.clone().narrow(1, 0, t - 1),
             tokens.narrow(1, 1, t - 1),
         );

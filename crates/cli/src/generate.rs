@@ -1,7 +1,7 @@
 //! `ferrotron generate`: continue a prompt with a run's or a Hugging Face model.
 
-use burn::tensor::backend::AutodiffBackend;
 use ferrotron_engine::backend::BackendKind;
+use ferrotron_models::ops::TrainBackend;
 use ferrotron_models::{generate as decode, SamplingConfig};
 
 use crate::args::GenerateArgs;
@@ -62,7 +62,7 @@ struct GenerateTask {
 impl BackendTask for GenerateTask {
     type Output = ();
 
-    fn run<B: AutodiffBackend>(self, _: BackendKind, device: B::Device) -> anyhow::Result<()> {
+    fn run<B: TrainBackend>(self, _: BackendKind, device: B::Device) -> anyhow::Result<()> {
         let model = self.source.model::<B::InnerBackend>(&device)?;
         let sampling = SamplingConfig {
             temperature: if self.args.greedy {

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use ferrotron_models::Kernels;
 use ferrotron_parallel::zero::ZeroStage;
 
 use crate::error::usage;
@@ -84,6 +85,10 @@ pub struct TrainSettings {
     pub bucket_mb: f64,
     /// ZeRO stage over the DP ranks (0 = off).
     pub zero: ZeroStage,
+    /// Implementation of the model's hot operations (`--kernels`): fused
+    /// CubeCL kernels or the reference Burn ops; unset = fused where the
+    /// backend has them (cuda, rocm), reference on the CPU backends.
+    pub kernels: Option<Kernels>,
 }
 
 impl Default for TrainSettings {
@@ -122,6 +127,7 @@ impl Default for TrainSettings {
             pp: 1,
             bucket_mb: ferrotron_parallel::data::DEFAULT_BUCKET_MB,
             zero: ZeroStage::Off,
+            kernels: None,
         }
     }
 }

@@ -5,12 +5,12 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use burn::tensor::backend::Backend;
 use burn::tensor::TensorData;
 use ferrotron_engine::checkpoint::load_safetensors;
 use ferrotron_engine::data::Tokenizer;
 use ferrotron_engine::params::load_named_tensors;
 use ferrotron_models::hf::load_hf_dir;
+use ferrotron_models::ops::KernelBackend;
 use ferrotron_models::{Decoder, DecoderConfig};
 
 use crate::error::usage;
@@ -74,7 +74,7 @@ impl ModelSource {
     }
 
     /// Builds the model on `device` with the weights.
-    pub fn model<B: Backend>(&self, device: &B::Device) -> anyhow::Result<Decoder<B>> {
+    pub fn model<B: KernelBackend>(&self, device: &B::Device) -> anyhow::Result<Decoder<B>> {
         let model = Decoder::<B>::new(&self.config, 0, device)?;
         load_named_tensors(model, self.tensors.clone(), &self.name)
             .map_err(|e| usage(e.to_string()))

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use burn::module::AutodiffModule;
-use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::TensorData;
 use ferrotron_engine::backend::BackendKind;
 use ferrotron_engine::checkpoint::{save_safetensors, write_atomic};
@@ -17,6 +16,7 @@ use ferrotron_engine::metrics::{self, MetricsWriter, StepRecord, ValRecord};
 use ferrotron_engine::optim::{AdamWConfig, LrSchedule};
 use ferrotron_engine::params::{load_named_tensors, named_tensors};
 use ferrotron_models::hf::{load_hf_dir, save_hf_dir, Family};
+use ferrotron_models::ops::{KernelBackend, TrainBackend};
 use ferrotron_models::presets::{preset, PRESET_NAMES};
 use ferrotron_models::{generate, Decoder, SamplingConfig};
 use ferrotron_parallel::comm::{Communicator, SingleProcess};
@@ -139,6 +139,7 @@ fn train_ranked(
         }
         model.vocab_size = v;
     }
+    model.kernels = s.kernels;
     if let Some(dir) = &s.hf_out {
         Family::of(&model).map_err(|e| usage(format!("--hf-out: {e}")))?;
         check_out_dir(dir, "--hf-out")?;
@@ -247,7 +248,7 @@ macro_rules! say {
 impl BackendTask for TrainTask {
     type Output = ();
 
-    fn run<B: AutodiffBackend>(self, kind: BackendKind, device: B::Device) -> anyhow::Result<()> {
+    fn run<B: TrainBackend>(self, kind: BackendKind, device: B::Device) -> anyhow::Result<()> {
         let RunConfig {
             train: s,
             model: mc,
@@ -291,7 +292,10 @@ impl BackendTask for TrainTask {
         let mut sampler = BatchSampler::new(split.train.len(), s.seq_len, s.seed)?;
         let val_batches = data::eval_batches(&split.val, s.seq_len, s.micro_batch, s.eval_batches);
 
-        let mut model = Decoder::<B>::new(mc, s.seed, &device)?;
+        let mut model = Decoder::<B>::new(mc, s.seed, &device).map_err(|e| match e.field {
+            "kernels" => usage(format!("--kernels: {}", e.problem)),
+            _ => e.into(),
+        })?;
         if let Some(initial) = self.initial {
             let name = s.hf_dir.as_ref().map(|d| d.display().to_string());
             model = load_named_tensors(model, initial, &name.unwrap_or_default())?;
@@ -471,7 +475,7 @@ impl BackendTask for TrainTask {
 }
 
 /// Writes `model.safetensors` in the run directory (atomically).
-fn save_checkpoint<B: AutodiffBackend>(model: &Decoder<B>, out: &Path) -> anyhow::Result<()> {
+fn save_checkpoint<B: TrainBackend>(model: &Decoder<B>, out: &Path) -> anyhow::Result<()> {
     save_safetensors(
         &out.join("model.safetensors"),
         &named_tensors(&model.valid()),
@@ -480,7 +484,7 @@ fn save_checkpoint<B: AutodiffBackend>(model: &Decoder<B>, out: &Path) -> anyhow
 }
 
 /// Continues `prompt` by `n` sampled tokens and returns the whole text.
-pub fn sample<B: burn::tensor::backend::Backend>(
+pub fn sample<B: KernelBackend>(
     model: &Decoder<B>,
     tokenizer: &Tokenizer,
     prompt: &str,

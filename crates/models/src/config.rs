@@ -37,6 +37,31 @@ pub enum MlpKind {
     Swiglu,
 }
 
+/// Which implementation of the hot operations (attention, SwiGLU, norms,
+/// RoPE, cross-entropy) the decoder runs; see `ops`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kernels {
+    /// Ferrotron's fused CubeCL kernels (backends cuda and rocm).
+    Fused,
+    /// Plain Burn tensor operations (every backend).
+    Reference,
+}
+
+impl std::str::FromStr for Kernels {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fused" => Ok(Kernels::Fused),
+            "reference" => Ok(Kernels::Reference),
+            _ => Err(format!(
+                "'{s}' is not a kernel choice; use fused or reference"
+            )),
+        }
+    }
+}
+
 /// Shape and switches of a decoder-only transformer.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -71,6 +96,11 @@ pub struct DecoderConfig {
     pub embed_norm: bool,
     /// Standard deviation of the normal initialisation of weight matrices.
     pub init_std: f64,
+    /// Implementation of the hot operations. Not part of the architecture,
+    /// so never written out: absent (the default) means fused where the
+    /// backend has the kernels, reference elsewhere.
+    #[serde(default, skip_serializing)]
+    pub kernels: Option<Kernels>,
 }
 
 /// A configuration that cannot build a model.

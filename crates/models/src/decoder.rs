@@ -1,15 +1,15 @@
 //! The decoder-only transformer shared by GPT-2, Llama and BLOOM.
 
 use burn::module::{Module, ModuleVisitor, Param};
-use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor};
 use ferrotron_engine::lm::{CausalLm, StagedLm};
 
-use crate::config::{ConfigError, DecoderConfig, Position};
+use crate::config::{ConfigError, DecoderConfig, Kernels, Position};
 use crate::init::Init;
 use crate::layers::position::PositionContext;
 use crate::layers::{Attention, LayerKv, Mlp, Norm};
+use crate::ops::{self, resolve_kernels, KernelBackend};
 
 /// One pre-norm transformer block: `x + attn(norm(x))`, then `x + mlp(norm(x))`.
 #[derive(Module, Debug)]
@@ -24,7 +24,7 @@ pub struct Block<B: Backend> {
     pub mlp: Mlp<B>,
 }
 
-impl<B: Backend> Block<B> {
+impl<B: KernelBackend> Block<B> {
     /// The block applied to `x` `[batch, len, hidden]`, attending to and
     /// extending `kv` when decoding incrementally.
     pub fn forward(
@@ -82,19 +82,25 @@ pub struct Decoder<B: Backend> {
     pub head: Option<Param<Tensor<B, 2>>>,
     #[module(skip)]
     config: DecoderConfig,
+    #[module(skip)]
+    kernels: Kernels,
 }
 
-impl<B: Backend> Decoder<B> {
+impl<B: KernelBackend> Decoder<B> {
     /// A freshly initialised model. The same `seed` gives the same weights on
     /// every backend: `N(0, init_std^2)` for matrices and embeddings, scaled by
     /// `1/sqrt(2 n_layers)` for the two residual output projections (GPT-2),
     /// zero biases, unit norm gains.
+    ///
+    /// The hot operations run with the kernels [`resolve_kernels`] picks for
+    /// `config.kernels` on `B` (see [`Decoder::kernels`]).
     pub fn new(config: &DecoderConfig, seed: u64, device: &B::Device) -> Result<Self, ConfigError> {
         config.validate()?;
+        let kernels = resolve_kernels::<B>(config)?;
         let c = config;
         let mut init = Init::<B>::new(seed, device);
         let out_std = c.init_std / (2.0 * c.n_layers as f64).sqrt();
-        let norm = || Norm::new(c.norm, c.hidden_size, c.norm_eps, device);
+        let norm = || Norm::new(c.norm, c.hidden_size, c.norm_eps, kernels, device);
         let embed = init.normal([c.vocab_size, c.hidden_size], c.init_std);
         let pos_embed = (c.position == Position::Learned)
             .then(|| init.normal([c.max_seq_len, c.hidden_size], c.init_std));
@@ -104,7 +110,7 @@ impl<B: Backend> Decoder<B> {
                 attn_norm: norm(),
                 attn: Attention::new(&mut init, c, out_std),
                 mlp_norm: norm(),
-                mlp: Mlp::new(&mut init, c, out_std),
+                mlp: Mlp::new(&mut init, c, out_std, kernels),
             })
             .collect();
         let final_norm = norm();
@@ -117,12 +123,41 @@ impl<B: Backend> Decoder<B> {
             final_norm,
             head,
             config: c.clone(),
+            kernels,
         })
     }
 
     /// The configuration the model was built from.
     pub fn config(&self) -> &DecoderConfig {
         &self.config
+    }
+
+    /// The kernels the model runs (resolved from `config().kernels` for
+    /// this backend when the model was built).
+    pub fn kernels(&self) -> Kernels {
+        self.kernels
+    }
+
+    /// The positions of `len` tokens after `start` cached ones; the fused
+    /// form when the model runs fused kernels and `cached` is false.
+    fn positions(
+        &self,
+        start: usize,
+        len: usize,
+        cached: bool,
+        device: &B::Device,
+    ) -> PositionContext<B> {
+        let c = &self.config;
+        let fused = self.kernels == Kernels::Fused && !cached;
+        PositionContext::new(
+            &c.position,
+            c.n_heads,
+            c.head_dim(),
+            start,
+            len,
+            fused,
+            device,
+        )
     }
 
     /// Logits `[batch, seq, vocab]` for token ids `[batch, seq]`.
@@ -148,11 +183,10 @@ impl<B: Backend> Decoder<B> {
         start: usize,
         mut cache: Option<&mut KvCache<B>>,
     ) -> Tensor<B, 3> {
-        let c = &self.config;
         let t = tokens.dims()[1];
         let device = tokens.device();
         let mut x = self.embed_from(tokens, start);
-        let pos = PositionContext::new(&c.position, c.n_heads, c.head_dim(), start, t, &device);
+        let pos = self.positions(start, t, cache.is_some(), &device);
         for (i, layer) in self.layers.iter().enumerate() {
             let kv = cache.as_mut().map(|c| &mut c.layers[i]);
             x = layer.forward(x, &pos, kv);
@@ -201,21 +235,13 @@ impl<B: Backend> Decoder<B> {
     }
 }
 
-/// Mean cross-entropy of `logits` `[batch, seq, vocab]` against `targets`
-/// `[batch, seq]`, in nats per token; shape `[1]`.
-pub fn cross_entropy<B: Backend>(logits: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
-    let [b, t, v] = logits.dims();
-    let logp = log_softmax(logits.reshape([b * t, v]), 1);
-    logp.gather(1, targets.reshape([b * t, 1])).mean().neg()
-}
-
-impl<B: Backend> CausalLm<B> for Decoder<B> {
+impl<B: KernelBackend> CausalLm<B> for Decoder<B> {
     fn loss(&self, inputs: Tensor<B, 2, Int>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
-        cross_entropy(self.forward(inputs), targets)
+        ops::cross_entropy(self.kernels, self.forward(inputs), targets)
     }
 }
 
-impl<B: Backend> StagedLm<B> for Decoder<B> {
+impl<B: KernelBackend> StagedLm<B> for Decoder<B> {
     type Context = PositionContext<B>;
 
     fn num_blocks(&self) -> usize {
@@ -223,10 +249,8 @@ impl<B: Backend> StagedLm<B> for Decoder<B> {
     }
 
     fn embed(&self, inputs: Tensor<B, 2, Int>) -> (Tensor<B, 3>, PositionContext<B>) {
-        let c = &self.config;
         let t = inputs.dims()[1];
-        let device = inputs.device();
-        let pos = PositionContext::new(&c.position, c.n_heads, c.head_dim(), 0, t, &device);
+        let pos = self.positions(0, t, false, &inputs.device());
         (self.embed_from(inputs, 0), pos)
     }
 
@@ -235,7 +259,7 @@ impl<B: Backend> StagedLm<B> for Decoder<B> {
     }
 
     fn head_loss(&self, x: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
-        cross_entropy(self.head_logits(x), targets)
+        ops::cross_entropy(self.kernels, self.head_logits(x), targets)
     }
 
     fn visit_block<V: ModuleVisitor<B>>(&self, index: usize, visitor: &mut V) {

@@ -1,11 +1,11 @@
 //! Autoregressive sampling with a KV cache.
 
-use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::decoder::{Decoder, KvCache};
+use crate::ops::KernelBackend;
 
 /// How the next token is chosen.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -62,7 +62,7 @@ fn pick(logits: &[f32], s: &SamplingConfig, rng: &mut StdRng) -> u32 {
 /// cached keys and values; without it every step re-runs the whole sequence
 /// (kept as the reference the cached path is tested against). Generation
 /// stops early at `max_seq_len`.
-pub fn generate<B: Backend>(
+pub fn generate<B: KernelBackend>(
     model: &Decoder<B>,
     prompt: &[u32],
     max_new: usize,

@@ -10,8 +10,9 @@ pub mod generate;
 pub mod hf;
 mod init;
 pub mod layers;
+pub mod ops;
 pub mod presets;
 
-pub use config::{ConfigError, DecoderConfig, MlpKind, NormKind, Position};
+pub use config::{ConfigError, DecoderConfig, Kernels, MlpKind, NormKind, Position};
 pub use decoder::{Decoder, KvCache};
 pub use generate::{generate, SamplingConfig};

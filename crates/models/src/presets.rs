@@ -38,6 +38,7 @@ pub(crate) fn gpt2(hidden: usize, layers: usize, heads: usize) -> DecoderConfig 
         tied_head: true,
         embed_norm: false,
         init_std: 0.02,
+        kernels: None,
     }
 }
 
@@ -69,6 +70,7 @@ pub(crate) fn llama(
         tied_head: false,
         embed_norm: false,
         init_std: 0.02,
+        kernels: None,
     }
 }
 
@@ -90,6 +92,7 @@ pub(crate) fn bloom(hidden: usize, layers: usize, heads: usize) -> DecoderConfig
         tied_head: true,
         embed_norm: true,
         init_std: 0.02,
+        kernels: None,
     }
 }
 

@@ -17,8 +17,8 @@ use ferrotron_engine::checkpoint::load_safetensors;
 use ferrotron_engine::data::Batch;
 use ferrotron_engine::optim::{AdamWConfig, LrSchedule};
 use ferrotron_engine::params::{load_named_tensors, named_tensors};
-use ferrotron_models::decoder::cross_entropy;
 use ferrotron_models::hf::{convert_to_ours, load_hf_dir, HfModel};
+use ferrotron_models::ops::cross_entropy;
 use ferrotron_models::{generate, Decoder, SamplingConfig};
 use ferrotron_parallel::trainer::{StepConfig, Trainer};
 
@@ -102,6 +102,7 @@ fn logits_and_loss(m: &Decoder<B>, ids: &[Vec<i64>]) -> (Tensor<B, 3>, Tensor<B,
     let tokens = ids_tensor(ids);
     let logits = m.forward(tokens.clone());
     let loss = cross_entropy(
+        m.kernels(),
         logits.clone().narrow(1, 0, t - 1),
         tokens.narrow(1, 1, t - 1),
     );

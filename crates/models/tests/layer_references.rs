@@ -2,9 +2,10 @@
 
 use burn::backend::Flex;
 use burn::tensor::{Int, Tensor, TensorData};
-use ferrotron_models::decoder::cross_entropy;
-use ferrotron_models::layers::position::{apply_rope, PositionContext};
+use ferrotron_models::layers::position::PositionContext;
 use ferrotron_models::layers::Norm;
+use ferrotron_models::ops::{cross_entropy, rope_reference, AttentionBias, Rope};
+use ferrotron_models::Kernels;
 use ferrotron_models::{NormKind, Position};
 
 type B = Flex;
@@ -29,7 +30,7 @@ fn norms_match_their_definitions() {
     let (rows, h) = (3, 8);
     let x = pseudo_random(rows * h, 1);
     for kind in [NormKind::LayerNorm, NormKind::RmsNorm] {
-        let norm = Norm::<B>::new(kind, h, 1e-5, &Default::default());
+        let norm = Norm::<B>::new(kind, h, 1e-5, Kernels::Reference, &Default::default());
         let y: Vec<f32> = norm
             .forward(tensor3(x.clone(), [1, rows, h]))
             .into_data()
@@ -66,15 +67,18 @@ fn rope_rotates_each_pair_by_position_times_frequency() {
         d,
         start,
         len,
+        false,
         &Default::default(),
     );
-    let (cos, sin) = ctx.rope.unwrap();
+    let Some(Rope::Tables(cos, sin)) = ctx.rope else {
+        panic!("the reference context holds RoPE tables")
+    };
     let x = pseudo_random(len * d, 2);
     let t: Tensor<B, 4> = Tensor::from_data(
         TensorData::new(x.clone(), [1, 1, len, d]),
         &Default::default(),
     );
-    let y: Vec<f32> = apply_rope(t, &cos, &sin).into_data().to_vec().unwrap();
+    let y: Vec<f32> = rope_reference(t, &cos, &sin).into_data().to_vec().unwrap();
     for p in 0..len {
         for i in 0..d / 2 {
             let angle = (start + p) as f64 * theta.powf(-2.0 * i as f64 / d as f64);
@@ -91,18 +95,32 @@ fn rope_rotates_each_pair_by_position_times_frequency() {
 fn attention_bias_hides_exactly_the_future_keys_and_adds_alibi() {
     // 3 queries at positions 2, 3, 4 over 5 keys.
     let hidden = |q: usize, k: usize| k > 2 + q;
-    let ctx = PositionContext::<B>::new(&Position::Learned, 2, 4, 2, 3, &Default::default());
-    assert_eq!(ctx.attn_bias.dims(), [1, 1, 3, 5]);
-    let bias: Vec<f32> = ctx.attn_bias.into_data().to_vec().unwrap();
+    let matrix = |position| match PositionContext::<B>::new(
+        position,
+        2,
+        4,
+        2,
+        3,
+        false,
+        &Default::default(),
+    )
+    .attn_bias
+    {
+        AttentionBias::Matrix(m) => m,
+        AttentionBias::Fused { .. } => panic!("the reference context holds a bias matrix"),
+    };
+    let m = matrix(&Position::Learned);
+    assert_eq!(m.dims(), [1, 1, 3, 5]);
+    let bias: Vec<f32> = m.into_data().to_vec().unwrap();
     for q in 0..3 {
         for k in 0..5 {
             let want = if hidden(q, k) { f32::NEG_INFINITY } else { 0.0 };
             assert_eq!(bias[q * 5 + k], want, "query {q} key {k}");
         }
     }
-    let ctx = PositionContext::<B>::new(&Position::Alibi, 2, 4, 2, 3, &Default::default());
-    assert_eq!(ctx.attn_bias.dims(), [1, 2, 3, 5]);
-    let bias: Vec<f32> = ctx.attn_bias.into_data().to_vec().unwrap();
+    let m = matrix(&Position::Alibi);
+    assert_eq!(m.dims(), [1, 2, 3, 5]);
+    let bias: Vec<f32> = m.into_data().to_vec().unwrap();
     // Two heads: slopes 1/16 and 1/256 (Press et al.: 2^(-8/n * h)).
     for (h, slope) in [(0, 1.0 / 16.0), (1, 1.0 / 256.0)] {
         for q in 0..3 {
@@ -124,6 +142,7 @@ fn cross_entropy_is_the_mean_negative_log_likelihood() {
     let logits = pseudo_random(t * v, 3);
     let targets = [0i64, 5, 2, 2];
     let got: f32 = cross_entropy(
+        Kernels::Reference,
         tensor3(logits.clone(), [1, t, v]),
         Tensor::<B, 2, Int>::from_data(
             TensorData::new(targets.to_vec(), [1, t]),

@@ -1,16 +1,15 @@
-//! The reference path: the same math in plain Burn ops on `Autodiff<Flex>`
-//! (the default CPU backend), forward then `backward()`.
+//! The reference path: the decoder's reference implementations
+//! (`ferrotron_models::ops`, plain Burn ops) on `Autodiff<Flex>` (the default
+//! CPU backend), forward then `backward()`.
 
 use std::time::Instant;
 
 use burn::backend::{Autodiff, Flex};
-use burn::tensor::activation::{silu, softmax};
 use burn::tensor::backend::BackendTypes;
 use burn::tensor::{Int, Tensor, TensorData};
-use ferrotron_models::decoder::cross_entropy as model_cross_entropy;
-use ferrotron_models::layers::position::apply_rope;
 use ferrotron_models::layers::Norm;
-use ferrotron_models::NormKind;
+use ferrotron_models::ops::{attention_reference, cross_entropy, rope_reference, swiglu};
+use ferrotron_models::{Kernels, NormKind};
 
 use super::alloc::CountingAlloc;
 use super::cases::{pattern, targets, Case, NORM_EPS, ROPE_THETA};
@@ -46,18 +45,17 @@ pub fn run(case: &Case) -> Sample {
                 Tensor::<B, 4>::from_data(rand(shape.clone(), salt), &dev).require_grad()
             });
             let mask: Vec<f32> = (0..seq * seq)
-                .map(|i| if i % seq > i / seq { -1e30 } else { 0.0 })
+                .map(|i| {
+                    if i % seq > i / seq {
+                        f32::NEG_INFINITY
+                    } else {
+                        0.0
+                    }
+                })
                 .collect();
-            let mask = Tensor::<B, 2>::from_data(TensorData::new(mask, [1, seq * seq]), &dev);
+            let mask = Tensor::<B, 4>::from_data(TensorData::new(mask, [1, 1, seq, seq]), &dev);
             let start = Instant::now();
-            let scores = q
-                .matmul(k.swap_dims(2, 3))
-                .mul_scalar(1.0 / (head_dim as f64).sqrt());
-            // Flattened so the mask broadcasts along one dimension, as the model's attention does.
-            let scores = (scores.reshape([batch * heads, seq * seq]) + mask)
-                .reshape([batch, heads, seq, seq]);
-            let out = softmax(scores, 3).matmul(v);
-            let _grads = out.backward();
+            let _grads = attention_reference(q, k, v, &mask).backward();
             elapsed_from(start)
         }
         Case::Swiglu { rows, ffn } => {
@@ -65,7 +63,7 @@ pub fn run(case: &Case) -> Sample {
                 Tensor::<B, 2>::from_data(rand(vec![rows, ffn], salt), &dev).require_grad()
             });
             let start = Instant::now();
-            let _grads = (silu(gate) * up).backward();
+            let _grads = swiglu(Kernels::Reference, gate, up).backward();
             elapsed_from(start)
         }
         Case::Norm {
@@ -79,7 +77,7 @@ pub fn run(case: &Case) -> Sample {
             } else {
                 NormKind::RmsNorm
             };
-            let norm = Norm::<B>::new(kind, hidden, f64::from(NORM_EPS), &dev);
+            let norm = Norm::<B>::new(kind, hidden, f64::from(NORM_EPS), Kernels::Reference, &dev);
             let x =
                 Tensor::<B, 3>::from_data(rand(vec![batch, seq, hidden], 1), &dev).require_grad();
             let start = Instant::now();
@@ -96,7 +94,7 @@ pub fn run(case: &Case) -> Sample {
                 .require_grad();
             let (cos, sin) = rope_tables(seq, head_dim, &dev);
             let start = Instant::now();
-            let _grads = apply_rope(x, &cos, &sin).backward();
+            let _grads = rope_reference(x, &cos, &sin).backward();
             elapsed_from(start)
         }
         Case::CrossEntropy { rows, vocab } => {
@@ -105,7 +103,7 @@ pub fn run(case: &Case) -> Sample {
             let ids: Vec<i64> = targets(rows, vocab).into_iter().map(i64::from).collect();
             let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, rows]), &dev);
             let start = Instant::now();
-            let _grads = model_cross_entropy(logits, ids).backward();
+            let _grads = cross_entropy(Kernels::Reference, logits, ids).backward();
             elapsed_from(start)
         }
     }
@@ -113,7 +111,7 @@ pub fn run(case: &Case) -> Sample {
 
 /// RoPE `cos` and `sin` tables `[1, 1, seq, head_dim]` for positions
 /// `0..seq`, angle `pos * theta^(-2 i / head_dim)` radians, repeated over
-/// both halves of the head (the `rotate_half` convention of `apply_rope`).
+/// both halves of the head (the `rotate_half` convention of `rope_reference`).
 fn rope_tables(
     seq: usize,
     head_dim: usize,

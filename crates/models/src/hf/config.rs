@@ -238,6 +238,7 @@ fn parse(f: &Fields<'_>) -> Result<(Family, DecoderConfig), HfError> {
                 norm_eps: f.f64_or("layer_norm_epsilon", 1e-5)?,
                 tied_head: f.bool_or("tie_word_embeddings", true)?,
                 init_std,
+                kernels: None,
                 ..presets::gpt2(hidden, f.usize("n_layer")?, heads)
             }
         }
@@ -290,6 +291,7 @@ fn parse(f: &Fields<'_>) -> Result<(Family, DecoderConfig), HfError> {
                 norm_eps: f.f64_or("rms_norm_eps", 1e-6)?,
                 tied_head: f.bool_or("tie_word_embeddings", false)?,
                 init_std,
+                kernels: None,
                 ..presets::llama(
                     vocab_size,
                     hidden,
@@ -327,6 +329,7 @@ fn parse(f: &Fields<'_>) -> Result<(Family, DecoderConfig), HfError> {
                 norm_eps: f.f64_or("layer_norm_epsilon", 1e-5)?,
                 tied_head: f.bool_or("tie_word_embeddings", true)?,
                 init_std,
+                kernels: None,
                 ..presets::bloom(hidden, layers, heads)
             }
         }

@@ -1,17 +1,16 @@
-//! Causal self-attention with grouped-query heads, RoPE or ALiBi, and a KV cache.
-//!
-//! This is the plain reference path: it forms the `[batch, heads, seq, keys]`
-//! score matrix.
+//! Causal self-attention with grouped-query heads, RoPE or ALiBi, and a KV
+//! cache. The attention itself is `ops::attention` (fused or reference, as
+//! the position context says).
 
 use burn::module::Module;
-use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
-use super::position::{apply_rope, PositionContext};
+use super::position::PositionContext;
 use super::Linear;
 use crate::config::DecoderConfig;
 use crate::init::Init;
+use crate::ops::{attention, rope, KernelBackend};
 
 /// Cached keys and values of one layer, each `[batch, n_kv_heads, keys, head_dim]`.
 pub type LayerKv<B> = (Tensor<B, 4>, Tensor<B, 4>);
@@ -47,7 +46,9 @@ impl<B: Backend> Attention<B> {
             n_kv_heads: c.n_kv_heads,
         }
     }
+}
 
+impl<B: KernelBackend> Attention<B> {
     /// `[batch, len, hidden]` to `[batch, len, hidden]`.
     ///
     /// With a `cache`, the new keys and values are appended to it and the
@@ -64,9 +65,9 @@ impl<B: Backend> Attention<B> {
         let mut q = heads(self.q.forward(x.clone()), self.n_heads);
         let mut k = heads(self.k.forward(x.clone()), self.n_kv_heads);
         let mut v = heads(self.v.forward(x), self.n_kv_heads);
-        if let Some((cos, sin)) = &pos.rope {
-            q = apply_rope(q, cos, sin);
-            k = apply_rope(k, cos, sin);
+        if let Some(r) = &pos.rope {
+            q = rope(q, r);
+            k = rope(k, r);
         }
         if let Some(cache) = cache {
             if let Some((k_past, v_past)) = cache.take() {
@@ -75,36 +76,7 @@ impl<B: Backend> Attention<B> {
             }
             *cache = Some((k.clone(), v.clone()));
         }
-        let rep = self.n_heads / self.n_kv_heads;
-        let (k, v) = (repeat_kv(k, rep), repeat_kv(v, rep));
-        let scores = q
-            .matmul(k.swap_dims(2, 3))
-            .mul_scalar(1.0 / (hd as f64).sqrt());
-        let scores = add_bias(scores, &pos.attn_bias);
-        let out = softmax(scores, 3).matmul(v);
+        let out = attention(q, k, v, &pos.attn_bias);
         self.o.forward(out.swap_dims(1, 2).reshape([b, t, hidden]))
     }
-}
-
-/// `[batch, kv_heads, keys, hd]` to `[batch, kv_heads * rep, keys, hd]`, query
-/// head `h` using key/value head `h / rep`.
-fn repeat_kv<B: Backend>(x: Tensor<B, 4>, rep: usize) -> Tensor<B, 4> {
-    if rep == 1 {
-        return x;
-    }
-    let [b, kv, s, hd] = x.dims();
-    x.unsqueeze_dim::<5>(2)
-        .repeat_dim(2, rep)
-        .reshape([b, kv * rep, s, hd])
-}
-
-/// `scores` `[batch, heads, len, keys]` plus `bias` `[1, 1 or heads, len, keys]`.
-///
-/// Both are flattened so the bias broadcasts along one leading dimension
-/// only: burn-flex's general broadcasting add was measured 20x slower.
-fn add_bias<B: Backend>(scores: Tensor<B, 4>, bias: &Tensor<B, 4>) -> Tensor<B, 4> {
-    let shape = scores.shape();
-    let n = bias.shape().num_elements();
-    let rows = shape.num_elements() / n;
-    (scores.reshape([rows, n]) + bias.clone().reshape([1, n])).reshape(shape)
 }

@@ -1,13 +1,14 @@
 //! The feed-forward block: GELU (tanh) MLP or SwiGLU.
 
 use burn::module::Module;
-use burn::tensor::activation::{sigmoid, silu};
+use burn::tensor::activation::sigmoid;
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
 use super::Linear;
-use crate::config::{DecoderConfig, MlpKind};
+use crate::config::{DecoderConfig, Kernels, MlpKind};
 use crate::init::Init;
+use crate::ops::{swiglu, KernelBackend};
 
 /// `down(act(up(x)))`, or `down(silu(gate(x)) * up(x))` for SwiGLU.
 #[derive(Module, Debug)]
@@ -18,23 +19,29 @@ pub struct Mlp<B: Backend> {
     pub gate: Option<Linear<B>>,
     /// `[ffn, hidden]`.
     pub down: Linear<B>,
+    #[module(skip)]
+    kernels: Kernels,
 }
 
 impl<B: Backend> Mlp<B> {
-    /// A fresh block; `out_std` initialises the output projection.
-    pub fn new(init: &mut Init<B>, c: &DecoderConfig, out_std: f64) -> Self {
+    /// A fresh block computed with `kernels`; `out_std` initialises the
+    /// output projection.
+    pub fn new(init: &mut Init<B>, c: &DecoderConfig, out_std: f64, kernels: Kernels) -> Self {
         let (h, f) = (c.hidden_size, c.ffn_size);
         Self {
             gate: (c.mlp == MlpKind::Swiglu).then(|| Linear::new(init, h, f, c.bias, c.init_std)),
             up: Linear::new(init, h, f, c.bias, c.init_std),
             down: Linear::new(init, f, h, c.bias, out_std),
+            kernels,
         }
     }
+}
 
+impl<B: KernelBackend> Mlp<B> {
     /// `[batch, seq, hidden]` to `[batch, seq, hidden]`.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let inner = match &self.gate {
-            Some(gate) => silu(gate.forward(x.clone())) * self.up.forward(x),
+            Some(gate) => swiglu(self.kernels, gate.forward(x.clone()), self.up.forward(x)),
             None => gelu_tanh(self.up.forward(x)),
         };
         self.down.forward(inner)

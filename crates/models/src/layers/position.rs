@@ -1,59 +1,90 @@
-//! Position information for one forward pass: RoPE tables and the attention
-//! bias (causal mask and ALiBi), built on the host for query positions `start..start+len`.
+//! Position information for one forward pass: RoPE and the attention bias
+//! (causal mask and ALiBi) for query positions `start..start+len`, in the
+//! form the chosen kernels want (host-built tables and bias matrix for the
+//! reference path, just `theta` and the ALiBi slopes for the fused one).
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
 use crate::config::Position;
+use crate::ops::{AttentionBias, KernelBackend, Rope};
 
 /// Everything attention needs to know about positions in this pass.
 #[derive(Clone, Debug)]
-pub struct PositionContext<B: Backend> {
-    /// RoPE `(cos, sin)`, each `[1, 1, len, head_dim]` (rotate-half layout).
-    pub rope: Option<(Tensor<B, 4>, Tensor<B, 4>)>,
-    /// Additive attention bias `[1, heads, len, start + len]` (`heads` is 1
-    /// without ALiBi): `-inf` where a query may not see a key (causal mask),
-    /// otherwise ALiBi's `slope_h * key_position`, or 0.
-    pub attn_bias: Tensor<B, 4>,
+pub struct PositionContext<B: KernelBackend> {
+    /// RoPE for queries and keys (Llama).
+    pub rope: Option<Rope<B>>,
+    /// Causal mask and ALiBi.
+    pub attn_bias: AttentionBias<B>,
 }
 
-impl<B: Backend> PositionContext<B> {
-    /// Builds the context for `len` new queries after `start` cached positions.
+impl<B: KernelBackend> PositionContext<B> {
+    /// Builds the context for `len` new queries after `start` cached
+    /// positions. `fused` (the model's kernels are fused and nothing is
+    /// cached: `start` is 0) selects the fused kernels' form, which holds no
+    /// `[len, keys]` matrix.
     pub fn new(
         position: &Position,
         n_heads: usize,
         head_dim: usize,
         start: usize,
         len: usize,
+        fused: bool,
         device: &B::Device,
     ) -> Self {
-        let keys = start + len;
-        let slopes = match position {
-            Position::Alibi => alibi_slopes(n_heads),
-            _ => vec![0.0],
-        };
-        let bias: Vec<f32> = slopes
-            .iter()
-            .flat_map(|&s| {
-                (0..len).flat_map(move |i| {
-                    (0..keys).map(move |j| {
-                        if j > start + i {
-                            f32::NEG_INFINITY
-                        } else {
-                            s * j as f32
-                        }
-                    })
-                })
-            })
-            .collect();
-        let attn_bias =
-            Tensor::from_data(TensorData::new(bias, [1, slopes.len(), len, keys]), device);
+        let fused = fused && start == 0;
         let rope = match position {
-            Position::Rope { theta } => Some(rope_tables(*theta, head_dim, start, len, device)),
+            Position::Rope { theta } if fused => Some(Rope::Fused {
+                theta: *theta as f32,
+            }),
+            Position::Rope { theta } => {
+                let (cos, sin) = rope_tables(*theta, head_dim, start, len, device);
+                Some(Rope::Tables(cos, sin))
+            }
             _ => None,
+        };
+        let attn_bias = if fused {
+            let slopes = (*position == Position::Alibi).then(|| {
+                Tensor::from_data(TensorData::new(alibi_slopes(n_heads), [n_heads]), device)
+            });
+            AttentionBias::Fused { slopes }
+        } else {
+            AttentionBias::Matrix(bias_matrix(position, n_heads, start, len, device))
         };
         Self { rope, attn_bias }
     }
+}
+
+/// The additive attention bias `[1, heads, len, start + len]` (`heads` is 1
+/// without ALiBi): `-inf` where a query may not see a key (causal mask),
+/// otherwise ALiBi's `slope_h * key_position`, or 0.
+fn bias_matrix<B: Backend>(
+    position: &Position,
+    n_heads: usize,
+    start: usize,
+    len: usize,
+    device: &B::Device,
+) -> Tensor<B, 4> {
+    let keys = start + len;
+    let slopes = match position {
+        Position::Alibi => alibi_slopes(n_heads),
+        _ => vec![0.0],
+    };
+    let bias: Vec<f32> = slopes
+        .iter()
+        .flat_map(|&s| {
+            (0..len).flat_map(move |i| {
+                (0..keys).map(move |j| {
+                    if j > start + i {
+                        f32::NEG_INFINITY
+                    } else {
+                        s * j as f32
+                    }
+                })
+            })
+        })
+        .collect();
+    Tensor::from_data(TensorData::new(bias, [1, slopes.len(), len, keys]), device)
 }
 
 /// RoPE cosines and sines for positions `start..start+len`, computed in f32
@@ -86,20 +117,6 @@ fn rope_tables<B: Backend>(
         Tensor::from_data(TensorData::new(cos, shape), device),
         Tensor::from_data(TensorData::new(sin, shape), device),
     )
-}
-
-/// Applies RoPE to `x` `[batch, heads, len, head_dim]`:
-/// `x * cos + rotate_half(x) * sin` with `rotate_half([a, b]) = [-b, a]`.
-pub fn apply_rope<B: Backend>(
-    x: Tensor<B, 4>,
-    cos: &Tensor<B, 4>,
-    sin: &Tensor<B, 4>,
-) -> Tensor<B, 4> {
-    let d = x.dims()[3];
-    let a = x.clone().narrow(3, 0, d / 2);
-    let b = x.clone().narrow(3, d / 2, d / 2);
-    let rotated = Tensor::cat(vec![b.neg(), a], 3);
-    x * cos.clone() + rotated * sin.clone()
 }
 
 /// ALiBi slopes of BLOOM / Press et al. for `n_heads` heads, including the

@@ -1,0 +1,94 @@
+//! Scaled dot-product attention `softmax(q k^T / sqrt(head_dim) + bias) v`
+//! with grouped-query heads: the reference forms the score matrix, the
+//! fused path is FlashAttention (see `ferrotron_kernels::attention`).
+
+use burn::tensor::activation::softmax;
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorPrimitive};
+use ferrotron_kernels::attention::AttentionOptions;
+
+use super::fused::KernelBackend;
+
+/// The positional part of attention for one forward pass, which also picks
+/// the implementation.
+#[derive(Clone, Debug)]
+pub enum AttentionBias<B: KernelBackend> {
+    /// Reference path: additive bias `[1, 1 or n_heads, len, keys]` holding
+    /// the causal mask (`-inf`) and ALiBi's `slope_h * key_position`.
+    Matrix(Tensor<B, 4>),
+    /// Fused path (queries and keys are the same `len` positions): the
+    /// kernel applies the causal mask itself, and ALiBi from its slopes
+    /// `[n_heads]` (bias `slope_h * (key - query)`, which differs from the
+    /// matrix's by a constant per row and so gives the same softmax).
+    Fused {
+        /// ALiBi slopes, when the family uses ALiBi.
+        slopes: Option<Tensor<B, 1>>,
+    },
+}
+
+/// Attention of `q` `[batch, n_heads, len, head_dim]` over `k`, `v`
+/// `[batch, n_kv_heads, keys, head_dim]` (query head `h` uses key/value head
+/// `h / (n_heads / n_kv_heads)`); returns `[batch, n_heads, len, head_dim]`.
+pub fn attention<B: KernelBackend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    bias: &AttentionBias<B>,
+) -> Tensor<B, 4> {
+    match bias {
+        AttentionBias::Matrix(matrix) => attention_reference(q, k, v, matrix),
+        AttentionBias::Fused { slopes } => {
+            let options = AttentionOptions {
+                causal: true,
+                scale: None,
+            };
+            Tensor::from_primitive(TensorPrimitive::Float(B::fused_attention(
+                q.into_primitive().tensor(),
+                k.into_primitive().tensor(),
+                v.into_primitive().tensor(),
+                slopes.clone().map(|s| s.into_primitive().tensor()),
+                options,
+            )))
+        }
+    }
+}
+
+/// The reference: repeats K/V over the query heads of each group, forms
+/// the `[batch, n_heads, len, keys]` scores, adds `bias` and applies softmax.
+pub fn attention_reference<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    bias: &Tensor<B, 4>,
+) -> Tensor<B, 4> {
+    let [_, n_heads, _, head_dim] = q.dims();
+    let rep = n_heads / k.dims()[1];
+    let (k, v) = (repeat_kv(k, rep), repeat_kv(v, rep));
+    let scores = q
+        .matmul(k.swap_dims(2, 3))
+        .mul_scalar(1.0 / (head_dim as f64).sqrt());
+    softmax(add_bias(scores, bias), 3).matmul(v)
+}
+
+/// `[batch, kv_heads, keys, hd]` to `[batch, kv_heads * rep, keys, hd]`, query
+/// head `h` using key/value head `h / rep`.
+fn repeat_kv<B: Backend>(x: Tensor<B, 4>, rep: usize) -> Tensor<B, 4> {
+    if rep == 1 {
+        return x;
+    }
+    let [b, kv, s, hd] = x.dims();
+    x.unsqueeze_dim::<5>(2)
+        .repeat_dim(2, rep)
+        .reshape([b, kv * rep, s, hd])
+}
+
+/// `scores` `[batch, heads, len, keys]` plus `bias` `[1, 1 or heads, len, keys]`.
+///
+/// Both are flattened so the bias broadcasts along one leading dimension
+/// only: burn-flex's general broadcasting add was measured 20x slower.
+fn add_bias<B: Backend>(scores: Tensor<B, 4>, bias: &Tensor<B, 4>) -> Tensor<B, 4> {
+    let shape = scores.shape();
+    let n = bias.shape().num_elements();
+    let rows = shape.num_elements() / n;
+    (scores.reshape([rows, n]) + bias.clone().reshape([1, n])).reshape(shape)
+}

@@ -1,0 +1,272 @@
+//! [`KernelBackend`] for the autodiff backend over a backend with fused
+//! kernels: each fused forward becomes one graph node whose backward is the
+//! kernels' own backward. Nodes keep their inputs (and what the forward
+//! returned for the backward: log-sum-exp, norm statistics, the
+//! cross-entropy gradient) as state; nothing is recomputed by autodiff.
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::Autodiff;
+use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::Shape;
+use ferrotron_kernels::attention::AttentionOptions;
+
+use super::fused::{FusedKernels, KernelBackend};
+
+/// Adds each gradient in `$values` to its parent in `$parents`, for the
+/// parents that require one. (A macro: autodiff's node type is not public.)
+macro_rules! register {
+    ($grads:expr, $parents:expr, $values:expr) => {
+        for (parent, value) in $parents.into_iter().zip($values) {
+            if let Some(node) = parent {
+                $grads.register::<B>(node.id, value);
+            }
+        }
+    };
+}
+
+#[derive(Debug)]
+struct AttentionBackward;
+
+impl<B: FusedKernels> Backward<B, 3> for AttentionBackward {
+    /// `q`, `k`, `v`, slopes, options, output, log-sum-exp.
+    type State = (
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        Option<FloatTensor<B>>,
+        AttentionOptions,
+        FloatTensor<B>,
+        FloatTensor<B>,
+    );
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let d_out = grads.consume::<B>(&ops.node);
+        let (q, k, v, slopes, options, out, lse) = ops.state;
+        let values = B::attention_backward(q, k, v, slopes, options, out, lse, d_out);
+        register!(grads, ops.parents, values);
+    }
+}
+
+#[derive(Debug)]
+struct SwigluBackward;
+
+impl<B: FusedKernels> Backward<B, 2> for SwigluBackward {
+    /// `gate`, `up`.
+    type State = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let d_out = grads.consume::<B>(&ops.node);
+        let (gate, up) = ops.state;
+        register!(grads, ops.parents, B::swiglu_backward(gate, up, d_out));
+    }
+}
+
+#[derive(Debug)]
+struct RmsNormBackward;
+
+impl<B: FusedKernels> Backward<B, 2> for RmsNormBackward {
+    /// `x`, weight, reciprocal RMS per row.
+    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = grads.consume::<B>(&ops.node);
+        let (x, weight, rstd) = ops.state;
+        register!(
+            grads,
+            ops.parents,
+            B::rms_norm_backward(x, weight, rstd, dy)
+        );
+    }
+}
+
+#[derive(Debug)]
+struct LayerNormBackward;
+
+impl<B: FusedKernels> Backward<B, 3> for LayerNormBackward {
+    /// `x`, weight, mean and reciprocal standard deviation per row.
+    type State = (
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+    );
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = grads.consume::<B>(&ops.node);
+        let (x, weight, mean, rstd) = ops.state;
+        let values = B::layer_norm_backward(x, weight, mean, rstd, dy);
+        register!(grads, ops.parents, values);
+    }
+}
+
+#[derive(Debug)]
+struct RopeBackward;
+
+impl<B: FusedKernels> Backward<B, 1> for RopeBackward {
+    /// `theta`.
+    type State = f32;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let d_y = grads.consume::<B>(&ops.node);
+        register!(grads, ops.parents, [B::rope_backward(d_y, ops.state)]);
+    }
+}
+
+#[derive(Debug)]
+struct CrossEntropyBackward;
+
+impl<B: FusedKernels> Backward<B, 1> for CrossEntropyBackward {
+    /// The gradient of the loss with respect to the logits, for an upstream
+    /// gradient of 1 (computed by the forward kernel).
+    type State = FloatTensor<B>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        // Upstream gradient of the scalar loss: `[1]`, broadcast over the logits.
+        let upstream = B::float_reshape(grads.consume::<B>(&ops.node), Shape::new([1, 1]));
+        register!(grads, ops.parents, [B::float_mul(ops.state, upstream)]);
+    }
+}
+
+impl<B: FusedKernels, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
+    fn has_fused_kernels() -> bool {
+        true
+    }
+
+    fn fused_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        slopes: Option<FloatTensor<Self>>,
+        options: AttentionOptions,
+    ) -> FloatTensor<Self> {
+        // The slopes are constants of the model, never trained.
+        let slopes = slopes.map(|s| s.primitive);
+        let nodes = [q.node.clone(), k.node.clone(), v.node.clone()];
+        match AttentionBackward
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (out, lse) = B::attention_forward(
+                    q.primitive.clone(),
+                    k.primitive.clone(),
+                    v.primitive.clone(),
+                    slopes.clone(),
+                    options,
+                );
+                let state = (
+                    q.primitive,
+                    k.primitive,
+                    v.primitive,
+                    slopes,
+                    options,
+                    out.clone(),
+                    lse,
+                );
+                prep.finish(state, out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(
+                B::attention_forward(q.primitive, k.primitive, v.primitive, slopes, options).0,
+            ),
+        }
+    }
+
+    fn fused_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        let nodes = [gate.node.clone(), up.node.clone()];
+        match SwigluBackward
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let out = B::swiglu_forward(gate.primitive.clone(), up.primitive.clone());
+                prep.finish((gate.primitive, up.primitive), out)
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::swiglu_forward(gate.primitive, up.primitive))
+            }
+        }
+    }
+
+    fn fused_rms_norm(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        eps: f32,
+    ) -> FloatTensor<Self> {
+        let nodes = [x.node.clone(), weight.node.clone()];
+        match RmsNormBackward
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (y, rstd) =
+                    B::rms_norm_forward(x.primitive.clone(), weight.primitive.clone(), eps);
+                prep.finish((x.primitive, weight.primitive, rstd), y)
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::rms_norm_forward(x.primitive, weight.primitive, eps).0)
+            }
+        }
+    }
+
+    fn fused_layer_norm(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        eps: f32,
+    ) -> FloatTensor<Self> {
+        let nodes = [x.node.clone(), weight.node.clone(), bias.node.clone()];
+        match LayerNormBackward
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (y, mean, rstd) = B::layer_norm_forward(
+                    x.primitive.clone(),
+                    weight.primitive.clone(),
+                    bias.primitive,
+                    eps,
+                );
+                prep.finish((x.primitive, weight.primitive, mean, rstd), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(
+                B::layer_norm_forward(x.primitive, weight.primitive, bias.primitive, eps).0,
+            ),
+        }
+    }
+
+    fn fused_rope(x: FloatTensor<Self>, theta: f32) -> FloatTensor<Self> {
+        match RopeBackward
+            .prepare::<C>([x.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(theta, B::rope_forward(x.primitive, theta)),
+            OpsKind::UnTracked(prep) => prep.finish(B::rope_forward(x.primitive, theta)),
+        }
+    }
+
+    fn fused_cross_entropy(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let targets: IntTensor<B> = targets;
+        match CrossEntropyBackward
+            .prepare::<C>([logits.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (loss, d_logits) = B::cross_entropy(logits.primitive, targets);
+                prep.finish(d_logits, loss)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::cross_entropy(logits.primitive, targets).0),
+        }
+    }
+}

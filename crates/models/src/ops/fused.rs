@@ -1,0 +1,204 @@
+//! The backend traits of the fused path: what a backend with Ferrotron's
+//! kernels provides on its own tensors ([`FusedKernels`]), and what the
+//! decoder calls on any backend ([`KernelBackend`]).
+
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::ops::{FloatTensor, IntTensor};
+use ferrotron_kernels::attention::AttentionOptions;
+
+/// The fused kernels on a backend's own tensors, without autodiff. Every
+/// forward returns what its backward needs. All tensors are `f32`.
+/// Implemented by the CubeCL backend (see `cube.rs`); the autodiff backend
+/// builds its nodes from these.
+pub trait FusedKernels: Backend {
+    /// FlashAttention forward. `q` `[batch, n_heads, seq, head_dim]`, `k`,
+    /// `v` `[batch, n_kv_heads, seq, head_dim]`, ALiBi `slopes` `[n_heads]`
+    /// (bias `slope * (key - query)`). Returns the output (`q`'s shape) and
+    /// the per-row log-sum-exp `[batch, n_heads, seq]`.
+    fn attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        slopes: Option<FloatTensor<Self>>,
+        options: AttentionOptions,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// FlashAttention-2 backward: `[dq, dk, dv]` from the forward's inputs,
+    /// its output and log-sum-exp, and the output gradient `d_out`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        slopes: Option<FloatTensor<Self>>,
+        options: AttentionOptions,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_out: FloatTensor<Self>,
+    ) -> [FloatTensor<Self>; 3];
+
+    /// `silu(gate) * up`, elementwise over equal shapes.
+    fn swiglu_forward(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self>;
+
+    /// `[d_gate, d_up]` of [`FusedKernels::swiglu_forward`] for `d_out`.
+    fn swiglu_backward(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        d_out: FloatTensor<Self>,
+    ) -> [FloatTensor<Self>; 2];
+
+    /// RMSNorm of `x` `[.., hidden]` over its last dimension with gain
+    /// `weight` `[hidden]`; returns `y` (`x`'s shape) and the reciprocal RMS
+    /// of each row (`[rows]`).
+    fn rms_norm_forward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        eps: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// `[dx, d_weight]` of [`FusedKernels::rms_norm_forward`] for `dy`.
+    fn rms_norm_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> [FloatTensor<Self>; 2];
+
+    /// LayerNorm (biased variance) of `x` `[.., hidden]` with `weight` and
+    /// `bias` `[hidden]`; returns `y`, each row's mean and reciprocal standard
+    /// deviation (`[rows]` each).
+    fn layer_norm_forward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        eps: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+
+    /// `[dx, d_weight, d_bias]` of [`FusedKernels::layer_norm_forward`].
+    fn layer_norm_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> [FloatTensor<Self>; 3];
+
+    /// RoPE (rotate-half) of `x` `[batch, heads, seq, head_dim]` at positions
+    /// `0..seq`, base `theta`. May reuse `x`'s buffer.
+    fn rope_forward(x: FloatTensor<Self>, theta: f32) -> FloatTensor<Self>;
+
+    /// The gradient of RoPE's input from that of its output (rotation by the
+    /// negative angles). May reuse `d_y`'s buffer.
+    fn rope_backward(d_y: FloatTensor<Self>, theta: f32) -> FloatTensor<Self>;
+
+    /// Mean softmax cross-entropy of `logits` `[rows, vocab]` against
+    /// `targets` `[rows]` (nats, shape `[1]`) and its gradient with respect
+    /// to the logits (`[rows, vocab]`, for an upstream gradient of 1),
+    /// written over the logits' buffer when nothing else holds it.
+    fn cross_entropy(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+}
+
+/// What the decoder calls for its hot operations on any backend.
+///
+/// Backends without fused kernels (the CPU backends) implement it with the
+/// defaults: [`KernelBackend::has_fused_kernels`] is `false`, and the
+/// `fused_*` methods, which the functions of `ops` only call when it is
+/// `true`, report the misuse. Shapes are those of [`FusedKernels`]; each
+/// `fused_*` returns the forward output only, and on the autodiff backend
+/// records the kernels' backward.
+pub trait KernelBackend: Backend {
+    /// Whether this backend runs Ferrotron's fused kernels.
+    fn has_fused_kernels() -> bool {
+        false
+    }
+
+    /// Fused attention output (see [`FusedKernels::attention_forward`]).
+    fn fused_attention(
+        _q: FloatTensor<Self>,
+        _k: FloatTensor<Self>,
+        _v: FloatTensor<Self>,
+        _slopes: Option<FloatTensor<Self>>,
+        _options: AttentionOptions,
+    ) -> FloatTensor<Self> {
+        no_fused_kernels::<Self>()
+    }
+
+    /// Fused `silu(gate) * up`.
+    fn fused_swiglu(_gate: FloatTensor<Self>, _up: FloatTensor<Self>) -> FloatTensor<Self> {
+        no_fused_kernels::<Self>()
+    }
+
+    /// Fused RMSNorm.
+    fn fused_rms_norm(
+        _x: FloatTensor<Self>,
+        _weight: FloatTensor<Self>,
+        _eps: f32,
+    ) -> FloatTensor<Self> {
+        no_fused_kernels::<Self>()
+    }
+
+    /// Fused LayerNorm.
+    fn fused_layer_norm(
+        _x: FloatTensor<Self>,
+        _weight: FloatTensor<Self>,
+        _bias: FloatTensor<Self>,
+        _eps: f32,
+    ) -> FloatTensor<Self> {
+        no_fused_kernels::<Self>()
+    }
+
+    /// Fused RoPE at positions `0..seq`.
+    fn fused_rope(_x: FloatTensor<Self>, _theta: f32) -> FloatTensor<Self> {
+        no_fused_kernels::<Self>()
+    }
+
+    /// Fused mean cross-entropy, shape `[1]`.
+    fn fused_cross_entropy(
+        _logits: FloatTensor<Self>,
+        _targets: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        no_fused_kernels::<Self>()
+    }
+}
+
+/// The failure of a `fused_*` call on a backend without fused kernels. The
+/// decoder never makes one: [`super::resolve_kernels`] refuses `"fused"` on
+/// such a backend when the model is built.
+fn no_fused_kernels<B: Backend>() -> ! {
+    panic!(
+        "backend {} has no fused kernels; build the model with kernels = \"reference\"",
+        B::name(&Default::default())
+    )
+}
+
+/// A backend the trainer can use: autodiff over a [`KernelBackend`], itself
+/// a [`KernelBackend`] (evaluation and generation run on the inner one).
+pub trait TrainBackend: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend {}
+
+impl<B> TrainBackend for B
+where
+    B: AutodiffBackend + KernelBackend,
+    B::InnerBackend: KernelBackend,
+{
+}
+
+#[cfg(feature = "flex")]
+impl KernelBackend for burn::backend::Flex {}
+
+#[cfg(feature = "flex")]
+impl<C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy> KernelBackend
+    for burn::backend::Autodiff<burn::backend::Flex, C>
+{
+}
+
+#[cfg(feature = "ndarray")]
+impl KernelBackend for burn::backend::NdArray {}
+
+#[cfg(feature = "ndarray")]
+impl<C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy> KernelBackend
+    for burn::backend::Autodiff<burn::backend::NdArray, C>
+{
+}

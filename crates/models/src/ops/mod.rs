@@ -1,0 +1,77 @@
+//! The decoder's hot operations, each in two implementations: a plain Burn
+//! reference that runs on every backend, and Ferrotron's fused CubeCL kernels
+//! (crate `ferrotron-kernels`) on CubeCL backends (CUDA, ROCm, wgpu).
+//!
+//! Each operation is a function of this module (`attention`, `swiglu`,
+//! `rms_norm`, `layer_norm`, `rope`, `cross_entropy`) taking a [`Kernels`]
+//! choice. The reference body sits beside it in the same file. The fused
+//! path goes through [`KernelBackend`]: the CubeCL backend launches the
+//! kernels, and the autodiff backend wraps them in nodes whose backward is
+//! the kernels' own backward (FlashAttention-2 recomputation, not autodiff
+//! of the reference), so no `[seq, seq]` matrix exists in training.
+//!
+//! Model code stays backend-generic: it asks for an operation, and the
+//! choice between kernels is made once, when the model is built
+//! ([`resolve_kernels`]).
+
+mod attention;
+mod autodiff;
+mod backends;
+mod cross_entropy;
+mod cube;
+mod fused;
+mod norm;
+mod rope;
+mod swiglu;
+
+pub use attention::{attention, attention_reference, AttentionBias};
+#[cfg(feature = "cuda")]
+pub use backends::Cuda;
+#[cfg(feature = "rocm")]
+pub use backends::Rocm;
+pub use cross_entropy::cross_entropy;
+pub use fused::{FusedKernels, KernelBackend, TrainBackend};
+pub use norm::{layer_norm, rms_norm};
+pub use rope::{rope, rope_reference, Rope};
+pub use swiglu::swiglu;
+
+use ferrotron_kernels::attention::AttentionShape;
+
+use crate::config::{ConfigError, DecoderConfig, Kernels};
+
+/// The kernels a model of `config` runs on backend `B`: `config.kernels`
+/// when the backend and the shape allow it; when absent, fused where the
+/// backend has the kernels and the shape fits them, reference otherwise.
+///
+/// Errors when `"fused"` is asked for on a backend without fused kernels or
+/// for a shape they do not support (head dimension over 256).
+pub fn resolve_kernels<B: KernelBackend>(config: &DecoderConfig) -> Result<Kernels, ConfigError> {
+    let shape = AttentionShape {
+        batch: 1,
+        n_heads: config.n_heads,
+        n_kv_heads: config.n_kv_heads,
+        seq: 1,
+        head_dim: config.head_dim(),
+    };
+    let unsupported = if !B::has_fused_kernels() {
+        Some(format!(
+            "backend {} has no fused kernels (they run on the CubeCL backends cuda and \
+             rocm; use \"reference\" on the CPU)",
+            B::name(&Default::default())
+        ))
+    } else {
+        shape
+            .validate()
+            .err()
+            .map(|e| format!("the fused kernels refuse this model: {e}"))
+    };
+    match (config.kernels, unsupported) {
+        (Some(Kernels::Fused), Some(why)) => Err(ConfigError {
+            field: "kernels",
+            problem: format!("is \"fused\", but {why}"),
+        }),
+        (Some(choice), _) => Ok(choice),
+        (None, None) => Ok(Kernels::Fused),
+        (None, Some(_)) => Ok(Kernels::Reference),
+    }
+}

@@ -1,0 +1,46 @@
+//! Rotary position embedding (rotate-half layout, as Hugging Face Llama).
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorPrimitive};
+
+use super::fused::KernelBackend;
+
+/// How RoPE is applied in one forward pass, which also picks the
+/// implementation.
+#[derive(Clone, Debug)]
+pub enum Rope<B: KernelBackend> {
+    /// Reference path: `(cos, sin)` tables, each `[1, 1, len, head_dim]`,
+    /// for the pass's positions.
+    Tables(Tensor<B, 4>, Tensor<B, 4>),
+    /// Fused path at positions `0..len`: the kernel computes the angles
+    /// `position * theta^(-2i / head_dim)` itself.
+    Fused {
+        /// Base of the inverse frequencies.
+        theta: f32,
+    },
+}
+
+/// RoPE applied to `x` `[batch, heads, len, head_dim]`.
+pub fn rope<B: KernelBackend>(x: Tensor<B, 4>, rope: &Rope<B>) -> Tensor<B, 4> {
+    match rope {
+        Rope::Tables(cos, sin) => rope_reference(x, cos, sin),
+        Rope::Fused { theta } => Tensor::from_primitive(TensorPrimitive::Float(B::fused_rope(
+            x.into_primitive().tensor(),
+            *theta,
+        ))),
+    }
+}
+
+/// `x * cos + rotate_half(x) * sin` with `rotate_half([a, b]) = [-b, a]`, for
+/// `x` `[batch, heads, len, head_dim]` and tables `[1, 1, len, head_dim]`.
+pub fn rope_reference<B: Backend>(
+    x: Tensor<B, 4>,
+    cos: &Tensor<B, 4>,
+    sin: &Tensor<B, 4>,
+) -> Tensor<B, 4> {
+    let d = x.dims()[3];
+    let a = x.clone().narrow(3, 0, d / 2);
+    let b = x.clone().narrow(3, d / 2, d / 2);
+    let rotated = Tensor::cat(vec![b.neg(), a], 3);
+    x * cos.clone() + rotated * sin.clone()
+}

@@ -1,0 +1,188 @@
+//! The fused kernels inside the whole decoder: tiny GPT, Llama and BLOOM
+//! models on Burn's CubeCL backend (wgpu runtime; Mesa's lavapipe, a Vulkan
+//! driver running on the CPU, in CI) with `kernels = "fused"` must give the
+//! logits, the loss and every parameter gradient of the same models with
+//! `kernels = "reference"` on the default CPU backend. The same seed gives
+//! the same initial weights on both backends.
+//!
+//! Needs `CUBECL_AUTOTUNE_LEVEL=minimal` on lavapipe (set by `.ci/run`;
+//! Burn's matmul autotuning otherwise takes minutes there).
+
+use burn::backend::{Autodiff, Flex};
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Int, Tensor, TensorData};
+use burn_wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
+use ferrotron_engine::lm::{CausalLm, StagedLm};
+use ferrotron_models::ops::TrainBackend;
+use ferrotron_models::presets::preset;
+use ferrotron_models::{Decoder, DecoderConfig, Kernels};
+
+type Gpu = Autodiff<CubeBackend<WgpuRuntime, f32, i32, u32>>;
+type Cpu = Autodiff<Flex>;
+
+/// Largest error allowed, relative to the largest magnitude of the
+/// reference tensor it is measured on (f32 kernels vs f32 Burn ops whose
+/// sums run in a different order; seen: gradients 6.1e-7).
+const TOLERANCE: f32 = 1e-5;
+
+fn tiny(name: &str, kernels: Kernels) -> DecoderConfig {
+    DecoderConfig {
+        vocab_size: 96,
+        hidden_size: 96,
+        n_layers: 2,
+        ffn_size: 112,
+        max_seq_len: 32,
+        kernels: Some(kernels),
+        ..preset(name).unwrap()
+    }
+}
+
+/// What one forward + backward produced, on the host.
+struct Pass {
+    logits: Vec<f32>,
+    loss: f32,
+    /// Each parameter's gradient, in the model's visiting order.
+    grads: Vec<Vec<f32>>,
+}
+
+/// Collects every parameter gradient, in visiting order.
+struct Grads<'a> {
+    grads: &'a GradientsParams,
+    out: Vec<Vec<f32>>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Grads<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let grad = self.grads.get::<B::InnerBackend, D>(param.id).unwrap();
+        self.out.push(host(grad));
+    }
+}
+
+fn host<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
+    t.into_data().convert::<f32>().to_vec().unwrap()
+}
+
+/// Odd sequence length (19) and batch 2; targets are the inputs shifted.
+fn tokens<B: Backend>(vocab: usize, device: &B::Device) -> [Tensor<B, 2, Int>; 2] {
+    let (batch, seq) = (2, 19);
+    let ids: Vec<i64> = (0..batch * (seq + 1))
+        .map(|i| ((i * 37 + i / 5) % vocab) as i64)
+        .collect();
+    let all = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [batch, seq + 1]), device);
+    [all.clone().narrow(1, 0, seq), all.narrow(1, 1, seq)]
+}
+
+fn pass<B: TrainBackend>(config: &DecoderConfig, device: &B::Device) -> Pass {
+    let model = Decoder::<B>::new(config, 7, device).unwrap();
+    assert_eq!(model.kernels(), config.kernels.unwrap());
+    let [inputs, targets] = tokens::<B>(config.vocab_size, device);
+    let logits = host(model.forward(inputs.clone()).detach());
+    let loss = model.loss(inputs, targets);
+    let loss_value = host(loss.clone())[0];
+    let grads = GradientsParams::from_grads(loss.backward(), &model);
+    let mut visitor = Grads {
+        grads: &grads,
+        out: Vec::new(),
+    };
+    model.visit(&mut visitor);
+    Pass {
+        logits,
+        loss: loss_value,
+        grads: visitor.out,
+    }
+}
+
+/// Largest `|got - want|` over the largest `|want|`.
+fn relative_error(got: &[f32], want: &[f32]) -> f32 {
+    error_over(got, want, 1e-12)
+}
+
+/// Largest `|got - want|` over the largest `|want|`, or over `floor` when
+/// that is larger.
+fn error_over(got: &[f32], want: &[f32], floor: f32) -> f32 {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(floor);
+    let err = got
+        .iter()
+        .zip(want)
+        .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
+    err / scale
+}
+
+#[test]
+fn fused_decoder_equals_reference_decoder_for_every_family() {
+    let gpu = WgpuDevice::DefaultDevice;
+    for family in ["gpt-mini", "llama-mini", "bloom-mini"] {
+        let fused = pass::<Gpu>(&tiny(family, Kernels::Fused), &gpu);
+        let reference = pass::<Cpu>(&tiny(family, Kernels::Reference), &Default::default());
+        let err = relative_error(&fused.logits, &reference.logits);
+        assert!(err < TOLERANCE, "{family}: logits differ by {err}");
+        let err = (fused.loss - reference.loss).abs() / reference.loss;
+        assert!(
+            err < TOLERANCE,
+            "{family}: loss {} vs {}",
+            fused.loss,
+            reference.loss
+        );
+        assert_eq!(fused.grads.len(), reference.grads.len());
+        // Some gradients are zero in exact arithmetic (the key bias: adding
+        // a constant to every score of a row leaves the softmax unchanged),
+        // so each error is measured against the tensor's largest magnitude
+        // or a thousandth of the largest gradient of the model, whichever is
+        // larger.
+        let largest = reference
+            .grads
+            .iter()
+            .flatten()
+            .fold(0f32, |m, v| m.max(v.abs()));
+        for (i, (got, want)) in fused.grads.iter().zip(&reference.grads).enumerate() {
+            let err = error_over(got, want, largest * 1e-3);
+            assert!(
+                err < TOLERANCE,
+                "{family}: gradient of parameter {i} differs by {err}"
+            );
+        }
+    }
+}
+
+/// ZeRO-3 runs blocks through `StagedLm` and recomputes them under
+/// autodiff: the staged loss with fused kernels is the whole-model loss.
+#[test]
+fn fused_staged_forward_composes_to_the_loss() {
+    let gpu = WgpuDevice::DefaultDevice;
+    let config = tiny("llama-mini", Kernels::Fused);
+    let model = Decoder::<Gpu>::new(&config, 7, &gpu).unwrap();
+    let [inputs, targets] = tokens::<Gpu>(config.vocab_size, &gpu);
+    let whole = host(model.loss(inputs.clone(), targets.clone()))[0];
+    let (mut x, context) = model.embed(inputs);
+    for i in 0..model.num_blocks() {
+        x = model.block(i, x, &context);
+    }
+    let staged = host(model.head_loss(x, targets))[0];
+    assert!(
+        (whole - staged).abs() <= 1e-6 * whole.abs(),
+        "{whole} vs {staged}"
+    );
+}
+
+#[test]
+fn fused_kernels_are_refused_on_a_cpu_backend() {
+    let err =
+        Decoder::<Cpu>::new(&tiny("gpt-mini", Kernels::Fused), 0, &Default::default()).unwrap_err();
+    assert_eq!(err.field, "kernels");
+    assert!(err.problem.contains("no fused kernels"), "{}", err.problem);
+}
+
+#[test]
+fn the_default_is_fused_on_cubecl_and_reference_on_the_cpu() {
+    let config = DecoderConfig {
+        kernels: None,
+        ..tiny("gpt-mini", Kernels::Fused)
+    };
+    let gpu = Decoder::<Gpu>::new(&config, 0, &WgpuDevice::DefaultDevice).unwrap();
+    assert_eq!(gpu.kernels(), Kernels::Fused);
+    let cpu = Decoder::<Cpu>::new(&config, 0, &Default::default()).unwrap();
+    assert_eq!(cpu.kernels(), Kernels::Reference);
+}
