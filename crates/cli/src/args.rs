@@ -60,7 +60,16 @@ pub struct KernelsBenchArgs {
     /// default stops at 1024: on a 2-core CPU (lavapipe) 2048 takes ~10 min and 4096 ~40.
     #[arg(long, default_value_t = 1024)]
     pub max_seq: usize,
-    /// Timed runs per path and shape after one warm-up; the median is reported.
+    /// Shortest attention sequence, tokens, of the sweep (with --max-seq, picks a part of it).
+    #[arg(long, default_value_t = 256)]
+    pub min_seq: usize,
+    /// Only this kernel: attention, swiglu, rms_norm, layer_norm, rope or cross_entropy.
+    #[arg(long, value_name = "KERNEL")]
+    pub only: Option<String>,
+    /// Untimed runs per path and shape before the timed ones (shader compilation, caches).
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
+    /// Timed runs per path and shape after the warm-up; the median is reported.
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
     /// Also write the rows as JSON to FILE (atomically).

@@ -18,7 +18,7 @@ use ferrotron_engine::params::{load_named_tensors, named_tensors};
 use ferrotron_models::hf::{load_hf_dir, save_hf_dir, Family};
 use ferrotron_models::ops::{KernelBackend, TrainBackend};
 use ferrotron_models::presets::{preset, PRESET_NAMES};
-use ferrotron_models::{generate, Decoder, SamplingConfig};
+use ferrotron_models::{generate, Decoder, Kernels, SamplingConfig};
 use ferrotron_parallel::comm::{Communicator, SingleProcess};
 use ferrotron_parallel::data::DataParallel;
 use ferrotron_parallel::launch::{self, LaunchInfo};
@@ -138,6 +138,12 @@ fn train_ranked(
             )));
         }
         model.vocab_size = v;
+    }
+    if s.kernels == Some(Kernels::Fused) && kind.is_cpu() {
+        return Err(usage(format!(
+            "--kernels fused: backend {kind} has no fused kernels (they run on the GPU \
+             backends cuda and rocm); use --kernels reference or leave it unset"
+        )));
     }
     model.kernels = s.kernels;
     if let Some(dir) = &s.hf_out {

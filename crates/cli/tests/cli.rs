@@ -64,6 +64,11 @@ fn bad_input_is_a_one_line_error_with_exit_code_2_and_writes_nothing() {
         &out,
     );
     assert_rejected(
+        &["train", "--out", o, "--kernels", "fused"],
+        &["--kernels fused", "flex", "reference"],
+        &out,
+    );
+    assert_rejected(
         &["train", "--out", o, "--backend", "tpu"],
         &["tpu", "flex"],
         &out,

@@ -112,14 +112,15 @@ impl fmt::Display for Case {
     }
 }
 
-/// The sweep: attention at every sequence length up to `max_seq`, then one
-/// shape of each other op; `quick` shrinks everything to a smoke test.
-pub fn sweep(quick: bool, max_seq: usize) -> Vec<Case> {
+/// The sweep: attention at every sequence length from `min_seq` to
+/// `max_seq`, then one shape of each other op; `quick` shrinks everything to
+/// a smoke test (attention at 64 and 128 tokens, whatever the bounds).
+pub fn sweep(quick: bool, min_seq: usize, max_seq: usize) -> Vec<Case> {
     let (batch, heads, head_dim) = if quick { (1, 2, 64) } else { (4, 8, 64) };
     let seqs: &[usize] = if quick { &[64, 128] } else { &ATTENTION_SEQS };
     let mut cases: Vec<Case> = seqs
         .iter()
-        .filter(|&&seq| seq <= max_seq)
+        .filter(|&&seq| (min_seq..=max_seq).contains(&seq) || quick)
         .map(|&seq| Case::Attention {
             batch,
             heads,

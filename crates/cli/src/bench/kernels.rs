@@ -22,18 +22,28 @@ pub struct Sample {
 /// Runs the sweep, prints the table and writes the JSON if asked.
 pub fn run(args: KernelsBenchArgs) -> Result<()> {
     ensure!(args.reps >= 1, "--reps must be at least 1");
+    let cases: Vec<Case> = sweep(args.quick, args.min_seq, args.max_seq)
+        .into_iter()
+        .filter(|c| args.only.as_deref().is_none_or(|k| k == c.kernel()))
+        .collect();
+    ensure!(
+        !cases.is_empty(),
+        "--only {:?} with --min-seq {} --max-seq {}: no shape of the sweep is left (kernels: \
+         attention, swiglu, rms_norm, layer_norm, rope, cross_entropy)",
+        args.only.as_deref().unwrap_or("(all)"),
+        args.min_seq,
+        args.max_seq
+    );
     let client = fused::client()?;
     let available = available_bytes();
     let mut rows = Vec::new();
-    for case in sweep(args.quick, args.max_seq) {
+    let measure = |once: &mut dyn FnMut() -> Result<Sample>| measure(args.warmup, args.reps, once);
+    for case in cases {
         eprintln!("bench: {} {case}", case.kernel());
-        let fused = measure(args.reps, || fused::run(&client, &case))?;
+        let fused = measure(&mut || fused::run(&client, &case))?;
         let (reference, note) = match skip_reason(&case, available) {
             Some(reason) => (None, Some(reason)),
-            None => (
-                Some(measure(args.reps, || Ok(reference::run(&case)))?),
-                None,
-            ),
+            None => (Some(measure(&mut || Ok(reference::run(&case)))?), None),
         };
         rows.push(Row::new(&case, fused, reference, note));
     }
@@ -44,9 +54,15 @@ pub fn run(args: KernelsBenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// One warm-up, then `reps` runs: median time, largest peak.
-fn measure(reps: usize, mut once: impl FnMut() -> Result<Sample>) -> Result<Measured> {
-    once()?;
+/// `warmup` untimed runs, then `reps` runs: median time, largest peak.
+fn measure(
+    warmup: usize,
+    reps: usize,
+    once: &mut dyn FnMut() -> Result<Sample>,
+) -> Result<Measured> {
+    for _ in 0..warmup {
+        once()?;
+    }
     let samples = (0..reps).map(|_| once()).collect::<Result<Vec<_>>>()?;
     let mut ms: Vec<f64> = samples
         .iter()
