@@ -17,7 +17,7 @@ use burn_wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use ferrotron_engine::lm::{CausalLm, StagedLm};
 use ferrotron_models::ops::TrainBackend;
 use ferrotron_models::presets::preset;
-use ferrotron_models::{Decoder, DecoderConfig, Kernels};
+use ferrotron_models::{Decoder, DecoderConfig, Kernels, KvCache};
 
 type Gpu = Autodiff<CubeBackend<WgpuRuntime, f32, i32, u32>>;
 type Cpu = Autodiff<Flex>;
@@ -165,6 +165,31 @@ fn fused_staged_forward_composes_to_the_loss() {
         (whole - staged).abs() <= 1e-6 * whole.abs(),
         "{whole} vs {staged}"
     );
+}
+
+/// Decoding with a KV cache runs the reference attention and RoPE on the
+/// GPU backend (queries and keys differ in length) with the fused norms and
+/// SwiGLU: prompt then one token at a time gives the logits of one fused
+/// forward over the whole sequence.
+#[test]
+fn fused_cached_decoding_equals_the_fused_full_forward() {
+    let gpu = WgpuDevice::DefaultDevice;
+    for family in ["gpt-mini", "llama-mini", "bloom-mini"] {
+        let config = tiny(family, Kernels::Fused);
+        let model = Decoder::<Gpu>::new(&config, 7, &gpu).unwrap();
+        let [inputs, _] = tokens::<Gpu>(config.vocab_size, &gpu);
+        let inputs = inputs.narrow(0, 0, 1);
+        let len = inputs.dims()[1];
+        let full = host(model.forward(inputs.clone()));
+        let mut cache = KvCache::new(config.n_layers);
+        let mut cached = host(model.forward_cached(inputs.clone().narrow(1, 0, 5), &mut cache));
+        for t in 5..len {
+            let next = inputs.clone().narrow(1, t, 1);
+            cached.extend(host(model.forward_cached(next, &mut cache)));
+        }
+        let err = relative_error(&cached, &full);
+        assert!(err < TOLERANCE, "{family}: cached logits differ by {err}");
+    }
 }
 
 #[test]
