@@ -1,22 +1,26 @@
 //! FlashAttention-2 backward, key/value side: dK and dV, recomputing the
-//! probabilities tile by tile from the saved log-sum-exp.
+//! probabilities from the saved log-sum-exp.
 
 use cubecl::prelude::*;
 
-use super::tiles::{alibi_bias, stage_rows, visible};
+use super::tiles::{alibi_bias, visible, KEYS_PER_STEP};
 
-/// One cube computes `dk` and `dv` for `CUBE_DIM_X` key rows of one
-/// `(batch, kv_head)`; each unit owns one key row (its `k`, `v`, `dk` and
-/// `dv` rows live in local memory). The cube visits every query head of the
-/// group that shares this key/value head (grouped-query attention: the sum
-/// over the group happens here, without atomics) and every query tile that
-/// can see its keys, staging Q, dO, lse and delta tiles of `block_q` rows in
-/// shared memory: `p = exp(scale * q.k + bias - lse)`, `dv += p * d_out`,
-/// `ds = p * (d_out.v - delta)`, `dk += scale * ds * q`.
+/// Each unit computes `dk` and `dv` for one key row of one `(batch,
+/// kv_head)`; its `k`, `v`, `dk` and `dv` rows live in local memory. It
+/// visits every query head of the group that shares this key/value head
+/// (grouped-query attention: the sum over the group happens here, without
+/// atomics) and walks the queries that can see the cube's keys
+/// `KEYS_PER_STEP` at a time: one pass over `head_dim` computes the step's
+/// `q.k` and `d_out.v` (kept in registers), one more accumulates
+/// `p = exp(scale * q.k + bias - lse)`, `dv += p * d_out`,
+/// `ds = p * (d_out.v - delta)`, `dk += scale * ds * q`. The units of a cube
+/// read the same Q/dO rows from global memory; there is no shared memory and
+/// no barrier.
 ///
-/// Cube grid: `x` = key tile, `y` = `batch * n_kv_heads + kv_head`.
-/// Layouts as in the forward kernel; `dk`, `dv` like `k`.
-#[cube(launch)]
+/// Cube grid: `x` = tile of `CUBE_DIM_X` key rows, `y` = `batch *
+/// n_kv_heads + kv_head`. Layouts as in the forward kernel; `dk`, `dv` like
+/// `k`.
+#[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention_backward_kv_kernel<F: Float>(
     q: &Array<F>,
@@ -33,7 +37,6 @@ pub(crate) fn attention_backward_kv_kernel<F: Float>(
     group: u32,
     scale: f32,
     #[comptime] head_dim: usize,
-    #[comptime] block_q: usize,
     #[comptime] causal: bool,
     #[comptime] alibi: bool,
 ) {
@@ -47,34 +50,28 @@ pub(crate) fn attention_backward_kv_kernel<F: Float>(
     let kv_head = kv_bh % n_kv_heads;
     let first_key = CUBE_POS_X as usize * CUBE_DIM_X as usize;
     let key = first_key + UNIT_POS_X as usize;
-    let key_base = (kv_bh * seq + key) * head_dim;
+    // Rows past `seq` compute on a copy of the last row and are not written.
+    let key_base = (kv_bh * seq + min(key, seq - 1)) * head_dim;
 
     let mut k_row = Array::<F>::new(head_dim);
     let mut v_row = Array::<F>::new(head_dim);
     let mut dk_row = Array::<F>::new(head_dim);
     let mut dv_row = Array::<F>::new(head_dim);
     for d in 0..head_dim {
-        k_row[d] = F::new(0.0);
-        v_row[d] = F::new(0.0);
+        k_row[d] = k[key_base + d];
+        v_row[d] = v[key_base + d];
         dk_row[d] = F::new(0.0);
         dv_row[d] = F::new(0.0);
     }
-    if key < seq {
-        for d in 0..head_dim {
-            k_row[d] = k[key_base + d];
-            v_row[d] = v[key_base + d];
-        }
-    }
-    let mut q_tile = SharedMemory::<F>::new(block_q * head_dim);
-    let mut do_tile = SharedMemory::<F>::new(block_q * head_dim);
-    let mut lse_tile = SharedMemory::<F>::new(block_q);
-    let mut delta_tile = SharedMemory::<F>::new(block_q);
+    let mut probs = Array::<F>::new(KEYS_PER_STEP);
+    let mut dss = Array::<F>::new(KEYS_PER_STEP);
 
     // With a causal mask, queries before the cube's first key see none of
-    // its keys: start at the query tile that contains `first_key`.
+    // its keys. The same start for the whole cube keeps the Q/dO reads
+    // uniform.
     let mut query_start = 0usize;
     if causal {
-        query_start = (first_key / block_q) * block_q;
+        query_start = first_key;
     }
 
     for g in 0..group {
@@ -88,53 +85,50 @@ pub(crate) fn attention_backward_kv_kernel<F: Float>(
 
         let mut first_query = query_start;
         while first_query < seq {
-            stage_rows::<F>(q, q_base, first_query, seq, &mut q_tile, block_q, head_dim);
-            stage_rows::<F>(
-                d_out,
-                q_base,
-                first_query,
-                seq,
-                &mut do_tile,
-                block_q,
-                head_dim,
-            );
-            let unit = UNIT_POS_X as usize;
-            if unit < block_q {
-                let mut row_lse = F::new(0.0);
-                let mut row_delta = F::new(0.0);
-                if first_query + unit < seq {
-                    row_lse = lse[bh * seq + first_query + unit];
-                    row_delta = delta[bh * seq + first_query + unit];
-                }
-                lse_tile[unit] = row_lse;
-                delta_tile[unit] = row_delta;
+            #[unroll]
+            for i in 0..KEYS_PER_STEP {
+                probs[i] = F::new(0.0);
+                dss[i] = F::new(0.0);
             }
-            sync_cube();
+            for d in 0..head_dim {
+                let k_d = k_row[d];
+                let v_d = v_row[d];
+                #[unroll]
+                for i in 0..KEYS_PER_STEP {
+                    let at = q_base + min(first_query + i, seq - 1) * head_dim + d;
+                    probs[i] += k_d * q[at];
+                    dss[i] += v_d * d_out[at];
+                }
+            }
 
-            for i in 0..block_q {
+            // `probs` becomes `p` and `dss` becomes `ds`, 0 when masked.
+            #[unroll]
+            for i in 0..KEYS_PER_STEP {
                 let query = first_query + i;
-                if visible(query, key, seq, causal) {
-                    let mut score = F::new(0.0);
-                    let mut dp = F::new(0.0);
-                    for d in 0..head_dim {
-                        score += q_tile[i * head_dim + d] * k_row[d];
-                        dp += do_tile[i * head_dim + d] * v_row[d];
-                    }
-                    score *= scale;
-                    if alibi {
-                        score += alibi_bias::<F>(slope, query, key);
-                    }
-                    let p = F::exp(score - lse_tile[i]);
-                    let ds = p * (dp - delta_tile[i]);
-                    for d in 0..head_dim {
-                        dv_row[d] += p * do_tile[i * head_dim + d];
-                        dk_row[d] += ds * q_tile[i * head_dim + d];
-                    }
+                let row = bh * seq + min(query, seq - 1);
+                let mut score = probs[i] * scale;
+                if alibi {
+                    score += alibi_bias::<F>(slope, query, key);
                 }
+                let p = F::exp(score - lse[row]);
+                let ds = p * (dss[i] - delta[row]);
+                let seen = visible(query, key, seq, causal);
+                probs[i] = select(seen, p, F::new(0.0));
+                dss[i] = select(seen, ds, F::new(0.0));
             }
-
-            sync_cube();
-            first_query += block_q;
+            for d in 0..head_dim {
+                let mut grad_v = dv_row[d];
+                let mut grad_k = dk_row[d];
+                #[unroll]
+                for i in 0..KEYS_PER_STEP {
+                    let at = q_base + min(first_query + i, seq - 1) * head_dim + d;
+                    grad_v += probs[i] * d_out[at];
+                    grad_k += dss[i] * q[at];
+                }
+                dv_row[d] = grad_v;
+                dk_row[d] = grad_k;
+            }
+            first_query += KEYS_PER_STEP;
         }
     }
 

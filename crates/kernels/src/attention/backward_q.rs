@@ -1,21 +1,23 @@
 //! FlashAttention-2 backward, query side: dQ, recomputing the probabilities
-//! tile by tile from the saved log-sum-exp.
+//! from the saved log-sum-exp.
 
 use cubecl::prelude::*;
 
-use super::tiles::{alibi_bias, stage_rows, visible};
+use super::tiles::{alibi_bias, visible, KEYS_PER_STEP};
 
-/// One cube computes `dq` for `CUBE_DIM_X` query rows of one `(batch, head)`;
-/// each unit owns one query row (its `q`, `d_out` and `dq` rows live in local
-/// memory) and the cube stages K and V tiles of `block_k` keys in shared
-/// memory, visiting every key tile the rows can see:
-/// `p = exp(scale * q.k + bias - lse)`, `ds = p * (d_out.v - delta)`,
-/// `dq = scale * sum_j ds_j k_j`.
+/// Each unit computes `dq` for one query row of one `(batch, head)`; its
+/// scaled `q`, `d_out` and `dq` rows live in local memory. It walks the keys
+/// the row can see `KEYS_PER_STEP` at a time: one pass over `head_dim`
+/// computes the step's scores and `d_out . v` (kept in registers), one more
+/// adds `ds_j k_j` to `dq`, where `p = exp(scale * q.k + bias - lse)`,
+/// `ds = p * (d_out.v - delta)` and finally `dq = scale * sum_j ds_j k_j`.
+/// The units of a cube read the same K/V rows from global memory; there is
+/// no shared memory and no barrier.
 ///
-/// Cube grid: `x` = query tile, `y` = `batch * n_heads + head`.
-/// Layouts as in the forward kernel; `lse`, `delta` `[batch, n_heads, seq]`,
-/// `dq` like `q`.
-#[cube(launch)]
+/// Cube grid: `x` = tile of `CUBE_DIM_X` query rows, `y` = `batch * n_heads
+/// + head`. Layouts as in the forward kernel; `lse`, `delta` `[batch,
+/// n_heads, seq]`, `dq` like `q`.
+#[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention_backward_q_kernel<F: Float>(
     q: &Array<F>,
@@ -31,7 +33,6 @@ pub(crate) fn attention_backward_q_kernel<F: Float>(
     group: u32,
     scale: f32,
     #[comptime] head_dim: usize,
-    #[comptime] block_k: usize,
     #[comptime] causal: bool,
     #[comptime] alibi: bool,
 ) {
@@ -42,10 +43,8 @@ pub(crate) fn attention_backward_q_kernel<F: Float>(
     let bh = CUBE_POS_Y as usize;
     let head = bh % n_heads;
     let kv_bh = (bh / n_heads) * (n_heads / group) + head / group;
-    let block_q = CUBE_DIM_X as usize;
-    let first_query = CUBE_POS_X as usize * block_q;
+    let first_query = CUBE_POS_X as usize * CUBE_DIM_X as usize;
     let query = first_query + UNIT_POS_X as usize;
-    let row_base = (bh * seq + query) * head_dim;
     let kv_base = kv_bh * seq * head_dim;
 
     let mut slope = F::new(0.0);
@@ -53,59 +52,66 @@ pub(crate) fn attention_backward_q_kernel<F: Float>(
         slope = slopes[head];
     }
 
+    // Rows past `seq` compute on a copy of the last row and are not written.
+    let row = bh * seq + min(query, seq - 1);
+    let row_base = row * head_dim;
+    let row_lse = lse[row];
+    let row_delta = delta[row];
     // The query row is pre-multiplied by the softmax scale.
     let mut q_row = Array::<F>::new(head_dim);
     let mut do_row = Array::<F>::new(head_dim);
     let mut dq_row = Array::<F>::new(head_dim);
-    let mut row_lse = F::new(0.0);
-    let mut row_delta = F::new(0.0);
     for d in 0..head_dim {
-        q_row[d] = F::new(0.0);
-        do_row[d] = F::new(0.0);
+        q_row[d] = q[row_base + d] * scale;
+        do_row[d] = d_out[row_base + d];
         dq_row[d] = F::new(0.0);
     }
-    if query < seq {
-        for d in 0..head_dim {
-            q_row[d] = q[row_base + d] * scale;
-            do_row[d] = d_out[row_base + d];
-        }
-        row_lse = lse[bh * seq + query];
-        row_delta = delta[bh * seq + query];
-    }
-    let mut k_tile = SharedMemory::<F>::new(block_k * head_dim);
-    let mut v_tile = SharedMemory::<F>::new(block_k * head_dim);
+    let mut scores = Array::<F>::new(KEYS_PER_STEP);
+    let mut dps = Array::<F>::new(KEYS_PER_STEP);
 
+    // Same key range for the whole cube, as in the forward kernel.
     let mut key_end = seq;
     if causal {
-        key_end = min(first_query + block_q, seq);
+        key_end = min(first_query + CUBE_DIM_X as usize, seq);
     }
     let mut first_key = 0usize;
     while first_key < key_end {
-        stage_rows::<F>(k, kv_base, first_key, seq, &mut k_tile, block_k, head_dim);
-        stage_rows::<F>(v, kv_base, first_key, seq, &mut v_tile, block_k, head_dim);
-        sync_cube();
-
-        for j in 0..block_k {
-            let key = first_key + j;
-            if visible(query, key, seq, causal) {
-                let mut score = F::new(0.0);
-                let mut dp = F::new(0.0);
-                for d in 0..head_dim {
-                    score += q_row[d] * k_tile[j * head_dim + d];
-                    dp += do_row[d] * v_tile[j * head_dim + d];
-                }
-                if alibi {
-                    score += alibi_bias::<F>(slope, query, key);
-                }
-                let ds = F::exp(score - row_lse) * (dp - row_delta);
-                for d in 0..head_dim {
-                    dq_row[d] += ds * k_tile[j * head_dim + d];
-                }
+        #[unroll]
+        for j in 0..KEYS_PER_STEP {
+            scores[j] = F::new(0.0);
+            dps[j] = F::new(0.0);
+        }
+        for d in 0..head_dim {
+            let q_d = q_row[d];
+            let do_d = do_row[d];
+            #[unroll]
+            for j in 0..KEYS_PER_STEP {
+                let at = kv_base + min(first_key + j, seq - 1) * head_dim + d;
+                scores[j] += q_d * k[at];
+                dps[j] += do_d * v[at];
             }
         }
 
-        sync_cube();
-        first_key += block_k;
+        // `scores` becomes `ds`, 0 for masked keys.
+        #[unroll]
+        for j in 0..KEYS_PER_STEP {
+            let key = first_key + j;
+            let mut score = scores[j];
+            if alibi {
+                score += alibi_bias::<F>(slope, query, key);
+            }
+            let ds = F::exp(score - row_lse) * (dps[j] - row_delta);
+            scores[j] = select(visible(query, key, seq, causal), ds, F::new(0.0));
+        }
+        for d in 0..head_dim {
+            let mut grad = dq_row[d];
+            #[unroll]
+            for j in 0..KEYS_PER_STEP {
+                grad += scores[j] * k[kv_base + min(first_key + j, seq - 1) * head_dim + d];
+            }
+            dq_row[d] = grad;
+        }
+        first_key += KEYS_PER_STEP;
     }
 
     if query < seq {

@@ -1,25 +1,25 @@
-//! FlashAttention forward kernel: tiled online softmax that writes the output
-//! and the per-row log-sum-exp, never the score matrix.
+//! FlashAttention forward kernel: online softmax over the keys that writes
+//! the output and the per-row log-sum-exp, never the score matrix.
 
 use cubecl::prelude::*;
 
-use super::tiles::{alibi_bias, stage_rows, visible};
+use super::tiles::{alibi_bias, visible, KEYS_PER_STEP, NEG_LARGE};
 
-/// Large negative start value of the running row maximum (finite, because
-/// WGSL has no infinity literal).
-const NEG_LARGE: f32 = -1.0e30;
-
-/// One cube computes `ROWS_PER_CUBE` (= `CUBE_DIM_X`) query rows of one
-/// `(batch, head)`; each unit owns one query row and keeps it, its output
-/// accumulator and its running max / sum in local memory, while the cube
-/// stages K and V tiles of `block_k` keys in shared memory.
+/// Each unit owns one query row of one `(batch, head)` (its scaled query and
+/// output accumulator live in local memory) and walks the keys
+/// `KEYS_PER_STEP` at a time: one pass over `head_dim` computes the step's
+/// scores (kept in registers), one more adds their probability-weighted
+/// values, and the running maximum and sum are rescaled once per step. Each
+/// local value read in the `head_dim` loops serves `KEYS_PER_STEP` keys. The
+/// units of a cube read the same K/V rows from global memory at the same
+/// time; there is no shared memory and no barrier.
 ///
-/// Cube grid: `x` = query tile, `y` = `batch * n_heads + head`.
-/// Layouts (contiguous, row-major): `q`, `out` `[batch, n_heads, seq,
-/// head_dim]`; `k`, `v` `[batch, n_heads / group, seq, head_dim]`; `lse`
-/// `[batch, n_heads, seq]`; `slopes` `[n_heads]` (read only when `alibi`).
-/// Query head `h` reads key/value head `h / group`.
-#[cube(launch)]
+/// Cube grid: `x` = tile of `CUBE_DIM_X` query rows, `y` = `batch * n_heads
+/// + head`. Layouts (contiguous, row-major): `q`, `out` `[batch, n_heads,
+/// seq, head_dim]`; `k`, `v` `[batch, n_heads / group, seq, head_dim]`;
+/// `lse` `[batch, n_heads, seq]`; `slopes` `[n_heads]` (read only when
+/// `alibi`). Query head `h` reads key/value head `h / group`.
+#[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention_forward_kernel<F: Float>(
     q: &Array<F>,
@@ -33,7 +33,6 @@ pub(crate) fn attention_forward_kernel<F: Float>(
     group: u32,
     scale: f32,
     #[comptime] head_dim: usize,
-    #[comptime] block_k: usize,
     #[comptime] causal: bool,
     #[comptime] alibi: bool,
 ) {
@@ -44,10 +43,8 @@ pub(crate) fn attention_forward_kernel<F: Float>(
     let bh = CUBE_POS_Y as usize;
     let head = bh % n_heads;
     let kv_bh = (bh / n_heads) * (n_heads / group) + head / group;
-    let block_q = CUBE_DIM_X as usize;
-    let first_query = CUBE_POS_X as usize * block_q;
+    let first_query = CUBE_POS_X as usize * CUBE_DIM_X as usize;
     let query = first_query + UNIT_POS_X as usize;
-    let row_base = (bh * seq + query) * head_dim;
     let kv_base = kv_bh * seq * head_dim;
 
     let mut slope = F::new(0.0);
@@ -55,72 +52,81 @@ pub(crate) fn attention_forward_kernel<F: Float>(
         slope = slopes[head];
     }
 
+    // Rows past `seq` compute on a copy of the last row and are not written.
+    let row_base = (bh * seq + min(query, seq - 1)) * head_dim;
     // The query row is pre-multiplied by the softmax scale.
     let mut q_row = Array::<F>::new(head_dim);
     let mut acc = Array::<F>::new(head_dim);
     for d in 0..head_dim {
-        let mut value = F::new(0.0);
-        if query < seq {
-            value = q[row_base + d] * scale;
-        }
-        q_row[d] = value;
+        q_row[d] = q[row_base + d] * scale;
         acc[d] = F::new(0.0);
     }
-    let mut scores = Array::<F>::new(block_k);
-    let mut k_tile = SharedMemory::<F>::new(block_k * head_dim);
-    let mut v_tile = SharedMemory::<F>::new(block_k * head_dim);
+    let mut scores = Array::<F>::new(KEYS_PER_STEP);
 
-    // With a causal mask, keys after the cube's last query are never visible.
+    // The same key range for every unit of the cube keeps the K/V reads
+    // uniform; with a causal mask it ends after the cube's last query.
     let mut key_end = seq;
     if causal {
-        key_end = min(first_query + block_q, seq);
+        key_end = min(first_query + CUBE_DIM_X as usize, seq);
     }
     let mut row_max = F::new(NEG_LARGE);
     let mut row_sum = F::new(0.0);
 
     let mut first_key = 0usize;
     while first_key < key_end {
-        stage_rows::<F>(k, kv_base, first_key, seq, &mut k_tile, block_k, head_dim);
-        stage_rows::<F>(v, kv_base, first_key, seq, &mut v_tile, block_k, head_dim);
-        sync_cube();
-
-        let mut tile_max = F::new(NEG_LARGE);
-        for j in 0..block_k {
-            let key = first_key + j;
-            if visible(query, key, seq, causal) {
-                let mut score = F::new(0.0);
-                for d in 0..head_dim {
-                    score += q_row[d] * k_tile[j * head_dim + d];
-                }
-                if alibi {
-                    score += alibi_bias::<F>(slope, query, key);
-                }
-                scores[j] = score;
-                tile_max = max(tile_max, score);
+        #[unroll]
+        for j in 0..KEYS_PER_STEP {
+            scores[j] = F::new(0.0);
+        }
+        for d in 0..head_dim {
+            let q_d = q_row[d];
+            #[unroll]
+            for j in 0..KEYS_PER_STEP {
+                scores[j] += q_d * k[kv_base + min(first_key + j, seq - 1) * head_dim + d];
             }
         }
 
-        // Rescale what was accumulated under the old maximum, then add this
-        // tile's keys. A row with no visible key here keeps its state.
-        let new_max = max(row_max, tile_max);
+        // Masked keys score `NEG_LARGE`. Key 0 is visible to every row, so
+        // `row_max` is a real score after the first step and masked keys
+        // get probability 0.
+        let mut step_max = F::new(NEG_LARGE);
+        #[unroll]
+        for j in 0..KEYS_PER_STEP {
+            let key = first_key + j;
+            let mut score = scores[j];
+            if alibi {
+                score += alibi_bias::<F>(slope, query, key);
+            }
+            score = select(visible(query, key, seq, causal), score, F::new(NEG_LARGE));
+            scores[j] = score;
+            step_max = max(step_max, score);
+        }
+        let new_max = max(row_max, step_max);
         let correction = F::exp(row_max - new_max);
         row_sum *= correction;
-        for d in 0..head_dim {
-            acc[d] *= correction;
+        #[unroll]
+        for j in 0..KEYS_PER_STEP {
+            let p = select(
+                visible(query, first_key + j, seq, causal),
+                F::exp(scores[j] - new_max),
+                F::new(0.0),
+            );
+            row_sum += p;
+            scores[j] = p;
         }
-        for j in 0..block_k {
-            if visible(query, first_key + j, seq, causal) {
-                let p = F::exp(scores[j] - new_max);
-                row_sum += p;
-                for d in 0..head_dim {
-                    acc[d] += p * v_tile[j * head_dim + d];
-                }
+
+        // Rescale what was accumulated under the old maximum and add this
+        // step's values.
+        for d in 0..head_dim {
+            let mut value = acc[d] * correction;
+            #[unroll]
+            for j in 0..KEYS_PER_STEP {
+                value += scores[j] * v[kv_base + min(first_key + j, seq - 1) * head_dim + d];
             }
+            acc[d] = value;
         }
         row_max = new_max;
-
-        sync_cube();
-        first_key += block_k;
+        first_key += KEYS_PER_STEP;
     }
 
     if query < seq {

@@ -4,8 +4,8 @@
 //! one-value stand-in when there are no ALiBi slopes; the backward pass adds
 //! `delta` (`[batch, n_heads, seq]`). Every buffer is
 //! therefore `O(batch * heads * seq * head_dim)` or `O(batch * heads * seq)`;
-//! no `[seq, seq]` score matrix exists at any point. Shared memory per cube
-//! is at most 16 KiB.
+//! no `[seq, seq]` score matrix exists at any point. The kernels use no
+//! shared memory.
 
 use cubecl::prelude::*;
 use cubecl::server::Handle;
@@ -17,7 +17,7 @@ use super::forward::attention_forward_kernel;
 use super::shape::{
     check_buffer, AttentionError, AttentionInputs, AttentionOptions, AttentionShape,
 };
-use super::tiles::{staged_rows, ROWS_PER_CUBE};
+use super::tiles::ROWS_PER_CUBE;
 
 /// Result of [`attention_forward`].
 #[derive(Debug)]
@@ -62,25 +62,29 @@ pub fn attention_forward<R: Runtime>(
     let out = client.empty(shape.q_elems() * size_of::<f32>());
     let lse = client.empty(shape.rows() * size_of::<f32>());
     let (slopes, alibi) = slopes_arg(client, &inputs, &shape);
-    attention_forward_kernel::launch::<f32, R>(
-        client,
-        CubeCount::Static(query_tiles, heads, 1),
-        CubeDim::new_1d(ROWS_PER_CUBE as u32),
-        array(inputs.q, shape.q_elems()),
-        array(inputs.k, shape.kv_elems()),
-        array(inputs.v, shape.kv_elems()),
-        slopes,
-        array(&out, shape.q_elems()),
-        array(&lse, shape.rows()),
-        shape.seq as u32,
-        shape.n_heads as u32,
-        shape.group() as u32,
-        options.scale_for(shape.head_dim),
-        shape.head_dim,
-        staged_rows(shape.head_dim, 0),
-        options.causal,
-        alibi,
-    );
+    // SAFETY: every buffer holds the elements its `array` argument states
+    // (checked above); the kernel clamps the rows it reads to `seq - 1` and
+    // writes only rows below `seq`.
+    unsafe {
+        attention_forward_kernel::launch_unchecked::<f32, R>(
+            client,
+            CubeCount::Static(query_tiles, heads, 1),
+            CubeDim::new_1d(ROWS_PER_CUBE as u32),
+            array(inputs.q, shape.q_elems()),
+            array(inputs.k, shape.kv_elems()),
+            array(inputs.v, shape.kv_elems()),
+            slopes,
+            array(&out, shape.q_elems()),
+            array(&lse, shape.rows()),
+            shape.seq as u32,
+            shape.n_heads as u32,
+            shape.group() as u32,
+            options.scale_for(shape.head_dim),
+            shape.head_dim,
+            options.causal,
+            alibi,
+        );
+    }
     Ok(AttentionForward { out, lse })
 }
 
@@ -128,52 +132,58 @@ pub fn attention_backward<R: Runtime>(
     let dk = client.empty(shape.kv_elems() * size_of::<f32>());
     let dv = client.empty(shape.kv_elems() * size_of::<f32>());
     let (slopes, alibi) = slopes_arg(client, &inputs, &shape);
-    attention_backward_kv_kernel::launch::<f32, R>(
-        client,
-        CubeCount::Static(tiles, kv_heads, 1),
-        cube_dim,
-        array(inputs.q, shape.q_elems()),
-        array(inputs.k, shape.kv_elems()),
-        array(inputs.v, shape.kv_elems()),
-        slopes,
-        array(d_out, shape.q_elems()),
-        array(lse, shape.rows()),
-        array(&delta, shape.rows()),
-        array(&dk, shape.kv_elems()),
-        array(&dv, shape.kv_elems()),
-        shape.seq as u32,
-        shape.n_heads as u32,
-        shape.group() as u32,
-        scale,
-        shape.head_dim,
-        staged_rows(shape.head_dim, 1),
-        options.causal,
-        alibi,
-    );
+    // SAFETY: as in `attention_forward`: sizes checked above, rows read
+    // clamped to `seq - 1`, only rows below `seq` written.
+    unsafe {
+        attention_backward_kv_kernel::launch_unchecked::<f32, R>(
+            client,
+            CubeCount::Static(tiles, kv_heads, 1),
+            cube_dim,
+            array(inputs.q, shape.q_elems()),
+            array(inputs.k, shape.kv_elems()),
+            array(inputs.v, shape.kv_elems()),
+            slopes,
+            array(d_out, shape.q_elems()),
+            array(lse, shape.rows()),
+            array(&delta, shape.rows()),
+            array(&dk, shape.kv_elems()),
+            array(&dv, shape.kv_elems()),
+            shape.seq as u32,
+            shape.n_heads as u32,
+            shape.group() as u32,
+            scale,
+            shape.head_dim,
+            options.causal,
+            alibi,
+        );
+    }
 
     let dq = client.empty(shape.q_elems() * size_of::<f32>());
     let (slopes, alibi) = slopes_arg(client, &inputs, &shape);
-    attention_backward_q_kernel::launch::<f32, R>(
-        client,
-        CubeCount::Static(tiles, heads, 1),
-        cube_dim,
-        array(inputs.q, shape.q_elems()),
-        array(inputs.k, shape.kv_elems()),
-        array(inputs.v, shape.kv_elems()),
-        slopes,
-        array(d_out, shape.q_elems()),
-        array(lse, shape.rows()),
-        array(&delta, shape.rows()),
-        array(&dq, shape.q_elems()),
-        shape.seq as u32,
-        shape.n_heads as u32,
-        shape.group() as u32,
-        scale,
-        shape.head_dim,
-        staged_rows(shape.head_dim, 0),
-        options.causal,
-        alibi,
-    );
+    // SAFETY: as in `attention_forward`: sizes checked above, rows read
+    // clamped to `seq - 1`, only rows below `seq` written.
+    unsafe {
+        attention_backward_q_kernel::launch_unchecked::<f32, R>(
+            client,
+            CubeCount::Static(tiles, heads, 1),
+            cube_dim,
+            array(inputs.q, shape.q_elems()),
+            array(inputs.k, shape.kv_elems()),
+            array(inputs.v, shape.kv_elems()),
+            slopes,
+            array(d_out, shape.q_elems()),
+            array(lse, shape.rows()),
+            array(&delta, shape.rows()),
+            array(&dq, shape.q_elems()),
+            shape.seq as u32,
+            shape.n_heads as u32,
+            shape.group() as u32,
+            scale,
+            shape.head_dim,
+            options.causal,
+            alibi,
+        );
+    }
     Ok(AttentionGradients { dq, dk, dv })
 }
 

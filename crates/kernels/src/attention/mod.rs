@@ -1,12 +1,12 @@
 //! FlashAttention with its own backward (FlashAttention-2 algorithm), as
 //! CubeCL kernels.
 //!
-//! - Forward ([`attention_forward`]): per query tile, an online softmax over
-//!   key/value tiles staged in shared memory; writes the output and the
+//! - Forward ([`attention_forward`]): per query row, an online softmax over
+//!   the keys, a step of several keys at a time; writes the output and the
 //!   per-row log-sum-exp, never the `[seq, seq]` scores.
 //! - Backward ([`attention_backward`]): `delta = rowsum(dO * O)`, then dK/dV
-//!   per key tile (iterating over query tiles) and dQ per query tile
-//!   (iterating over key tiles), both recomputing the probabilities from the
+//!   per key row (iterating over query rows) and dQ per query row
+//!   (iterating over key rows), both recomputing the probabilities from the
 //!   log-sum-exp. Two passes instead of atomics, so results are
 //!   deterministic.
 //!
