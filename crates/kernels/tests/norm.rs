@@ -9,7 +9,9 @@ use ferrotron_kernels::norm::rms::{rms_norm_backward, rms_norm_forward};
 
 const EPS: f64 = 1e-5;
 
-/// Row shapes: hidden below, at and above the cube size of 256, odd sizes.
+/// Row shapes: hidden below, at and above the 32 units per row and the 256
+/// units of a cube, odd sizes; row counts below and not a multiple of the 8
+/// rows per cube.
 /// (At hidden = 1, RMSNorm is `sign(x) * weight`; at hidden = 2, LayerNorm
 /// is `±weight + bias`: their true `dx` is of order `eps` and comes out of f32
 /// cancellation, so the smallest row is 3.)

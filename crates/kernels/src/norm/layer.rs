@@ -4,7 +4,7 @@
 
 use super::check_buffers;
 use crate::check::ShapeError;
-use crate::reduce::{cube_sum, ROW_CUBE_DIM};
+use crate::reduce::{row_sum, NORM_ROWS_PER_CUBE, NORM_UNITS_PER_ROW};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
@@ -22,41 +22,44 @@ fn layer_norm_forward_kernel<F: Float>(
     eps: f32,
 ) {
     let eps = F::cast_from(eps);
-    let row = CUBE_POS;
-    if row >= rows as usize {
-        terminate!();
-    }
+    // Rows past `rows` in the last cube compute on a copy of the last row
+    // and write nothing (every unit must reach the barriers).
+    let row = CUBE_POS * CUBE_DIM_Y as usize + UNIT_POS_Y as usize;
+    let live = row < rows as usize;
+    let row = min(row, rows as usize - 1);
     let hidden = hidden as usize;
     let base = row * hidden;
     let n = F::cast_from(hidden);
-    let mut scratch = SharedMemory::<F>::new(ROW_CUBE_DIM as usize);
+    let mut scratch = SharedMemory::<F>::new((NORM_UNITS_PER_ROW * NORM_ROWS_PER_CUBE) as usize);
 
     // Two passes over the row (mean, then centred squares) for accuracy.
     let mut sum = F::new(0.0);
-    let mut j = UNIT_POS as usize;
+    let mut j = UNIT_POS_X as usize;
     while j < hidden {
         sum += x[base + j];
-        j += CUBE_DIM as usize;
+        j += CUBE_DIM_X as usize;
     }
-    let mu = cube_sum::<F>(&mut scratch, sum) / n;
+    let mu = row_sum::<F>(&mut scratch, sum) / n;
 
     let mut sum_sq = F::new(0.0);
-    let mut j = UNIT_POS as usize;
+    let mut j = UNIT_POS_X as usize;
     while j < hidden {
         let d = x[base + j] - mu;
         sum_sq += d * d;
-        j += CUBE_DIM as usize;
+        j += CUBE_DIM_X as usize;
     }
-    let r = F::new(1.0) / (cube_sum::<F>(&mut scratch, sum_sq) / n + eps).sqrt();
+    let r = F::new(1.0) / (row_sum::<F>(&mut scratch, sum_sq) / n + eps).sqrt();
 
-    let mut j = UNIT_POS as usize;
-    while j < hidden {
-        y[base + j] = (x[base + j] - mu) * r * weight[j] + bias[j];
-        j += CUBE_DIM as usize;
-    }
-    if UNIT_POS == 0 {
-        mean[row] = mu;
-        rstd[row] = r;
+    if live {
+        let mut j = UNIT_POS_X as usize;
+        while j < hidden {
+            y[base + j] = (x[base + j] - mu) * r * weight[j] + bias[j];
+            j += CUBE_DIM_X as usize;
+        }
+        if UNIT_POS_X == 0 {
+            mean[row] = mu;
+            rstd[row] = r;
+        }
     }
 }
 
@@ -72,37 +75,40 @@ fn layer_norm_backward_dx_kernel<F: Float>(
     rows: u32,
     hidden: u32,
 ) {
-    let row = CUBE_POS;
-    if row >= rows as usize {
-        terminate!();
-    }
+    // Rows past `rows` in the last cube compute on a copy of the last row
+    // and write nothing (every unit must reach the barriers).
+    let row = CUBE_POS * CUBE_DIM_Y as usize + UNIT_POS_Y as usize;
+    let live = row < rows as usize;
+    let row = min(row, rows as usize - 1);
     let hidden = hidden as usize;
     let base = row * hidden;
     let n = F::cast_from(hidden);
     let mu = mean[row];
     let r = rstd[row];
-    let mut scratch = SharedMemory::<F>::new(ROW_CUBE_DIM as usize);
+    let mut scratch = SharedMemory::<F>::new((NORM_UNITS_PER_ROW * NORM_ROWS_PER_CUBE) as usize);
 
     // With g = dy * w and xhat = (x - mean) * rstd:
     // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
     let mut sum_g = F::new(0.0);
     let mut sum_g_xhat = F::new(0.0);
-    let mut j = UNIT_POS as usize;
+    let mut j = UNIT_POS_X as usize;
     while j < hidden {
         let g = dy[base + j] * weight[j];
         sum_g += g;
         sum_g_xhat += g * (x[base + j] - mu) * r;
-        j += CUBE_DIM as usize;
+        j += CUBE_DIM_X as usize;
     }
-    let mean_g = cube_sum::<F>(&mut scratch, sum_g) / n;
-    let mean_g_xhat = cube_sum::<F>(&mut scratch, sum_g_xhat) / n;
+    let mean_g = row_sum::<F>(&mut scratch, sum_g) / n;
+    let mean_g_xhat = row_sum::<F>(&mut scratch, sum_g_xhat) / n;
 
-    let mut j = UNIT_POS as usize;
-    while j < hidden {
-        let g = dy[base + j] * weight[j];
-        let xhat = (x[base + j] - mu) * r;
-        dx[base + j] = r * (g - mean_g - xhat * mean_g_xhat);
-        j += CUBE_DIM as usize;
+    if live {
+        let mut j = UNIT_POS_X as usize;
+        while j < hidden {
+            let g = dy[base + j] * weight[j];
+            let xhat = (x[base + j] - mu) * r;
+            dx[base + j] = r * (g - mean_g - xhat * mean_g_xhat);
+            j += CUBE_DIM_X as usize;
+        }
     }
 }
 
@@ -169,8 +175,12 @@ pub fn layer_norm_forward<R: Runtime>(
     unsafe {
         layer_norm_forward_kernel::launch_unchecked::<f32, R>(
             client,
-            cubecl::calculate_cube_count_elemwise(client, rows, CubeDim::new_1d(1)),
-            CubeDim::new_1d(ROW_CUBE_DIM),
+            cubecl::calculate_cube_count_elemwise(
+                client,
+                rows.div_ceil(NORM_ROWS_PER_CUBE as usize),
+                CubeDim::new_1d(1),
+            ),
+            CubeDim::new_2d(NORM_UNITS_PER_ROW, NORM_ROWS_PER_CUBE),
             ArrayArg::from_raw_parts(x.clone(), n),
             ArrayArg::from_raw_parts(weight.clone(), hidden),
             ArrayArg::from_raw_parts(bias.clone(), hidden),
@@ -220,13 +230,17 @@ pub fn layer_norm_backward<R: Runtime>(
             ("d_bias", d_bias, hidden),
         ],
     )?;
-    let col_dim = CubeDim::new_1d(ROW_CUBE_DIM);
+    let col_dim = CubeDim::new_1d(NORM_UNITS_PER_ROW * NORM_ROWS_PER_CUBE);
     // SAFETY: buffer sizes checked above; the kernels guard rows and columns.
     unsafe {
         layer_norm_backward_dx_kernel::launch_unchecked::<f32, R>(
             client,
-            cubecl::calculate_cube_count_elemwise(client, rows, CubeDim::new_1d(1)),
-            CubeDim::new_1d(ROW_CUBE_DIM),
+            cubecl::calculate_cube_count_elemwise(
+                client,
+                rows.div_ceil(NORM_ROWS_PER_CUBE as usize),
+                CubeDim::new_1d(1),
+            ),
+            CubeDim::new_2d(NORM_UNITS_PER_ROW, NORM_ROWS_PER_CUBE),
             ArrayArg::from_raw_parts(x.clone(), n),
             ArrayArg::from_raw_parts(weight.clone(), hidden),
             ArrayArg::from_raw_parts(mean.clone(), rows),

@@ -1,7 +1,7 @@
 //! Fused row normalisations over `[rows, hidden]` f32 (rows = tokens):
-//! RMSNorm (Llama) and LayerNorm (GPT-2, BLOOM). One cube normalises one
-//! row, accumulating in f32 through a fixed shared-memory tree (no atomics,
-//! so results are bitwise reproducible). The forward saves per-row
+//! RMSNorm (Llama) and LayerNorm (GPT-2, BLOOM). A cube normalises 8 rows
+//! with 32 units per row, accumulating in f32 through a fixed shared-memory
+//! tree per row (no atomics, so results are bitwise reproducible). The forward saves per-row
 //! statistics for the backward; the backward computes `dx` per row and the
 //! parameter gradients with a second kernel in which each unit sums one
 //! column over all rows, in row order.

@@ -3,7 +3,7 @@
 
 use super::check_buffers;
 use crate::check::ShapeError;
-use crate::reduce::{cube_sum, ROW_CUBE_DIM};
+use crate::reduce::{row_sum, NORM_ROWS_PER_CUBE, NORM_UNITS_PER_ROW};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
@@ -18,31 +18,34 @@ fn rms_norm_forward_kernel<F: Float>(
     eps: f32,
 ) {
     let eps = F::cast_from(eps);
-    let row = CUBE_POS;
-    if row >= rows as usize {
-        terminate!();
-    }
+    // Rows past `rows` in the last cube compute on a copy of the last row
+    // and write nothing (every unit must reach the barriers).
+    let row = CUBE_POS * CUBE_DIM_Y as usize + UNIT_POS_Y as usize;
+    let live = row < rows as usize;
+    let row = min(row, rows as usize - 1);
     let hidden = hidden as usize;
     let base = row * hidden;
-    let mut scratch = SharedMemory::<F>::new(ROW_CUBE_DIM as usize);
+    let mut scratch = SharedMemory::<F>::new((NORM_UNITS_PER_ROW * NORM_ROWS_PER_CUBE) as usize);
 
     let mut sum_sq = F::new(0.0);
-    let mut j = UNIT_POS as usize;
+    let mut j = UNIT_POS_X as usize;
     while j < hidden {
         let v = x[base + j];
         sum_sq += v * v;
-        j += CUBE_DIM as usize;
+        j += CUBE_DIM_X as usize;
     }
-    let sum_sq = cube_sum::<F>(&mut scratch, sum_sq);
+    let sum_sq = row_sum::<F>(&mut scratch, sum_sq);
     let r = F::new(1.0) / (sum_sq / F::cast_from(hidden) + eps).sqrt();
 
-    let mut j = UNIT_POS as usize;
-    while j < hidden {
-        y[base + j] = x[base + j] * r * weight[j];
-        j += CUBE_DIM as usize;
-    }
-    if UNIT_POS == 0 {
-        rstd[row] = r;
+    if live {
+        let mut j = UNIT_POS_X as usize;
+        while j < hidden {
+            y[base + j] = x[base + j] * r * weight[j];
+            j += CUBE_DIM_X as usize;
+        }
+        if UNIT_POS_X == 0 {
+            rstd[row] = r;
+        }
     }
 }
 
@@ -56,30 +59,33 @@ fn rms_norm_backward_dx_kernel<F: Float>(
     rows: u32,
     hidden: u32,
 ) {
-    let row = CUBE_POS;
-    if row >= rows as usize {
-        terminate!();
-    }
+    // Rows past `rows` in the last cube compute on a copy of the last row
+    // and write nothing (every unit must reach the barriers).
+    let row = CUBE_POS * CUBE_DIM_Y as usize + UNIT_POS_Y as usize;
+    let live = row < rows as usize;
+    let row = min(row, rows as usize - 1);
     let hidden = hidden as usize;
     let base = row * hidden;
     let r = rstd[row];
-    let mut scratch = SharedMemory::<F>::new(ROW_CUBE_DIM as usize);
+    let mut scratch = SharedMemory::<F>::new((NORM_UNITS_PER_ROW * NORM_ROWS_PER_CUBE) as usize);
 
     // dot = sum_k dy_k * w_k * x_k
     let mut dot = F::new(0.0);
-    let mut j = UNIT_POS as usize;
+    let mut j = UNIT_POS_X as usize;
     while j < hidden {
         dot += dy[base + j] * weight[j] * x[base + j];
-        j += CUBE_DIM as usize;
+        j += CUBE_DIM_X as usize;
     }
-    let dot = cube_sum::<F>(&mut scratch, dot);
+    let dot = row_sum::<F>(&mut scratch, dot);
     // dx_j = r * dy_j * w_j - r^3 / hidden * x_j * dot
     let c = r * r * r * dot / F::cast_from(hidden);
 
-    let mut j = UNIT_POS as usize;
-    while j < hidden {
-        dx[base + j] = r * dy[base + j] * weight[j] - c * x[base + j];
-        j += CUBE_DIM as usize;
+    if live {
+        let mut j = UNIT_POS_X as usize;
+        while j < hidden {
+            dx[base + j] = r * dy[base + j] * weight[j] - c * x[base + j];
+            j += CUBE_DIM_X as usize;
+        }
     }
 }
 
@@ -136,8 +142,12 @@ pub fn rms_norm_forward<R: Runtime>(
     unsafe {
         rms_norm_forward_kernel::launch_unchecked::<f32, R>(
             client,
-            cubecl::calculate_cube_count_elemwise(client, rows, CubeDim::new_1d(1)),
-            CubeDim::new_1d(ROW_CUBE_DIM),
+            cubecl::calculate_cube_count_elemwise(
+                client,
+                rows.div_ceil(NORM_ROWS_PER_CUBE as usize),
+                CubeDim::new_1d(1),
+            ),
+            CubeDim::new_2d(NORM_UNITS_PER_ROW, NORM_ROWS_PER_CUBE),
             ArrayArg::from_raw_parts(x.clone(), n),
             ArrayArg::from_raw_parts(weight.clone(), hidden),
             ArrayArg::from_raw_parts(y.clone(), n),
@@ -181,13 +191,17 @@ pub fn rms_norm_backward<R: Runtime>(
             ("d_weight", d_weight, hidden),
         ],
     )?;
-    let col_dim = CubeDim::new_1d(ROW_CUBE_DIM);
+    let col_dim = CubeDim::new_1d(NORM_UNITS_PER_ROW * NORM_ROWS_PER_CUBE);
     // SAFETY: buffer sizes checked above; the kernels guard rows and columns.
     unsafe {
         rms_norm_backward_dx_kernel::launch_unchecked::<f32, R>(
             client,
-            cubecl::calculate_cube_count_elemwise(client, rows, CubeDim::new_1d(1)),
-            CubeDim::new_1d(ROW_CUBE_DIM),
+            cubecl::calculate_cube_count_elemwise(
+                client,
+                rows.div_ceil(NORM_ROWS_PER_CUBE as usize),
+                CubeDim::new_1d(1),
+            ),
+            CubeDim::new_2d(NORM_UNITS_PER_ROW, NORM_ROWS_PER_CUBE),
             ArrayArg::from_raw_parts(x.clone(), n),
             ArrayArg::from_raw_parts(weight.clone(), hidden),
             ArrayArg::from_raw_parts(rstd.clone(), rows),
