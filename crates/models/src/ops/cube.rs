@@ -74,15 +74,49 @@ fn rows_hidden<R: CubeRuntime>(x: &CubeTensor<R>) -> (usize, usize) {
     (shape.num_elements() / hidden, hidden)
 }
 
-/// The attention dimensions of `q` `[b, n_heads, s, d]` and `k` `[b, n_kv, s, d]`.
-fn attention_shape<R: CubeRuntime>(q: &CubeTensor<R>, k: &CubeTensor<R>) -> AttentionShape {
-    let (qs, ks) = (q.shape(), k.shape());
-    AttentionShape {
-        batch: qs[0],
-        n_heads: qs[1],
-        n_kv_heads: ks[1],
-        seq: qs[2],
-        head_dim: qs[3],
+/// The operands of both attention launchers, made contiguous: `q`
+/// `[b, n_heads, s, d]`, `k` and `v` `[b, n_kv, s, d]`, ALiBi `slopes`
+/// `[n_heads]`.
+struct AttentionOperands<R: CubeRuntime> {
+    q: CubeTensor<R>,
+    k: CubeTensor<R>,
+    v: CubeTensor<R>,
+    slopes: Option<CubeTensor<R>>,
+}
+
+impl<R: CubeRuntime> AttentionOperands<R> {
+    fn new(
+        q: CubeTensor<R>,
+        k: CubeTensor<R>,
+        v: CubeTensor<R>,
+        slopes: Option<CubeTensor<R>>,
+    ) -> Self {
+        Self {
+            q: contiguous(q),
+            k: contiguous(k),
+            v: contiguous(v),
+            slopes: slopes.map(contiguous),
+        }
+    }
+
+    fn shape(&self) -> AttentionShape {
+        let (qs, ks) = (self.q.shape(), self.k.shape());
+        AttentionShape {
+            batch: qs[0],
+            n_heads: qs[1],
+            n_kv_heads: ks[1],
+            seq: qs[2],
+            head_dim: qs[3],
+        }
+    }
+
+    fn inputs(&self) -> AttentionInputs<'_> {
+        AttentionInputs {
+            q: &self.q.handle,
+            k: &self.k.handle,
+            v: &self.v.handle,
+            alibi_slopes: self.slopes.as_ref().map(|s| &s.handle),
+        }
     }
 }
 
@@ -110,22 +144,15 @@ impl<R: CubeRuntime, BT: BoolElement> FusedKernels for Cube<R, BT> {
         slopes: Option<FloatTensor<Self>>,
         options: AttentionOptions,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let (q, k, v) = (contiguous(q), contiguous(k), contiguous(v));
-        let slopes = slopes.map(contiguous);
-        let shape = attention_shape(&q, &k);
-        let inputs = AttentionInputs {
-            q: &q.handle,
-            k: &k.handle,
-            v: &v.handle,
-            alibi_slopes: slopes.as_ref().map(|s| &s.handle),
-        };
+        let operands = AttentionOperands::new(q, k, v, slopes);
+        let (q, shape) = (&operands.q, operands.shape());
         let result = launched(
             "attention forward",
-            attention_forward(&q.client, shape, options, inputs),
+            attention_forward(&q.client, shape, options, operands.inputs()),
         );
         let lse_shape = Shape::new([shape.batch, shape.n_heads, shape.seq]);
-        let lse = wrap(&q, lse_shape, result.lse);
-        (wrap(&q, q.shape(), result.out), lse)
+        let lse = wrap(q, lse_shape, result.lse);
+        (wrap(q, q.shape(), result.out), lse)
     }
 
     fn attention_backward(
@@ -138,32 +165,25 @@ impl<R: CubeRuntime, BT: BoolElement> FusedKernels for Cube<R, BT> {
         lse: FloatTensor<Self>,
         d_out: FloatTensor<Self>,
     ) -> [FloatTensor<Self>; 3] {
-        let (q, k, v) = (contiguous(q), contiguous(k), contiguous(v));
+        let operands = AttentionOperands::new(q, k, v, slopes);
         let (out, lse, d_out) = (contiguous(out), contiguous(lse), contiguous(d_out));
-        let slopes = slopes.map(contiguous);
-        let shape = attention_shape(&q, &k);
-        let inputs = AttentionInputs {
-            q: &q.handle,
-            k: &k.handle,
-            v: &v.handle,
-            alibi_slopes: slopes.as_ref().map(|s| &s.handle),
-        };
+        let q = &operands.q;
         let grads = launched(
             "attention backward",
             attention_backward(
                 &q.client,
-                shape,
+                operands.shape(),
                 options,
-                inputs,
+                operands.inputs(),
                 &out.handle,
                 &lse.handle,
                 &d_out.handle,
             ),
         );
         [
-            wrap(&q, q.shape(), grads.dq),
-            wrap(&q, k.shape(), grads.dk),
-            wrap(&q, v.shape(), grads.dv),
+            wrap(q, q.shape(), grads.dq),
+            wrap(q, operands.k.shape(), grads.dk),
+            wrap(q, operands.v.shape(), grads.dv),
         ]
     }
 
