@@ -44,8 +44,9 @@ pub struct BenchArgs {
 /// The benchmarks.
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
-    /// Time and peak memory of each fused kernel (wgpu) vs its Burn reference (CPU),
-    /// forward + backward, over a sweep of shapes (needs the `kernels-bench` feature).
+    /// Time and peak memory of each fused kernel vs its Burn reference, forward +
+    /// backward, over a sweep of shapes, on every compiled backend (needs the
+    /// `kernels-bench` feature).
     Kernels(KernelsBenchArgs),
 }
 
@@ -57,7 +58,8 @@ pub struct KernelsBenchArgs {
     #[arg(long)]
     pub quick: bool,
     /// Longest attention sequence, tokens, of the sweep 256, 512, 1024, 2048, 4096. The
-    /// default stops at 1024: on a 2-core CPU (lavapipe) 2048 takes ~10 min and 4096 ~40.
+    /// default stops at 1024: on a 2-core CPU (lavapipe) one fused run takes ~1 min at 2048
+    /// and ~4 min at 4096.
     #[arg(long, default_value_t = 1024)]
     pub max_seq: usize,
     /// Shortest attention sequence, tokens, of the sweep (with --max-seq, picks a part of it).
@@ -75,6 +77,11 @@ pub struct KernelsBenchArgs {
     /// Also write the rows as JSON to FILE (atomically).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Backends to measure, comma-separated: flex (the CPU reference), wgpu, cuda, rocm
+    /// (the last two with the cargo features of the same name). Default: every compiled
+    /// one whose device opens.
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    pub backends: Option<Vec<String>>,
 }
 
 /// `ferrotron train` flags; each overrides the same key of `--config`.

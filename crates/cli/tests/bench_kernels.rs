@@ -1,6 +1,8 @@
-//! `ferrotron bench kernels`: a quick sweep writes one JSON row per kernel
-//! with positive times (built with `--features kernels-bench`), and without
-//! the feature the subcommand exits 2 naming the feature.
+//! `ferrotron bench kernels`: a quick sweep writes, per kernel, a `flex` row
+//! (reference only) and a `wgpu` row (fused and reference) with positive
+//! times and memory (built with `--features kernels-bench`); a backend that
+//! is not compiled in is refused by name; without the feature the
+//! subcommand exits 2 naming the feature.
 
 use std::process::Command;
 
@@ -31,22 +33,51 @@ fn quick_bench_writes_a_json_row_per_kernel_with_positive_times() {
         "rope",
         "cross_entropy",
     ];
+    let row = |kernel: &str, backend: &str| {
+        rows.iter()
+            .find(|r| r["kernel"] == kernel && r["backend"] == backend)
+            .unwrap_or_else(|| panic!("no {backend} row for {kernel}"))
+    };
+    let positive = |row: &serde_json::Value, key: &str| {
+        let v = row[key].as_f64().unwrap_or(0.0);
+        assert!(
+            v > 0.0,
+            "{} on {}: {key} = {}",
+            row["kernel"],
+            row["backend"],
+            row[key]
+        );
+    };
     for kernel in kernels {
-        let row = rows
-            .iter()
-            .find(|r| r["kernel"] == kernel)
-            .unwrap_or_else(|| panic!("no row for {kernel}"));
+        let flex = row(kernel, "flex");
+        positive(flex, "reference_ms");
+        positive(flex, "reference_peak_mib");
+        assert!(flex["fused_ms"].is_null(), "flex has no fused kernels");
+        let wgpu = row(kernel, "wgpu");
         for key in [
             "fused_ms",
             "reference_ms",
+            "time_ratio_vs_flex",
             "fused_peak_mib",
             "reference_peak_mib",
         ] {
-            let v = row[key].as_f64().unwrap_or(0.0);
-            assert!(v > 0.0, "{kernel}: {key} = {}", row[key]);
+            positive(wgpu, key);
         }
         assert!(stdout.contains(kernel), "table lacks {kernel}");
     }
+}
+
+#[cfg(feature = "kernels-bench")]
+#[test]
+fn a_backend_not_compiled_in_is_refused_by_name() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ferrotron"))
+        .args(["bench", "kernels", "--quick", "--backends", "flex,metal"])
+        .output()
+        .expect("the binary runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("--backends metal"), "{stderr}");
+    assert!(stderr.contains("compiled: flex, wgpu"), "{stderr}");
 }
 
 #[cfg(not(feature = "kernels-bench"))]

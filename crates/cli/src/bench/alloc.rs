@@ -4,6 +4,10 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
+use anyhow::Result;
+
+use super::reference::Meter;
+
 /// [`System`] plus two relaxed counters, in bytes: live heap and its peak
 /// since the last [`CountingAlloc::reset_peak`].
 pub struct CountingAlloc {
@@ -76,5 +80,27 @@ unsafe impl GlobalAlloc for CountingAlloc {
             self.grow(new_size);
         }
         p
+    }
+}
+
+/// The reference's memory on a CPU backend: the peak of the Rust heap
+/// between [`Meter::start`] and [`Meter::peak`], above the heap at the start.
+#[derive(Default)]
+pub struct HeapMeter {
+    base: usize,
+}
+
+impl Meter for HeapMeter {
+    fn start(&mut self) -> Result<()> {
+        self.base = CountingAlloc::reset_peak();
+        Ok(())
+    }
+
+    fn sample(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn peak(&self) -> u64 {
+        CountingAlloc::peak().saturating_sub(self.base) as u64
     }
 }

@@ -88,6 +88,31 @@ impl Case {
     }
 }
 
+impl Case {
+    /// Bytes of the largest single f32 tensor the reference allocates: the
+    /// `[batch, heads, seq, seq]` scores for attention, the largest input
+    /// (or its gradient) for the other ops.
+    pub fn largest_reference_tensor_bytes(&self) -> u64 {
+        let elems = match *self {
+            Case::Attention {
+                batch, heads, seq, ..
+            } => batch * heads * seq * seq,
+            Case::Swiglu { rows, ffn } => rows * ffn,
+            Case::Norm {
+                batch, seq, hidden, ..
+            } => batch * seq * hidden,
+            Case::Rope {
+                batch,
+                heads,
+                seq,
+                head_dim,
+            } => batch * heads * seq * head_dim,
+            Case::CrossEntropy { rows, vocab } => rows * vocab,
+        };
+        elems as u64 * 4
+    }
+}
+
 impl fmt::Display for Case {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {

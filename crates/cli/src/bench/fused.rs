@@ -1,4 +1,4 @@
-//! The fused path: ferrotron-kernels launched on cubecl's wgpu runtime.
+//! The fused path: ferrotron-kernels launched on a cubecl runtime's buffers.
 
 use std::time::Instant;
 
@@ -6,7 +6,6 @@ use anyhow::{Context, Result};
 use cubecl::future::block_on;
 use cubecl::prelude::*;
 use cubecl::server::Handle;
-use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
 use ferrotron_kernels::attention::{
     attention_backward, attention_forward, AttentionInputs, AttentionOptions, AttentionShape,
 };
@@ -19,30 +18,21 @@ use ferrotron_kernels::swiglu::{swiglu_backward, swiglu_forward};
 use super::cases::{pattern, targets, Case, NORM_EPS, ROPE_THETA};
 use super::kernels::Sample;
 
-/// The wgpu client the fused ops run on.
-pub type Client = ComputeClient<WgpuRuntime>;
-
-/// A client on wgpu's default adapter (lavapipe on a machine without a GPU).
-pub fn client() -> Result<Client> {
-    std::panic::catch_unwind(|| WgpuRuntime::client(&WgpuDevice::DefaultDevice)).map_err(|_| {
-        anyhow::anyhow!("no Vulkan adapter for cubecl's wgpu runtime (install Mesa's lavapipe)")
-    })
-}
-
 /// Device bytes in active allocations (`MemoryUsage::bytes_in_use`).
-fn in_use(client: &Client) -> Result<u64> {
+pub fn in_use<R: Runtime>(client: &ComputeClient<R>) -> Result<u64> {
     Ok(client
         .memory_usage()
         .context("cubecl memory usage")?
         .bytes_in_use)
 }
 
-fn upload(client: &Client, data: &[f32]) -> Handle {
+fn upload<R: Runtime>(client: &ComputeClient<R>, data: &[f32]) -> Handle {
     client.create_from_slice(f32::as_bytes(data))
 }
 
-fn sync(client: &Client) -> Result<()> {
-    block_on(client.sync()).context("wgpu sync")
+/// Waits until every kernel submitted to `client` has finished.
+pub fn sync<R: Runtime>(client: &ComputeClient<R>) -> Result<()> {
+    block_on(client.sync()).context("cubecl device sync")
 }
 
 /// Runs forward + backward of `case` once. Inputs (and the upstream
@@ -50,7 +40,7 @@ fn sync(client: &Client) -> Result<()> {
 /// the clock starts; the clock stops after `client.sync()`. Memory is the
 /// device `bytes_in_use` after the backward, with every input, output and
 /// saved tensor still alive, minus that before the inputs were uploaded.
-pub fn run(client: &Client, case: &Case) -> Result<Sample> {
+pub fn run<R: Runtime>(client: &ComputeClient<R>, case: &Case) -> Result<Sample> {
     let base = in_use(client)?;
     match *case {
         Case::Attention {
@@ -87,7 +77,7 @@ pub fn run(client: &Client, case: &Case) -> Result<Sample> {
 
 /// Waits for the device, stops the clock and reads the memory in use; the
 /// caller's buffers are still alive.
-fn finish(client: &Client, start: Instant, base: u64) -> Result<Sample> {
+fn finish<R: Runtime>(client: &ComputeClient<R>, start: Instant, base: u64) -> Result<Sample> {
     sync(client)?;
     let elapsed = start.elapsed();
     Ok(Sample {
@@ -96,16 +86,16 @@ fn finish(client: &Client, start: Instant, base: u64) -> Result<Sample> {
     })
 }
 
-fn rand(client: &Client, n: usize, salt: u64) -> Handle {
+fn rand<R: Runtime>(client: &ComputeClient<R>, n: usize, salt: u64) -> Handle {
     upload(client, &pattern(n, salt))
 }
 
-fn ones(client: &Client, n: usize) -> Handle {
+fn ones<R: Runtime>(client: &ComputeClient<R>, n: usize) -> Handle {
     upload(client, &vec![1.0; n])
 }
 
-fn attention(
-    client: &Client,
+fn attention<R: Runtime>(
+    client: &ComputeClient<R>,
     base: u64,
     batch: usize,
     heads: usize,
@@ -140,7 +130,7 @@ fn attention(
     finish(client, start, base)
 }
 
-fn swiglu(client: &Client, base: u64, len: usize) -> Result<Sample> {
+fn swiglu<R: Runtime>(client: &ComputeClient<R>, base: u64, len: usize) -> Result<Sample> {
     let (gate, up, d_out) = (
         rand(client, len, 1),
         rand(client, len, 2),
@@ -154,7 +144,13 @@ fn swiglu(client: &Client, base: u64, len: usize) -> Result<Sample> {
     finish(client, start, base)
 }
 
-fn norm(client: &Client, base: u64, layer: bool, rows: usize, hidden: usize) -> Result<Sample> {
+fn norm<R: Runtime>(
+    client: &ComputeClient<R>,
+    base: u64,
+    layer: bool,
+    rows: usize,
+    hidden: usize,
+) -> Result<Sample> {
     let n = rows * hidden;
     let (x, dy) = (rand(client, n, 1), ones(client, n));
     let (weight, bias) = (ones(client, hidden), upload(client, &vec![0.0; hidden]));
@@ -179,7 +175,7 @@ fn norm(client: &Client, base: u64, layer: bool, rows: usize, hidden: usize) -> 
     finish(client, start, base)
 }
 
-fn rope(client: &Client, base: u64, shape: RopeShape) -> Result<Sample> {
+fn rope<R: Runtime>(client: &ComputeClient<R>, base: u64, shape: RopeShape) -> Result<Sample> {
     let n = shape.batch * shape.heads * shape.seq * shape.head_dim;
     let (x, d_x) = (rand(client, n, 1), ones(client, n));
     sync(client)?;
@@ -189,7 +185,12 @@ fn rope(client: &Client, base: u64, shape: RopeShape) -> Result<Sample> {
     finish(client, start, base)
 }
 
-fn cross_entropy(client: &Client, base: u64, rows: usize, vocab: usize) -> Result<Sample> {
+fn cross_entropy<R: Runtime>(
+    client: &ComputeClient<R>,
+    base: u64,
+    rows: usize,
+    vocab: usize,
+) -> Result<Sample> {
     let logits = rand(client, rows * vocab, 1);
     let targets = client.create_from_slice(u32::as_bytes(&targets(rows, vocab)));
     sync(client)?;

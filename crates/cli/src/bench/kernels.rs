@@ -1,5 +1,5 @@
 //! `ferrotron bench kernels`: times and peak memory of every fused op
-//! against its reference, over the shape sweep.
+//! against its reference, over the shape sweep, on every backend asked for.
 
 use std::time::Duration;
 
@@ -7,7 +7,7 @@ use anyhow::{ensure, Result};
 
 use super::cases::{sweep, Case};
 use super::report::{self, Measured, Row};
-use super::{fused, reference};
+use super::target;
 use crate::args::KernelsBenchArgs;
 
 /// One forward + backward: wall time and peak bytes.
@@ -19,7 +19,8 @@ pub struct Sample {
     pub peak_bytes: u64,
 }
 
-/// Runs the sweep, prints the table and writes the JSON if asked.
+/// Runs the sweep on every target, prints the table and writes the JSON if
+/// asked.
 pub fn run(args: KernelsBenchArgs) -> Result<()> {
     ensure!(args.reps >= 1, "--reps must be at least 1");
     let cases: Vec<Case> = sweep(args.quick, args.min_seq, args.max_seq)
@@ -34,22 +35,42 @@ pub fn run(args: KernelsBenchArgs) -> Result<()> {
         args.min_seq,
         args.max_seq
     );
-    let client = fused::client()?;
-    let available = available_bytes();
-    let mut rows = Vec::new();
+    let targets = target::open(args.backends.as_deref())?;
+    ensure!(
+        !targets.is_empty(),
+        "no backend could be opened (compiled: {})",
+        target::COMPILED.join(", ")
+    );
     let measure = |once: &mut dyn FnMut() -> Result<Sample>| measure(args.warmup, args.reps, once);
+    let mut rows = Vec::new();
     for case in cases {
-        eprintln!("bench: {} {case}", case.kernel());
-        let fused = measure(&mut || fused::run(&client, &case))?;
-        let (reference, note) = match skip_reason(&case, available) {
-            Some(reason) => (None, Some(reason)),
-            None => (Some(measure(&mut || Ok(reference::run(&case)))?), None),
-        };
-        rows.push(Row::new(&case, fused, reference, note));
+        let mut cpu_reference_ms = None;
+        for target in &targets {
+            eprintln!("bench: {} {case} on {}", case.kernel(), target.name());
+            let fused = match target.has_fused() {
+                true => Some(measure(&mut || target.fused(&case))?),
+                false => None,
+            };
+            let (reference, note) = match target.reference_skip(&case) {
+                Some(reason) => (None, Some(reason)),
+                None => (Some(measure(&mut || target.reference(&case))?), None),
+            };
+            if target.name() == "flex" {
+                cpu_reference_ms = reference.map(|r| r.ms);
+            }
+            rows.push(Row::new(
+                &case,
+                target.name(),
+                fused,
+                reference,
+                cpu_reference_ms,
+                note,
+            ));
+        }
     }
-    print!("{}", report::table(&rows, args.reps));
+    print!("{}", report::table(&rows, args.warmup, args.reps));
     if let Some(path) = &args.json {
-        report::write_json(path, &rows, args.reps)?;
+        report::write_json(path, &rows, args.warmup, args.reps)?;
     }
     Ok(())
 }
@@ -73,28 +94,4 @@ fn measure(
         ms: ms[ms.len() / 2],
         peak_bytes: samples.iter().map(|s| s.peak_bytes).max().unwrap_or(0),
     })
-}
-
-/// Why the reference of `case` is not run: its `[batch, heads, seq, seq]`
-/// tensors would not fit in three quarters of the available memory.
-fn skip_reason(case: &Case, available: Option<u64>) -> Option<String> {
-    let need = case.reference_bytes_estimate();
-    let available = available?;
-    (need > available / 4 * 3).then(|| {
-        format!(
-            "reference skipped: needs ~{:.1} GiB of score tensors, {:.1} GiB available",
-            need as f64 / GIB,
-            available as f64 / GIB
-        )
-    })
-}
-
-const GIB: f64 = (1u64 << 30) as f64;
-
-/// `MemAvailable` of /proc/meminfo in bytes; `None` where it cannot be read.
-fn available_bytes() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }

@@ -1,11 +1,13 @@
 //! `ferrotron bench`: micro-benchmarks. `bench kernels` compares the fused
-//! CubeCL kernels with the plain Burn reference (needs the `kernels-bench`
-//! cargo feature).
+//! CubeCL kernels with the plain Burn reference on each compiled backend
+//! (needs the `kernels-bench` cargo feature).
 
 #[cfg(feature = "kernels-bench")]
 mod alloc;
 #[cfg(feature = "kernels-bench")]
 mod cases;
+#[cfg(feature = "kernels-bench")]
+mod cube;
 #[cfg(feature = "kernels-bench")]
 mod fused;
 #[cfg(feature = "kernels-bench")]
@@ -14,6 +16,8 @@ mod kernels;
 mod reference;
 #[cfg(feature = "kernels-bench")]
 mod report;
+#[cfg(feature = "kernels-bench")]
+mod target;
 
 use anyhow::Result;
 

@@ -12,26 +12,33 @@ use super::cases::Case;
 pub struct Measured {
     /// Median wall time of forward + backward, ms.
     pub ms: f64,
-    /// Peak bytes (device bytes in use for the fused path, heap for the reference).
+    /// Peak bytes (see the legend for what each path counts).
     pub peak_bytes: u64,
 }
 
-/// One table / JSON row.
+/// One table / JSON row: one kernel at one shape on one backend.
 #[derive(Debug, Serialize)]
 pub struct Row {
     /// Kernel name.
     pub kernel: &'static str,
     /// Shape, e.g. `[4, 8, 1024, 64]`.
     pub shape: String,
-    /// Fused forward + backward, median ms.
-    pub fused_ms: f64,
-    /// Reference forward + backward, median ms (`None` when skipped).
+    /// Backend: `flex` (the default CPU backend; reference only), `wgpu`,
+    /// `cuda` or `rocm`.
+    pub backend: &'static str,
+    /// Fused forward + backward, median ms (`None` on a CPU backend).
+    pub fused_ms: Option<f64>,
+    /// Reference forward + backward on the same backend, median ms (`None`
+    /// when skipped).
     pub reference_ms: Option<f64>,
     /// `fused_ms / reference_ms`.
     pub time_ratio: Option<f64>,
-    /// Fused device bytes in use after forward + backward, MiB.
-    pub fused_peak_mib: f64,
-    /// Reference peak heap during forward + backward, MiB.
+    /// `fused_ms` over the reference's ms on `flex` at the same shape (when
+    /// both ran): the fused kernels against the default CPU backend.
+    pub time_ratio_vs_flex: Option<f64>,
+    /// Fused peak memory, MiB.
+    pub fused_peak_mib: Option<f64>,
+    /// Reference peak memory, MiB.
     pub reference_peak_mib: Option<f64>,
     /// `fused_peak_mib / reference_peak_mib`.
     pub memory_ratio: Option<f64>,
@@ -44,80 +51,96 @@ fn mib(bytes: u64) -> f64 {
 }
 
 impl Row {
-    /// The row of `case`; `reference` is `None` when skipped for `note`.
+    /// The row of `case` on `backend`; `reference` is `None` when skipped
+    /// for `note`; `flex_reference_ms` is the reference's time on `flex` at
+    /// this shape, if it ran.
     pub fn new(
         case: &Case,
-        fused: Measured,
+        backend: &'static str,
+        fused: Option<Measured>,
         reference: Option<Measured>,
+        flex_reference_ms: Option<f64>,
         note: Option<String>,
     ) -> Self {
-        let fused_peak_mib = mib(fused.peak_bytes);
+        let ratio = |a: Option<f64>, b: Option<f64>| Some(a? / b?);
+        let fused_ms = fused.map(|f| f.ms);
+        let reference_ms = reference.map(|r| r.ms);
+        let fused_peak_mib = fused.map(|f| mib(f.peak_bytes));
         let reference_peak_mib = reference.map(|r| mib(r.peak_bytes));
         Row {
             kernel: case.kernel(),
             shape: case.to_string(),
-            fused_ms: fused.ms,
-            reference_ms: reference.map(|r| r.ms),
-            time_ratio: reference.map(|r| fused.ms / r.ms),
+            backend,
+            fused_ms,
+            reference_ms,
+            time_ratio: ratio(fused_ms, reference_ms),
+            time_ratio_vs_flex: ratio(fused_ms, flex_reference_ms),
             fused_peak_mib,
             reference_peak_mib,
-            memory_ratio: reference_peak_mib.map(|r| fused_peak_mib / r),
+            memory_ratio: ratio(fused_peak_mib, reference_peak_mib),
             note,
         }
     }
 }
 
 /// What the columns measure, printed above the table and stored in the JSON.
-fn legend(reps: usize) -> String {
+fn legend(warmup: usize, reps: usize) -> String {
     format!(
-        "forward + backward, f32; time = median of {reps} timed run(s) after 1 warm-up. \
-         fused = ferrotron-kernels on cubecl wgpu (default adapter), memory = device bytes \
-         in use after the backward (inputs, outputs, saved tensors). reference = Burn \
-         Autodiff<Flex> on the CPU, memory = peak Rust heap from the inputs to the end of \
-         the backward."
+        "forward + backward, f32; time = median of {reps} timed run(s) after {warmup} \
+         warm-up(s). fused = ferrotron-kernels on the backend's cubecl runtime, memory = \
+         device bytes in use after the backward (inputs, outputs, saved tensors). ref = the \
+         decoder's reference ops (plain Burn) on the same backend: on flex (the default CPU \
+         backend) memory = peak Rust heap from the inputs to the end of the backward; on a \
+         CubeCL backend memory = the larger of the device bytes in use after the forward and \
+         after the backward (a lower bound of its peak). fused/flex = fused time over the \
+         flex reference's time at the same shape."
     )
 }
 
 /// The rows as an aligned text table, with the legend above it.
-pub fn table(rows: &[Row], reps: usize) -> String {
+pub fn table(rows: &[Row], warmup: usize, reps: usize) -> String {
     let opt = |v: Option<f64>, digits: usize| match v {
         Some(v) => format!("{v:.digits$}"),
         None => "-".to_string(),
     };
-    let mut cells = vec![[
+    let header = [
         "kernel",
         "shape",
+        "backend",
         "fused ms",
         "ref ms",
         "fused/ref",
+        "fused/flex",
         "fused MiB",
         "ref MiB",
         "fused/ref",
-    ]
-    .map(String::from)];
+    ];
+    let mut cells = vec![header.map(String::from)];
     for r in rows {
         cells.push([
             r.kernel.to_string(),
             r.shape.clone(),
-            format!("{:.1}", r.fused_ms),
+            r.backend.to_string(),
+            opt(r.fused_ms, 1),
             opt(r.reference_ms, 1),
             opt(r.time_ratio, 2),
-            format!("{:.1}", r.fused_peak_mib),
+            opt(r.time_ratio_vs_flex, 2),
+            opt(r.fused_peak_mib, 1),
             opt(r.reference_peak_mib, 1),
             opt(r.memory_ratio, 2),
         ]);
     }
-    let widths: Vec<usize> = (0..8)
+    let widths: Vec<usize> = (0..header.len())
         .map(|c| cells.iter().map(|row| row[c].len()).max().unwrap_or(0))
         .collect();
-    let mut out = format!("{}\n", legend(reps));
+    let mut out = format!("{}\n", legend(warmup, reps));
     for row in &cells {
         let line: Vec<String> = row
             .iter()
             .zip(&widths)
             .enumerate()
             .map(|(c, (cell, &w))| {
-                if c < 2 {
+                if c < 3 {
                     format!("{cell:<w$}")
                 } else {
                     format!("{cell:>w$}")
@@ -129,16 +152,22 @@ pub fn table(rows: &[Row], reps: usize) -> String {
     }
     for r in rows {
         if let Some(note) = &r.note {
-            out.push_str(&format!("{} {}: {note}\n", r.kernel, r.shape));
+            out.push_str(&format!("{} {} {}: {note}\n", r.kernel, r.shape, r.backend));
         }
     }
     out
 }
 
-/// Writes `{ "legend", "reps", "rows" }` to `path` through a temporary file
-/// in the same directory and a rename, so readers never see half a file.
-pub fn write_json(path: &Path, rows: &[Row], reps: usize) -> Result<()> {
-    let doc = serde_json::json!({ "legend": legend(reps), "reps": reps, "rows": rows });
+/// Writes `{ "legend", "warmup", "reps", "rows" }` to `path` through a
+/// temporary file in the same directory and a rename, so readers never see
+/// half a file.
+pub fn write_json(path: &Path, rows: &[Row], warmup: usize, reps: usize) -> Result<()> {
+    let doc = serde_json::json!({
+        "legend": legend(warmup, reps),
+        "warmup": warmup,
+        "reps": reps,
+        "rows": rows,
+    });
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = std::path::PathBuf::from(tmp);
