@@ -1,14 +1,17 @@
 //! Criterion benchmark of the decoder's hot operations as the model calls
-//! them (`ferrotron_models::ops`), forward + backward: `fused` on Burn's
-//! CubeCL backend over the wgpu runtime (a GPU's Vulkan/Metal/DX12 driver,
-//! or Mesa's lavapipe on a CPU) against `reference` on `Autodiff<Flex>`, the
-//! default CPU backend. The same sweep as `ferrotron bench kernels`, which
-//! also reports memory; this one is for local runs with criterion's
-//! statistics:
+//! them (`ferrotron_models::ops`), forward + backward, on every compiled
+//! backend: `fused` and `reference` on Burn's CubeCL backend over the wgpu
+//! runtime (a GPU's Vulkan/Metal/DX12 driver, or Mesa's lavapipe on a CPU),
+//! and over CUDA / HIP with the `cuda` / `rocm` features (GPU 0); `reference`
+//! on `Autodiff<Flex>`, the default CPU backend. The same sweep as
+//! `ferrotron bench kernels`, which also reports memory; this one is for
+//! local runs with criterion's statistics. Benchmark ids are
+//! `KERNEL/BACKEND-KERNELS/SHAPE`:
 //!
 //! ```sh
 //! CUBECL_AUTOTUNE_LEVEL=minimal cargo bench -p ferrotron-models --bench kernels
-//! cargo bench -p ferrotron-models --bench kernels -- attention/fused  # a filter
+//! cargo bench -p ferrotron-models --bench kernels -- attention/wgpu-fused  # a filter
+//! cargo bench -p ferrotron-models --features cuda --bench kernels -- cuda
 //! ```
 //!
 //! Each iteration runs the op, sums the output, back-propagates and waits
@@ -27,8 +30,7 @@ use ferrotron_models::ops::{
 };
 use ferrotron_models::{Kernels, Position};
 
-type Fused = Autodiff<CubeBackend<WgpuRuntime, f32, i32, u32>>;
-type Reference = Autodiff<Flex>;
+type Wgpu = Autodiff<CubeBackend<WgpuRuntime, f32, i32, u32>>;
 
 /// Attention sequence lengths (batch 4, 8 heads, head dim 64).
 const ATTENTION_SEQS: [usize; 3] = [256, 512, 1024];
@@ -121,8 +123,22 @@ fn sweep<B: AutodiffBackend + KernelBackend>(
 }
 
 fn kernels(c: &mut Criterion) {
-    sweep::<Fused>(c, Kernels::Fused, "fused", &WgpuDevice::DefaultDevice);
-    sweep::<Reference>(c, Kernels::Reference, "reference", &Default::default());
+    sweep::<Autodiff<Flex>>(c, Kernels::Reference, "flex-reference", &Default::default());
+    let wgpu = WgpuDevice::DefaultDevice;
+    sweep::<Wgpu>(c, Kernels::Fused, "wgpu-fused", &wgpu);
+    sweep::<Wgpu>(c, Kernels::Reference, "wgpu-reference", &wgpu);
+    #[cfg(feature = "cuda")]
+    {
+        type Cuda = Autodiff<ferrotron_models::ops::Cuda>;
+        sweep::<Cuda>(c, Kernels::Fused, "cuda-fused", &Default::default());
+        sweep::<Cuda>(c, Kernels::Reference, "cuda-reference", &Default::default());
+    }
+    #[cfg(feature = "rocm")]
+    {
+        type Rocm = Autodiff<ferrotron_models::ops::Rocm>;
+        sweep::<Rocm>(c, Kernels::Fused, "rocm-fused", &Default::default());
+        sweep::<Rocm>(c, Kernels::Reference, "rocm-reference", &Default::default());
+    }
 }
 
 criterion_group!(benches, kernels);
