@@ -16,9 +16,9 @@ use ferrotron_engine::metrics::{self, MetricsWriter, StepRecord, ValRecord};
 use ferrotron_engine::optim::{AdamWConfig, LrSchedule};
 use ferrotron_engine::params::{load_named_tensors, named_tensors};
 use ferrotron_models::hf::{load_hf_dir, save_hf_dir, Family};
-use ferrotron_models::ops::{KernelBackend, TrainBackend};
+use ferrotron_models::ops::{choose_kernels, KernelBackend, TrainBackend};
 use ferrotron_models::presets::{preset, PRESET_NAMES};
-use ferrotron_models::{generate, Decoder, Kernels, SamplingConfig};
+use ferrotron_models::{generate, Decoder, SamplingConfig};
 use ferrotron_parallel::comm::{Communicator, SingleProcess};
 use ferrotron_parallel::data::DataParallel;
 use ferrotron_parallel::launch::{self, LaunchInfo};
@@ -139,13 +139,11 @@ fn train_ranked(
         }
         model.vocab_size = v;
     }
-    if s.kernels == Some(Kernels::Fused) && kind.is_cpu() {
-        return Err(usage(format!(
-            "--kernels fused: backend {kind} has no fused kernels (they run on the GPU \
-             backends cuda and rocm); use --kernels reference or leave it unset"
-        )));
-    }
     model.kernels = s.kernels;
+    // The choice `Decoder::new` makes, checked before the run directory is
+    // written.
+    choose_kernels(&model, kind.is_cpu().then(|| kind.name()))
+        .map_err(|e| usage(format!("--kernels {}", e.problem)))?;
     if let Some(dir) = &s.hf_out {
         Family::of(&model).map_err(|e| usage(format!("--hf-out: {e}")))?;
         check_out_dir(dir, "--hf-out")?;
@@ -298,10 +296,7 @@ impl BackendTask for TrainTask {
         let mut sampler = BatchSampler::new(split.train.len(), s.seq_len, s.seed)?;
         let val_batches = data::eval_batches(&split.val, s.seq_len, s.micro_batch, s.eval_batches);
 
-        let mut model = Decoder::<B>::new(mc, s.seed, &device).map_err(|e| match e.field {
-            "kernels" => usage(format!("--kernels: {}", e.problem)),
-            _ => e.into(),
-        })?;
+        let mut model = Decoder::<B>::new(mc, s.seed, &device)?;
         if let Some(initial) = self.initial {
             let name = s.hf_dir.as_ref().map(|d| d.display().to_string());
             model = load_named_tensors(model, initial, &name.unwrap_or_default())?;

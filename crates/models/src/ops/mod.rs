@@ -46,6 +46,18 @@ use crate::config::{ConfigError, DecoderConfig, Kernels};
 /// Errors when `"fused"` is asked for on a backend without fused kernels or
 /// for a shape they do not support (head dimension over 256).
 pub fn resolve_kernels<B: KernelBackend>(config: &DecoderConfig) -> Result<Kernels, ConfigError> {
+    let without_kernels = (!B::has_fused_kernels()).then(|| B::name(&Default::default()));
+    choose_kernels(config, without_kernels.as_deref())
+}
+
+/// [`resolve_kernels`] for a backend known only by name, so a caller can
+/// check a configuration before it has a backend type: `without_kernels`
+/// names the backend when it has no fused kernels (a CPU backend) and is
+/// `None` when it has them.
+pub fn choose_kernels(
+    config: &DecoderConfig,
+    without_kernels: Option<&str>,
+) -> Result<Kernels, ConfigError> {
     let shape = AttentionShape {
         batch: 1,
         n_heads: config.n_heads,
@@ -53,22 +65,20 @@ pub fn resolve_kernels<B: KernelBackend>(config: &DecoderConfig) -> Result<Kerne
         seq: 1,
         head_dim: config.head_dim(),
     };
-    let unsupported = if !B::has_fused_kernels() {
-        Some(format!(
-            "backend {} has no fused kernels (they run on the CubeCL backends cuda and \
-             rocm; use \"reference\" on the CPU)",
-            B::name(&Default::default())
-        ))
-    } else {
-        shape
+    let unsupported = match without_kernels {
+        Some(backend) => Some(format!(
+            "backend {backend} has no fused kernels (they run on the CubeCL backends cuda and \
+             rocm; use \"reference\" on the CPU)"
+        )),
+        None => shape
             .validate()
             .err()
-            .map(|e| format!("the fused kernels refuse this model: {e}"))
+            .map(|e| format!("the fused kernels refuse this model: {e}")),
     };
     match (config.kernels, unsupported) {
         (Some(Kernels::Fused), Some(why)) => Err(ConfigError {
             field: "kernels",
-            problem: format!("is \"fused\", but {why}"),
+            problem: format!("fused: {why}"),
         }),
         (Some(choice), _) => Ok(choice),
         (None, None) => Ok(Kernels::Fused),
