@@ -139,6 +139,11 @@ impl Mesh {
         }
     }
 
+    /// The rank at coordinates `c` (the inverse of [`Mesh::coord`]).
+    pub fn rank(&self, c: MeshCoord) -> usize {
+        c.pp * (self.dp * self.tp) + c.dp * self.tp + c.tp
+    }
+
     /// One line for the start-up log.
     pub fn describe(&self) -> String {
         format!(
@@ -192,5 +197,8 @@ mod tests {
         assert_eq!(m.coord(2), c(0, 1, 0));
         assert_eq!(m.coord(5), c(1, 0, 1));
         assert_eq!(m.coord(7), c(1, 1, 1));
+        for r in 0..8 {
+            assert_eq!(m.rank(m.coord(r)), r);
+        }
     }
 }

@@ -1,5 +1,6 @@
-//! Every `MpiCommunicator` operation, checked on 2 and 3 ranks under
-//! `mpirun`. The launcher test re-runs this test binary under `mpirun`,
+//! Every `MpiCommunicator` operation, checked on 2, 3 and 4 ranks under
+//! `mpirun`, with groups split from the world (by parity; on 4 ranks the
+//! tp2 x dp2 process groups) and the tensor collectives. The launcher test re-runs this test binary under `mpirun`,
 //! selecting the ignored worker test; a failing assertion on any rank makes
 //! `mpirun` exit non-zero. Skipped (with a printed reason) without the
 //! `mpi` feature; with it, a missing `mpirun` is a failure.
@@ -7,13 +8,13 @@
 use std::process::Command;
 
 #[test]
-fn mpi_communicator_operations_are_correct_on_2_and_3_ranks() {
+fn mpi_communicator_operations_are_correct_on_2_3_and_4_ranks() {
     if !cfg!(feature = "mpi") {
         eprintln!("SKIPPED: built without the `mpi` feature; run `cargo test -p ferrotron-parallel --features mpi`");
         return;
     }
     let exe = std::env::current_exe().unwrap();
-    for ranks in ["2", "3"] {
+    for ranks in ["2", "3", "4"] {
         let o = Command::new("mpirun")
             .args(["--allow-run-as-root", "--oversubscribe", "-np", ranks])
             .arg(&exe)
@@ -32,7 +33,7 @@ fn mpi_communicator_operations_are_correct_on_2_and_3_ranks() {
 
 /// One rank's checks; run only under mpirun by the test above.
 #[test]
-#[ignore = "runs under mpirun, started by mpi_communicator_operations_are_correct_on_2_and_3_ranks"]
+#[ignore = "runs under mpirun, started by mpi_communicator_operations_are_correct_on_2_3_and_4_ranks"]
 fn mpi_worker() {
     #[cfg(feature = "mpi")]
     worker::run();
@@ -40,10 +41,77 @@ fn mpi_worker() {
 
 #[cfg(feature = "mpi")]
 mod worker {
+    use std::sync::Arc;
+
+    use burn::backend::Flex;
+    use burn::tensor::Tensor;
+    use ferrotron_parallel::comm::tensor::host_f32;
     use ferrotron_parallel::comm::{Communicator, MpiCommunicator};
+    use ferrotron_parallel::groups::{Dim, ProcessGroups};
+    use ferrotron_parallel::mesh::Mesh;
 
     pub fn run() {
         let c = MpiCommunicator::init().unwrap();
+        point_to_point_and_collectives(&c);
+        let world: Arc<dyn Communicator> = Arc::new(c);
+        groups(&world);
+        tensors(&*world);
+    }
+
+    /// Ranks split by parity: each half sums its own ranks.
+    fn groups(world: &Arc<dyn Communicator>) {
+        let (r, w) = (world.rank(), world.world_size());
+        let half = world.split(r % 2, r).unwrap();
+        let mine: Vec<usize> = (0..w).filter(|q| q % 2 == r % 2).collect();
+        assert_eq!(half.world_size(), mine.len());
+        assert_eq!(half.rank(), mine.iter().position(|&q| q == r).unwrap());
+        let mut sum = [r as f32];
+        half.all_reduce_sum(&mut sum).unwrap();
+        assert_eq!(sum[0], mine.iter().sum::<usize>() as f32);
+        half.barrier().unwrap();
+        if w != 4 {
+            return;
+        }
+        // tp 2 x dp 2: TP groups {0, 1}, {2, 3}; DP groups {0, 2}, {1, 3}.
+        let mesh = Mesh {
+            dp: 2,
+            tp: 2,
+            pp: 1,
+        };
+        let g = ProcessGroups::new(world.clone(), mesh).unwrap();
+        let mut tp = [r as f32];
+        g.group(Dim::Tp).all_reduce_sum(&mut tp).unwrap();
+        assert_eq!(tp[0], [1.0, 1.0, 5.0, 5.0][r]);
+        let mut dp = [r as f32];
+        g.dp().all_reduce_sum(&mut dp).unwrap();
+        assert_eq!(dp[0], [2.0, 4.0, 2.0, 4.0][r]);
+        assert_eq!(g.dp().rank(), r / 2);
+        assert_eq!(g.group(Dim::Pp).world_size(), 1);
+    }
+
+    /// The tensor collectives move Burn tensors through MPI.
+    fn tensors(c: &dyn Communicator) {
+        let (r, w) = (c.rank() as f32, c.world_size() as f32);
+        let device = Default::default();
+        let t = Tensor::<Flex, 2>::from_data([[r, 1.0], [2.0, -r]], &device);
+        let tri = w * (w - 1.0) / 2.0;
+        let sum = host_f32(c.all_reduce_sum_tensor(t.clone()).unwrap());
+        assert_eq!(sum, [tri, w, 2.0 * w, -tri]);
+        let avg = host_f32(c.all_reduce_avg_tensor(t).unwrap());
+        assert_eq!(avg, [tri / w, 1.0, 2.0, -tri / w]);
+        let mine = Tensor::<Flex, 1>::from_data([r, r], &device);
+        let all = host_f32(c.all_gather_tensor(mine).unwrap());
+        let want: Vec<f32> = (0..c.world_size()).flat_map(|k| [k as f32; 2]).collect();
+        assert_eq!(all, want);
+        let blocks: Vec<f32> = (0..c.world_size()).map(|k| k as f32 + r).collect();
+        let n = blocks.len();
+        let send =
+            Tensor::<Flex, 1>::from_data(burn::tensor::TensorData::new(blocks, [n]), &device);
+        let got = host_f32(c.reduce_scatter_sum_tensor(send).unwrap());
+        assert_eq!(got, [w * r + tri]);
+    }
+
+    fn point_to_point_and_collectives(c: &MpiCommunicator) {
         let (r, w) = (c.rank(), c.world_size());
         let rf = r as f32;
         let wf = w as f32;

@@ -1,26 +1,31 @@
 //! Communicators: the collective and point-to-point operations that span ranks.
 //!
-//! Deliberately simple: every operation works on `f32` host buffers
-//! (`&[f32]` / `&mut [f32]`). Burn tensors are converted at the call site
-//! (`into_data()` / `from_data`), which costs a device-to-host copy on a GPU
-//! and nothing more on a CPU backend. Two implementations exist:
-//! [`SingleProcess`] (world size 1, every collective the identity) and,
-//! with the `mpi` cargo feature, [`MpiCommunicator`] (Open MPI through the
-//! `mpi` crate), whose every operation fails with [`CommError::Timeout`],
-//! naming the missing ranks, when it does not complete within a timeout
-//! ([`DEFAULT_TIMEOUT`] unless set). The device-side transport, NCCL / RCCL
-//! on raw device pointers, is the separate [`nccl`] binding, bootstrapped
-//! over one of these; training does not use it yet.
+//! The contract is [`Communicator`]: `f32` host buffers (`&[f32]` /
+//! `&mut [f32]`), `Send + Sync` so that layers can hold a group handle, and
+//! [`Communicator::split`] to make process groups ([`crate::groups`]).
+//! Collectives on Burn tensors ([`tensor`]: `all_reduce_sum_tensor`, ...)
+//! sit on top, on `dyn Communicator`; they move the values through the host
+//! path, which costs a device-to-host copy on a GPU and nothing more on a
+//! CPU backend. Two implementations exist: [`SingleProcess`] (world size 1,
+//! every collective the identity) and, with the `mpi` cargo feature,
+//! [`MpiCommunicator`] (Open MPI through the `mpi` crate), whose every
+//! operation fails with [`CommError::Timeout`], naming the missing ranks,
+//! when it does not complete within a timeout ([`DEFAULT_TIMEOUT`] unless
+//! set). The device-side transport, NCCL / RCCL on raw device pointers, is
+//! the separate [`nccl`] binding, bootstrapped over one of these; training
+//! does not use it yet.
 
 #[cfg(feature = "mpi")]
 mod mpi;
 pub mod nccl;
 mod single;
+pub mod tensor;
 
 #[cfg(feature = "mpi")]
 pub use self::mpi::MpiCommunicator;
 pub use single::SingleProcess;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Default timeout of a communicator operation: 600 s, the 10 minutes of
@@ -71,14 +76,21 @@ pub enum CommError {
 
 /// Collective and point-to-point operations over the ranks of one job.
 ///
-/// Every rank of the job must make the same sequence of collective calls
-/// with buffers of the same length (as in MPI); a mismatch is undefined at
-/// the transport level. Buffer lengths are counted in `f32` elements.
-pub trait Communicator {
+/// Every rank of the communicator must make the same sequence of
+/// collective calls with buffers of the same length (as in MPI); a mismatch
+/// is undefined at the transport level. Buffer lengths are counted in `f32`
+/// elements. A communicator may be a group of a larger job
+/// ([`Communicator::split`]): `rank` and `world_size` are then those of the
+/// group.
+pub trait Communicator: Send + Sync {
     /// This process's rank, `0..world_size()`.
     fn rank(&self) -> usize;
-    /// Number of ranks in the job.
+    /// Number of ranks in the communicator.
     fn world_size(&self) -> usize;
+    /// A new communicator over the ranks that pass the same `color`,
+    /// numbered by ascending `key` (`MPI_Comm_split`). Collective: every
+    /// rank calls it, with its own color and key.
+    fn split(&self, color: usize, key: usize) -> Result<Arc<dyn Communicator>, CommError>;
     /// Sums `buf` element-wise over all ranks, in place; every rank gets the sum.
     fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<(), CommError>;
     /// Averages `buf` element-wise over all ranks, in place (sum, then `/ world_size`).
@@ -104,8 +116,8 @@ pub trait Communicator {
     fn recv(&self, buf: &mut [f32], src: usize, tag: i32) -> Result<(), CommError>;
     /// Returns once every rank has called `barrier`.
     fn barrier(&self) -> Result<(), CommError>;
-    /// Ends the whole job with exit code `code` (every rank). For world size 1
-    /// this is `std::process::exit`.
+    /// Ends the whole job with exit code `code` (every rank of every group).
+    /// For a one-rank job this is `std::process::exit`.
     fn abort(&self, code: i32) -> !;
 }
 

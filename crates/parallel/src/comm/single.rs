@@ -1,5 +1,7 @@
 //! The communicator of a one-rank job: every collective is the identity.
 
+use std::sync::Arc;
+
 use super::{check_blocks, check_rank, CommError, Communicator};
 
 /// World size 1, rank 0. Collectives copy or leave buffers as they are;
@@ -14,6 +16,10 @@ impl Communicator for SingleProcess {
 
     fn world_size(&self) -> usize {
         1
+    }
+
+    fn split(&self, _color: usize, _key: usize) -> Result<Arc<dyn Communicator>, CommError> {
+        Ok(Arc::new(SingleProcess))
     }
 
     fn all_reduce_sum(&self, _buf: &mut [f32]) -> Result<(), CommError> {
@@ -79,6 +85,7 @@ mod tests {
         c.reduce_scatter_sum(&buf, &mut out).unwrap();
         assert_eq!(out, buf);
         c.barrier().unwrap();
+        assert_eq!(c.split(3, 0).unwrap().world_size(), 1);
     }
 
     #[test]

@@ -15,9 +15,9 @@
 //! fresh multi-MiB buffer per call cost more (page faults) than the
 //! all-reduce itself.
 
-use std::cell::RefCell;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
+use std::sync::Mutex;
 
 /// Most buffers kept for reuse: the send and receive buffer of one call.
 const MAX_SPARES: usize = 2;
@@ -79,12 +79,17 @@ impl Lent {
 /// Buffers of completed operations, reused by the next ones; holds at most
 /// two, so at most twice the largest buffer of a call stays allocated.
 #[derive(Default)]
-pub(super) struct Spares(RefCell<Vec<Vec<f32>>>);
+pub(super) struct Spares(Mutex<Vec<Vec<f32>>>);
 
 impl Spares {
+    /// The kept buffers (a poisoned lock still holds valid buffers).
+    fn kept(&self) -> std::sync::MutexGuard<'_, Vec<Vec<f32>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Lends a copy of `values`.
     pub(super) fn lend_copy(&self, values: &[f32]) -> Lent {
-        let mut buf = self.0.borrow_mut().pop().unwrap_or_default();
+        let mut buf = self.kept().pop().unwrap_or_default();
         buf.clear();
         buf.extend_from_slice(values);
         Lent::new(buf)
@@ -93,7 +98,7 @@ impl Spares {
     /// Lends a receive buffer of `len` values: what a kept buffer held,
     /// zeros beyond it (MPI overwrites them all; not clearing saves a pass).
     pub(super) fn lend_scratch(&self, len: usize) -> Lent {
-        let mut buf = self.0.borrow_mut().pop().unwrap_or_default();
+        let mut buf = self.kept().pop().unwrap_or_default();
         buf.truncate(len);
         buf.resize(len, 0.0);
         Lent::new(buf)
@@ -111,7 +116,7 @@ impl Spares {
         if let Some(out) = out {
             out.copy_from_slice(&buf);
         }
-        let mut spares = self.0.borrow_mut();
+        let mut spares = self.kept();
         if spares.len() < MAX_SPARES {
             spares.push(buf);
         }

@@ -40,21 +40,37 @@
 //! [`abort`](Communicator::abort) the job, which makes `mpirun` end every
 //! process, the hung one included. A failed communicator that is dropped
 //! skips `MPI_Finalize` (it could wait for the missing rank).
+//!
+//! # Groups and threads
+//!
+//! [`Communicator::split`] makes a communicator over a subset of the ranks
+//! (`MPI_Comm_split`), with its own notices, counters and timeout; its
+//! errors name ranks by their number in the world, so a timeout in a
+//! data-parallel group still says which process is missing. Every
+//! communicator of the process shares the MPI environment, finalized when
+//! the last one is dropped.
+//!
+//! MPI is initialized with `MPI_THREAD_SERIALIZED` and each communicator
+//! holds a lock for the whole of an operation, so the type is `Send + Sync`
+//! (Burn modules holding a group handle must be `Send`) while MPI never
+//! sees two calls at once from one communicator. Different communicators
+//! are used by the training step one after the other, never concurrently.
 
 mod lent;
 mod op;
 mod report;
 mod wait;
 
-use std::cell::Cell;
 use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ::mpi::collective::SystemOperation;
 use ::mpi::datatype::Equivalence;
-use ::mpi::environment::Universe;
+use ::mpi::environment::{Threading, Universe};
 use ::mpi::request::StaticScope;
-use ::mpi::topology::SimpleCommunicator;
+use ::mpi::topology::{Color, SimpleCommunicator};
 use ::mpi::traits::{Communicator as _, CommunicatorCollectives, Destination, Root, Source};
 
 use self::lent::Spares;
@@ -62,28 +78,45 @@ use self::op::Op;
 use self::wait::Peers;
 use super::{check_blocks, check_rank, CommError, Communicator, DEFAULT_TIMEOUT};
 
-/// `MPI_COMM_WORLD` of a job started by `mpirun` (or `srun` with PMIx).
+/// An MPI communicator: `MPI_COMM_WORLD` of a job started by `mpirun` (or
+/// `srun` with PMIx), or a group split from it ([`Communicator::split`]).
 ///
-/// Owns the MPI environment: `MPI_Finalize` runs when it is dropped, so
-/// create exactly one per process and keep it for the whole run. Every
-/// operation fails with [`CommError::Timeout`] if it does not complete
-/// within the timeout (see the module doc); errors inside MPI calls abort
-/// the job (MPI's default `MPI_ERRORS_ARE_FATAL`).
+/// The world communicator starts the MPI environment; `MPI_Finalize` runs
+/// when the last communicator is dropped, so create exactly one world per
+/// process and keep it for the whole run. Every operation fails with
+/// [`CommError::Timeout`] if it does not complete within the timeout (see
+/// the module doc); errors inside MPI calls abort the job (MPI's default
+/// `MPI_ERRORS_ARE_FATAL`).
 pub struct MpiCommunicator {
-    world: SimpleCommunicator,
-    /// A duplicate of `world` that carries only timeout notices; freed
+    /// The ranks of this communicator; freed before MPI is finalized.
+    comm: ManuallyDrop<SimpleCommunicator>,
+    /// A duplicate of `comm` that carries only timeout notices; freed
     /// before MPI is finalized.
     notices: ManuallyDrop<SimpleCommunicator>,
+    /// World rank of each rank of `comm` (the names used in errors).
+    world_ranks: Vec<usize>,
     timeout: Duration,
     /// Operations started so far, per [`Op`] (indexed by its code).
-    counts: [Cell<u64>; Op::ALL.len()],
+    counts: [AtomicU64; Op::ALL.len()],
     /// Set when an operation timed out.
-    failed: Cell<bool>,
+    failed: AtomicBool,
+    /// Held for the whole of an operation: one MPI call sequence at a time.
+    serial: Mutex<()>,
     /// Buffers for the next operations.
     spares: Spares,
-    /// Finalized on drop unless `failed`.
-    universe: ManuallyDrop<Universe>,
+    /// The MPI environment, finalized when its last holder is dropped; a
+    /// failed communicator never lets go of its share.
+    universe: ManuallyDrop<Arc<Universe>>,
 }
+
+// SAFETY: the MPI handles are plain identifiers that MPI lets any thread
+// use under MPI_THREAD_SERIALIZED, which `init_with_timeout` asks for; every
+// operation holds `serial` while it calls MPI, so calls on one communicator
+// never overlap, and the counters, flag and spare buffers are atomics or
+// behind locks.
+unsafe impl Send for MpiCommunicator {}
+// SAFETY: as for `Send`: shared use goes through `serial`.
+unsafe impl Sync for MpiCommunicator {}
 
 impl MpiCommunicator {
     /// Initializes MPI with the default timeout, [`DEFAULT_TIMEOUT`] (600 s).
@@ -101,28 +134,54 @@ impl MpiCommunicator {
                 "the communicator timeout must be positive".into(),
             ));
         }
-        let universe = ::mpi::initialize()
+        let (universe, _) = ::mpi::initialize_with_threading(Threading::Serialized)
             .ok_or_else(|| CommError::Transport("MPI was already initialized".into()))?;
         let world = universe.world();
-        Ok(Self {
-            notices: ManuallyDrop::new(world.duplicate()),
-            world,
+        let world_ranks = (0..world.size() as usize).collect();
+        Ok(Self::over(world, world_ranks, timeout, Arc::new(universe)))
+    }
+
+    /// A communicator over `comm`, whose rank `r` is world rank `world_ranks[r]`.
+    fn over(
+        comm: SimpleCommunicator,
+        world_ranks: Vec<usize>,
+        timeout: Duration,
+        universe: Arc<Universe>,
+    ) -> Self {
+        Self {
+            notices: ManuallyDrop::new(comm.duplicate()),
+            comm: ManuallyDrop::new(comm),
+            world_ranks,
             timeout,
             counts: Default::default(),
-            failed: Cell::new(false),
+            failed: AtomicBool::new(false),
+            serial: Mutex::new(()),
             spares: Spares::default(),
             universe: ManuallyDrop::new(universe),
-        })
+        }
+    }
+
+    /// Whether an operation timed out (the communicator is then unusable).
+    pub(super) fn has_failed(&self) -> bool {
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    /// Holds the operation lock (a poisoned lock is still a lock: the
+    /// panicking operation left MPI in no worse state than an error would).
+    fn serialize(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.serial.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 impl Drop for MpiCommunicator {
     fn drop(&mut self) {
-        if !self.failed.get() {
-            // SAFETY: each dropped once, here, and never used again; the
-            // duplicate communicator must be freed before `MPI_Finalize`.
+        if !self.has_failed() {
+            // SAFETY: each dropped once, here, and never used again; both
+            // communicators must be freed before `MPI_Finalize`, which runs
+            // when the last share of the universe goes.
             unsafe {
                 ManuallyDrop::drop(&mut self.notices);
+                ManuallyDrop::drop(&mut self.comm);
                 ManuallyDrop::drop(&mut self.universe);
             }
         }
@@ -131,19 +190,52 @@ impl Drop for MpiCommunicator {
 
 impl Communicator for MpiCommunicator {
     fn rank(&self) -> usize {
-        self.world.rank() as usize
+        self.comm.rank() as usize
     }
 
     fn world_size(&self) -> usize {
-        self.world.size() as usize
+        self.comm.size() as usize
+    }
+
+    fn split(&self, color: usize, key: usize) -> Result<Arc<dyn Communicator>, CommError> {
+        let to_i32 = |what: &str, v: usize| {
+            i32::try_from(v).map_err(|_| {
+                CommError::Transport(format!("split: {what} {v} does not fit MPI's int"))
+            })
+        };
+        let (color, key) = (to_i32("color", color)?, to_i32("key", key)?);
+        // MPI_Comm_split blocks without a timeout: a timed barrier first
+        // makes sure every rank has arrived, so it returns at once.
+        self.barrier()?;
+        let group = {
+            let _serial = self.serialize();
+            self.comm
+                .split_by_color_with_key(Color::with_value(color), key)
+        }
+        .ok_or_else(|| CommError::Transport("split: MPI returned no communicator".into()))?;
+        let size = group.size() as usize;
+        let mut split = Self::over(
+            group,
+            (0..size).collect(),
+            self.timeout,
+            Arc::clone(&self.universe),
+        );
+        // The world rank of every member, for the group's error messages
+        // (exact in f32 below 2^24 ranks).
+        let me = self.world_ranks[self.rank()] as f32;
+        let mut ranks = vec![0.0; size];
+        split.all_gather(&[me], &mut ranks)?;
+        split.world_ranks = ranks.into_iter().map(|r| r as usize).collect();
+        Ok(Arc::new(split))
     }
 
     fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<(), CommError> {
+        let _serial = self.serialize();
         let at = self.start(Op::AllReduce)?;
         let send = self.spares.lend_copy(buf);
         let mut recv = self.spares.lend_scratch(buf.len());
         // SAFETY: one view of each buffer, used only by this request.
-        let req = self.world.immediate_all_reduce_into(
+        let req = self.comm.immediate_all_reduce_into(
             StaticScope,
             unsafe { send.view() },
             unsafe { recv.view_mut() },
@@ -160,15 +252,16 @@ impl Communicator for MpiCommunicator {
 
     fn all_gather(&self, send: &[f32], recv: &mut [f32]) -> Result<(), CommError> {
         check_blocks("all_gather", send.len(), recv.len(), self.world_size())?;
+        let _serial = self.serialize();
         let at = self.start(Op::AllGather)?;
         let lent_send = self.spares.lend_copy(send);
         let mut lent_recv = self.spares.lend_scratch(recv.len());
         // SAFETY: one view of each buffer, used only by this request.
-        let req = self.world.immediate_all_gather_into(
-            StaticScope,
-            unsafe { lent_send.view() },
-            unsafe { lent_recv.view_mut() },
-        );
+        let req =
+            self.comm
+                .immediate_all_gather_into(StaticScope, unsafe { lent_send.view() }, unsafe {
+                    lent_recv.view_mut()
+                });
         self.finish(req, at, Peers::All)?;
         // SAFETY: the request completed.
         unsafe {
@@ -185,11 +278,12 @@ impl Communicator for MpiCommunicator {
             send.len(),
             self.world_size(),
         )?;
+        let _serial = self.serialize();
         let at = self.start(Op::ReduceScatter)?;
         let lent_send = self.spares.lend_copy(send);
         let mut lent_recv = self.spares.lend_scratch(recv.len());
         // SAFETY: one view of each buffer, used only by this request.
-        let req = self.world.immediate_reduce_scatter_block_into(
+        let req = self.comm.immediate_reduce_scatter_block_into(
             StaticScope,
             unsafe { lent_send.view() },
             unsafe { lent_recv.view_mut() },
@@ -206,11 +300,12 @@ impl Communicator for MpiCommunicator {
 
     fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<(), CommError> {
         check_rank("broadcast", root, self.world_size())?;
+        let _serial = self.serialize();
         let at = self.start(Op::Broadcast)?;
         let mut lent = self.spares.lend_copy(buf);
         // SAFETY: one view of the buffer, used only by this request.
         let req = self
-            .world
+            .comm
             .process_at_rank(root as i32)
             .immediate_broadcast_into(StaticScope, unsafe { lent.view_mut() });
         self.finish(req, at, Peers::All)?;
@@ -221,11 +316,12 @@ impl Communicator for MpiCommunicator {
 
     fn send(&self, buf: &[f32], dest: usize, tag: i32) -> Result<(), CommError> {
         check_rank("send", dest, self.world_size())?;
+        let _serial = self.serialize();
         let at = self.start(Op::Send)?;
         let lent = self.spares.lend_copy(buf);
         // SAFETY: one view of the buffer, used only by this request.
         let req = self
-            .world
+            .comm
             .process_at_rank(dest as i32)
             .immediate_send_with_tag(StaticScope, unsafe { lent.view() }, tag);
         self.finish(req, at, Peers::One(dest))?;
@@ -236,11 +332,12 @@ impl Communicator for MpiCommunicator {
 
     fn recv(&self, buf: &mut [f32], src: usize, tag: i32) -> Result<(), CommError> {
         check_rank("recv", src, self.world_size())?;
+        let _serial = self.serialize();
         let at = self.start(Op::Recv)?;
         let mut lent = self.spares.lend_scratch(buf.len());
         // SAFETY: one view of the buffer, used only by this request.
         let req = self
-            .world
+            .comm
             .process_at_rank(src as i32)
             .immediate_receive_into_with_tag(StaticScope, unsafe { lent.view_mut() }, tag);
         let status = self.finish(req, at, Peers::One(src))?;
@@ -258,13 +355,15 @@ impl Communicator for MpiCommunicator {
     }
 
     fn barrier(&self) -> Result<(), CommError> {
+        let _serial = self.serialize();
         let at = self.start(Op::Barrier)?;
-        let req = self.world.immediate_barrier();
+        let req = self.comm.immediate_barrier();
         self.finish(req, at, Peers::All)?;
         Ok(())
     }
 
     fn abort(&self, code: i32) -> ! {
-        self.world.abort(code)
+        // The whole job, whichever group this is.
+        SimpleCommunicator::world().abort(code)
     }
 }

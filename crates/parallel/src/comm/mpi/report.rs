@@ -4,25 +4,29 @@ use super::op::Position;
 
 /// Describes what rank `me`, stuck at `at`, learned about `peers` (the ranks
 /// the operation waits for) after a timeout. `heard[r]` is where rank `r`
-/// said it was (`None`: not heard from); it has one entry per rank.
+/// said it was (`None`: not heard from); it has one entry per rank. Ranks
+/// are those of the communicator; `world[r]` is rank `r`'s number in the
+/// world, the name used in the text (a group's rank 1 may be world rank 5).
 ///
-/// Returns the ranks never heard from, ascending, and the detail of the
-/// error, e.g. `rank 2 never arrived (ranks 0, 1 did)`.
+/// Returns the world ranks never heard from, ascending, and the detail of
+/// the error, e.g. `rank 2 never arrived (ranks 0, 1 did)`.
 pub(super) fn describe(
     me: usize,
     at: Position,
     peers: &[usize],
     heard: &[Option<Position>],
+    world: &[usize],
 ) -> (Vec<usize>, String) {
-    let mut arrived = vec![me];
+    let mut arrived = vec![world[me]];
     let mut lost = Vec::new();
     let mut parts = Vec::new();
     let mut elsewhere = Vec::new();
     for &p in peers {
+        let name = world[p];
         match heard[p] {
-            None => lost.push(p),
-            Some(pos) if pos == at => arrived.push(p),
-            Some((op, n)) => elsewhere.push(format!("rank {p} is in {} #{n}", op.name())),
+            None => lost.push(name),
+            Some(pos) if pos == at => arrived.push(name),
+            Some((op, n)) => elsewhere.push(format!("rank {name} is in {} #{n}", op.name())),
         }
     }
     arrived.sort_unstable();
@@ -62,11 +66,12 @@ mod tests {
     use super::*;
 
     const AT: Position = (Op::AllReduce, 17);
+    const WORLD: [usize; 4] = [0, 1, 2, 3];
 
     #[test]
     fn names_the_rank_that_never_arrived() {
         let heard = [None, Some(AT), None];
-        let (lost, text) = describe(0, AT, &[1, 2], &heard);
+        let (lost, text) = describe(0, AT, &[1, 2], &heard, &WORLD);
         assert_eq!(lost, [2]);
         assert_eq!(text, "rank 2 never arrived (ranks 0, 1 did)");
     }
@@ -74,7 +79,7 @@ mod tests {
     #[test]
     fn names_several_lost_ranks_and_a_rank_elsewhere() {
         let heard = [None, None, Some((Op::Barrier, 4)), None];
-        let (lost, text) = describe(1, AT, &[0, 2, 3], &heard);
+        let (lost, text) = describe(1, AT, &[0, 2, 3], &heard, &WORLD);
         assert_eq!(lost, [0, 3]);
         assert_eq!(
             text,
@@ -85,7 +90,7 @@ mod tests {
     #[test]
     fn says_when_every_rank_arrived() {
         let heard = [Some(AT), None];
-        let (lost, text) = describe(1, AT, &[0], &heard);
+        let (lost, text) = describe(1, AT, &[0], &heard, &WORLD);
         assert!(lost.is_empty());
         assert_eq!(
             text,
@@ -96,8 +101,17 @@ mod tests {
     #[test]
     fn point_to_point_names_only_the_peer() {
         let heard = [None, None, None];
-        let (lost, text) = describe(0, (Op::Recv, 3), &[2], &heard);
+        let (lost, text) = describe(0, (Op::Recv, 3), &[2], &heard, &WORLD);
         assert_eq!(lost, [2]);
         assert_eq!(text, "rank 2 never arrived (rank 0 did)");
+    }
+
+    #[test]
+    fn a_group_names_ranks_by_their_world_number() {
+        // A data-parallel group of world ranks 1 and 3 (tp 2 x dp 2).
+        let heard = [None, None];
+        let (lost, text) = describe(0, AT, &[1], &heard, &[1, 3]);
+        assert_eq!(lost, [3]);
+        assert_eq!(text, "rank 3 never arrived (rank 1 did)");
     }
 }

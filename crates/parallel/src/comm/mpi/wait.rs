@@ -1,6 +1,7 @@
 //! Waiting for a nonblocking operation under the timeout, and finding out
 //! who is missing when it runs out (design in the parent module's doc).
 
+use std::sync::atomic::Ordering;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -42,15 +43,14 @@ impl MpiCommunicator {
     /// Numbers the next `op` of this rank (the first is #1); fails if an
     /// earlier operation timed out.
     pub(super) fn start(&self, op: Op) -> Result<Position, CommError> {
-        if self.failed.get() {
+        if self.has_failed() {
             return Err(CommError::Transport(format!(
                 "{}: an earlier operation timed out, so this communicator can no longer be used (abort the job)",
                 op.name()
             )));
         }
-        let count = &self.counts[op.code() as usize];
-        count.set(count.get() + 1);
-        Ok((op, count.get()))
+        let n = self.counts[op.code() as usize].fetch_add(1, Ordering::Relaxed) + 1;
+        Ok((op, n))
     }
 
     /// Tests `req` until it completes or the timeout passes.
@@ -82,7 +82,7 @@ impl MpiCommunicator {
             if waited >= self.timeout {
                 // MPI may still use the buffers: never complete, never free.
                 std::mem::forget(req);
-                self.failed.set(true);
+                self.failed.store(true, Ordering::Relaxed);
                 return Err(self.diagnose(at, peers, heard));
             }
             thread::sleep(NAP);
@@ -111,7 +111,7 @@ impl MpiCommunicator {
             thread::sleep(NAP);
         }
         heard.resize(self.world_size(), None);
-        let (lost, detail) = report::describe(me, at, &peers, &heard);
+        let (lost, detail) = report::describe(me, at, &peers, &heard, &self.world_ranks);
         CommError::Timeout {
             op: at.0.name(),
             seq: at.1,
