@@ -1,11 +1,12 @@
 //! The library used from another crate: build each family's mini model from a
-//! config through the facade and train it.
+//! config through the facade and train it with the library's training loop.
 
 use burn::backend::{Autodiff, Flex};
 use ferrotron::engine::data::BatchSampler;
 use ferrotron::engine::optim::{AdamWConfig, LrSchedule};
 use ferrotron::models::presets::preset;
-use ferrotron::{Decoder, DecoderConfig, StepConfig, Trainer};
+use ferrotron::parallel::train::{self, Silent, TokenWindows};
+use ferrotron::{Decoder, DecoderConfig, LoopConfig, StepConfig, Trainer};
 
 type B = Autodiff<Flex>;
 
@@ -41,16 +42,26 @@ fn train(config: &DecoderConfig, steps: usize) -> Vec<f64> {
     };
     let mut trainer = Trainer::new(model, step, device);
     let tokens = stream();
-    let mut sampler = BatchSampler::new(tokens.len(), 32, 1).unwrap();
-    (0..steps)
-        .map(|_| {
-            let micro = [
-                sampler.next_batch(&tokens, 4),
-                sampler.next_batch(&tokens, 4),
-            ];
-            trainer.step(&micro).unwrap().loss
-        })
-        .collect()
+    let sampler = BatchSampler::new(tokens.len(), 32, 1).unwrap();
+    let mut batches = TokenWindows {
+        sampler,
+        tokens: &tokens,
+    };
+    let val = [BatchSampler::new(tokens.len(), 32, 2)
+        .unwrap()
+        .next_batch(&tokens, 4)];
+    let plan = LoopConfig {
+        steps,
+        micro_batch: 4,
+        grad_accum: 2,
+        eval_every: steps,
+        flops_per_token: config.train_flops_per_token(32),
+        peak_flops: 1e11,
+        run_dir: None,
+    };
+    let summary = train::run(&mut trainer, &mut batches, &val, &plan, &mut Silent).unwrap();
+    assert_eq!(summary.validations.len(), 2);
+    summary.steps.iter().map(|r| r.loss).collect()
 }
 
 #[test]

@@ -1,18 +1,20 @@
-//! `ferrotron train`: resolve settings, prepare data, train, write the run directory.
+//! `ferrotron train`: resolve settings, prepare data, build the model and
+//! the trainer, run the library's training loop with a progress bar, then
+//! the end-of-run outputs.
 
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use burn::module::AutodiffModule;
 use burn::tensor::TensorData;
 use ferrotron_engine::backend::BackendKind;
-use ferrotron_engine::checkpoint::{save_safetensors, write_atomic};
+use ferrotron_engine::checkpoint::write_atomic;
 use ferrotron_engine::data::{self, BatchSampler, Tokenizer};
-use ferrotron_engine::metrics::{self, MetricsWriter, StepRecord, ValRecord};
+use ferrotron_engine::metrics::{self, StepRecord};
 use ferrotron_engine::optim::{AdamWConfig, LrSchedule};
 use ferrotron_engine::params::{load_named_tensors, named_tensors};
 use ferrotron_models::hf::{load_hf_dir, save_hf_dir, Family};
@@ -20,10 +22,12 @@ use ferrotron_models::ops::{choose_kernels, KernelBackend, TrainBackend};
 use ferrotron_models::presets::{preset, PRESET_NAMES};
 use ferrotron_models::{generate, Decoder, SamplingConfig};
 use ferrotron_parallel::comm::{Communicator, SingleProcess};
-use ferrotron_parallel::data::DataParallel;
+use ferrotron_parallel::groups::ProcessGroups;
 use ferrotron_parallel::launch::{self, LaunchInfo};
 use ferrotron_parallel::mesh::Mesh;
-use ferrotron_parallel::trainer::{StepConfig, Trainer};
+use ferrotron_parallel::train::{
+    self, LoopConfig, ParallelConfig, Progress, StepConfig, TokenWindows, Trainer,
+};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::args::TrainArgs;
@@ -77,9 +81,9 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
 fn open_communicator(
     launch: &LaunchInfo,
     timeout: Duration,
-) -> anyhow::Result<Rc<dyn Communicator>> {
+) -> anyhow::Result<Arc<dyn Communicator>> {
     if launch.world_size == 1 {
-        return Ok(Rc::new(SingleProcess));
+        return Ok(Arc::new(SingleProcess));
     }
     #[cfg(feature = "mpi")]
     {
@@ -95,7 +99,7 @@ fn open_communicator(
                 comm.world_size()
             )));
         }
-        Ok(Rc::new(comm))
+        Ok(Arc::new(comm))
     }
     #[cfg(not(feature = "mpi"))]
     Err(usage(format!(
@@ -110,7 +114,7 @@ fn train_ranked(
     mut s: TrainSettings,
     mesh: Mesh,
     local_rank: usize,
-    comm: Rc<dyn Communicator>,
+    comm: Arc<dyn Communicator>,
 ) -> anyhow::Result<()> {
     let lead = comm.rank() == 0;
     let kind: BackendKind = parse_backend(&s.backend)?;
@@ -240,8 +244,8 @@ struct TrainTask {
     hf_tokenizer: bool,
     /// The parallel layout (data parallelism only, today).
     mesh: Mesh,
-    /// This rank's communicator (all ranks form the DP group).
-    comm: Rc<dyn Communicator>,
+    /// This rank's communicator over the whole job.
+    comm: Arc<dyn Communicator>,
 }
 
 /// `println!` on rank 0 only.
@@ -293,7 +297,7 @@ impl BackendTask for TrainTask {
             tokenizer.get_vocab_size(true),
             t0.elapsed().as_secs_f64()
         );
-        let mut sampler = BatchSampler::new(split.train.len(), s.seq_len, s.seed)?;
+        let sampler = BatchSampler::new(split.train.len(), s.seq_len, s.seed)?;
         let val_batches = data::eval_batches(&split.val, s.seq_len, s.micro_batch, s.eval_batches);
 
         let mut model = Decoder::<B>::new(mc, s.seed, &device)?;
@@ -341,32 +345,27 @@ impl BackendTask for TrainTask {
             },
             grad_clip: s.grad_clip,
         };
-        let dp = DataParallel::new(comm.clone(), s.bucket_mb);
-        let dp_rank = dp.rank();
-        let mut trainer = Trainer::data_parallel(model, step_config, device.clone(), dp, s.zero);
+        let groups = ProcessGroups::new(comm.clone(), self.mesh)?;
+        let parallel = ParallelConfig {
+            zero: s.zero,
+            bucket_mb: s.bucket_mb,
+        };
+        let mut trainer = Trainer::parallel(model, step_config, device.clone(), groups, parallel);
         say!(
             lead,
             "ZeRO stage {}; memory per rank: {}",
             s.zero,
             trainer.planned_memory().describe()
         );
-        let flops_per_token = mc.train_flops_per_token(s.seq_len);
-        let mut log = if lead {
-            Some(MetricsWriter::create(&out.join("metrics.jsonl"))?)
-        } else {
-            None
+        let plan = LoopConfig {
+            steps: s.steps,
+            micro_batch: s.micro_batch,
+            grad_accum: s.grad_accum,
+            eval_every: s.eval_every,
+            flops_per_token: mc.train_flops_per_token(s.seq_len),
+            peak_flops: peak,
+            run_dir: Some(out.clone()),
         };
-
-        let mut train_curve = Vec::new();
-        let mut val_curve = Vec::new();
-
-        let val_loss = trainer.evaluate(&val_batches)?;
-        if let Some(log) = log.as_mut() {
-            log.write(&ValRecord { step: 0, val_loss })?;
-        }
-        val_curve.push((0.0, val_loss));
-        say!(lead, "step 0: val_loss {val_loss:.4}");
-
         let bar = if lead {
             ProgressBar::new(s.steps as u64)
         } else {
@@ -376,71 +375,24 @@ impl BackendTask for TrainTask {
             ProgressStyle::with_template("{bar:30} step {pos}/{len} | {msg} | ETA {eta}")
                 .expect("the progress template is valid"),
         );
-        for step in 1..=s.steps {
-            // The sampler draws the whole global batch (the same stream on
-            // every rank); DP rank r keeps micro-batch r of each group of
-            // dp, so the union is the one-rank run's batch.
-            let micro: Vec<_> = (0..s.grad_accum * dp_size)
-                .map(|_| sampler.next_batch(&split.train, s.micro_batch))
-                .skip(dp_rank)
-                .step_by(dp_size)
-                .collect();
-            let t = Instant::now();
-            let o = trainer.step(&micro)?;
-            let dt = t.elapsed().as_secs_f64();
-            let flops = flops_per_token * o.tokens as f64 / dt / dp_size as f64;
-            let record = StepRecord {
-                step,
-                loss: o.loss,
-                lr: o.lr,
-                grad_norm: o.grad_norm,
-                tokens_per_s: o.tokens as f64 / dt,
-                tflops_per_device: flops / 1e12,
-                mfu: flops / peak,
-                step_time_s: dt,
-                memory: trainer.memory(),
-            };
-            if let Some(log) = log.as_mut() {
-                log.write(&record)?;
-            }
-            train_curve.push((step as f64, o.loss));
-            bar.set_position(step as u64);
-            bar.set_message(format!(
-                "loss {:.4} | {:.0} tokens/s | MFU {:.1}%",
-                o.loss,
-                record.tokens_per_s,
-                100.0 * record.mfu
-            ));
-            if step % s.eval_every == 0 || step == s.steps {
-                let val_loss = trainer.evaluate(&val_batches)?;
-                if let Some(log) = log.as_mut() {
-                    log.write(&ValRecord { step, val_loss })?;
-                }
-                val_curve.push((step as f64, val_loss));
-                // Under ZeRO-3 gathering the model is a collective: every rank takes part.
-                let model = trainer.full_model()?;
-                if lead {
-                    save_checkpoint(&model, out)?;
-                }
-                bar.suspend(|| {
-                    say!(
-                    lead,
-                    "step {step}: loss {:.4} | val_loss {val_loss:.4} | {:.0} tokens/s | grad_norm {:.3} | lr {:.2e}",
-                    o.loss, record.tokens_per_s, o.grad_norm, o.lr
-                )
-                });
-            }
-        }
+        let mut batches = TokenWindows {
+            sampler,
+            tokens: &split.train,
+        };
+        let summary = train::run(
+            &mut trainer,
+            &mut batches,
+            &val_batches,
+            &plan,
+            &mut Bar(&bar),
+        )?;
         bar.finish_and_clear();
         let model = trainer.full_model()?.valid();
         if !lead {
             return Ok(());
         }
-        write_atomic(
-            &out.join("loss.svg"),
-            metrics::write_loss_svg(&train_curve, &val_curve).as_bytes(),
-        )?;
-        let (first, last) = (val_curve[0].1, val_curve[val_curve.len() - 1].1);
+        let val = &summary.validations;
+        let (first, last) = (val[0].1, val[val.len() - 1].1);
         println!(
             "done in {:.0} s: val_loss {first:.4} -> {last:.4} ({:.0}% lower)",
             t0.elapsed().as_secs_f64(),
@@ -475,13 +427,30 @@ impl BackendTask for TrainTask {
     }
 }
 
-/// Writes `model.safetensors` in the run directory (atomically).
-fn save_checkpoint<B: TrainBackend>(model: &Decoder<B>, out: &Path) -> anyhow::Result<()> {
-    save_safetensors(
-        &out.join("model.safetensors"),
-        &named_tensors(&model.valid()),
-    )?;
-    Ok(())
+/// The progress bar and the validation lines of `ferrotron train` (rank 0).
+struct Bar<'a>(&'a ProgressBar);
+
+impl Progress for Bar<'_> {
+    fn step(&mut self, r: &StepRecord) {
+        self.0.set_position(r.step as u64);
+        self.0.set_message(format!(
+            "loss {:.4} | {:.0} tokens/s | MFU {:.1}%",
+            r.loss,
+            r.tokens_per_s,
+            100.0 * r.mfu
+        ));
+    }
+
+    fn validation(&mut self, step: usize, val_loss: f64, last: Option<&StepRecord>) {
+        let line = match last {
+            None => format!("step {step}: val_loss {val_loss:.4}"),
+            Some(r) => format!(
+                "step {step}: loss {:.4} | val_loss {val_loss:.4} | {:.0} tokens/s | grad_norm {:.3} | lr {:.2e}",
+                r.loss, r.tokens_per_s, r.grad_norm, r.lr
+            ),
+        };
+        self.0.suspend(|| println!("{line}"));
+    }
 }
 
 /// Continues `prompt` by `n` sampled tokens and returns the whole text.

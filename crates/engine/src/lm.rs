@@ -13,24 +13,57 @@ pub trait CausalLm<B: Backend>: Module<B> {
     fn loss(&self, inputs: Tensor<B, 2, Int>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1>;
 }
 
+/// One unit of a causal LM: the pieces that ZeRO-3 / FSDP gathers one at a
+/// time and that a pipeline places on its stages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LmUnit {
+    /// Token (and position) embeddings and anything applied before the
+    /// first block (BLOOM's embedding norm). Owns a tied embedding.
+    Embedding,
+    /// Transformer block `i`, `0..num_blocks`.
+    Block(usize),
+    /// The final norm and the output head (when not tied to the embedding).
+    Head,
+}
+
+impl LmUnit {
+    /// Every unit of a model with `blocks` blocks, in forward order:
+    /// embedding, blocks `0..blocks`, head.
+    pub fn all(blocks: usize) -> Vec<LmUnit> {
+        std::iter::once(LmUnit::Embedding)
+            .chain((0..blocks).map(LmUnit::Block))
+            .chain(std::iter::once(LmUnit::Head))
+            .collect()
+    }
+
+    /// The unit's place in [`LmUnit::all`] for a model of `blocks` blocks.
+    pub fn index(self, blocks: usize) -> usize {
+        match self {
+            LmUnit::Embedding => 0,
+            LmUnit::Block(i) => i + 1,
+            LmUnit::Head => blocks + 1,
+        }
+    }
+}
+
 /// A causal LM that can run its forward pass one unit at a time, so that
 /// ZeRO-3 can gather the parameters of one unit just before it runs and
-/// free them right after (FSDP's units).
+/// free them right after (FSDP's units), and a pipeline can run a range
+/// of units.
 ///
-/// The units are the root (every parameter outside the blocks: embeddings,
-/// norms outside the blocks, head) and the blocks `0..num_blocks()`.
 /// Composing the pieces must give exactly [`CausalLm::loss`]:
 /// `head_loss(block(n-1, ... block(0, embed(inputs).0) ...), targets)`.
-pub trait StagedLm<B: Backend>: CausalLm<B> {
+pub trait LmUnits<B: Backend>: CausalLm<B> {
     /// What the blocks need besides the hidden states (positions, masks),
-    /// built once per forward pass by [`StagedLm::embed`].
+    /// built once per forward pass by [`LmUnits::embed`].
     type Context;
 
     /// Number of transformer blocks.
     fn num_blocks(&self) -> usize;
 
     /// Hidden states `[batch, seq, hidden]` of token ids `inputs`
-    /// `[batch, seq]` (uses root parameters only), and the blocks' context.
+    /// `[batch, seq]` (the [`LmUnit::Embedding`] parameters), and the
+    /// blocks' context.
     fn embed(&self, inputs: Tensor<B, 2, Int>) -> (Tensor<B, 3>, Self::Context);
 
     /// Block `index` applied to hidden states `x` `[batch, seq, hidden]`
@@ -38,9 +71,11 @@ pub trait StagedLm<B: Backend>: CausalLm<B> {
     fn block(&self, index: usize, x: Tensor<B, 3>, context: &Self::Context) -> Tensor<B, 3>;
 
     /// Mean next-token cross-entropy (nats, shape `[1]`) of the last block's
-    /// output `x` against `targets` `[batch, seq]` (root parameters only).
+    /// output `x` against `targets` `[batch, seq]` (the [`LmUnit::Head`]
+    /// parameters, and a tied embedding).
     fn head_loss(&self, x: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1>;
 
-    /// Visits the parameters of block `index` only.
-    fn visit_block<V: ModuleVisitor<B>>(&self, index: usize, visitor: &mut V);
+    /// Visits the parameters of `unit` only; every parameter of the model
+    /// belongs to exactly one unit.
+    fn visit_unit<V: ModuleVisitor<B>>(&self, unit: LmUnit, visitor: &mut V);
 }

@@ -3,7 +3,7 @@
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor};
-use ferrotron_engine::lm::{CausalLm, StagedLm};
+use ferrotron_engine::lm::{CausalLm, LmUnit, LmUnits};
 
 use crate::config::{ConfigError, DecoderConfig, Kernels, Position};
 use crate::init::Init;
@@ -241,7 +241,7 @@ impl<B: KernelBackend> CausalLm<B> for Decoder<B> {
     }
 }
 
-impl<B: KernelBackend> StagedLm<B> for Decoder<B> {
+impl<B: KernelBackend> LmUnits<B> for Decoder<B> {
     type Context = PositionContext<B>;
 
     fn num_blocks(&self) -> usize {
@@ -262,7 +262,18 @@ impl<B: KernelBackend> StagedLm<B> for Decoder<B> {
         ops::cross_entropy(self.kernels, self.head_logits(x), targets)
     }
 
-    fn visit_block<V: ModuleVisitor<B>>(&self, index: usize, visitor: &mut V) {
-        self.layers[index].visit(visitor);
+    fn visit_unit<V: ModuleVisitor<B>>(&self, unit: LmUnit, visitor: &mut V) {
+        match unit {
+            LmUnit::Embedding => {
+                self.embed.visit(visitor);
+                self.pos_embed.visit(visitor);
+                self.embed_norm.visit(visitor);
+            }
+            LmUnit::Block(i) => self.layers[i].visit(visitor),
+            LmUnit::Head => {
+                self.final_norm.visit(visitor);
+                self.head.visit(visitor);
+            }
+        }
     }
 }

@@ -14,7 +14,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor, TensorData};
 use burn_wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
-use ferrotron_engine::lm::{CausalLm, StagedLm};
+use ferrotron_engine::lm::{CausalLm, LmUnits};
 use ferrotron_models::ops::TrainBackend;
 use ferrotron_models::presets::preset;
 use ferrotron_models::{Decoder, DecoderConfig, Kernels, KvCache};
@@ -147,7 +147,7 @@ fn fused_decoder_equals_reference_decoder_for_every_family() {
     }
 }
 
-/// ZeRO-3 runs blocks through `StagedLm` and recomputes them under
+/// ZeRO-3 runs blocks through `LmUnits` and recomputes them under
 /// autodiff: the staged loss with fused kernels is the whole-model loss.
 #[test]
 fn fused_staged_forward_composes_to_the_loss() {

@@ -20,7 +20,7 @@ use ferrotron_engine::params::{load_named_tensors, named_tensors};
 use ferrotron_models::hf::{convert_to_ours, load_hf_dir, HfModel};
 use ferrotron_models::ops::cross_entropy;
 use ferrotron_models::{generate, Decoder, SamplingConfig};
-use ferrotron_parallel::trainer::{StepConfig, Trainer};
+use ferrotron_parallel::train::{StepConfig, Trainer};
 
 type B = Autodiff<Flex>;
 

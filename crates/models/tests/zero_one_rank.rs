@@ -1,23 +1,25 @@
 //! ZeRO's code paths on one rank, in every build: stages 1, 2 and 3 with a
-//! DP group of one must train exactly like the plain trainer (stage 3 runs
-//! the block-by-block forward with recomputation in backward), and the
-//! staged forward of the decoder must compose to its loss. The multi-rank
-//! equivalence runs under `mpirun` in crates/cli/tests/data_parallel.rs.
+//! DP group of one, trained by the library's loop, must train exactly like
+//! the plain trainer (stage 3 runs the block-by-block forward with
+//! recomputation in backward), and the decoder's units must compose to its
+//! loss and hold every parameter once. The multi-rank equivalence runs
+//! under `mpirun` in crates/cli/tests/data_parallel.rs.
 
-use std::rc::Rc;
+use std::collections::HashSet;
 
 use burn::backend::{Autodiff, Flex};
-use burn::module::AutodiffModule;
+use burn::module::{AutodiffModule, Module, ModuleVisitor, Param, ParamId};
 use burn::tensor::{Int, Tensor, TensorData};
 use ferrotron_engine::data::BatchSampler;
-use ferrotron_engine::lm::{CausalLm, StagedLm};
+use ferrotron_engine::lm::{CausalLm, LmUnit, LmUnits};
 use ferrotron_engine::optim::{AdamWConfig, LrSchedule};
 use ferrotron_engine::params::named_tensors;
 use ferrotron_models::presets::preset;
 use ferrotron_models::{Decoder, DecoderConfig};
-use ferrotron_parallel::comm::SingleProcess;
-use ferrotron_parallel::data::DataParallel;
-use ferrotron_parallel::trainer::{StepConfig, Trainer};
+use ferrotron_parallel::groups::ProcessGroups;
+use ferrotron_parallel::train::{
+    self, LoopConfig, ParallelConfig, Silent, StepConfig, TokenWindows, Trainer,
+};
 use ferrotron_parallel::zero::ZeroStage;
 
 type B = Autodiff<Flex>;
@@ -51,21 +53,33 @@ fn train(config: &DecoderConfig, zero: Option<ZeroStage>) -> (Vec<f64>, Vec<(Str
         None => Trainer::new(model, step, device),
         Some(stage) => {
             // Tiny buckets so stages 1 and 2 cut parameters into many units.
-            let dp = DataParallel::new(Rc::new(SingleProcess), 0.002);
-            Trainer::data_parallel(model, step, device, dp, stage)
+            let parallel = ParallelConfig {
+                zero: stage,
+                bucket_mb: 0.002,
+            };
+            Trainer::parallel(model, step, device, ProcessGroups::single(), parallel)
         }
     };
     let tokens: Vec<u32> = (0..5_000u32).map(|i| (i * 7 + i / 13) % 64).collect();
-    let mut sampler = BatchSampler::new(tokens.len(), 16, 5).unwrap();
-    let losses = (0..3)
-        .map(|_| {
-            let micro = [
-                sampler.next_batch(&tokens, 2),
-                sampler.next_batch(&tokens, 2),
-            ];
-            trainer.step(&micro).unwrap().loss
-        })
-        .collect();
+    let sampler = BatchSampler::new(tokens.len(), 16, 5).unwrap();
+    let mut batches = TokenWindows {
+        sampler,
+        tokens: &tokens,
+    };
+    let val = [BatchSampler::new(tokens.len(), 16, 6)
+        .unwrap()
+        .next_batch(&tokens, 2)];
+    let plan = LoopConfig {
+        steps: 3,
+        micro_batch: 2,
+        grad_accum: 2,
+        eval_every: 2,
+        flops_per_token: config.train_flops_per_token(16),
+        peak_flops: 1e11,
+        run_dir: None,
+    };
+    let summary = train::run(&mut trainer, &mut batches, &val, &plan, &mut Silent).unwrap();
+    let losses = summary.steps.iter().map(|r| r.loss).collect();
     let weights = named_tensors(&trainer.full_model().unwrap().valid())
         .into_iter()
         .map(|(name, t)| (name, t.to_vec::<f32>().unwrap()))
@@ -102,8 +116,36 @@ fn zero_stages_on_one_rank_train_like_the_plain_trainer() {
     }
 }
 
+/// Collects the ids of the parameters visited.
+struct Ids(Vec<ParamId>);
+
+impl<B: burn::tensor::backend::Backend> ModuleVisitor<B> for Ids {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        self.0.push(param.id);
+    }
+}
+
 #[test]
-fn staged_forward_composes_to_the_loss() {
+fn every_parameter_belongs_to_exactly_one_unit() {
+    for family in ["gpt-mini", "llama-mini", "bloom-mini"] {
+        let model = Decoder::<Flex>::new(&tiny(family), 11, &Default::default()).unwrap();
+        let mut all = Ids(Vec::new());
+        model.visit(&mut all);
+        let mut seen = HashSet::new();
+        for unit in LmUnit::all(model.num_blocks()) {
+            let mut ids = Ids(Vec::new());
+            model.visit_unit(unit, &mut ids);
+            assert!(!ids.0.is_empty(), "{family}: {unit:?} is empty");
+            for id in ids.0 {
+                assert!(seen.insert(id), "{family}: {unit:?} repeats a parameter");
+            }
+        }
+        assert_eq!(seen, all.0.into_iter().collect(), "{family}");
+    }
+}
+
+#[test]
+fn units_compose_to_the_loss() {
     for family in ["gpt-mini", "llama-mini", "bloom-mini"] {
         let device = Default::default();
         let model = Decoder::<Flex>::new(&tiny(family), 11, &device).unwrap();
@@ -147,9 +189,12 @@ fn zero3_evaluation_equals_the_plain_trainers() {
         step.clone(),
         device,
     );
-    let dp = DataParallel::new(Rc::new(SingleProcess), 25.0);
     let model = Decoder::<B>::new(&config, 3, &device).unwrap();
-    let zero3 = Trainer::data_parallel(model, step, device, dp, ZeroStage::Three);
+    let parallel = ParallelConfig {
+        zero: ZeroStage::Three,
+        ..ParallelConfig::default()
+    };
+    let zero3 = Trainer::parallel(model, step, device, ProcessGroups::single(), parallel);
     assert_eq!(
         plain.evaluate(&batches).unwrap(),
         zero3.evaluate(&batches).unwrap()

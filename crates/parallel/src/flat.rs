@@ -1,15 +1,24 @@
-//! How ZeRO splits parameters over the DP ranks.
+//! The one flat layout of parameters and gradients that data parallelism
+//! and every ZeRO stage communicate through.
 //!
-//! Parameters are grouped into units (FSDP units for ZeRO-3, buckets for
-//! ZeRO-1/2). A unit's parameters are laid end to end in one flat `f32`
-//! vector (visiting order), padded with zeros to a multiple of the DP size,
-//! and cut into `dp` equal chunks: rank `r` owns chunk `r` of every unit.
-//! A chunk may start or end inside a parameter (as in DeepSpeed), so a rank
-//! owns at most one contiguous piece of each parameter.
+//! Parameters are grouped into units: buckets of at most `--bucket-mb` in
+//! visiting order (DDP's all-reduce buckets, ZeRO-1/2's units), or the
+//! model's FSDP units ([`LmUnit`]s, ZeRO-3). A unit's parameters are laid
+//! end to end in one flat `f32` vector (visiting order), padded with zeros
+//! to a multiple of the DP size, and cut into `dp` equal chunks: rank `r`
+//! owns chunk `r` of every unit. A chunk may start or end inside a
+//! parameter (as in DeepSpeed), so a rank owns at most one contiguous
+//! piece of each parameter.
+//!
+//! DDP is ZeRO-0 on this layout: it all-reduces each unit's gradients
+//! (every rank keeps the whole unit) where ZeRO reduce-scatters them.
+//!
+//! [`LmUnit`]: ferrotron_engine::lm::LmUnit
 
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
+use ferrotron_engine::lm::{LmUnit, LmUnits};
 
 /// One parameter's place in its unit's flat vector.
 #[derive(Clone, Debug, PartialEq)]
@@ -64,7 +73,7 @@ impl Piece {
         self.end - self.start
     }
 
-    /// Whether the piece holds no element (never returned by [`ShardLayout::pieces`]).
+    /// Whether the piece holds no element (never returned by [`FlatLayout::pieces`]).
     pub fn is_empty(&self) -> bool {
         self.end == self.start
     }
@@ -75,13 +84,13 @@ pub type ParamInfo = (ParamId, Vec<usize>, bool);
 
 /// Every unit of a model and which chunk of each this rank owns.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ShardLayout {
+pub struct FlatLayout {
     units: Vec<Unit>,
     rank: usize,
     dp: usize,
 }
 
-impl ShardLayout {
+impl FlatLayout {
     /// Lays out `groups` (each a unit's parameters, in order) for rank
     /// `rank` of `dp` DP ranks.
     pub fn new(groups: Vec<Vec<ParamInfo>>, rank: usize, dp: usize) -> Self {
@@ -186,6 +195,29 @@ pub fn param_infos<B: Backend, M: Module<B>>(module: &M) -> Vec<ParamInfo> {
     v.0
 }
 
+/// The parameters of each FSDP unit of `model`, in [`LmUnit::all`] order.
+///
+/// # Panics
+/// If the units do not cover every parameter exactly once (a broken
+/// [`LmUnits::visit_unit`]).
+pub fn unit_params<B: Backend, M: LmUnits<B>>(model: &M) -> Vec<Vec<ParamInfo>> {
+    let units: Vec<Vec<ParamInfo>> = LmUnit::all(model.num_blocks())
+        .into_iter()
+        .map(|unit| {
+            let mut v = Infos(Vec::new());
+            model.visit_unit(unit, &mut v);
+            v.0
+        })
+        .collect();
+    let covered: usize = units.iter().map(Vec::len).sum();
+    let all = param_infos(model).len();
+    assert_eq!(
+        covered, all,
+        "the model's units hold {covered} parameters, the model {all}"
+    );
+    units
+}
+
 /// Collects `(id, shape, rank >= 2)` of every float parameter visited.
 pub(crate) struct Infos(pub(crate) Vec<ParamInfo>);
 
@@ -212,7 +244,7 @@ mod tests {
         for dp in 1..=5 {
             let mut owned = [vec![0u32; 17], vec![0u32; 1]];
             for rank in 0..dp {
-                let l = ShardLayout::new(groups.clone(), rank, dp);
+                let l = FlatLayout::new(groups.clone(), rank, dp);
                 assert_eq!(l.total_elems(), 18);
                 for (ui, unit) in l.units().iter().enumerate() {
                     assert_eq!(unit.chunk, unit.len.div_ceil(dp));
@@ -247,7 +279,7 @@ mod tests {
         };
         let params = [4, 4, 3, 20, 1, 1].map(|n| info(n, true)).to_vec();
         assert_eq!(
-            sizes(&ShardLayout::buckets(params, 10)),
+            sizes(&FlatLayout::buckets(params, 10)),
             vec![vec![4, 4], vec![3], vec![20], vec![1, 1]]
         );
     }

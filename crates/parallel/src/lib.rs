@@ -1,14 +1,17 @@
-//! Ferrotron parallel execution.
+//! Ferrotron parallel execution: everything that spans ranks.
 //!
-//! The training step executor ([`trainer::Trainer`]), the communicators
-//! ([`comm`]), how a process learns its rank ([`launch`]), the device mesh
-//! ([`mesh`]) and data parallelism ([`data`]). Tensor and pipeline
-//! parallelism and ZeRO will wrap the same executor (DESIGN.md): a
-//! single-device run is the parallel code with every degree set to 1.
+//! How a process learns its rank ([`launch`]), the device mesh ([`mesh`])
+//! and the process groups split along it ([`groups`]), the communicators
+//! ([`comm`]), the one flat layout of parameters and gradients ([`flat`]),
+//! data parallelism ([`data`]) and ZeRO ([`zero`]) as gradient-sync
+//! strategies, and the training step and loop ([`train`]). A single-device
+//! run is the parallel code with every degree set to 1 (DESIGN.md).
 
 pub mod comm;
 pub mod data;
+pub mod flat;
+pub mod groups;
 pub mod launch;
 pub mod mesh;
-pub mod trainer;
+pub mod train;
 pub mod zero;

@@ -23,16 +23,36 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for SquaredNorm<'_, B> {
     }
 }
 
-/// The L2 norm of all gradients of `module` taken together (0 if none).
-pub fn global_grad_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
+/// The sum of the squares of all gradients of `module` in `grads` (0 if none).
+pub fn grad_squares<B: AutodiffBackend, M: AutodiffModule<B>>(
     module: &M,
     grads: &GradientsParams,
 ) -> f64 {
     let mut v = SquaredNorm::<B> { grads, sum: None };
     module.visit(&mut v);
-    v.sum
-        .map(|s| s.into_scalar().elem::<f64>().sqrt())
-        .unwrap_or(0.0)
+    v.sum.map(|s| s.into_scalar().elem::<f64>()).unwrap_or(0.0)
+}
+
+/// The L2 norm of all gradients of `module` taken together (0 if none).
+pub fn global_grad_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    grads: &GradientsParams,
+) -> f64 {
+    grad_squares(module, grads).sqrt()
+}
+
+/// Multiplies every gradient of `module` in `grads` by `factor`.
+pub fn scale_grads<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    grads: &mut GradientsParams,
+    factor: f64,
+) {
+    let mut v = Scale::<B> {
+        grads,
+        factor,
+        _b: std::marker::PhantomData,
+    };
+    module.visit(&mut v);
 }
 
 /// Multiplies every gradient of `module` by `factor`.
@@ -69,12 +89,7 @@ pub fn clip_global_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
 ) -> f64 {
     let norm = global_grad_norm(module, grads);
     if let Some(factor) = clip_factor(norm, max_norm) {
-        let mut v = Scale::<B> {
-            grads,
-            factor,
-            _b: std::marker::PhantomData,
-        };
-        module.visit(&mut v);
+        scale_grads(module, grads, factor);
     }
     norm
 }

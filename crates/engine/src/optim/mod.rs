@@ -5,5 +5,5 @@ mod clip;
 mod schedule;
 
 pub use adamw::{AdamW, AdamWConfig};
-pub use clip::{clip_factor, clip_global_norm, global_grad_norm};
+pub use clip::{clip_factor, clip_global_norm, global_grad_norm, grad_squares, scale_grads};
 pub use schedule::LrSchedule;

@@ -1,151 +1,237 @@
-//! Data parallelism: every DP rank holds the whole model, trains on its own
-//! rows of the global batch, and the gradients are averaged across ranks
-//! once per optimizer step, before clipping and the update.
+//! Data parallelism (DDP, ZeRO stage 0): every DP rank holds the whole
+//! model, trains on its own rows of the global batch, and the gradients are
+//! averaged across the DP group once per optimizer step, before clipping
+//! and the update.
 //!
-//! Averaging goes through host `f32` buffers: the gradients (in the
-//! model's visiting order) are flattened into one vector, all-reduced in
-//! buckets of at most `bucket_mb` MiB, and scattered back into tensors of
-//! their original shapes. There is no overlap with the backward pass yet.
+//! Averaging uses the one flat layout ([`crate::flat`]): the gradients are
+//! cut into buckets of at most `--bucket-mb` MiB (whole parameters, in the
+//! model's visiting order); each bucket's gradients are flattened into one
+//! tensor on the device, all-reduced over the DP group and cut back into
+//! tensors of their shapes. There is no overlap with the backward pass yet.
 
 use std::collections::HashMap;
-use std::rc::Rc;
+use std::sync::Arc;
 
 use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
-use burn::optim::GradientsParams;
-use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{Tensor, TensorData};
+use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::Tensor;
+use ferrotron_engine::lm::{LmUnit, LmUnits};
+use ferrotron_engine::metrics::MemoryBytes;
+use ferrotron_engine::optim::{clip_factor, grad_squares, scale_grads, AdamW};
 
-use crate::comm::{CommError, Communicator};
+use crate::comm::{CommError, Communicator, SingleProcess};
+use crate::flat::{param_infos, FlatLayout, Unit};
+use crate::train::norm::global_norm;
+use crate::train::sync::{GradSync, Synced};
+use crate::zero::tensors::{GradBytes, ParamBytes};
 
 /// Default all-reduce bucket size, MiB (as PyTorch DDP's `bucket_cap_mb`).
 pub const DEFAULT_BUCKET_MB: f64 = 25.0;
 
-/// The data-parallel group of this rank and how gradients are bucketed.
-pub struct DataParallel {
-    comm: Rc<dyn Communicator>,
-    bucket_elems: usize,
+/// Values per bucket of at most `bucket_mb` MiB of `f32` (at least one).
+pub fn bucket_elems(bucket_mb: f64) -> usize {
+    ((bucket_mb * 1024.0 * 1024.0 / 4.0) as usize).max(1)
 }
 
-impl DataParallel {
-    /// All ranks of `comm` form one DP group; all-reduce buckets hold at
-    /// most `bucket_mb` MiB of `f32` gradients (at least one value).
-    pub fn new(comm: Rc<dyn Communicator>, bucket_mb: f64) -> Self {
-        let bucket_elems = ((bucket_mb * 1024.0 * 1024.0 / 4.0) as usize).max(1);
-        Self { comm, bucket_elems }
-    }
+/// Whole gradients of a step: summed over its micro-batches, averaged over
+/// the DP group once at the end (DDP and ZeRO-1).
+pub struct ReplicatedGrads<M> {
+    sum: GradientsAccumulator<M>,
+}
 
-    /// The DP group's communicator.
-    pub fn communicator(&self) -> Rc<dyn Communicator> {
-        self.comm.clone()
-    }
-
-    /// This rank's index in the DP group.
-    pub fn rank(&self) -> usize {
-        self.comm.rank()
-    }
-
-    /// Number of DP ranks.
-    pub fn size(&self) -> usize {
-        self.comm.world_size()
-    }
-
-    /// Values per all-reduce bucket (`f32` elements).
-    pub fn bucket_elems(&self) -> usize {
-        self.bucket_elems
-    }
-
-    /// Averages `values` over the DP ranks (e.g. per-rank mean losses).
-    pub fn mean(&self, values: &mut [f32]) -> Result<(), CommError> {
-        self.comm.all_reduce_avg(values)
-    }
-
-    /// Replaces every gradient of `module` in `grads` by its average over
-    /// the DP ranks. Every rank must hold gradients for the same parameters
-    /// (the same model), which the one training code path guarantees.
-    pub fn average_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
-        &self,
-        module: &M,
-        grads: GradientsParams,
-    ) -> Result<GradientsParams, CommError> {
-        let mut flat = Flatten::<B> {
-            grads,
-            values: Vec::new(),
-            slots: HashMap::new(),
-        };
-        module.visit(&mut flat);
-        let Flatten {
-            grads,
-            mut values,
-            slots,
-        } = flat;
-        for bucket in values.chunks_mut(self.bucket_elems) {
-            self.comm.all_reduce_avg(bucket)?;
+impl<M> Default for ReplicatedGrads<M> {
+    fn default() -> Self {
+        Self {
+            sum: GradientsAccumulator::new(),
         }
-        let mut scatter = Unflatten::<B> {
-            grads,
-            values: &values,
-            slots,
-        };
-        module.visit(&mut scatter);
-        Ok(scatter.grads)
     }
 }
 
-/// Where one gradient sits in the flat vector: offset, shape, device.
-struct Slot<B: AutodiffBackend> {
-    offset: usize,
-    shape: Vec<usize>,
-    device: B::Device,
+impl<M> ReplicatedGrads<M> {
+    /// Adds one micro-batch's gradients.
+    pub fn add<B: AutodiffBackend>(&mut self, model: &M, grads: GradientsParams)
+    where
+        M: AutodiffModule<B>,
+    {
+        self.sum.accumulate(model, grads);
+    }
+
+    /// The step's gradients averaged over `group`, unit by unit of `layout`
+    /// (one all-reduce per unit); resets the sum for the next step.
+    pub fn averaged<B: AutodiffBackend>(
+        &mut self,
+        model: &M,
+        group: &dyn Communicator,
+        layout: &FlatLayout,
+    ) -> Result<GradientsParams, CommError>
+    where
+        M: AutodiffModule<B>,
+    {
+        let grads = self.sum.grads();
+        if group.world_size() == 1 {
+            return Ok(grads);
+        }
+        let mut take = TakeFlat::<B> {
+            grads,
+            flat: HashMap::new(),
+        };
+        model.visit(&mut take);
+        let TakeFlat { grads, mut flat } = take;
+        for unit in layout.units() {
+            average_unit(group, unit, &mut flat)?;
+        }
+        let mut put = PutBack::<B> { grads, flat };
+        model.visit(&mut put);
+        Ok(put.grads)
+    }
 }
 
-/// Moves every gradient out of `grads` into `values` (visiting order).
-struct Flatten<B: AutodiffBackend> {
+/// Replaces the flat gradients of `unit`'s parameters in `flat` by their
+/// average over `group`: concatenated on the device, one all-reduce, cut
+/// back (parameters without a gradient are left out on every rank alike).
+fn average_unit<IB: Backend>(
+    group: &dyn Communicator,
+    unit: &Unit,
+    flat: &mut HashMap<ParamId, Tensor<IB, 1>>,
+) -> Result<(), CommError> {
+    let present: Vec<(ParamId, usize)> = unit
+        .slots
+        .iter()
+        .filter(|s| flat.contains_key(&s.id))
+        .map(|s| (s.id, s.numel()))
+        .collect();
+    if present.is_empty() {
+        return Ok(());
+    }
+    let joined = Tensor::cat(present.iter().map(|(id, _)| flat[id].clone()).collect(), 0);
+    let averaged = group.all_reduce_avg_tensor(joined)?;
+    let mut at = 0;
+    for (id, n) in present {
+        flat.insert(id, averaged.clone().slice(at..at + n));
+        at += n;
+    }
+    Ok(())
+}
+
+/// Moves every gradient out of `grads` as a rank-1 tensor.
+struct TakeFlat<B: AutodiffBackend> {
     grads: GradientsParams,
-    values: Vec<f32>,
-    slots: HashMap<ParamId, Slot<B>>,
+    flat: HashMap<ParamId, Tensor<B::InnerBackend, 1>>,
 }
 
-impl<B: AutodiffBackend> ModuleVisitor<B> for Flatten<B> {
+impl<B: AutodiffBackend> ModuleVisitor<B> for TakeFlat<B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
-            let offset = self.values.len();
-            let (shape, device) = (g.dims().to_vec(), g.device());
-            let data = g.into_data().convert::<f32>();
-            self.values.extend(
-                data.as_slice::<f32>()
-                    .expect("a tensor converted to f32 holds f32 values"),
-            );
-            self.slots.insert(
-                param.id,
-                Slot {
-                    offset,
-                    shape,
-                    device,
-                },
-            );
+            let n = g.shape().num_elements();
+            self.flat.insert(param.id, g.reshape([n]));
         }
     }
 }
 
-/// Puts the (averaged) `values` back into `grads` as tensors of the original shapes.
-struct Unflatten<'a, B: AutodiffBackend> {
+/// Puts the (averaged) rank-1 gradients back into `grads` in their parameters' shapes.
+struct PutBack<B: AutodiffBackend> {
     grads: GradientsParams,
-    values: &'a [f32],
-    slots: HashMap<ParamId, Slot<B>>,
+    flat: HashMap<ParamId, Tensor<B::InnerBackend, 1>>,
 }
 
-impl<B: AutodiffBackend> ModuleVisitor<B> for Unflatten<'_, B> {
+impl<B: AutodiffBackend> ModuleVisitor<B> for PutBack<B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        if let Some(Slot {
-            offset,
-            shape,
-            device,
-        }) = self.slots.remove(&param.id)
-        {
-            let n: usize = shape.iter().product();
-            let data = TensorData::new(self.values[offset..offset + n].to_vec(), shape);
-            let g = Tensor::<B::InnerBackend, D>::from_data(data, &device);
-            self.grads.register(param.id, g);
+        if let Some(g) = self.flat.remove(&param.id) {
+            let shape: [usize; D] = param.val().dims();
+            self.grads.register(param.id, g.reshape(shape));
+        }
+    }
+}
+
+/// ZeRO stage 0: replicated parameters, gradients and optimizer state;
+/// gradients averaged by bucketed all-reduce over the DP group.
+pub struct Ddp<M> {
+    group: Arc<dyn Communicator>,
+    layout: FlatLayout,
+    grads: ReplicatedGrads<M>,
+}
+
+impl<M> Ddp<M> {
+    /// DDP over `group` (the DP group) for `model`, buckets of at most
+    /// `bucket_elems` values.
+    pub fn new<B: AutodiffBackend>(
+        model: &M,
+        group: Arc<dyn Communicator>,
+        bucket_elems: usize,
+    ) -> Self
+    where
+        M: AutodiffModule<B>,
+    {
+        let units = FlatLayout::buckets(param_infos(model), bucket_elems);
+        Self {
+            layout: FlatLayout::new(units, group.rank(), group.world_size()),
+            group,
+            grads: ReplicatedGrads::default(),
+        }
+    }
+}
+
+impl<B, M> GradSync<B, M> for Ddp<M>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B> + LmUnits<B>,
+{
+    fn acquire(&self, _unit: LmUnit, model: M, _require_grad: bool) -> Result<M, CommError> {
+        Ok(model)
+    }
+
+    fn release(&self, _unit: LmUnit, model: M) -> M {
+        model
+    }
+
+    fn accumulate(&mut self, model: &M, grads: GradientsParams) -> Result<(), CommError> {
+        self.grads.add(model, grads);
+        Ok(())
+    }
+
+    fn update(
+        &mut self,
+        model: M,
+        lr: f64,
+        clip: f64,
+        optimizer: &mut AdamW<B::InnerBackend>,
+    ) -> Result<Synced<M>, CommError> {
+        let mut grads = self.grads.averaged(&model, &*self.group, &self.layout)?;
+        let mut bytes = GradBytes {
+            grads: &grads,
+            bytes: 0,
+        };
+        model.visit(&mut bytes);
+        let grad_bytes = bytes.bytes;
+        // Every rank holds every (averaged) gradient: nothing to add up across ranks.
+        let grad_norm = global_norm(grad_squares(&model, &grads), &SingleProcess)?;
+        if let Some(factor) = clip_factor(grad_norm, clip).filter(|_| clip > 0.0) {
+            scale_grads(&model, &mut grads, factor);
+        }
+        Ok(Synced {
+            model: optimizer.step(lr, model, grads),
+            grad_norm,
+            grad_bytes,
+        })
+    }
+
+    fn whole_model(&self, model: M) -> Result<M, CommError> {
+        Ok(model)
+    }
+
+    fn param_bytes(&self, model: &M) -> usize {
+        let mut p = ParamBytes(0);
+        model.visit(&mut p);
+        p.0
+    }
+
+    fn planned_memory(&self, model: &M) -> MemoryBytes {
+        let p = GradSync::<B, M>::param_bytes(self, model);
+        MemoryBytes {
+            param_bytes: p,
+            grad_bytes: p,
+            optimizer_bytes: 2 * p,
         }
     }
 }
@@ -153,16 +239,10 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Unflatten<'_, B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::comm::SingleProcess;
 
     #[test]
     fn bucket_size_is_counted_in_mib_of_f32() {
-        let dp = DataParallel::new(Rc::new(SingleProcess), 25.0);
-        assert_eq!(dp.bucket_elems(), 25 * 1024 * 1024 / 4);
-        assert_eq!(
-            DataParallel::new(Rc::new(SingleProcess), 0.0).bucket_elems(),
-            1
-        );
-        assert_eq!(dp.size(), 1);
+        assert_eq!(bucket_elems(25.0), 25 * 1024 * 1024 / 4);
+        assert_eq!(bucket_elems(0.0), 1);
     }
 }

@@ -1,95 +1,116 @@
-//! ZeRO-3's micro-batch: forward and backward one FSDP unit at a time.
+//! One micro-batch's forward and backward, in one of two ways:
+//!
+//! - [`whole_graph`]: the model's loss and one backward pass (every
+//!   activation kept until backward);
+//! - [`unit_by_unit`]: FSDP's order. Forward runs the blocks one at a time
+//!   without autodiff, each between an [`acquire`](GradSync::acquire) and a
+//!   [`release`](GradSync::release), keeping only each block's input; then
+//!   the head's loss is back-propagated, and each block in reverse is
+//!   acquired again, recomputed with autodiff and back-propagated from the
+//!   incoming gradient `g` through `sum(block(x) * g)`, its gradients handed
+//!   to [`accumulate`](GradSync::accumulate) and the block released. The
+//!   embedding and head units stay acquired for the whole step.
+//!
+//! The [`GradSync`] hooks decide what acquiring, releasing and
+//! accumulating mean (ZeRO-3: all-gather, free, reduce-scatter); these
+//! functions never look at the stage.
 
 use burn::module::AutodiffModule;
-use burn::optim::GradientsParams;
-use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{ElementConversion, Tensor};
+use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
 use ferrotron_engine::data::Batch;
-use ferrotron_engine::lm::StagedLm;
+use ferrotron_engine::lm::{LmUnit, LmUnits};
 
-use super::Zero;
+use super::sync::GradSync;
 use crate::comm::CommError;
-use crate::trainer::batch_tensors;
 
-/// The root unit (embeddings, final norm, head) is unit 0; block `i` is unit `i + 1`.
-const ROOT: usize = 0;
+/// Token ids of a batch as `(inputs, targets)`, each `[batch, seq_len]`.
+pub fn batch_tensors<B: Backend>(
+    batch: &Batch,
+    device: &B::Device,
+) -> (Tensor<B, 2, Int>, Tensor<B, 2, Int>) {
+    let shape = [batch.batch, batch.seq_len];
+    (
+        Tensor::from_data(TensorData::new(batch.inputs.clone(), shape), device),
+        Tensor::from_data(TensorData::new(batch.targets.clone(), shape), device),
+    )
+}
 
-impl<B: AutodiffBackend> Zero<B> {
-    /// Stage 3: gathers the root unit for a step (kept until [`Zero::end_step`]).
-    pub fn begin_step<M: AutodiffModule<B>>(&self, model: M) -> Result<M, CommError> {
-        self.gather(ROOT, model, true)
+/// Forward and backward of `batch` on the whole graph; the gradients of
+/// the loss divided by `micro_batches` go to `sync`. Returns the model and
+/// the batch's mean loss, nats/token.
+pub fn whole_graph<B, M>(
+    sync: &mut dyn GradSync<B, M>,
+    model: M,
+    batch: &Batch,
+    micro_batches: usize,
+    device: &B::Device,
+) -> Result<(M, f64), CommError>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B> + LmUnits<B>,
+{
+    let (inputs, targets) = batch_tensors::<B>(batch, device);
+    let loss = model.loss(inputs, targets);
+    let value = loss.clone().into_scalar().elem::<f64>();
+    let grads = loss.div_scalar(micro_batches as f64).backward();
+    sync.accumulate(&model, GradientsParams::from_grads(grads, &model))?;
+    Ok((model, value))
+}
+
+/// Forward and backward of `batch` one unit at a time (see the module
+/// doc), with the embedding and head units already acquired; the gradients
+/// of the loss divided by `micro_batches` go to `sync`, unit by unit.
+/// Returns the model and the batch's mean loss, nats/token.
+pub fn unit_by_unit<B, M>(
+    sync: &mut dyn GradSync<B, M>,
+    mut model: M,
+    batch: &Batch,
+    micro_batches: usize,
+    device: &B::Device,
+) -> Result<(M, f64), CommError>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B> + LmUnits<B>,
+{
+    let (inputs, targets) = batch_tensors::<B>(batch, device);
+    let (embedded, context) = model.embed(inputs);
+    let mut x = embedded.clone().detach();
+    let mut block_inputs = Vec::with_capacity(model.num_blocks());
+    for i in 0..model.num_blocks() {
+        model = sync.acquire(LmUnit::Block(i), model, false)?;
+        block_inputs.push(x.clone());
+        x = model.block(i, x, &context);
+        model = sync.release(LmUnit::Block(i), model);
     }
-
-    /// Stage 3: releases the root unit after a step's micro-batches.
-    pub fn end_step<M: AutodiffModule<B>>(&self, model: M) -> M {
-        self.release(ROOT, model)
-    }
-
-    /// Stage 3: forward and backward of one micro-batch, its gradients
-    /// (scaled by `scale`, e.g. `1 / micro-batches`) reduce-scattered into
-    /// this rank's accumulated pieces. Returns the model (root gathered,
-    /// blocks released) and the micro-batch's mean loss, nats/token.
-    ///
-    /// Forward runs each block without autodiff between a gather and a
-    /// release and keeps only its input; backward gathers each block again
-    /// in reverse, recomputes its forward with autodiff and propagates the
-    /// incoming gradient `g` through `sum(block(x) * g)`.
-    pub fn micro_batch<M>(
-        &mut self,
-        mut model: M,
-        batch: &Batch,
-        scale: f64,
-    ) -> Result<(M, f64), CommError>
-    where
-        M: AutodiffModule<B> + StagedLm<B>,
-    {
-        let (inputs, targets) = batch_tensors::<B>(batch, &self.device);
-        let (embedded, context) = model.embed(inputs);
-        let mut x = embedded.clone().detach();
-        let mut block_inputs = Vec::with_capacity(model.num_blocks());
-        for i in 0..model.num_blocks() {
-            model = self.gather(i + 1, model, false)?;
-            block_inputs.push(x.clone());
-            x = model.block(i, x, &context);
-            model = self.release(i + 1, model);
-        }
-        let last = x.detach().require_grad();
-        let loss = model.head_loss(last.clone(), targets);
-        let loss_value = loss.clone().into_scalar().elem::<f64>();
-        let mut grads = loss.mul_scalar(scale).backward();
-        let mut upstream = last
+    let last = x.detach().require_grad();
+    let loss = model.head_loss(last.clone(), targets);
+    let value = loss.clone().into_scalar().elem::<f64>();
+    let mut grads = loss.div_scalar(micro_batches as f64).backward();
+    let mut upstream = last
+        .grad(&grads)
+        .expect("the loss depends on the last hidden states");
+    let head = GradientsParams::from_grads(grads, &model);
+    for i in (0..model.num_blocks()).rev() {
+        model = sync.acquire(LmUnit::Block(i), model, true)?;
+        let input = block_inputs
+            .pop()
+            .expect("one saved input per block")
+            .require_grad();
+        let out = model.block(i, input.clone(), &context);
+        grads = (out * Tensor::from_inner(upstream)).sum().backward();
+        upstream = input
             .grad(&grads)
-            .expect("the loss depends on the last hidden states");
-        let root_head = GradientsParams::from_grads(grads, &model);
-        for i in (0..model.num_blocks()).rev() {
-            model = self.gather(i + 1, model, true)?;
-            let input = block_inputs
-                .pop()
-                .expect("one saved input per block")
-                .require_grad();
-            let out = model.block(i, input.clone(), &context);
-            grads = (out * Tensor::from_inner(upstream)).sum().backward();
-            upstream = input
-                .grad(&grads)
-                .expect("a block's output depends on its input");
-            let block = GradientsParams::from_grads(grads, &model);
-            let values = self.grad_values(i + 1, &model, &block);
-            self.accumulate_values(i + 1, &values)?;
-            model = self.release(i + 1, model);
-        }
-        grads = (embedded * Tensor::from_inner(upstream)).sum().backward();
-        let root_embed = GradientsParams::from_grads(grads, &model);
-        // A tied embedding gets gradient from both ends: add them first.
-        let mut root = self.grad_values(ROOT, &model, &root_head);
-        for (id, g) in self.grad_values(ROOT, &model, &root_embed) {
-            match root.get_mut(&id) {
-                Some(acc) => acc.iter_mut().zip(&g).for_each(|(a, b)| *a += b),
-                None => {
-                    root.insert(id, g);
-                }
-            }
-        }
-        self.accumulate_values(ROOT, &root)?;
-        Ok((model, loss_value))
+            .expect("a block's output depends on its input");
+        sync.accumulate(&model, GradientsParams::from_grads(grads, &model))?;
+        model = sync.release(LmUnit::Block(i), model);
     }
+    grads = (embedded * Tensor::from_inner(upstream)).sum().backward();
+    // A tied embedding gets gradient from both ends: add them first.
+    let mut ends = GradientsAccumulator::<M>::new();
+    ends.accumulate(&model, head);
+    ends.accumulate(&model, GradientsParams::from_grads(grads, &model));
+    sync.accumulate(&model, ends.grads())?;
+    Ok((model, value))
 }

@@ -1,21 +1,20 @@
-//! The training step executor: micro-batches, gradient accumulation,
-//! data parallelism and ZeRO, global-norm clipping and the AdamW update.
+//! The training step: a micro-batch schedule composed with a
+//! gradient-synchronisation strategy, then the optimizer update.
 
 use burn::module::AutodiffModule;
-use burn::optim::{GradientsAccumulator, GradientsParams};
-use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::ElementConversion;
 use ferrotron_engine::data::Batch;
-use ferrotron_engine::lm::{CausalLm, StagedLm};
+use ferrotron_engine::lm::{CausalLm, LmUnit, LmUnits};
 use ferrotron_engine::metrics::MemoryBytes;
-use ferrotron_engine::optim::{
-    clip_factor, clip_global_norm, global_grad_norm, AdamW, AdamWConfig, LrSchedule,
-};
+use ferrotron_engine::optim::{AdamW, AdamWConfig, LrSchedule};
 use serde::{Deserialize, Serialize};
 
+use super::micro_batch::{batch_tensors, unit_by_unit, whole_graph};
+use super::sync::{GradSync, Synced};
 use crate::comm::CommError;
-use crate::data::DataParallel;
-use crate::zero::tensors::{GradBytes, ParamBytes};
+use crate::data::{bucket_elems, Ddp, DEFAULT_BUCKET_MB};
+use crate::groups::ProcessGroups;
 use crate::zero::{Zero, ZeroStage};
 
 /// How optimizer steps are taken.
@@ -29,6 +28,24 @@ pub struct StepConfig {
     pub grad_clip: f64,
 }
 
+/// How the training state is spread over the process groups.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ParallelConfig {
+    /// What is sharded over the DP group (`--zero`).
+    pub zero: ZeroStage,
+    /// Size of DDP's all-reduce buckets and of ZeRO-1/2's units, MiB of f32.
+    pub bucket_mb: f64,
+}
+
+impl Default for ParallelConfig {
+    fn default() -> Self {
+        Self {
+            zero: ZeroStage::Off,
+            bucket_mb: DEFAULT_BUCKET_MB,
+        }
+    }
+}
+
 /// What one optimizer step did.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepOutput {
@@ -38,87 +55,83 @@ pub struct StepOutput {
     pub lr: f64,
     /// Global gradient norm before clipping.
     pub grad_norm: f64,
-    /// Tokens in the step (all micro-batches; of every DP rank in a data-parallel step).
+    /// Tokens in the step (all micro-batches of every DP rank: the global batch).
     pub tokens: usize,
 }
 
-/// Token ids of a batch as `(inputs, targets)`, each `[batch, seq_len]`.
-pub fn batch_tensors<B: Backend>(
-    batch: &Batch,
-    device: &B::Device,
-) -> (Tensor<B, 2, Int>, Tensor<B, 2, Int>) {
-    let shape = [batch.batch, batch.seq_len];
-    (
-        Tensor::from_data(TensorData::new(batch.inputs.clone(), shape), device),
-        Tensor::from_data(TensorData::new(batch.targets.clone(), shape), device),
-    )
-}
-
 /// Owns the model and optimizer state of one training run (of this rank).
-pub struct Trainer<B: AutodiffBackend, M: AutodiffModule<B>> {
+///
+/// A one-rank run is the same code with every group of one rank.
+pub struct Trainer<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> {
     model: Option<M>,
     optimizer: AdamW<B::InnerBackend>,
     config: StepConfig,
     steps_done: usize,
     device: B::Device,
-    dp: Option<DataParallel>,
-    zero: Option<Zero<B>>,
+    groups: ProcessGroups,
+    stage: ZeroStage,
+    sync: Box<dyn GradSync<B, M>>,
     memory: MemoryBytes,
 }
 
 impl<B, M> Trainer<B, M>
 where
     B: AutodiffBackend,
-    M: AutodiffModule<B> + StagedLm<B>,
+    M: AutodiffModule<B> + LmUnits<B> + 'static,
     M::InnerModule: CausalLm<B::InnerBackend>,
 {
     /// A one-rank trainer for `model` on `device`, with fresh optimizer state.
     pub fn new(model: M, config: StepConfig, device: B::Device) -> Self {
+        Self::parallel(
+            model,
+            config,
+            device,
+            ProcessGroups::single(),
+            ParallelConfig::default(),
+        )
+    }
+
+    /// This rank's trainer in the job of `groups`: its replica (or, under
+    /// ZeRO-3, shard) of `model`, trained over the DP group with
+    /// `parallel`'s sharding. Every rank must build `model` identically
+    /// (same seed or same checkpoint).
+    pub fn parallel(
+        model: M,
+        config: StepConfig,
+        device: B::Device,
+        groups: ProcessGroups,
+        parallel: ParallelConfig,
+    ) -> Self {
+        let dp = groups.dp().clone();
+        let buckets = bucket_elems(parallel.bucket_mb);
+        let (sync, model): (Box<dyn GradSync<B, M>>, M) = match parallel.zero {
+            ZeroStage::Off => (Box::new(Ddp::new::<B>(&model, dp, buckets)), model),
+            stage => {
+                let (zero, model) = Zero::new(stage, model, dp, buckets, device.clone());
+                (Box::new(zero), model)
+            }
+        };
         Self {
             model: Some(model),
             optimizer: AdamW::new(config.adamw),
             config,
             steps_done: 0,
             device,
-            dp: None,
-            zero: None,
+            groups,
+            stage: parallel.zero,
+            sync,
             memory: MemoryBytes::default(),
         }
     }
 
-    /// A data-parallel trainer: this rank's replica (or, under ZeRO-3,
-    /// shard) of `model`, trained on the ranks of `dp` with `zero`'s
-    /// sharding. Every rank must build `model` identically (same seed or
-    /// same checkpoint).
-    pub fn data_parallel(
-        model: M,
-        config: StepConfig,
-        device: B::Device,
-        dp: DataParallel,
-        zero: ZeroStage,
-    ) -> Self {
-        let (zero, model) = match zero {
-            ZeroStage::Off => (None, model),
-            stage => {
-                let (z, m) = Zero::new(
-                    stage,
-                    model,
-                    dp.communicator(),
-                    dp.bucket_elems(),
-                    device.clone(),
-                );
-                (Some(z), m)
-            }
-        };
-        let mut trainer = Self::new(model, config, device);
-        trainer.dp = Some(dp);
-        trainer.zero = zero;
-        trainer
-    }
-
     /// The ZeRO stage in use.
     pub fn zero_stage(&self) -> ZeroStage {
-        self.zero.as_ref().map_or(ZeroStage::Off, Zero::stage)
+        self.stage
+    }
+
+    /// The process groups the trainer runs on.
+    pub fn groups(&self) -> &ProcessGroups {
+        &self.groups
     }
 
     /// Optimizer steps taken.
@@ -136,31 +149,7 @@ where
     /// parameter layout: what [`Trainer::memory`] reports after a step,
     /// up to the padding of the last chunk of each unit (f32 state).
     pub fn planned_memory(&self) -> MemoryBytes {
-        let model = self.held_model();
-        let Some(z) = &self.zero else {
-            let mut p = ParamBytes(0);
-            model.visit(&mut p);
-            return MemoryBytes {
-                param_bytes: p.0,
-                grad_bytes: p.0,
-                optimizer_bytes: 2 * p.0,
-            };
-        };
-        let shard = 4 * z.layout().shard_elems();
-        let total = 4 * z.layout().total_elems();
-        MemoryBytes {
-            param_bytes: if z.stage() == ZeroStage::Three {
-                z.param_bytes(model)
-            } else {
-                total
-            },
-            grad_bytes: if z.stage() >= ZeroStage::Two {
-                shard
-            } else {
-                total
-            },
-            optimizer_bytes: 2 * shard,
-        }
+        self.sync.planned_memory(self.held_model())
     }
 
     fn held_model(&self) -> &M {
@@ -170,117 +159,71 @@ where
     }
 
     /// The whole model. Under ZeRO-3 its parameters are all-gathered from
-    /// every rank, so every rank must call this at the same point.
+    /// every DP rank, so every rank must call this at the same point.
     pub fn full_model(&self) -> Result<M, CommError> {
-        let model = self.held_model().clone();
-        match &self.zero {
-            Some(z) if z.stage() == ZeroStage::Three => z.gather_all(model),
-            _ => Ok(model),
-        }
+        self.sync.whole_model(self.held_model().clone())
     }
 
     /// One optimizer step over `micro_batches`, this rank's rows of the
-    /// global batch (gradient accumulation over all of them; each
-    /// contributes `1 / micro_batches.len()` of the loss). With data
-    /// parallelism gradients are averaged over the DP ranks once per step
-    /// (stages 0 and 1: bucketed all-reduce; stages 2 and 3: reduce-scatter
-    /// per micro-batch), then clipped by their global norm, so every rank
-    /// applies the identical update. The loss is the mean over all ranks
-    /// and `tokens` counts the whole global batch.
+    /// global batch: each micro-batch's forward and backward (its loss
+    /// weighted `1 / micro_batches.len()`), the gradients synchronised over
+    /// the DP group by the ZeRO stage's strategy, clipped by their global
+    /// norm and applied, so every rank ends with the identical model. The
+    /// loss is the mean over all DP ranks and `tokens` counts the whole
+    /// global batch.
     pub fn step(&mut self, micro_batches: &[Batch]) -> Result<StepOutput, CommError> {
         let mut model = self
             .model
             .take()
             .expect("the model is always present between steps");
-        let n = micro_batches.len().max(1) as f64;
-        let stage = self.zero_stage();
-        let mut loss_sum = 0.0;
-        let mut accumulator = GradientsAccumulator::<M>::new();
-        if stage == ZeroStage::Three {
-            let zero = self.zero.as_mut().expect("stage 3 has shards");
-            model = zero.begin_step(model)?;
-            for batch in micro_batches {
-                let (m, loss) = zero.micro_batch(model, batch, 1.0 / n)?;
-                model = m;
-                loss_sum += loss;
-            }
+        let n = micro_batches.len().max(1);
+        let ends = [LmUnit::Embedding, LmUnit::Head];
+        for unit in ends {
+            model = self.sync.acquire(unit, model, true)?;
+        }
+        let run = if self.sync.unit_by_unit() {
+            unit_by_unit::<B, M>
         } else {
-            for batch in micro_batches {
-                let (inputs, targets) = batch_tensors::<B>(batch, &self.device);
-                let loss = model.loss(inputs, targets);
-                loss_sum += loss.clone().into_scalar().elem::<f64>();
-                let grads = GradientsParams::from_grads(loss.div_scalar(n).backward(), &model);
-                match self.zero.as_mut() {
-                    Some(zero) if stage == ZeroStage::Two => zero.accumulate(&model, grads)?,
-                    _ => accumulator.accumulate(&model, grads),
-                }
-            }
-        }
-        let mut tokens: usize = micro_batches.iter().map(|b| b.batch * b.seq_len).sum();
-        let mut loss = loss_sum / n;
-        if let Some(dp) = self.dp.as_ref().filter(|dp| dp.size() > 1) {
-            let mut mean = [loss as f32];
-            dp.mean(&mut mean)?;
-            loss = mean[0] as f64;
-            tokens *= dp.size();
-        }
-        let lr = self.config.schedule.lr(self.steps_done);
-        let clip = self.config.grad_clip;
-        let grad_norm;
-        match self.zero.as_mut() {
-            Some(zero) if stage >= ZeroStage::Two => {
-                self.memory.grad_bytes = zero.grad_bytes();
-                grad_norm = zero.grad_norm()?;
-                if let Some(factor) = clip_factor(grad_norm, clip).filter(|_| clip > 0.0) {
-                    zero.scale_grads(factor);
-                }
-                model = if stage == ZeroStage::Two {
-                    zero.update_replicated(model, None, lr, &mut self.optimizer)?
-                } else {
-                    zero.update_sharded(lr, &mut self.optimizer);
-                    zero.end_step(model)
-                };
-            }
-            zero => {
-                let mut grads = accumulator.grads();
-                if let Some(dp) = self.dp.as_ref().filter(|dp| dp.size() > 1) {
-                    grads = dp.average_gradients(&model, grads)?;
-                }
-                let mut bytes = GradBytes {
-                    grads: &grads,
-                    bytes: 0,
-                };
-                model.visit(&mut bytes);
-                self.memory.grad_bytes = bytes.bytes;
-                grad_norm = if clip > 0.0 {
-                    clip_global_norm(&model, &mut grads, clip)
-                } else {
-                    global_grad_norm(&model, &grads)
-                };
-                model = match zero {
-                    Some(zero) => {
-                        zero.update_replicated(model, Some(&grads), lr, &mut self.optimizer)?
-                    }
-                    None => self.optimizer.step(lr, model, grads),
-                };
-            }
-        }
-        self.memory.param_bytes = match &self.zero {
-            Some(zero) => zero.param_bytes(&model),
-            None => {
-                let mut p = ParamBytes(0);
-                model.visit(&mut p);
-                p.0
-            }
+            whole_graph::<B, M>
         };
-        self.memory.optimizer_bytes = self.optimizer.state_bytes();
+        let mut loss_sum = 0.0;
+        for batch in micro_batches {
+            let (m, loss) = run(&mut *self.sync, model, batch, n, &self.device)?;
+            model = m;
+            loss_sum += loss;
+        }
+        for unit in ends {
+            model = self.sync.release(unit, model);
+        }
+        let dp = self.groups.dp();
+        let mut loss = [(loss_sum / n as f64) as f32];
+        let loss = if dp.world_size() > 1 {
+            dp.all_reduce_avg(&mut loss)?;
+            f64::from(loss[0])
+        } else {
+            loss_sum / n as f64
+        };
+        let tokens: usize = micro_batches.iter().map(|b| b.batch * b.seq_len).sum();
+        let lr = self.config.schedule.lr(self.steps_done);
+        let Synced {
+            model,
+            grad_norm,
+            grad_bytes,
+        } = self
+            .sync
+            .update(model, lr, self.config.grad_clip, &mut self.optimizer)?;
+        self.memory = MemoryBytes {
+            param_bytes: self.sync.param_bytes(&model),
+            grad_bytes,
+            optimizer_bytes: self.optimizer.state_bytes(),
+        };
         self.model = Some(model);
         self.steps_done += 1;
         Ok(StepOutput {
             loss,
             lr,
             grad_norm,
-            tokens,
+            tokens: tokens * dp.world_size(),
         })
     }
 

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use burn::module::ParamId;
 use burn::tensor::TensorData;
 
-use super::layout::{Piece, Unit};
 use crate::comm::{CommError, Communicator};
+use crate::flat::{Piece, Unit};
 
 /// The unit's flat vector (`chunk * dp` elements, zero-padded) from the
 /// host values of its parameters; a parameter missing from `values`

@@ -1,11 +1,12 @@
 //! ZeRO: sharding the optimizer state (stage 1), the gradients (stage 2)
-//! and the parameters (stage 3, FSDP) over the data-parallel ranks.
+//! and the parameters (stage 3, FSDP) over the data-parallel group, as a
+//! [`GradSync`] strategy.
 //!
-//! The parameters are grouped into units ([`layout`]): buckets of at most
-//! `--bucket-mb` for stages 1 and 2, and for stage 3 the FSDP units of a
-//! [`StagedLm`] (the root — embeddings, final norm, head — and each
-//! block). Rank `r` owns chunk `r` of every unit and keeps AdamW's moments
-//! for that chunk only.
+//! The parameters are grouped into the units of the one flat layout
+//! ([`crate::flat`]): buckets of at most `--bucket-mb` for stages 1 and 2,
+//! and for stage 3 the FSDP units of an [`LmUnits`] model (embedding, each
+//! block, head). Rank `r` owns chunk `r` of every unit and keeps AdamW's
+//! moments for that chunk only.
 //!
 //! - Stage 1: gradients are averaged by bucketed all-reduce (as plain DP),
 //!   each rank updates its chunk, and the updated chunks are all-gathered
@@ -15,44 +16,47 @@
 //!   Clipping uses the global norm (an all-reduce of the chunks' squared
 //!   sums). The update is stage 1's.
 //! - Stage 3: between steps a rank holds only its chunk of the parameters
-//!   (the model's tensors are one-element placeholders). Each micro-batch
-//!   runs the blocks one at a time: forward without autodiff, gathering a
-//!   block's parameters just before it runs and freeing them after, keeping
-//!   only the block inputs; then backward block by block in reverse,
-//!   gathering the block again, recomputing its forward with autodiff and
-//!   back-propagating the incoming gradient, reduce-scattering the block's
-//!   gradients and freeing it. The root unit stays gathered for the whole
-//!   step (its embedding starts and its head ends every micro-batch).
+//!   (the model's tensors are one-element placeholders). A step runs unit
+//!   by unit ([`crate::train::micro_batch::unit_by_unit`]): a block is
+//!   all-gathered just before it runs and freed after, and gathered again
+//!   for its recomputation in backward, after which its gradients are
+//!   reduce-scattered; the embedding and head units stay gathered for the
+//!   whole step.
 //!
 //! Everything moves through host `f32` vectors (the [`Communicator`]
 //! contract). Burn's backward pass returns all gradients of a graph at
 //! once, so under stage 2 a micro-batch's full gradients exist until they
 //! are reduce-scattered; under stage 3 only one block's do.
+//!
+//! [`GradSync`]: crate::train::sync::GradSync
 
 mod exchange;
-pub mod layout;
-mod staged;
 pub(crate) mod tensors;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::rc::Rc;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use burn::module::{AutodiffModule, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Tensor, TensorData};
-use ferrotron_engine::lm::StagedLm;
-use ferrotron_engine::optim::AdamW;
+use ferrotron_engine::lm::{LmUnit, LmUnits};
+use ferrotron_engine::metrics::MemoryBytes;
+use ferrotron_engine::optim::{clip_factor, grad_squares, scale_grads, AdamW};
 use serde::{Deserialize, Serialize};
 
 use self::exchange::{
     all_gather_unit, chunk_from_pieces, flat_unit, reduce_scatter_avg, split_chunk,
 };
-use self::layout::{param_infos, Infos, ParamInfo, Piece, ShardLayout};
-use self::tensors::{host_f32, Assign, GradValues, ParamBytes, PieceTensors, Release};
-use crate::comm::{CommError, Communicator};
+use self::tensors::{Assign, GradBytes, GradValues, ParamBytes, PieceTensors, Release};
+use crate::comm::tensor::host_f32;
+use crate::comm::{CommError, Communicator, SingleProcess};
+use crate::data::ReplicatedGrads;
+use crate::flat::{param_infos, unit_params, FlatLayout, Piece};
+use crate::train::norm::global_norm;
+use crate::train::sync::{GradSync, Synced};
 
 /// How much of the training state is sharded over the DP ranks (`--zero`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -106,16 +110,21 @@ impl fmt::Display for ZeroStage {
     }
 }
 
-/// This rank's shards and the ZeRO collectives of one training run.
-pub struct Zero<B: AutodiffBackend> {
+/// This rank's shards and the ZeRO collectives of one training run of a
+/// model of type `M`.
+pub struct Zero<B: AutodiffBackend, M> {
     stage: ZeroStage,
-    layout: ShardLayout,
+    layout: FlatLayout,
+    /// Blocks of the model (stage 3's units are [`LmUnit::all`]).
+    blocks: usize,
     /// This rank's pieces of each unit.
     pieces: Vec<Vec<Piece>>,
     /// The parameters of each unit.
     unit_ids: Vec<HashSet<ParamId>>,
-    comm: Rc<dyn Communicator>,
+    comm: Arc<dyn Communicator>,
     device: B::Device,
+    /// Stage 1: the step's whole gradients.
+    replicated: ReplicatedGrads<M>,
     /// Stage 3: this rank's pieces of the parameters (between steps, the
     /// only copy of the weights on this rank).
     params: HashMap<ParamId, Tensor<B::InnerBackend, 1>>,
@@ -123,27 +132,24 @@ pub struct Zero<B: AutodiffBackend> {
     grads: HashMap<ParamId, Tensor<B::InnerBackend, 1>>,
 }
 
-impl<B: AutodiffBackend> Zero<B> {
+impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
     /// Shards `model` for `stage` (not [`ZeroStage::Off`]) over the ranks of
     /// `comm`. Stages 1 and 2 use buckets of at most `bucket_elems` values;
     /// stage 3 uses the model's units, keeps this rank's chunk of every
     /// parameter and returns the model with placeholders in their place.
-    pub fn new<M>(
+    pub fn new(
         stage: ZeroStage,
         model: M,
-        comm: Rc<dyn Communicator>,
+        comm: Arc<dyn Communicator>,
         bucket_elems: usize,
         device: B::Device,
-    ) -> (Self, M)
-    where
-        M: AutodiffModule<B> + StagedLm<B>,
-    {
+    ) -> (Self, M) {
         assert!(stage != ZeroStage::Off, "ZeRO stage 0 shards nothing");
         let groups = match stage {
-            ZeroStage::Three => fsdp_units(&model),
-            _ => ShardLayout::buckets(param_infos(&model), bucket_elems),
+            ZeroStage::Three => unit_params(&model),
+            _ => FlatLayout::buckets(param_infos(&model), bucket_elems),
         };
-        let layout = ShardLayout::new(groups, comm.rank(), comm.world_size());
+        let layout = FlatLayout::new(groups, comm.rank(), comm.world_size());
         let pieces = (0..layout.units().len())
             .map(|u| layout.pieces(u))
             .collect();
@@ -155,10 +161,12 @@ impl<B: AutodiffBackend> Zero<B> {
         let mut zero = Self {
             stage,
             layout,
+            blocks: model.num_blocks(),
             pieces,
             unit_ids,
             comm,
             device,
+            replicated: ReplicatedGrads::default(),
             params: HashMap::new(),
             grads: HashMap::new(),
         };
@@ -176,23 +184,23 @@ impl<B: AutodiffBackend> Zero<B> {
     }
 
     /// The units and this rank's chunks.
-    pub fn layout(&self) -> &ShardLayout {
+    pub fn layout(&self) -> &FlatLayout {
         &self.layout
     }
 
     /// Keeps this rank's pieces of every parameter and releases the rest.
-    fn shard_parameters<M: AutodiffModule<B>>(&mut self, mut model: M) -> M {
+    fn shard_parameters(&mut self, mut model: M) -> M {
         for u in 0..self.pieces.len() {
             let pieces = self.piece_tensors(u, &model, None);
             self.params.extend(pieces);
-            model = self.release(u, model);
+            model = self.release_unit(u, model);
         }
         model
     }
 
     /// This rank's pieces of unit `u`'s parameters, or with `grads` of
     /// their gradients, sliced on the device.
-    fn piece_tensors<M: AutodiffModule<B>>(
+    fn piece_tensors(
         &self,
         u: usize,
         model: &M,
@@ -213,7 +221,7 @@ impl<B: AutodiffBackend> Zero<B> {
     }
 
     /// Replaces the parameters of unit `u` in `model` by placeholders.
-    fn release<M: AutodiffModule<B>>(&self, u: usize, model: M) -> M {
+    fn release_unit(&self, u: usize, model: M) -> M {
         model.map(&mut Release::<B> {
             ids: &self.unit_ids[u],
             device: self.device.clone(),
@@ -222,7 +230,7 @@ impl<B: AutodiffBackend> Zero<B> {
 
     /// Puts the whole parameters of unit `u`, all-gathered from every
     /// rank's `chunk`, into `model`.
-    fn assign_gathered<M: AutodiffModule<B>>(
+    fn assign_gathered(
         &self,
         u: usize,
         chunk: &[f32],
@@ -238,12 +246,7 @@ impl<B: AutodiffBackend> Zero<B> {
     }
 
     /// Stage 3: all-gathers the parameters of unit `u` into `model`.
-    fn gather<M: AutodiffModule<B>>(
-        &self,
-        u: usize,
-        model: M,
-        require_grad: bool,
-    ) -> Result<M, CommError> {
+    fn gather(&self, u: usize, model: M, require_grad: bool) -> Result<M, CommError> {
         let values: HashMap<ParamId, Vec<f32>> = self.pieces[u]
             .iter()
             .map(|p| (p.id, host_f32(self.params[&p.id].clone())))
@@ -254,7 +257,7 @@ impl<B: AutodiffBackend> Zero<B> {
 
     /// Stage 3: `model` with every parameter gathered (a collective: every
     /// rank must call it). Used for evaluation and checkpoints.
-    pub fn gather_all<M: AutodiffModule<B>>(&self, mut model: M) -> Result<M, CommError> {
+    fn gather_all(&self, mut model: M) -> Result<M, CommError> {
         for u in 0..self.pieces.len() {
             model = self.gather(u, model, true)?;
         }
@@ -262,7 +265,7 @@ impl<B: AutodiffBackend> Zero<B> {
     }
 
     /// Host values of the gradients in `grads` of unit `u`'s parameters.
-    fn grad_values<M: AutodiffModule<B>>(
+    fn grad_values(
         &self,
         u: usize,
         model: &M,
@@ -298,64 +301,48 @@ impl<B: AutodiffBackend> Zero<B> {
         Ok(())
     }
 
-    /// Stage 2: reduce-scatters one micro-batch's gradients, unit by unit.
-    pub fn accumulate<M: AutodiffModule<B>>(
-        &mut self,
-        model: &M,
-        grads: GradientsParams,
-    ) -> Result<(), CommError> {
+    /// Stages 2 and 3: reduce-scatters one micro-batch's gradients, unit
+    /// by unit (the units `grads` has gradients of; the same on every rank).
+    fn reduce_scatter(&mut self, model: &M, grads: &GradientsParams) -> Result<(), CommError> {
         for u in 0..self.pieces.len() {
-            let values = self.grad_values(u, model, &grads);
-            self.accumulate_values(u, &values)?;
+            let values = self.grad_values(u, model, grads);
+            if !values.is_empty() {
+                self.accumulate_values(u, &values)?;
+            }
         }
         Ok(())
     }
 
     /// Stages 2 and 3: the global L2 norm of the accumulated gradients
-    /// (every rank's pieces together).
-    pub fn grad_norm(&self) -> Result<f64, CommError> {
+    /// (every rank's pieces together), after which they are clipped to `clip`.
+    fn clip_pieces(&mut self, clip: f64) -> Result<f64, CommError> {
         let local: f64 = self
             .grads
             .values()
             .map(|g| g.clone().powf_scalar(2.0).sum().into_scalar().elem::<f64>())
             .sum();
-        let mut buf = [local as f32];
-        self.comm.all_reduce_sum(&mut buf)?;
-        Ok(f64::from(buf[0]).sqrt())
-    }
-
-    /// Stages 2 and 3: multiplies the accumulated gradient pieces by `factor`.
-    pub fn scale_grads(&mut self, factor: f64) {
-        for g in self.grads.values_mut() {
-            *g = g.clone().mul_scalar(factor);
+        let norm = global_norm(local, &*self.comm)?;
+        if let Some(factor) = clip_factor(norm, clip).filter(|_| clip > 0.0) {
+            for g in self.grads.values_mut() {
+                *g = g.clone().mul_scalar(factor);
+            }
         }
+        Ok(norm)
     }
 
     /// Bytes of the accumulated gradient pieces held (stages 2 and 3).
-    pub fn grad_bytes(&self) -> usize {
+    fn piece_grad_bytes(&self) -> usize {
         self.grads
             .values()
             .map(|g| g.shape().num_elements() * 4)
             .sum()
     }
 
-    /// Bytes of parameters this rank holds: the model's tensors (stage 3:
-    /// placeholders) plus the parameter pieces (stage 3).
-    pub fn param_bytes<M: AutodiffModule<B>>(&self, model: &M) -> usize {
-        let mut v = ParamBytes(0);
-        model.visit(&mut v);
-        v.0 + self
-            .params
-            .values()
-            .map(|p| p.shape().num_elements() * 4)
-            .sum::<usize>()
-    }
-
     /// Stages 1 and 2: one AdamW step of this rank's pieces, then the
     /// updated pieces all-gathered into `model`, unit by unit. Stage 1
     /// takes the pieces' gradients from `grads` (averaged, clipped);
     /// stage 2 uses the accumulated pieces (and `grads` is `None`).
-    pub fn update_replicated<M: AutodiffModule<B>>(
+    fn update_replicated(
         &mut self,
         mut model: M,
         grads: Option<&GradientsParams>,
@@ -387,7 +374,7 @@ impl<B: AutodiffBackend> Zero<B> {
 
     /// Stage 3: one AdamW step of this rank's parameter pieces with the
     /// accumulated gradient pieces (nothing is communicated).
-    pub fn update_sharded(&mut self, lr: f64, optimizer: &mut AdamW<B::InnerBackend>) {
+    fn update_sharded(&mut self, lr: f64, optimizer: &mut AdamW<B::InnerBackend>) {
         optimizer.begin_step();
         for pieces in &self.pieces {
             for p in pieces {
@@ -405,22 +392,117 @@ impl<B: AutodiffBackend> Zero<B> {
     }
 }
 
-/// The FSDP units of a staged model: the root (every parameter outside the
-/// blocks, in visiting order), then each block.
-fn fsdp_units<B: AutodiffBackend, M: AutodiffModule<B> + StagedLm<B>>(
-    model: &M,
-) -> Vec<Vec<ParamInfo>> {
-    let blocks: Vec<Vec<ParamInfo>> = (0..model.num_blocks())
-        .map(|i| {
-            let mut v = Infos(Vec::new());
-            model.visit_block(i, &mut v);
-            v.0
-        })
-        .collect();
-    let in_blocks: HashSet<ParamId> = blocks.iter().flatten().map(|p| p.0).collect();
-    let root = param_infos(model)
-        .into_iter()
-        .filter(|p| !in_blocks.contains(&p.0))
-        .collect();
-    std::iter::once(root).chain(blocks).collect()
+impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> GradSync<B, M> for Zero<B, M> {
+    fn unit_by_unit(&self) -> bool {
+        self.stage == ZeroStage::Three
+    }
+
+    fn acquire(&self, unit: LmUnit, model: M, require_grad: bool) -> Result<M, CommError> {
+        match self.stage {
+            ZeroStage::Three => self.gather(unit.index(self.blocks), model, require_grad),
+            _ => Ok(model),
+        }
+    }
+
+    fn release(&self, unit: LmUnit, model: M) -> M {
+        match self.stage {
+            ZeroStage::Three => self.release_unit(unit.index(self.blocks), model),
+            _ => model,
+        }
+    }
+
+    fn accumulate(&mut self, model: &M, grads: GradientsParams) -> Result<(), CommError> {
+        match self.stage {
+            ZeroStage::One => {
+                self.replicated.add(model, grads);
+                Ok(())
+            }
+            _ => self.reduce_scatter(model, &grads),
+        }
+    }
+
+    fn update(
+        &mut self,
+        model: M,
+        lr: f64,
+        clip: f64,
+        optimizer: &mut AdamW<B::InnerBackend>,
+    ) -> Result<Synced<M>, CommError> {
+        match self.stage {
+            ZeroStage::One => {
+                let mut grads = self
+                    .replicated
+                    .averaged(&model, &*self.comm, &self.layout)?;
+                let mut bytes = GradBytes {
+                    grads: &grads,
+                    bytes: 0,
+                };
+                model.visit(&mut bytes);
+                let grad_bytes = bytes.bytes;
+                // Every rank holds every (averaged) gradient: nothing to add up across ranks.
+                let grad_norm = global_norm(grad_squares(&model, &grads), &SingleProcess)?;
+                if let Some(factor) = clip_factor(grad_norm, clip).filter(|_| clip > 0.0) {
+                    scale_grads(&model, &mut grads, factor);
+                }
+                let model = self.update_replicated(model, Some(&grads), lr, optimizer)?;
+                Ok(Synced {
+                    model,
+                    grad_norm,
+                    grad_bytes,
+                })
+            }
+            stage => {
+                let grad_bytes = self.piece_grad_bytes();
+                let grad_norm = self.clip_pieces(clip)?;
+                let model = if stage == ZeroStage::Two {
+                    self.update_replicated(model, None, lr, optimizer)?
+                } else {
+                    self.update_sharded(lr, optimizer);
+                    model
+                };
+                Ok(Synced {
+                    model,
+                    grad_norm,
+                    grad_bytes,
+                })
+            }
+        }
+    }
+
+    fn whole_model(&self, model: M) -> Result<M, CommError> {
+        match self.stage {
+            ZeroStage::Three => self.gather_all(model),
+            _ => Ok(model),
+        }
+    }
+
+    /// The model's tensors (stage 3: placeholders) plus the parameter
+    /// pieces (stage 3).
+    fn param_bytes(&self, model: &M) -> usize {
+        let mut v = ParamBytes(0);
+        model.visit(&mut v);
+        v.0 + self
+            .params
+            .values()
+            .map(|p| p.shape().num_elements() * 4)
+            .sum::<usize>()
+    }
+
+    fn planned_memory(&self, model: &M) -> MemoryBytes {
+        let shard = 4 * self.layout.shard_elems();
+        let total = 4 * self.layout.total_elems();
+        MemoryBytes {
+            param_bytes: if self.stage == ZeroStage::Three {
+                GradSync::<B, M>::param_bytes(self, model)
+            } else {
+                total
+            },
+            grad_bytes: if self.stage >= ZeroStage::Two {
+                shard
+            } else {
+                total
+            },
+            optimizer_bytes: 2 * shard,
+        }
+    }
 }

@@ -7,15 +7,9 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 
-use super::layout::Piece;
+use crate::comm::tensor::host_f32;
 
-/// The values of a tensor as host `f32`, row-major.
-pub(crate) fn host_f32<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
-    t.into_data()
-        .convert::<f32>()
-        .into_vec::<f32>()
-        .expect("a tensor converted to f32 holds f32 values")
-}
+use crate::flat::Piece;
 
 /// This rank's pieces of the parameters, or with `grads` of their
 /// gradients, as rank-1 tensors on the device: elements `start..end` of

@@ -1,0 +1,74 @@
+//! The gradient-synchronisation strategy of a training step: what happens
+//! to a unit's parameters around its use and to the gradients of a
+//! micro-batch, and how the step's update is applied across the DP group.
+//!
+//! Implemented by [`Ddp`](crate::data::Ddp) (ZeRO-0) and
+//! [`Zero`](crate::zero::Zero) (stages 1-3). The micro-batch schedule
+//! ([`super::micro_batch`]) calls these hooks and knows nothing of the
+//! stage, in the way FSDP hooks wrap modules in torchtitan.
+
+use burn::module::AutodiffModule;
+use burn::optim::GradientsParams;
+use burn::tensor::backend::AutodiffBackend;
+use ferrotron_engine::lm::{LmUnit, LmUnits};
+use ferrotron_engine::metrics::MemoryBytes;
+use ferrotron_engine::optim::AdamW;
+
+use crate::comm::CommError;
+
+/// The outcome of [`GradSync::update`].
+pub struct Synced<M> {
+    /// The model after the optimizer step.
+    pub model: M,
+    /// Global L2 norm of the averaged gradients before clipping.
+    pub grad_norm: f64,
+    /// Bytes of gradients this rank held when the update began.
+    pub grad_bytes: usize,
+}
+
+/// How gradients are synchronised and parameters held across the DP group.
+///
+/// Every rank of the group calls the same hooks in the same order (they
+/// may be collectives).
+pub trait GradSync<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> {
+    /// Whether a micro-batch must run one unit at a time, each unit's
+    /// parameters existing only around its use (ZeRO-3).
+    fn unit_by_unit(&self) -> bool {
+        false
+    }
+
+    /// `model` with the parameters of `unit` whole, before the unit runs
+    /// (ZeRO-3 all-gathers them); `require_grad` when the run is recorded
+    /// for backward.
+    fn acquire(&self, unit: LmUnit, model: M, require_grad: bool) -> Result<M, CommError>;
+
+    /// `model` without what [`GradSync::acquire`] gathered for `unit`.
+    fn release(&self, unit: LmUnit, model: M) -> M;
+
+    /// Takes one micro-batch's gradients (already scaled by its share of
+    /// the step): kept whole (DDP, ZeRO-1) or reduce-scattered into this
+    /// rank's chunk (ZeRO-2/3). `grads` may cover only some units.
+    fn accumulate(&mut self, model: &M, grads: GradientsParams) -> Result<(), CommError>;
+
+    /// Ends the step: the gradients averaged over the DP group, clipped to
+    /// a global L2 norm of `clip` (0: no clipping), and one AdamW step
+    /// with learning rate `lr`, leaving every rank with the same model.
+    fn update(
+        &mut self,
+        model: M,
+        lr: f64,
+        clip: f64,
+        optimizer: &mut AdamW<B::InnerBackend>,
+    ) -> Result<Synced<M>, CommError>;
+
+    /// The whole model (ZeRO-3 gathers every unit: a collective).
+    fn whole_model(&self, model: M) -> Result<M, CommError>;
+
+    /// Bytes of parameters this rank holds between steps.
+    fn param_bytes(&self, model: &M) -> usize;
+
+    /// The training state this rank will hold once training runs, from the
+    /// layout (f32 state; what a step measures, up to the padding of the
+    /// last chunk of each unit).
+    fn planned_memory(&self, model: &M) -> MemoryBytes;
+}
