@@ -55,9 +55,7 @@ fn train(config: &DecoderConfig, steps: usize) -> Vec<f64> {
         micro_batch: 4,
         grad_accum: 2,
         eval_every: steps,
-        flops_per_token: config.train_flops_per_token(32),
-        peak_flops: 1e11,
-        run_dir: None,
+        ..LoopConfig::default()
     };
     let summary = train::run(&mut trainer, &mut batches, &val, &plan, &mut Silent).unwrap();
     assert_eq!(summary.validations.len(), 2);

@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use ferrotron_models::Kernels;
 use ferrotron_parallel::zero::ZeroStage;
 
-use crate::settings::TrainSettings;
+use crate::settings::{OnNonFinite, TrainSettings};
 
 /// Ferrotron: train GPT-2, Llama and BLOOM style language models.
 #[derive(Parser, Debug)]
@@ -195,10 +195,29 @@ pub struct TrainArgs {
     /// default fused where the backend has them.
     #[arg(long)]
     pub kernels: Option<Kernels>,
+    /// Write a complete checkpoint (model, optimizer, sampler, step) every N steps and after
+    /// the last (default: --eval-every; 0 = never).
+    #[arg(long)]
+    pub save_every: Option<usize>,
+    /// Complete checkpoints kept in RUN/checkpoints (the newest; default 2).
+    #[arg(long)]
+    pub keep_checkpoints: Option<usize>,
+    /// A non-finite loss or gradient norm: stop (default) or skip the step; the update is
+    /// never applied.
+    #[arg(long, value_enum)]
+    pub on_nonfinite: Option<OnNonFinite>,
+    /// With --on-nonfinite skip: stop after this many skipped steps in a row (default 5).
+    #[arg(long)]
+    pub max_skipped: Option<usize>,
+    /// Continue a run from its latest checkpoint (a run directory) or from a
+    /// RUN/checkpoints/step-N directory, with the run's own settings; --steps may extend it.
+    #[arg(long, value_name = "RUN_DIR")]
+    pub resume: Option<PathBuf>,
 }
 
 impl TrainArgs {
-    /// Overrides `s` with every flag that was given.
+    /// Overrides `s` with every flag that was given (not `--config` or
+    /// `--resume`, which choose where the settings start from).
     pub fn apply(self, s: &mut TrainSettings) {
         macro_rules! set {
             ($($f:ident),*) => { $( if let Some(v) = self.$f { s.$f = v; } )* };
@@ -228,7 +247,10 @@ impl TrainArgs {
             tp,
             pp,
             bucket_mb,
-            zero
+            zero,
+            keep_checkpoints,
+            on_nonfinite,
+            max_skipped
         );
         macro_rules! set_opt {
             ($($f:ident),*) => { $( if self.$f.is_some() { s.$f = self.$f; } )* };
@@ -242,7 +264,8 @@ impl TrainArgs {
             hf_dir,
             hf_out,
             dp,
-            kernels
+            kernels,
+            save_every
         );
     }
 }

@@ -9,3 +9,13 @@ pub struct UsageError(pub String);
 pub fn usage(message: impl Into<String>) -> anyhow::Error {
     UsageError(message.into()).into()
 }
+
+/// Exit code of a run stopped by a signal after writing a checkpoint
+/// (`EX_TEMPFAIL`: try again, with `--resume`).
+pub const INTERRUPTED_EXIT: u8 = 75;
+
+/// A run stopped on request (SIGINT, SIGTERM) with a checkpoint to resume
+/// from. Exits with [`INTERRUPTED_EXIT`].
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Interrupted(pub String);

@@ -7,6 +7,7 @@ mod error;
 mod eval;
 mod export;
 mod generate;
+mod resume;
 mod run_config;
 mod settings;
 mod source;
@@ -17,7 +18,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use crate::args::{Cli, Command};
-use crate::error::UsageError;
+use crate::error::{Interrupted, UsageError, INTERRUPTED_EXIT};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -33,6 +34,10 @@ fn main() -> ExitCode {
         Err(e) if e.downcast_ref::<UsageError>().is_some() => {
             eprintln!("error: {e}");
             ExitCode::from(2)
+        }
+        Err(e) if e.downcast_ref::<Interrupted>().is_some() => {
+            eprintln!("{e}");
+            ExitCode::from(INTERRUPTED_EXIT)
         }
         Err(e) => {
             eprintln!("error: {e:#}");

@@ -16,9 +16,21 @@ pub struct RunConfig {
     pub train: TrainSettings,
     /// The model architecture.
     pub model: DecoderConfig,
+    /// Sequences per optimizer step, `dp x micro-batch x grad-accum` (what a
+    /// resumed run must keep); absent in runs written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_batch: Option<usize>,
 }
 
 impl RunConfig {
+    /// Reads a `config.toml` at `path` (a checkpoint's).
+    pub fn read_file(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| usage(format!("cannot read {}: {e}", path.display())))?;
+        toml::from_str(&text)
+            .map_err(|e| usage(format!("{}: {}", path.display(), e.message().trim())))
+    }
+
     /// Reads `<run>/config.toml`.
     pub fn read(run: &Path) -> anyhow::Result<Self> {
         let path = run.join("config.toml");

@@ -89,6 +89,27 @@ pub struct TrainSettings {
     /// CubeCL kernels or the reference Burn ops; unset = fused where the
     /// backend has them (cuda, rocm), reference on the CPU backends.
     pub kernels: Option<Kernels>,
+    /// Write a complete checkpoint (model, optimizer, sampler, step) every
+    /// this many steps and after the last; unset = `eval_every`, 0 = never.
+    pub save_every: Option<usize>,
+    /// Complete checkpoints kept (the newest).
+    pub keep_checkpoints: usize,
+    /// What a non-finite loss or gradient norm does: stop, or skip the step.
+    pub on_nonfinite: OnNonFinite,
+    /// With `skip`: stop after this many skipped steps in a row.
+    pub max_skipped: usize,
+}
+
+/// `--on-nonfinite`: the step's update is never applied; `stop` ends the
+/// run (exit 1) naming the step, `skip` goes on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum OnNonFinite {
+    /// End the run.
+    #[default]
+    Stop,
+    /// Skip the step and go on (up to `--max-skipped` in a row).
+    Skip,
 }
 
 impl Default for TrainSettings {
@@ -128,6 +149,10 @@ impl Default for TrainSettings {
             bucket_mb: ferrotron_parallel::data::DEFAULT_BUCKET_MB,
             zero: ZeroStage::Off,
             kernels: None,
+            save_every: None,
+            keep_checkpoints: 2,
+            on_nonfinite: OnNonFinite::Stop,
+            max_skipped: 5,
         }
     }
 }
@@ -149,6 +174,29 @@ impl TrainSettings {
     /// Checks every size and rate; the error names the flag.
     pub fn validate(&self) -> anyhow::Result<()> {
         for (flag, v) in [
+            ("--lr", self.lr),
+            ("--min-lr", self.min_lr),
+            ("--weight-decay", self.weight_decay),
+            ("--beta1", self.beta1),
+            ("--beta2", self.beta2),
+            ("--eps", self.eps),
+            ("--grad-clip", self.grad_clip),
+            ("--val-fraction", self.val_fraction),
+            ("--comm-timeout", self.comm_timeout_s),
+            ("--bucket-mb", self.bucket_mb),
+            ("--peak-tflops", self.peak_tflops.unwrap_or(1.0)),
+        ] {
+            if !v.is_finite() {
+                return Err(usage(format!("{flag} must be a finite number, got {v}")));
+            }
+        }
+        if self.min_lr > self.lr {
+            return Err(usage(format!(
+                "--min-lr {} exceeds --lr {}",
+                self.min_lr, self.lr
+            )));
+        }
+        for (flag, v) in [
             ("--steps", self.steps),
             ("--micro-batch", self.micro_batch),
             ("--seq-len", self.seq_len),
@@ -158,6 +206,8 @@ impl TrainSettings {
             ("--dp", self.dp.unwrap_or(1)),
             ("--tp", self.tp),
             ("--pp", self.pp),
+            ("--keep-checkpoints", self.keep_checkpoints),
+            ("--max-skipped", self.max_skipped),
         ] {
             if v == 0 {
                 return Err(usage(format!("{flag} must be positive, got 0")));
@@ -212,6 +262,11 @@ impl TrainSettings {
             }
         }
         Ok(())
+    }
+
+    /// Steps between complete checkpoints (0: none).
+    pub fn save_every(&self) -> usize {
+        self.save_every.unwrap_or(self.eval_every)
     }
 
     /// The communicator timeout (valid after [`TrainSettings::validate`]).

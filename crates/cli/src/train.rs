@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -25,17 +26,21 @@ use ferrotron_parallel::comm::{Communicator, SingleProcess};
 use ferrotron_parallel::groups::ProcessGroups;
 use ferrotron_parallel::launch::{self, LaunchInfo};
 use ferrotron_parallel::mesh::Mesh;
+use ferrotron_parallel::train::checkpoint::CheckpointState;
 use ferrotron_parallel::train::{
-    self, LoopConfig, ParallelConfig, Progress, StepConfig, TokenWindows, Trainer,
+    self, LoopConfig, LoopError, NonFinite, ParallelConfig, Progress, StepConfig, TokenWindows,
+    Trainer,
 };
 use indicatif::{ProgressBar, ProgressStyle};
+use signal_hook::consts::{SIGINT, SIGTERM};
 
 use crate::args::TrainArgs;
 use crate::dispatch::{dispatch, parse_backend, BackendTask};
-use crate::error::{usage, UsageError};
+use crate::error::{usage, Interrupted, UsageError};
 use crate::export::check_out_dir;
+use crate::resume::Resume;
 use crate::run_config::RunConfig;
-use crate::settings::TrainSettings;
+use crate::settings::{OnNonFinite, TrainSettings};
 
 /// Runs `ferrotron train`. Every input is checked before anything is written.
 ///
@@ -43,24 +48,38 @@ use crate::settings::TrainSettings;
 /// this; rank 0 alone writes the run directory and prints progress, and an
 /// error on any rank aborts the whole job (`MPI_Abort`) instead of leaving
 /// the other ranks waiting.
-pub fn train(args: TrainArgs) -> anyhow::Result<()> {
-    let mut s = match &args.config {
-        Some(path) => TrainSettings::from_file(path)?,
-        None => TrainSettings::default(),
+pub fn train(mut args: TrainArgs) -> anyhow::Result<()> {
+    let launch = launch::detect().map_err(|e| usage(format!("launcher variables: {e}")))?;
+    let resume = match args.resume.take() {
+        Some(_) if args.config.is_some() => {
+            return Err(usage(
+                "--config with --resume: a resumed run keeps its own settings (give flags to change what may change)",
+            ))
+        }
+        Some(path) => Some(Resume::open(&path)?),
+        None => None,
+    };
+    let mut s = match (&resume, &args.config) {
+        (Some(r), _) => r.config.train.clone(),
+        (None, Some(path)) => TrainSettings::from_file(path)?,
+        (None, None) => TrainSettings::default(),
     };
     args.apply(&mut s);
     s.validate()?;
-    let launch = launch::detect().map_err(|e| usage(format!("launcher variables: {e}")))?;
+    if let Some(r) = &resume {
+        r.check(&s, launch.world_size)?;
+    }
     let mesh = Mesh::new(s.dp, s.tp, s.pp, launch.world_size).map_err(|e| usage(e.to_string()))?;
     if launch.world_size > 1 && s.out.is_none() {
         return Err(usage(
             "--out is required in a multi-rank run (every rank must name the same run directory)",
         ));
     }
+    let stop = stop_on_signals()?;
     let comm = open_communicator(&launch, s.comm_timeout())?;
-    let result = train_ranked(s, mesh, launch.local_rank, comm.clone());
+    let result = train_ranked(s, mesh, launch.local_rank, comm.clone(), resume, stop);
     if let Err(e) = &result {
-        if comm.world_size() > 1 {
+        if comm.world_size() > 1 && e.downcast_ref::<Interrupted>().is_none() {
             let code = if e.downcast_ref::<UsageError>().is_some() {
                 2
             } else {
@@ -73,6 +92,21 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
         }
     }
     result
+}
+
+/// A flag that SIGINT and SIGTERM set (the loop then checkpoints and
+/// stops after the current step); a second signal ends the process at
+/// once with exit code 130, leaving the last checkpoint as it was.
+fn stop_on_signals() -> anyhow::Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [SIGINT, SIGTERM] {
+        // The shutdown hook first: it fires only if the flag is already set.
+        signal_hook::flag::register_conditional_shutdown(signal, 130, stop.clone())
+            .context("installing the signal handlers")?;
+        signal_hook::flag::register(signal, stop.clone())
+            .context("installing the signal handlers")?;
+    }
+    Ok(stop)
 }
 
 /// The communicator for this job: one rank, or MPI's world with `timeout`
@@ -115,18 +149,22 @@ fn train_ranked(
     mesh: Mesh,
     local_rank: usize,
     comm: Arc<dyn Communicator>,
+    resume: Option<Resume>,
+    stop: Arc<AtomicBool>,
 ) -> anyhow::Result<()> {
     let lead = comm.rank() == 0;
     let kind: BackendKind = parse_backend(&s.backend)?;
-    let hf = match &s.hf_dir {
-        Some(dir) => {
+    // A resumed run's weights come from its checkpoint.
+    let hf = match (&s.hf_dir, &resume) {
+        (Some(dir), None) => {
             Some(load_hf_dir(dir).map_err(|e| usage(format!("--hf-dir {}: {e}", dir.display())))?)
         }
-        None => None,
+        _ => None,
     };
-    let mut model = match &hf {
-        Some(hf) => hf.config.clone(),
-        None => preset(&s.model).ok_or_else(|| {
+    let mut model = match (&hf, &resume) {
+        (_, Some(r)) => r.config.model.clone(),
+        (Some(hf), None) => hf.config.clone(),
+        (None, None) => preset(&s.model).ok_or_else(|| {
             usage(format!(
                 "--model: unknown preset '{}'; available: {}",
                 s.model,
@@ -134,7 +172,7 @@ fn train_ranked(
             ))
         })?,
     };
-    if let Some(v) = s.vocab_size {
+    if let Some(v) = s.vocab_size.filter(|_| resume.is_none()) {
         if hf.is_some() && v != model.vocab_size {
             return Err(usage(format!(
                 "--vocab-size {v}: the --hf-dir model has vocab_size {}",
@@ -163,8 +201,20 @@ fn train_ranked(
         Some(path) => data::read_corpus(path).map_err(|e| usage(format!("--corpus: {e}")))?,
         None => data::embedded_corpus(),
     };
-    let out = s.out.clone().unwrap_or_else(|| default_run_dir(&s.model));
+    let out = match &resume {
+        Some(r) => {
+            if s.out != r.config.train.out && s.out.as_deref() != Some(r.run.as_path()) {
+                return Err(usage(format!(
+                    "--out with --resume: the run's directory is {}",
+                    r.run.display()
+                )));
+            }
+            r.run.clone()
+        }
+        None => s.out.clone().unwrap_or_else(|| default_run_dir(&s.model)),
+    };
     if lead
+        && resume.is_none()
         && fs::read_dir(&out)
             .map(|mut d| d.next().is_some())
             .unwrap_or(false)
@@ -176,8 +226,28 @@ fn train_ranked(
     }
     s.out = Some(out.clone());
     let hf_tokenizer = hf.as_ref().and_then(|h| h.tokenizer.clone());
-    let initial = hf.map(|h| h.tensors);
-    let config = RunConfig { train: s, model };
+    let (initial, restore) = match resume {
+        Some(r) => {
+            let name = r.dir.join("model.safetensors").display().to_string();
+            (
+                Some((r.model()?, name)),
+                Some((r.state.clone(), r.moments()?, r.dir.clone())),
+            )
+        }
+        None => {
+            let name = s
+                .hf_dir
+                .as_ref()
+                .map(|d| d.display().to_string())
+                .unwrap_or_default();
+            (hf.map(|h| (h.tensors, name)), None)
+        }
+    };
+    let config = RunConfig {
+        global_batch: Some(mesh.dp * s.micro_batch * s.grad_accum),
+        train: s,
+        model,
+    };
     if lead {
         fs::create_dir_all(&out)
             .with_context(|| format!("creating run directory {}", out.display()))?;
@@ -190,6 +260,8 @@ fn train_ranked(
             toml::to_string(&config)?.as_bytes(),
         )?;
     }
+    // A resumed run reads the tokenizer its first part wrote.
+    let read_tokenizer = hf_tokenizer.is_some() || restore.is_some();
     dispatch(
         kind,
         local_rank,
@@ -199,9 +271,11 @@ fn train_ranked(
             out,
             peak,
             initial,
-            hf_tokenizer: hf_tokenizer.is_some(),
+            restore,
+            read_tokenizer,
             mesh,
             comm,
+            stop,
         },
     )
 }
@@ -237,15 +311,21 @@ struct TrainTask {
     text: String,
     out: PathBuf,
     peak: Option<f64>,
-    /// Initial weights (from `--hf-dir`) instead of a seeded initialisation.
-    initial: Option<BTreeMap<String, TensorData>>,
-    /// Whether `tokenizer.json` came from `--hf-dir` (its vocabulary may be
-    /// smaller than the model's).
-    hf_tokenizer: bool,
+    /// Initial weights (from `--hf-dir` or the resumed checkpoint) instead
+    /// of a seeded initialisation, and the file they came from.
+    initial: Option<(BTreeMap<String, TensorData>, String)>,
+    /// A resumed run: the checkpoint's state, AdamW moments and directory.
+    restore: Option<(CheckpointState, BTreeMap<String, TensorData>, PathBuf)>,
+    /// Whether `tokenizer.json` is already in the run directory (from
+    /// `--hf-dir`, whose vocabulary may be smaller than the model's, or from
+    /// the run being resumed) rather than trained here.
+    read_tokenizer: bool,
     /// The parallel layout (data parallelism only, today).
     mesh: Mesh,
     /// This rank's communicator over the whole job.
     comm: Arc<dyn Communicator>,
+    /// Set by SIGINT / SIGTERM.
+    stop: Arc<AtomicBool>,
 }
 
 /// `println!` on rank 0 only.
@@ -260,6 +340,7 @@ impl BackendTask for TrainTask {
         let RunConfig {
             train: s,
             model: mc,
+            ..
         } = &self.config;
         let out = &self.out;
         let comm = self.comm.clone();
@@ -276,7 +357,7 @@ impl BackendTask for TrainTask {
         // the other ranks read it from there once it is written.
         let tokenizer = if !lead {
             None
-        } else if self.hf_tokenizer {
+        } else if self.read_tokenizer {
             Some(read_tokenizer()?)
         } else {
             Some(data::load_or_train(&tok_path, &self.text, mc.vocab_size)?)
@@ -297,13 +378,22 @@ impl BackendTask for TrainTask {
             tokenizer.get_vocab_size(true),
             t0.elapsed().as_secs_f64()
         );
-        let sampler = BatchSampler::new(split.train.len(), s.seq_len, s.seed)?;
+        let sampler = match self.restore.as_ref().and_then(|r| r.0.sampler) {
+            Some(state) if state.tokens_len != split.train.len() => {
+                return Err(usage(format!(
+                    "--resume: the checkpoint's sampler drew from {} training tokens, this corpus gives {}",
+                    state.tokens_len,
+                    split.train.len()
+                )))
+            }
+            Some(state) => BatchSampler::from_state(state)?,
+            None => BatchSampler::new(split.train.len(), s.seq_len, s.seed)?,
+        };
         let val_batches = data::eval_batches(&split.val, s.seq_len, s.micro_batch, s.eval_batches);
 
         let mut model = Decoder::<B>::new(mc, s.seed, &device)?;
-        if let Some(initial) = self.initial {
-            let name = s.hf_dir.as_ref().map(|d| d.display().to_string());
-            model = load_named_tensors(model, initial, &name.unwrap_or_default())?;
+        if let Some((initial, name)) = self.initial {
+            model = load_named_tensors(model, initial, &name)?;
         }
         let peak = match self.peak {
             Some(p) => p,
@@ -351,6 +441,17 @@ impl BackendTask for TrainTask {
             bucket_mb: s.bucket_mb,
         };
         let mut trainer = Trainer::parallel(model, step_config, device.clone(), groups, parallel);
+        if let Some((state, moments, dir)) = self.restore {
+            trainer
+                .restore(state.step, state.optimizer_steps, moments)
+                .map_err(|e| {
+                    usage(format!(
+                        "--resume: {}: {e}",
+                        dir.join("optimizer.safetensors").display()
+                    ))
+                })?;
+            say!(lead, "resumed from {} (step {})", dir.display(), state.step);
+        }
         say!(
             lead,
             "ZeRO stage {}; memory per rank: {}",
@@ -365,6 +466,19 @@ impl BackendTask for TrainTask {
             flops_per_token: mc.train_flops_per_token(s.seq_len),
             peak_flops: peak,
             run_dir: Some(out.clone()),
+            save_every: s.save_every(),
+            keep_checkpoints: s.keep_checkpoints,
+            checkpoint_files: vec![(
+                "config.toml".into(),
+                toml::to_string(&self.config)?.into_bytes(),
+            )],
+            on_nonfinite: match s.on_nonfinite {
+                OnNonFinite::Stop => NonFinite::Stop,
+                OnNonFinite::Skip => NonFinite::Skip {
+                    max_in_a_row: s.max_skipped,
+                },
+            },
+            stop: Some(self.stop.clone()),
         };
         let bar = if lead {
             ProgressBar::new(s.steps as u64)
@@ -379,25 +493,42 @@ impl BackendTask for TrainTask {
             sampler,
             tokens: &split.train,
         };
-        let summary = train::run(
+        let summary = match train::run(
             &mut trainer,
             &mut batches,
             &val_batches,
             &plan,
             &mut Bar(&bar),
-        )?;
+        ) {
+            Ok(summary) => summary,
+            Err(LoopError::Stopped { step, checkpoint }) => {
+                bar.finish_and_clear();
+                let message = match checkpoint {
+                    Some(dir) => format!(
+                        "stopped after step {step} by a signal; checkpoint {}; continue with: ferrotron train --resume {}",
+                        dir.display(),
+                        out.display()
+                    ),
+                    None => format!("stopped after step {step} by a signal"),
+                };
+                return Err(Interrupted(if lead { message } else { String::new() }).into());
+            }
+            Err(e) => return Err(e.into()),
+        };
         bar.finish_and_clear();
         let model = trainer.full_model()?.valid();
         if !lead {
             return Ok(());
         }
-        let val = &summary.validations;
-        let (first, last) = (val[0].1, val[val.len() - 1].1);
-        println!(
-            "done in {:.0} s: val_loss {first:.4} -> {last:.4} ({:.0}% lower)",
-            t0.elapsed().as_secs_f64(),
-            100.0 * (1.0 - last / first)
-        );
+        if let (Some(&(s0, first)), Some(&(s1, last))) =
+            (summary.validations.first(), summary.validations.last())
+        {
+            println!(
+                "done in {:.0} s: val_loss {first:.4} at step {s0} -> {last:.4} at step {s1} ({:.0}% lower)",
+                t0.elapsed().as_secs_f64(),
+                100.0 * (1.0 - last / first)
+            );
+        }
         if let Some(dir) = &s.hf_out {
             save_hf_dir(
                 dir,

@@ -308,3 +308,127 @@ fn a_rank_kept_waiting_past_comm_timeout_names_the_missing_rank() {
     assert!(err.contains(want), "missing `{want}` in:\n{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Every step record's loss of a run, in file order (a resumed run appends).
+fn all_losses(run: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter_map(|v| Some((v["step"].as_u64()?, v.get("loss")?.as_f64()?)))
+        .collect()
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), target).unwrap();
+        }
+    }
+}
+
+/// dp2 + ZeRO-1 for 10 steps with checkpoints at 5 and 10; a copy resumed
+/// from step 5 under mpirun repeats steps 6-10 bit for bit; a copy resumed
+/// from step 5 on one rank (ZeRO 0, grad-accum 2: the same global batch)
+/// reshards the optimizer state and matches to float tolerance.
+#[test]
+fn dp2_zero1_resumes_exactly_and_reshards_onto_one_rank() {
+    if !mpi_built() {
+        return;
+    }
+    let dir = scratch("resume");
+    let corpus = corpus(&dir);
+    let whole = dir.join("whole");
+    let args = [
+        "--model",
+        "llama-mini",
+        "--vocab-size",
+        "300",
+        "--seq-len",
+        "32",
+        "--micro-batch",
+        "2",
+        "--grad-accum",
+        "1",
+        "--steps",
+        "10",
+        "--eval-every",
+        "5",
+        "--eval-batches",
+        "2",
+        "--sample-tokens",
+        "0",
+        "--peak-tflops",
+        "1",
+        "--zero",
+        "1",
+        "--save-every",
+        "5",
+        "--keep-checkpoints",
+        "2",
+        "--corpus",
+        corpus.to_str().unwrap(),
+        "--out",
+        whole.to_str().unwrap(),
+    ];
+    let o = train(2, &args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let want = all_losses(&whole);
+    assert_eq!(want.len(), 10);
+
+    let exact = dir.join("exact");
+    copy_dir(&whole, &exact);
+    let from = exact.join("checkpoints").join("step-5");
+    let o = train(
+        2,
+        &[
+            "--resume",
+            from.to_str().unwrap(),
+            "--out",
+            exact.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let got = all_losses(&exact);
+    assert_eq!(&got[10..], &want[5..], "steps 6-10 resumed under mpirun");
+    let a = load_safetensors(&whole.join("model.safetensors")).unwrap();
+    let b = load_safetensors(&exact.join("model.safetensors")).unwrap();
+    for (name, t) in &a {
+        assert_eq!(
+            t.to_vec::<f32>().unwrap(),
+            b[name].to_vec::<f32>().unwrap(),
+            "{name}"
+        );
+    }
+
+    let one = dir.join("one");
+    copy_dir(&whole, &one);
+    let from = one.join("checkpoints").join("step-5");
+    let o = train(
+        1,
+        &[
+            "--resume",
+            from.to_str().unwrap(),
+            "--zero",
+            "0",
+            "--grad-accum",
+            "2",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let got = all_losses(&one);
+    for ((s, g), (_, w)) in got[10..].iter().zip(&want[5..]) {
+        assert!((g - w).abs() <= 1e-5 * w.abs(), "step {s}: {g} vs {w}");
+    }
+    let rel = max_weight_rel_err(&one, &whole);
+    assert!(
+        rel <= 1e-5,
+        "resharded onto one rank: relative weight error {rel:e}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
@@ -75,6 +75,35 @@ impl<B: Backend> ModuleVisitor<B> for Collect {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         self.out.push((self.path.name(), param.val().into_data()));
     }
+}
+
+/// Collects the name of every parameter by id.
+struct Names {
+    path: Path,
+    out: Vec<(ParamId, String)>,
+}
+
+impl<B: Backend> ModuleVisitor<B> for Names {
+    fn enter_module(&mut self, name: &str, _: &str) {
+        self.path.enter(name);
+    }
+    fn exit_module(&mut self, _: &str, _: &str) {
+        self.path.exit();
+    }
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        self.out.push((param.id, self.path.name()));
+    }
+}
+
+/// The name of every float parameter of `module` (as [`named_tensors`]
+/// names them), with its id, in module order.
+pub fn param_names<B: Backend, M: Module<B>>(module: &M) -> Vec<(ParamId, String)> {
+    let mut n = Names {
+        path: Path::default(),
+        out: Vec::new(),
+    };
+    module.visit(&mut n);
+    n.out
 }
 
 /// Every float parameter of `module` with its name, in module order.

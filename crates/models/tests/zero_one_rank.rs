@@ -74,9 +74,7 @@ fn train(config: &DecoderConfig, zero: Option<ZeroStage>) -> (Vec<f64>, Vec<(Str
         micro_batch: 2,
         grad_accum: 2,
         eval_every: 2,
-        flops_per_token: config.train_flops_per_token(16),
-        peak_flops: 1e11,
-        run_dir: None,
+        ..LoopConfig::default()
     };
     let summary = train::run(&mut trainer, &mut batches, &val, &plan, &mut Silent).unwrap();
     let losses = summary.steps.iter().map(|r| r.loss).collect();

@@ -31,6 +31,10 @@ pub struct StepRecord {
     /// (`param_bytes`, `grad_bytes`, `optimizer_bytes` in the JSON).
     #[serde(flatten)]
     pub memory: MemoryBytes,
+    /// The loss or gradient norm was not finite and the update was not
+    /// applied (`--on-nonfinite skip`).
+    #[serde(default)]
+    pub skipped: bool,
 }
 
 /// A validation measurement.
@@ -55,6 +59,15 @@ impl MetricsWriter {
             .write(true)
             .truncate(true)
             .open(path)?;
+        Ok(Self {
+            out: BufWriter::new(f),
+        })
+    }
+
+    /// Opens the file at `path` for appending (a resumed run), creating it
+    /// if needed.
+    pub fn append(path: &Path) -> std::io::Result<Self> {
+        let f = OpenOptions::new().create(true).append(true).open(path)?;
         Ok(Self {
             out: BufWriter::new(f),
         })

@@ -63,6 +63,25 @@ impl<B: Backend> AdamW<B> {
         self.step
     }
 
+    /// Sets the number of steps taken (the bias corrections use it), for a
+    /// run resumed from a checkpoint.
+    pub fn set_steps_taken(&mut self, steps: u64) {
+        self.step = steps;
+    }
+
+    /// The moments `(m, v)` of parameter `id`, rank 1 over the range
+    /// [`AdamW::update_flat`] sees (the whole parameter, or a shard of it);
+    /// `None` before its first update.
+    pub fn moments(&self, id: ParamId) -> Option<(Tensor<B, 1>, Tensor<B, 1>)> {
+        self.moments.get(&id).map(|s| (s.m.clone(), s.v.clone()))
+    }
+
+    /// Sets the moments of parameter `id`, in the form [`AdamW::moments`]
+    /// returns them (for a run resumed from a checkpoint).
+    pub fn set_moments(&mut self, id: ParamId, m: Tensor<B, 1>, v: Tensor<B, 1>) {
+        self.moments.insert(id, Moments { m, v });
+    }
+
     /// Bytes held by the optimizer state (both moments of every parameter).
     pub fn state_bytes(&self) -> usize {
         self.moments

@@ -18,12 +18,13 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::Tensor;
 use ferrotron_engine::lm::{LmUnit, LmUnits};
 use ferrotron_engine::metrics::MemoryBytes;
-use ferrotron_engine::optim::{clip_factor, grad_squares, scale_grads, AdamW};
+use ferrotron_engine::optim::{grad_squares, scale_grads, AdamW};
 
+use crate::comm::tensor::{from_host, host_f32};
 use crate::comm::{CommError, Communicator, SingleProcess};
 use crate::flat::{param_infos, FlatLayout, Unit};
 use crate::train::norm::global_norm;
-use crate::train::sync::{GradSync, Synced};
+use crate::train::sync::{GradSync, Synced, WholeMoments};
 use crate::zero::tensors::{GradBytes, ParamBytes};
 
 /// Default all-reduce bucket size, MiB (as PyTorch DDP's `bucket_cap_mb`).
@@ -146,33 +147,56 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for PutBack<B> {
 
 /// ZeRO stage 0: replicated parameters, gradients and optimizer state;
 /// gradients averaged by bucketed all-reduce over the DP group.
-pub struct Ddp<M> {
+pub struct Ddp<B: AutodiffBackend, M> {
     group: Arc<dyn Communicator>,
     layout: FlatLayout,
+    device: B::Device,
     grads: ReplicatedGrads<M>,
+    /// The step's averaged gradients, between `reduce` and `apply`, and
+    /// their bytes.
+    reduced: Option<(GradientsParams, usize)>,
 }
 
-impl<M> Ddp<M> {
-    /// DDP over `group` (the DP group) for `model`, buckets of at most
-    /// `bucket_elems` values.
-    pub fn new<B: AutodiffBackend>(
+impl<B: AutodiffBackend, M: AutodiffModule<B>> Ddp<B, M> {
+    /// DDP over `group` (the DP group) for `model` on `device`, buckets of
+    /// at most `bucket_elems` values.
+    pub fn new(
         model: &M,
         group: Arc<dyn Communicator>,
         bucket_elems: usize,
-    ) -> Self
-    where
-        M: AutodiffModule<B>,
-    {
+        device: B::Device,
+    ) -> Self {
         let units = FlatLayout::buckets(param_infos(model), bucket_elems);
         Self {
             layout: FlatLayout::new(units, group.rank(), group.world_size()),
             group,
+            device,
             grads: ReplicatedGrads::default(),
+            reduced: None,
         }
     }
 }
 
-impl<B, M> GradSync<B, M> for Ddp<M>
+/// The whole moments of every parameter of `model` held whole by `optimizer`
+/// (zeros for a parameter not yet updated).
+fn replicated_moments<B: AutodiffBackend, M: AutodiffModule<B>>(
+    model: &M,
+    optimizer: &AdamW<B::InnerBackend>,
+) -> WholeMoments {
+    param_infos(model)
+        .into_iter()
+        .map(|(id, shape, _)| {
+            let n = shape.iter().product();
+            let values = match optimizer.moments(id) {
+                Some((m, v)) => (host_f32(m), host_f32(v)),
+                None => (vec![0.0; n], vec![0.0; n]),
+            };
+            (id, values)
+        })
+        .collect()
+}
+
+impl<B, M> GradSync<B, M> for Ddp<B, M>
 where
     B: AutodiffBackend,
     M: AutodiffModule<B> + LmUnits<B>,
@@ -190,30 +214,62 @@ where
         Ok(())
     }
 
-    fn update(
-        &mut self,
-        model: M,
-        lr: f64,
-        clip: f64,
-        optimizer: &mut AdamW<B::InnerBackend>,
-    ) -> Result<Synced<M>, CommError> {
-        let mut grads = self.grads.averaged(&model, &*self.group, &self.layout)?;
+    fn reduce(&mut self, model: &M) -> Result<f64, CommError> {
+        let grads = self.grads.averaged(model, &*self.group, &self.layout)?;
         let mut bytes = GradBytes {
             grads: &grads,
             bytes: 0,
         };
         model.visit(&mut bytes);
-        let grad_bytes = bytes.bytes;
         // Every rank holds every (averaged) gradient: nothing to add up across ranks.
-        let grad_norm = global_norm(grad_squares(&model, &grads), &SingleProcess)?;
-        if let Some(factor) = clip_factor(grad_norm, clip).filter(|_| clip > 0.0) {
+        let grad_bytes = bytes.bytes;
+        let norm = global_norm(grad_squares(model, &grads), &SingleProcess)?;
+        self.reduced = Some((grads, grad_bytes));
+        Ok(norm)
+    }
+
+    fn apply(
+        &mut self,
+        model: M,
+        lr: f64,
+        scale: Option<f64>,
+        optimizer: &mut AdamW<B::InnerBackend>,
+    ) -> Result<Synced<M>, CommError> {
+        let (mut grads, grad_bytes) = self.reduced.take().expect("apply follows reduce");
+        if let Some(factor) = scale {
             scale_grads(&model, &mut grads, factor);
         }
         Ok(Synced {
             model: optimizer.step(lr, model, grads),
-            grad_norm,
             grad_bytes,
         })
+    }
+
+    fn discard(&mut self) {
+        self.reduced = None;
+    }
+
+    fn whole_moments(
+        &self,
+        model: &M,
+        optimizer: &AdamW<B::InnerBackend>,
+    ) -> Result<WholeMoments, CommError> {
+        Ok(replicated_moments(model, optimizer))
+    }
+
+    fn load_moments(
+        &self,
+        _model: &M,
+        optimizer: &mut AdamW<B::InnerBackend>,
+        moments: &WholeMoments,
+    ) {
+        for (&id, (m, v)) in moments {
+            optimizer.set_moments(
+                id,
+                from_host(m.clone(), &self.device),
+                from_host(v.clone(), &self.device),
+            );
+        }
     }
 
     fn whole_model(&self, model: M) -> Result<M, CommError> {

@@ -8,7 +8,10 @@
 //! - [`run`]: the loop around it (global batch split over the DP ranks,
 //!   validation and checkpoint cadence, metrics, progress).
 //! - [`norm`]: the global gradient norm over a group.
+//! - [`checkpoint`]: complete checkpoints (model, optimizer, sampler, step)
+//!   written atomically, for resuming.
 
+pub mod checkpoint;
 pub mod micro_batch;
 pub mod norm;
 pub mod run;
@@ -16,6 +19,6 @@ pub mod step;
 pub mod sync;
 
 pub use run::{
-    run, BatchSource, LoopConfig, LoopError, Progress, RunSummary, Silent, TokenWindows,
+    run, BatchSource, LoopConfig, LoopError, NonFinite, Progress, RunSummary, Silent, TokenWindows,
 };
-pub use step::{ParallelConfig, StepConfig, StepOutput, Trainer};
+pub use step::{ParallelConfig, StepConfig, StepOutput, Trainer, TrainerState};

@@ -7,18 +7,28 @@
 //! DP rank `r` keeps micro-batches `r, r + dp, ...`, so the union over the
 //! ranks is the one-rank run's batch. Rank 0 alone writes the run
 //! directory and reports progress.
+//!
+//! A trainer restored from a checkpoint ([`super::checkpoint`]) continues
+//! where it stopped: the loop starts at its next step and appends to
+//! `metrics.jsonl`. A step whose loss or gradient norm is not finite is
+//! never applied ([`NonFinite`] says whether the run stops or goes on), and
+//! a stop request (a signal) ends the run after the current step with a
+//! checkpoint.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use ferrotron_engine::checkpoint::{save_safetensors, write_atomic, CheckpointError};
-use ferrotron_engine::data::{Batch, BatchSampler};
+use ferrotron_engine::data::{Batch, BatchSampler, SamplerState};
 use ferrotron_engine::lm::{CausalLm, LmUnits};
 use ferrotron_engine::metrics::{write_loss_svg, MetricsWriter, StepRecord, ValRecord};
 use ferrotron_engine::params::named_tensors;
 
+use super::checkpoint;
 use super::step::Trainer;
 use crate::comm::CommError;
 
@@ -26,6 +36,10 @@ use crate::comm::CommError;
 pub trait BatchSource {
     /// The next micro-batch of `rows` sequences.
     fn next_batch(&mut self, rows: usize) -> Batch;
+    /// Where the source stands, for a checkpoint (`None`: not resumable).
+    fn state(&self) -> Option<SamplerState> {
+        None
+    }
 }
 
 /// Random windows of a token stream (the sampler's deterministic order).
@@ -40,10 +54,28 @@ impl BatchSource for TokenWindows<'_> {
     fn next_batch(&mut self, rows: usize) -> Batch {
         self.sampler.next_batch(self.tokens, rows)
     }
+
+    fn state(&self) -> Option<SamplerState> {
+        Some(self.sampler.state())
+    }
+}
+
+/// What the loop does with a step whose loss or gradient norm is not finite
+/// (the step's update is never applied).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NonFinite {
+    /// Stop the run with [`LoopError::NonFinite`].
+    Stop,
+    /// Go on with the next step; stop once more than this many steps in a
+    /// row were skipped.
+    Skip {
+        /// Most consecutive skipped steps.
+        max_in_a_row: usize,
+    },
 }
 
 /// The loop's schedule and what it writes.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct LoopConfig {
     /// Optimizer steps of the run (the loop takes steps until the trainer
     /// has done this many).
@@ -59,9 +91,43 @@ pub struct LoopConfig {
     /// The device's peak, FLOP/s (MFU's denominator).
     pub peak_flops: f64,
     /// Where rank 0 writes `metrics.jsonl`, `model.safetensors` (at every
-    /// validation, atomically) and `loss.svg` (at the end); `None` writes
-    /// nothing.
+    /// validation, atomically), `loss.svg` (at the end) and complete
+    /// checkpoints (`checkpoints/`); `None` writes nothing.
     pub run_dir: Option<PathBuf>,
+    /// Write a complete checkpoint every this many steps and after the last
+    /// (0: never).
+    pub save_every: usize,
+    /// Complete checkpoints kept (the newest ones; at least 1).
+    pub keep_checkpoints: usize,
+    /// Files `(name, bytes)` copied into every checkpoint (the run's config).
+    pub checkpoint_files: Vec<(String, Vec<u8>)>,
+    /// What a non-finite loss or gradient norm does.
+    pub on_nonfinite: NonFinite,
+    /// Set (by a signal handler) to end the run after the current step,
+    /// with a checkpoint; every rank stops at the same step.
+    pub stop: Option<Arc<AtomicBool>>,
+}
+
+impl Default for LoopConfig {
+    /// 250 steps of one micro-batch of 8, validation every 50 steps, no
+    /// FLOP count (`flops_per_token` 0, so TFLOP/s and MFU read 0), nothing
+    /// written, non-finite steps stop the run.
+    fn default() -> Self {
+        Self {
+            steps: 250,
+            micro_batch: 8,
+            grad_accum: 1,
+            eval_every: 50,
+            flops_per_token: 0.0,
+            peak_flops: f64::INFINITY,
+            run_dir: None,
+            save_every: 0,
+            keep_checkpoints: 2,
+            checkpoint_files: Vec::new(),
+            on_nonfinite: NonFinite::Stop,
+            stop: None,
+        }
+    }
 }
 
 /// What the loop tells the user, on rank 0 only.
@@ -104,6 +170,26 @@ pub enum LoopError {
         /// What the system said.
         source: std::io::Error,
     },
+    /// A loss or gradient norm was not finite (the step was not applied,
+    /// no checkpoint was written since).
+    #[error("step {step}: {what} is not finite ({value}); the update was not applied and the last checkpoint is untouched")]
+    NonFinite {
+        /// The step.
+        step: usize,
+        /// `loss`, `gradient norm` or `validation loss`.
+        what: &'static str,
+        /// Its value.
+        value: f64,
+    },
+    /// A stop was requested; the run stopped after `step` with a
+    /// checkpoint in `checkpoint` (if it has a run directory).
+    #[error("stopped after step {step} as requested")]
+    Stopped {
+        /// The last step taken.
+        step: usize,
+        /// The checkpoint written, to resume from.
+        checkpoint: Option<PathBuf>,
+    },
 }
 
 /// Rank 0's outputs.
@@ -113,9 +199,15 @@ struct Writer {
 }
 
 impl Writer {
-    fn open(dir: &Path) -> Result<Self, LoopError> {
+    /// Creates `metrics.jsonl`, or appends to it when `resumed`.
+    fn open(dir: &Path, resumed: bool) -> Result<Self, LoopError> {
         let path = dir.join("metrics.jsonl");
-        let metrics = MetricsWriter::create(&path).map_err(|source| LoopError::Metrics {
+        let opened = if resumed {
+            MetricsWriter::append(&path)
+        } else {
+            MetricsWriter::create(&path)
+        };
+        let metrics = opened.map_err(|source| LoopError::Metrics {
             path: path.clone(),
             source,
         })?;
@@ -135,6 +227,38 @@ impl Writer {
     }
 }
 
+/// The curves of a whole run, read back from its `metrics.jsonl` (a
+/// resumed run plots its earlier steps too): `(step, loss)` and
+/// `(step, validation loss)`.
+fn curves(path: &Path) -> (Curve, Curve) {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let (mut train, mut val) = (Vec::new(), Vec::new());
+    for v in text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    {
+        let step = v["step"].as_f64().unwrap_or(0.0);
+        if let Some(loss) = v["loss"].as_f64() {
+            train.push((step, loss));
+        } else if let Some(loss) = v["val_loss"].as_f64() {
+            val.push((step, loss));
+        }
+    }
+    (train, val)
+}
+
+/// Points `(step, loss)` of a loss curve.
+type Curve = Vec<(f64, f64)>;
+
+/// Checks that `value` is finite.
+fn finite(step: usize, what: &'static str, value: f64) -> Result<(), LoopError> {
+    if value.is_finite() {
+        Ok(())
+    } else {
+        Err(LoopError::NonFinite { step, what, value })
+    }
+}
+
 /// Trains until `trainer` has taken `config.steps` steps, drawing the
 /// global batch from `batches` and validating on `val` (see the module doc).
 /// Collective: every rank calls it with the same configuration and batch
@@ -151,11 +275,13 @@ where
     M: AutodiffModule<B> + LmUnits<B> + 'static,
     M::InnerModule: CausalLm<B::InnerBackend>,
 {
-    let lead = trainer.groups().world().rank() == 0;
+    let world = trainer.groups().world().clone();
+    let lead = world.rank() == 0;
     let dp = trainer.groups().dp().clone();
     let (dp_size, dp_rank) = (dp.world_size(), dp.rank());
+    let resumed = trainer.steps_done() > 0;
     let mut writer = match (&config.run_dir, lead) {
-        (Some(dir), true) => Some(Writer::open(dir)?),
+        (Some(dir), true) => Some(Writer::open(dir, resumed)?),
         _ => None,
     };
     let mut summary = RunSummary::default();
@@ -166,6 +292,7 @@ where
                     progress: &mut dyn Progress|
      -> Result<(), LoopError> {
         let val_loss = trainer.evaluate(val)?;
+        finite(step, "validation loss", val_loss)?;
         // Gathering the model is a collective under ZeRO-3: every rank takes part.
         let model = trainer.full_model()?;
         if let Some(w) = writer.as_mut() {
@@ -183,9 +310,35 @@ where
         }
         Ok(())
     };
-    if trainer.steps_done() == 0 {
+    // A complete checkpoint (a collective: the state is gathered).
+    let save = |trainer: &Trainer<B, M>,
+                batches: &dyn BatchSource|
+     -> Result<Option<PathBuf>, LoopError> {
+        let Some(dir) = &config.run_dir else {
+            return Ok(None);
+        };
+        let state = trainer.state()?;
+        if !lead {
+            return Ok(None);
+        }
+        let root = dir.join("checkpoints");
+        std::fs::create_dir_all(&root).map_err(|source| CheckpointError::Io {
+            path: root.display().to_string(),
+            source,
+        })?;
+        let written = checkpoint::write(
+            &root,
+            &state,
+            batches.state(),
+            &config.checkpoint_files,
+            config.keep_checkpoints,
+        )?;
+        Ok(Some(written))
+    };
+    if !resumed {
         validate(trainer, 0, &mut summary, &mut writer, progress)?;
     }
+    let mut skipped_in_a_row = 0;
     for step in trainer.steps_done() + 1..=config.steps {
         let micro: Vec<Batch> = (0..config.grad_accum * dp_size)
             .map(|_| batches.next_batch(config.micro_batch))
@@ -206,6 +359,7 @@ where
             mfu: flops / config.peak_flops,
             step_time_s: dt,
             memory: trainer.memory(),
+            skipped: o.skipped,
         };
         if let Some(w) = writer.as_mut() {
             w.record(&record)?;
@@ -214,21 +368,44 @@ where
             progress.step(&record);
         }
         summary.steps.push(record);
+        if o.skipped {
+            skipped_in_a_row += 1;
+            let allowed = match config.on_nonfinite {
+                NonFinite::Stop => 0,
+                NonFinite::Skip { max_in_a_row } => max_in_a_row,
+            };
+            if skipped_in_a_row > allowed {
+                finite(step, "loss", o.loss)?;
+                finite(step, "gradient norm", o.grad_norm)?;
+            }
+            continue;
+        }
+        skipped_in_a_row = 0;
         if step % config.eval_every == 0 || step == config.steps {
             validate(trainer, step, &mut summary, &mut writer, progress)?;
         }
+        let stop = match &config.stop {
+            // Every rank must stop at the same step: any rank's request counts.
+            Some(flag) => {
+                let mut any = [f32::from(u8::from(flag.load(Ordering::SeqCst)))];
+                world.all_reduce_sum(&mut any)?;
+                any[0] > 0.0
+            }
+            None => false,
+        };
+        let due = config.save_every > 0 && (step % config.save_every == 0 || step == config.steps);
+        if due || stop {
+            let written = save(trainer, batches)?;
+            if stop {
+                return Err(LoopError::Stopped {
+                    step,
+                    checkpoint: written,
+                });
+            }
+        }
     }
     if let Some(w) = &writer {
-        let train: Vec<(f64, f64)> = summary
-            .steps
-            .iter()
-            .map(|r| (r.step as f64, r.loss))
-            .collect();
-        let val: Vec<(f64, f64)> = summary
-            .validations
-            .iter()
-            .map(|&(s, l)| (s as f64, l))
-            .collect();
+        let (train, val) = curves(&w.dir.join("metrics.jsonl"));
         write_atomic(
             &w.dir.join("loss.svg"),
             write_loss_svg(&train, &val).as_bytes(),

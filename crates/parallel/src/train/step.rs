@@ -1,19 +1,23 @@
 //! The training step: a micro-batch schedule composed with a
 //! gradient-synchronisation strategy, then the optimizer update.
 
+use std::collections::{BTreeMap, HashMap};
+
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::ElementConversion;
+use burn::tensor::{ElementConversion, TensorData};
 use ferrotron_engine::data::Batch;
 use ferrotron_engine::lm::{CausalLm, LmUnit, LmUnits};
 use ferrotron_engine::metrics::MemoryBytes;
-use ferrotron_engine::optim::{AdamW, AdamWConfig, LrSchedule};
+use ferrotron_engine::optim::{clip_factor, AdamW, AdamWConfig, LrSchedule};
+use ferrotron_engine::params::{named_tensors, param_names};
 use serde::{Deserialize, Serialize};
 
 use super::micro_batch::{batch_tensors, unit_by_unit, whole_graph};
-use super::sync::{GradSync, Synced};
+use super::sync::{GradSync, Synced, WholeMoments};
 use crate::comm::CommError;
 use crate::data::{bucket_elems, Ddp, DEFAULT_BUCKET_MB};
+use crate::flat::param_infos;
 use crate::groups::ProcessGroups;
 use crate::zero::{Zero, ZeroStage};
 
@@ -57,6 +61,22 @@ pub struct StepOutput {
     pub grad_norm: f64,
     /// Tokens in the step (all micro-batches of every DP rank: the global batch).
     pub tokens: usize,
+    /// The loss or the gradient norm was not finite, so the update was not
+    /// applied (the model and optimizer state are those before the step).
+    pub skipped: bool,
+}
+
+/// What a checkpoint holds of a trainer, by parameter name (the names of
+/// [`ferrotron_engine::params::named_tensors`]), whole whatever the sharding.
+pub struct TrainerState {
+    /// Every parameter.
+    pub model: Vec<(String, TensorData)>,
+    /// AdamW's moments, `m.NAME` and `v.NAME` in each parameter's shape.
+    pub moments: Vec<(String, TensorData)>,
+    /// Optimizer steps the trainer has taken (skipped ones included).
+    pub steps_done: usize,
+    /// Updates AdamW has applied (its bias corrections count them).
+    pub optimizer_steps: u64,
 }
 
 /// Owns the model and optimizer state of one training run (of this rank).
@@ -105,7 +125,10 @@ where
         let dp = groups.dp().clone();
         let buckets = bucket_elems(parallel.bucket_mb);
         let (sync, model): (Box<dyn GradSync<B, M>>, M) = match parallel.zero {
-            ZeroStage::Off => (Box::new(Ddp::new::<B>(&model, dp, buckets)), model),
+            ZeroStage::Off => (
+                Box::new(Ddp::new(&model, dp, buckets, device.clone())),
+                model,
+            ),
             stage => {
                 let (zero, model) = Zero::new(stage, model, dp, buckets, device.clone());
                 (Box::new(zero), model)
@@ -195,7 +218,7 @@ where
         for unit in ends {
             model = self.sync.release(unit, model);
         }
-        let dp = self.groups.dp();
+        let dp = self.groups.dp().clone();
         let mut loss = [(loss_sum / n as f64) as f32];
         let loss = if dp.world_size() > 1 {
             dp.all_reduce_avg(&mut loss)?;
@@ -205,18 +228,24 @@ where
         };
         let tokens: usize = micro_batches.iter().map(|b| b.batch * b.seq_len).sum();
         let lr = self.config.schedule.lr(self.steps_done);
-        let Synced {
-            model,
-            grad_norm,
-            grad_bytes,
-        } = self
-            .sync
-            .update(model, lr, self.config.grad_clip, &mut self.optimizer)?;
-        self.memory = MemoryBytes {
-            param_bytes: self.sync.param_bytes(&model),
-            grad_bytes,
-            optimizer_bytes: self.optimizer.state_bytes(),
-        };
+        let grad_norm = self.sync.reduce(&model)?;
+        let skipped = !(loss.is_finite() && grad_norm.is_finite());
+        if skipped {
+            self.sync.discard();
+        } else {
+            let clip = self.config.grad_clip;
+            let scale = clip_factor(grad_norm, clip).filter(|_| clip > 0.0);
+            let Synced {
+                model: m,
+                grad_bytes,
+            } = self.sync.apply(model, lr, scale, &mut self.optimizer)?;
+            model = m;
+            self.memory = MemoryBytes {
+                param_bytes: self.sync.param_bytes(&model),
+                grad_bytes,
+                optimizer_bytes: self.optimizer.state_bytes(),
+            };
+        }
         self.model = Some(model);
         self.steps_done += 1;
         Ok(StepOutput {
@@ -224,7 +253,84 @@ where
             lr,
             grad_norm,
             tokens: tokens * dp.world_size(),
+            skipped,
         })
+    }
+
+    /// The whole training state, for a checkpoint. A collective under ZeRO
+    /// (parameters and moments are gathered): every rank must call it.
+    pub fn state(&self) -> Result<TrainerState, CommError> {
+        let held = self.held_model();
+        let model = self.full_model()?.valid();
+        let whole = self.sync.whole_moments(held, &self.optimizer)?;
+        let shapes: HashMap<_, _> = param_infos(held)
+            .into_iter()
+            .map(|(id, shape, _)| (id, shape))
+            .collect();
+        let mut moments = Vec::new();
+        for (id, name) in param_names(held) {
+            let (m, v) = &whole[&id];
+            let shape = shapes[&id].clone();
+            moments.push((
+                format!("m.{name}"),
+                TensorData::new(m.clone(), shape.clone()),
+            ));
+            moments.push((format!("v.{name}"), TensorData::new(v.clone(), shape)));
+        }
+        Ok(TrainerState {
+            model: named_tensors(&model),
+            moments,
+            steps_done: self.steps_done,
+            optimizer_steps: self.optimizer.steps_taken(),
+        })
+    }
+
+    /// Continues from a checkpoint: the step counters and AdamW's moments
+    /// (`m.NAME`, `v.NAME` as [`Trainer::state`] wrote them). The model's
+    /// weights were loaded before the trainer was built. Errors name a
+    /// moment that is missing, has another shape, or matches no parameter.
+    pub fn restore(
+        &mut self,
+        steps_done: usize,
+        optimizer_steps: u64,
+        mut moments: BTreeMap<String, TensorData>,
+    ) -> Result<(), String> {
+        let held = self
+            .model
+            .as_ref()
+            .expect("the model is always present between steps");
+        let shapes: HashMap<_, _> = param_infos(held)
+            .into_iter()
+            .map(|(id, shape, _)| (id, shape))
+            .collect();
+        let mut whole = WholeMoments::new();
+        for (id, name) in param_names(held) {
+            let mut take = |kind: &str| -> Result<Vec<f32>, String> {
+                let key = format!("{kind}.{name}");
+                let data = moments
+                    .remove(&key)
+                    .ok_or_else(|| format!("moment '{key}' is missing"))?;
+                let want = &shapes[&id];
+                if data.shape.to_vec() != *want {
+                    return Err(format!(
+                        "moment '{key}' has shape {:?}, the parameter {want:?}",
+                        data.shape.to_vec()
+                    ));
+                }
+                data.into_vec::<f32>()
+                    .map_err(|e| format!("moment '{key}': {e:?}"))
+            };
+            let m = take("m")?;
+            let v = take("v")?;
+            whole.insert(id, (m, v));
+        }
+        if let Some(extra) = moments.keys().next() {
+            return Err(format!("moment '{extra}' matches no parameter"));
+        }
+        self.sync.load_moments(held, &mut self.optimizer, &whole);
+        self.optimizer.set_steps_taken(optimizer_steps);
+        self.steps_done = steps_done;
+        Ok(())
     }
 
     /// Mean loss over `batches` without gradients, nats/token. Under ZeRO-3

@@ -7,7 +7,9 @@
 //! ([`super::micro_batch`]) calls these hooks and knows nothing of the
 //! stage, in the way FSDP hooks wrap modules in torchtitan.
 
-use burn::module::AutodiffModule;
+use std::collections::HashMap;
+
+use burn::module::{AutodiffModule, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use ferrotron_engine::lm::{LmUnit, LmUnits};
@@ -16,15 +18,17 @@ use ferrotron_engine::optim::AdamW;
 
 use crate::comm::CommError;
 
-/// The outcome of [`GradSync::update`].
+/// The outcome of [`GradSync::apply`].
 pub struct Synced<M> {
     /// The model after the optimizer step.
     pub model: M,
-    /// Global L2 norm of the averaged gradients before clipping.
-    pub grad_norm: f64,
     /// Bytes of gradients this rank held when the update began.
     pub grad_bytes: usize,
 }
+
+/// Whole optimizer moments `(m, v)` of every parameter, flat (row-major),
+/// by parameter: what a checkpoint stores, whatever the sharding.
+pub type WholeMoments = HashMap<ParamId, (Vec<f32>, Vec<f32>)>;
 
 /// How gradients are synchronised and parameters held across the DP group.
 ///
@@ -32,7 +36,7 @@ pub struct Synced<M> {
 /// may be collectives).
 pub trait GradSync<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> {
     /// Whether a micro-batch must run one unit at a time, each unit's
-    /// parameters existing only around its use (ZeRO-3).
+    /// parameters existing only around their use (ZeRO-3).
     fn unit_by_unit(&self) -> bool {
         false
     }
@@ -50,19 +54,43 @@ pub trait GradSync<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> {
     /// rank's chunk (ZeRO-2/3). `grads` may cover only some units.
     fn accumulate(&mut self, model: &M, grads: GradientsParams) -> Result<(), CommError>;
 
-    /// Ends the step: the gradients averaged over the DP group, clipped to
-    /// a global L2 norm of `clip` (0: no clipping), and one AdamW step
-    /// with learning rate `lr`, leaving every rank with the same model.
-    fn update(
+    /// After the last micro-batch: the gradients averaged over the DP
+    /// group; returns their global L2 norm (nothing is applied yet).
+    fn reduce(&mut self, model: &M) -> Result<f64, CommError>;
+
+    /// Applies the reduced gradients, multiplied by `scale` if given
+    /// (clipping), with one AdamW step of learning rate `lr`, leaving every
+    /// rank with the same model.
+    fn apply(
         &mut self,
         model: M,
         lr: f64,
-        clip: f64,
+        scale: Option<f64>,
         optimizer: &mut AdamW<B::InnerBackend>,
     ) -> Result<Synced<M>, CommError>;
 
+    /// Drops the reduced gradients without applying them (a skipped step).
+    fn discard(&mut self);
+
     /// The whole model (ZeRO-3 gathers every unit: a collective).
     fn whole_model(&self, model: M) -> Result<M, CommError>;
+
+    /// The optimizer's moments of every parameter, whole (ZeRO gathers
+    /// the shards: a collective). Parameters not yet updated have zeros.
+    fn whole_moments(
+        &self,
+        model: &M,
+        optimizer: &AdamW<B::InnerBackend>,
+    ) -> Result<WholeMoments, CommError>;
+
+    /// Loads whole moments (from [`GradSync::whole_moments`], possibly of a
+    /// run with another DP size) into `optimizer`, keeping this rank's part.
+    fn load_moments(
+        &self,
+        model: &M,
+        optimizer: &mut AdamW<B::InnerBackend>,
+        moments: &WholeMoments,
+    );
 
     /// Bytes of parameters this rank holds between steps.
     fn param_bytes(&self, model: &M) -> usize;

@@ -44,7 +44,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Tensor, TensorData};
 use ferrotron_engine::lm::{LmUnit, LmUnits};
 use ferrotron_engine::metrics::MemoryBytes;
-use ferrotron_engine::optim::{clip_factor, grad_squares, scale_grads, AdamW};
+use ferrotron_engine::optim::{grad_squares, scale_grads, AdamW};
 use serde::{Deserialize, Serialize};
 
 use self::exchange::{
@@ -56,7 +56,7 @@ use crate::comm::{CommError, Communicator, SingleProcess};
 use crate::data::ReplicatedGrads;
 use crate::flat::{param_infos, unit_params, FlatLayout, Piece};
 use crate::train::norm::global_norm;
-use crate::train::sync::{GradSync, Synced};
+use crate::train::sync::{GradSync, Synced, WholeMoments};
 
 /// How much of the training state is sharded over the DP ranks (`--zero`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -125,6 +125,10 @@ pub struct Zero<B: AutodiffBackend, M> {
     device: B::Device,
     /// Stage 1: the step's whole gradients.
     replicated: ReplicatedGrads<M>,
+    /// Stage 1: the step's averaged gradients between `reduce` and `apply`.
+    reduced: Option<GradientsParams>,
+    /// Bytes of gradients held when the step was reduced.
+    reduced_bytes: usize,
     /// Stage 3: this rank's pieces of the parameters (between steps, the
     /// only copy of the weights on this rank).
     params: HashMap<ParamId, Tensor<B::InnerBackend, 1>>,
@@ -167,6 +171,8 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
             comm,
             device,
             replicated: ReplicatedGrads::default(),
+            reduced: None,
+            reduced_bytes: 0,
             params: HashMap::new(),
             grads: HashMap::new(),
         };
@@ -314,20 +320,14 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
     }
 
     /// Stages 2 and 3: the global L2 norm of the accumulated gradients
-    /// (every rank's pieces together), after which they are clipped to `clip`.
-    fn clip_pieces(&mut self, clip: f64) -> Result<f64, CommError> {
+    /// (every rank's pieces together).
+    fn piece_norm(&self) -> Result<f64, CommError> {
         let local: f64 = self
             .grads
             .values()
             .map(|g| g.clone().powf_scalar(2.0).sum().into_scalar().elem::<f64>())
             .sum();
-        let norm = global_norm(local, &*self.comm)?;
-        if let Some(factor) = clip_factor(norm, clip).filter(|_| clip > 0.0) {
-            for g in self.grads.values_mut() {
-                *g = g.clone().mul_scalar(factor);
-            }
-        }
-        Ok(norm)
+        global_norm(local, &*self.comm)
     }
 
     /// Bytes of the accumulated gradient pieces held (stages 2 and 3).
@@ -421,50 +421,109 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> GradSync<B, M> for Z
         }
     }
 
-    fn update(
+    fn reduce(&mut self, model: &M) -> Result<f64, CommError> {
+        if self.stage != ZeroStage::One {
+            self.reduced_bytes = self.piece_grad_bytes();
+            return self.piece_norm();
+        }
+        let grads = self.replicated.averaged(model, &*self.comm, &self.layout)?;
+        let mut bytes = GradBytes {
+            grads: &grads,
+            bytes: 0,
+        };
+        model.visit(&mut bytes);
+        self.reduced_bytes = bytes.bytes;
+        // Every rank holds every (averaged) gradient: nothing to add up across ranks.
+        let norm = global_norm(grad_squares(model, &grads), &SingleProcess)?;
+        self.reduced = Some(grads);
+        Ok(norm)
+    }
+
+    fn apply(
         &mut self,
         model: M,
         lr: f64,
-        clip: f64,
+        scale: Option<f64>,
         optimizer: &mut AdamW<B::InnerBackend>,
     ) -> Result<Synced<M>, CommError> {
-        match self.stage {
+        let model = match self.stage {
             ZeroStage::One => {
-                let mut grads = self
-                    .replicated
-                    .averaged(&model, &*self.comm, &self.layout)?;
-                let mut bytes = GradBytes {
-                    grads: &grads,
-                    bytes: 0,
-                };
-                model.visit(&mut bytes);
-                let grad_bytes = bytes.bytes;
-                // Every rank holds every (averaged) gradient: nothing to add up across ranks.
-                let grad_norm = global_norm(grad_squares(&model, &grads), &SingleProcess)?;
-                if let Some(factor) = clip_factor(grad_norm, clip).filter(|_| clip > 0.0) {
+                let mut grads = self.reduced.take().expect("apply follows reduce");
+                if let Some(factor) = scale {
                     scale_grads(&model, &mut grads, factor);
                 }
-                let model = self.update_replicated(model, Some(&grads), lr, optimizer)?;
-                Ok(Synced {
-                    model,
-                    grad_norm,
-                    grad_bytes,
-                })
+                self.update_replicated(model, Some(&grads), lr, optimizer)?
             }
             stage => {
-                let grad_bytes = self.piece_grad_bytes();
-                let grad_norm = self.clip_pieces(clip)?;
-                let model = if stage == ZeroStage::Two {
+                if let Some(factor) = scale {
+                    for g in self.grads.values_mut() {
+                        *g = g.clone().mul_scalar(factor);
+                    }
+                }
+                if stage == ZeroStage::Two {
                     self.update_replicated(model, None, lr, optimizer)?
                 } else {
                     self.update_sharded(lr, optimizer);
                     model
+                }
+            }
+        };
+        Ok(Synced {
+            model,
+            grad_bytes: self.reduced_bytes,
+        })
+    }
+
+    fn discard(&mut self) {
+        self.reduced = None;
+        self.grads.clear();
+    }
+
+    fn whole_moments(
+        &self,
+        _model: &M,
+        optimizer: &AdamW<B::InnerBackend>,
+    ) -> Result<WholeMoments, CommError> {
+        let mut whole = WholeMoments::new();
+        for (unit, pieces) in self.layout.units().iter().zip(&self.pieces) {
+            let mut ms = HashMap::new();
+            let mut vs = HashMap::new();
+            for p in pieces {
+                let (m, v) = match optimizer.moments(p.id) {
+                    Some((m, v)) => (host_f32(m), host_f32(v)),
+                    None => (vec![0.0; p.len()], vec![0.0; p.len()]),
                 };
-                Ok(Synced {
-                    model,
-                    grad_norm,
-                    grad_bytes,
-                })
+                ms.insert(p.id, m);
+                vs.insert(p.id, v);
+            }
+            let mut m = all_gather_unit(&*self.comm, unit, &chunk_from_pieces(unit, pieces, &ms))?;
+            let mut v = all_gather_unit(&*self.comm, unit, &chunk_from_pieces(unit, pieces, &vs))?;
+            for slot in &unit.slots {
+                let flat = |d: TensorData| d.into_vec::<f32>().expect("gathered moments are f32");
+                let (m, v) = (m.remove(&slot.id), v.remove(&slot.id));
+                let (m, v) = (
+                    m.expect("every slot is gathered"),
+                    v.expect("every slot is gathered"),
+                );
+                whole.insert(slot.id, (flat(m), flat(v)));
+            }
+        }
+        Ok(whole)
+    }
+
+    fn load_moments(
+        &self,
+        _model: &M,
+        optimizer: &mut AdamW<B::InnerBackend>,
+        moments: &WholeMoments,
+    ) {
+        for p in self.pieces.iter().flatten() {
+            if let Some((m, v)) = moments.get(&p.id) {
+                optimizer.set_moments(
+                    p.id,
+                    self.tensor(m[p.start..p.end].to_vec()),
+                    self.tensor(v[p.start..p.end].to_vec()),
+                );
             }
         }
     }

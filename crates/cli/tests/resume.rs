@@ -1,0 +1,391 @@
+//! Runs that survive: complete checkpoints, `--resume` continuing a run
+//! bit for bit, SIGTERM ending a run with a checkpoint, the non-finite
+//! guard, and the refusals of bad resumes and non-finite settings.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use ferrotron_engine::checkpoint::load_safetensors;
+
+fn ferrotron(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ferrotron"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ferrotron-resume-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn corpus(dir: &Path) -> PathBuf {
+    let path = dir.join("small.txt");
+    let text: String = (0..400)
+        .map(|i| {
+            format!(
+                "Line {i}: the quick brown fox jumps over the lazy dog {}.\n",
+                i * 7 % 13
+            )
+        })
+        .collect();
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// The flags of every run here: a tiny GPT on `corpus`, `steps` steps.
+fn common(corpus: &Path, steps: usize) -> Vec<String> {
+    [
+        "--model",
+        "gpt-mini",
+        "--vocab-size",
+        "300",
+        "--seq-len",
+        "32",
+        "--micro-batch",
+        "2",
+        "--eval-every",
+        "10",
+        "--eval-batches",
+        "2",
+        "--sample-tokens",
+        "0",
+        "--peak-tflops",
+        "1",
+        "--warmup-steps",
+        "2",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain(["--corpus".into(), corpus.display().to_string()])
+    .chain(["--steps".into(), steps.to_string()])
+    .collect()
+}
+
+fn train(args: &[String]) -> Output {
+    let mut all = vec!["train".to_string()];
+    all.extend(args.iter().cloned());
+    let all: Vec<&str> = all.iter().map(String::as_str).collect();
+    ferrotron(&all)
+}
+
+fn ok(o: &Output, what: &str) {
+    assert!(
+        o.status.success(),
+        "{what}:\n{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// `(step, loss)` of every step record of a run, in file order.
+fn step_losses(run: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter_map(|v| Some((v["step"].as_u64()?, v.get("loss")?.as_f64()?)))
+        .collect()
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), target).unwrap();
+        }
+    }
+}
+
+/// Asserts that two safetensors files hold bit-identical tensors.
+fn same_tensors(a: &Path, b: &Path) {
+    let (a_t, b_t) = (load_safetensors(a).unwrap(), load_safetensors(b).unwrap());
+    assert_eq!(
+        a_t.keys().collect::<Vec<_>>(),
+        b_t.keys().collect::<Vec<_>>()
+    );
+    for (name, t) in &a_t {
+        assert_eq!(
+            t.to_vec::<f32>().unwrap(),
+            b_t[name].to_vec::<f32>().unwrap(),
+            "{name} differs between {} and {}",
+            a.display(),
+            b.display()
+        );
+    }
+}
+
+#[test]
+fn a_resumed_run_equals_the_uninterrupted_run_bit_for_bit() {
+    let dir = scratch("exact");
+    let corpus = corpus(&dir);
+    let whole = dir.join("whole");
+    let mut args = common(&corpus, 20);
+    args.extend(["--save-every", "10", "--keep-checkpoints", "3", "--out"].map(String::from));
+    args.push(whole.display().to_string());
+    ok(&train(&args), "the 20-step run");
+    let ckpt = whole.join("checkpoints");
+    for file in [
+        "model.safetensors",
+        "optimizer.safetensors",
+        "state.json",
+        "config.toml",
+    ] {
+        assert!(ckpt.join("step-10").join(file).is_file(), "step-10/{file}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(ckpt.join("latest")).unwrap().trim(),
+        "step-20"
+    );
+
+    // A copy of the run continued from its step-10 checkpoint.
+    let copy = dir.join("copy");
+    copy_dir(&whole, &copy);
+    let from = copy.join("checkpoints").join("step-10");
+    let o = ferrotron(&["train", "--resume", from.to_str().unwrap()]);
+    ok(&o, "the resumed run");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("resumed from"));
+    let want = step_losses(&whole);
+    let got = step_losses(&copy);
+    // The copy holds steps 1-20, then the resumed 11-20 appended.
+    assert_eq!(got.len(), 30);
+    assert_eq!(&got[20..], &want[10..], "losses of steps 11-20");
+    same_tensors(
+        &whole.join("model.safetensors"),
+        &copy.join("model.safetensors"),
+    );
+    let step20 = |run: &Path, f: &str| run.join("checkpoints").join("step-20").join(f);
+    same_tensors(
+        &step20(&whole, "optimizer.safetensors"),
+        &step20(&copy, "optimizer.safetensors"),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sigterm_writes_a_checkpoint_and_the_resumed_run_reproduces_the_losses() {
+    let dir = scratch("sigterm");
+    let corpus = corpus(&dir);
+    let steps = 60;
+    let whole = dir.join("whole");
+    let mut args = common(&corpus, steps);
+    args.extend(["--out".to_string(), whole.display().to_string()]);
+    ok(&train(&args), "the uninterrupted run");
+
+    let cut = dir.join("cut");
+    let mut args = common(&corpus, steps);
+    args.extend(["--out".to_string(), cut.display().to_string()]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ferrotron"))
+        .arg("train")
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    // Signal once two steps are logged.
+    while step_losses_if_any(&cut).len() < 2 {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the run logged no two steps within 120 s");
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the run ended ({status}) before it could be signalled; make it longer");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the run did not stop within 120 s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(status.code(), Some(75), "{err}");
+    assert!(err.contains("--resume"), "{err}");
+    let stopped_at = step_losses(&cut).len();
+    assert!(stopped_at < steps, "stopped after step {stopped_at}");
+
+    let o = ferrotron(&["train", "--resume", cut.to_str().unwrap()]);
+    ok(&o, "the resumed run");
+    let got = step_losses(&cut);
+    assert_eq!(got, step_losses(&whole), "stopped after step {stopped_at}");
+    same_tensors(
+        &whole.join("model.safetensors"),
+        &cut.join("model.safetensors"),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn step_losses_if_any(run: &Path) -> Vec<(u64, f64)> {
+    if run.join("metrics.jsonl").is_file() {
+        step_losses(run)
+    } else {
+        Vec::new()
+    }
+}
+
+#[test]
+fn a_non_finite_loss_stops_the_run_and_leaves_the_last_checkpoint() {
+    let dir = scratch("nan");
+    let corpus = corpus(&dir);
+    let run = dir.join("run");
+    let mut args = common(&corpus, 6);
+    args.extend(["--lr", "1e30", "--min-lr", "0", "--grad-clip", "0"].map(String::from));
+    args.extend(["--save-every", "1", "--out"].map(String::from));
+    args.push(run.display().to_string());
+    let o = train(&args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("is not finite") && err.contains("step "),
+        "{err}"
+    );
+    // Every checkpoint written holds finite values.
+    let latest = std::fs::read_to_string(run.join("checkpoints").join("latest")).unwrap();
+    let ckpt = run.join("checkpoints").join(latest.trim());
+    for file in ["model.safetensors", "optimizer.safetensors"] {
+        for (name, t) in load_safetensors(&ckpt.join(file)).unwrap() {
+            assert!(
+                t.to_vec::<f32>().unwrap().iter().all(|x| x.is_finite()),
+                "{file}: {name}"
+            );
+        }
+    }
+
+    // With skip, non-finite steps are logged as skipped until too many in a row.
+    let run = dir.join("skip");
+    let mut args = common(&corpus, 8);
+    args.extend(["--lr", "1e30", "--min-lr", "0", "--grad-clip", "0"].map(String::from));
+    args.extend(["--on-nonfinite", "skip", "--max-skipped", "2", "--out"].map(String::from));
+    args.push(run.display().to_string());
+    let o = train(&args);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let skipped = std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("\"skipped\":true"))
+        .count();
+    assert_eq!(skipped, 3, "two skipped steps allowed, the third stops");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_resumes_and_non_finite_settings_are_refused_before_anything_is_written() {
+    let dir = scratch("refuse");
+    let corpus = corpus(&dir);
+    let out = dir.join("new");
+    let o_str = out.display().to_string();
+    for (flags, needle) in [
+        (vec!["--lr", "inf"], "--lr must be a finite number"),
+        (vec!["--lr", "0.01", "--min-lr", "0.1"], "--min-lr"),
+        (vec!["--keep-checkpoints", "0"], "--keep-checkpoints"),
+        (vec!["--resume", "/nonexistent/run"], "/nonexistent/run"),
+    ] {
+        let mut args = vec!["train", "--out", &o_str];
+        args.extend(flags.iter().copied());
+        let o = ferrotron(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{flags:?}: {err}");
+        assert!(err.contains(needle), "{flags:?}: '{err}' lacks '{needle}'");
+        assert!(!out.exists(), "{flags:?} wrote {}", out.display());
+    }
+    // A resume that would change the data or model.
+    let run = dir.join("run");
+    let mut args = common(&corpus, 4);
+    args.extend(["--out".to_string(), run.display().to_string()]);
+    ok(&train(&args), "the run to resume");
+    let before = std::fs::read(run.join("metrics.jsonl")).unwrap();
+    for (flags, needle) in [
+        (vec!["--seq-len", "16"], "--seq-len"),
+        (vec!["--model", "llama-mini"], "--model"),
+        (vec!["--micro-batch", "4"], "global batch"),
+        (
+            vec!["--steps", "3"],
+            "--steps 3 is before the checkpoint's step 4",
+        ),
+    ] {
+        let mut args = vec!["train", "--resume", run.to_str().unwrap()];
+        args.extend(flags.iter().copied());
+        let o = ferrotron(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{flags:?}: {err}");
+        assert!(err.contains(needle), "{flags:?}: '{err}' lacks '{needle}'");
+    }
+    assert_eq!(std::fs::read(run.join("metrics.jsonl")).unwrap(), before);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// 20 runs killed with SIGKILL at spread-out moments while they write a
+/// checkpoint every step: `latest` always names a checkpoint that loads.
+/// Then a truncated checkpoint is an error naming its file.
+#[test]
+fn sigkill_during_checkpoint_writes_always_leaves_a_loadable_latest() {
+    use ferrotron_parallel::train::checkpoint::{read_state, resolve};
+    let dir = scratch("sigkill");
+    let corpus = corpus(&dir);
+    let run = dir.join("run");
+    let mut args = common(&corpus, 2);
+    args.extend(["--save-every", "1", "--out"].map(String::from));
+    args.push(run.display().to_string());
+    ok(&train(&args), "the first two steps");
+    let run_str = run.display().to_string();
+    for i in 0..20u64 {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ferrotron"))
+            .args([
+                "train",
+                "--resume",
+                &run_str,
+                "--steps",
+                "100000",
+                "--save-every",
+                "1",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // 0.3 s to 2.2 s: tokenizer loading, then steps with checkpoint writes.
+        std::thread::sleep(Duration::from_millis(300 + (i * 7919) % 1900));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let latest = resolve(&run).unwrap_or_else(|e| panic!("kill {i}: {e}"));
+        let state = read_state(&latest).unwrap_or_else(|e| panic!("kill {i}: {e}"));
+        assert!(state.step >= 2, "kill {i}");
+        for file in ["model.safetensors", "optimizer.safetensors"] {
+            load_safetensors(&latest.join(file)).unwrap_or_else(|e| panic!("kill {i}: {e}"));
+        }
+    }
+    let latest = resolve(&run).unwrap();
+    let optimizer = latest.join("optimizer.safetensors");
+    let bytes = std::fs::read(&optimizer).unwrap();
+    std::fs::write(&optimizer, &bytes[..bytes.len() / 2]).unwrap();
+    let o = ferrotron(&["train", "--resume", &run_str, "--steps", "100000"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("optimizer.safetensors"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
