@@ -83,6 +83,26 @@ def configs():
         ("bloom", BloomConfig(vocab_size=96, hidden_size=12, n_layer=2, n_head=6,
                               layer_norm_epsilon=1e-5, hidden_dropout=0.0,
                               attention_dropout=0.0, tie_word_embeddings=True, **common)),
+        # Llama 3.1 RoPE scaling over a small original context (64 tokens):
+        # head_dim 8 at theta 10000 has wavelengths 2 pi x (1, 10, 100, 1000),
+        # one in each band (kept < 8, interpolated, divided by 4 > 64).
+        ("llama3_scaled", LlamaConfig(vocab_size=96, hidden_size=16, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=1,
+                                      intermediate_size=32, max_position_embeddings=256,
+                                      rms_norm_eps=1e-5, tie_word_embeddings=False,
+                                      rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0,
+                                                       "factor": 4.0, "low_freq_factor": 1.0,
+                                                       "high_freq_factor": 8.0,
+                                                       "original_max_position_embeddings": 64},
+                                      **common)),
+        # Linear (position interpolation) scaling by 2.5.
+        ("llama_linear", LlamaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2,
+                                     num_attention_heads=2, num_key_value_heads=2,
+                                     intermediate_size=24, max_position_embeddings=64,
+                                     rms_norm_eps=1e-6, tie_word_embeddings=True,
+                                     rope_parameters={"rope_type": "linear", "rope_theta": 10000.0,
+                                                      "factor": 2.5},
+                                     **common)),
     ]
 
 
@@ -100,6 +120,25 @@ def build(config, seed):
             else:  # norm gains
                 p.copy_(1.0 + torch.randn_like(p) * 0.1)
     return model
+
+
+def assert_scaling_matters(name, config, model):
+    """For a fixture with RoPE scaling: the same weights without it must give
+    other logits inside the test's window, or the fixture tests nothing."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") == "default":
+        return
+    plain_config = config.__class__(**{**config.to_dict(), "rope_parameters": {
+        "rope_type": "default", "rope_theta": rope["rope_theta"]}})
+    plain = AutoModelForCausalLM.from_config(plain_config, attn_implementation="eager",
+                                             dtype=torch.float32)
+    plain.load_state_dict(model.state_dict())
+    plain.eval()
+    ids = torch.arange(SEQ).unsqueeze(0) % config.vocab_size
+    with torch.no_grad():
+        diff = float((model(ids).logits - plain(ids).logits).abs().max())
+    assert diff > 1e-2, f"{name}: RoPE scaling changes the logits by only {diff}"
+    print(f"{name}: {rope['rope_type']} scaling changes the logits by up to {diff:.3f}")
 
 
 def loss_of(model, ids):
@@ -140,6 +179,7 @@ def generate(out):
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
         model = build(config, seed=1000 + index)
+        assert_scaling_matters(name, config, model)
         model.save_pretrained(os.path.join(d, "model"), safe_serialization=True)
         if name == "gpt2":
             tiny_tokenizer(config.vocab_size, os.path.join(d, "model", "tokenizer.json"))

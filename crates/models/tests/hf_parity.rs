@@ -1,8 +1,9 @@
 //! Numerical parity with Hugging Face `transformers` on the committed
 //! fixtures of `scripts/make_hf_fixtures.py` (fp32, CPU): logits, loss,
 //! gradients of every parameter, parameters after 3 AdamW steps, and greedy
-//! generation, for GPT-2, Llama (GQA, untied, theta 500000; and tied) and
-//! BLOOM (ALiBi with 6 heads).
+//! generation, for GPT-2, Llama (GQA, untied, theta 500000; tied; with
+//! Llama 3.1 `llama3` and with `linear` RoPE scaling) and BLOOM (ALiBi with
+//! 6 heads).
 
 #![cfg(feature = "flex")]
 
@@ -24,7 +25,14 @@ use ferrotron_parallel::trainer::{StepConfig, Trainer};
 
 type B = Autodiff<Flex>;
 
-const FAMILIES: &[&str] = &["gpt2", "llama", "llama_tied", "bloom"];
+const FAMILIES: &[&str] = &[
+    "gpt2",
+    "llama",
+    "llama_tied",
+    "bloom",
+    "llama3_scaled",
+    "llama_linear",
+];
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

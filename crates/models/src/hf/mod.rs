@@ -15,6 +15,7 @@ pub mod config;
 pub mod export;
 pub mod import;
 pub mod names;
+mod rope;
 
 pub use config::{from_hf_config, to_hf_config, Family};
 pub use export::save_hf_dir;
