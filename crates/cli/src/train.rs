@@ -15,7 +15,7 @@ use ferrotron_engine::data::{self, BatchSampler, Tokenizer};
 use ferrotron_engine::metrics::{self, MetricsWriter, StepRecord, ValRecord};
 use ferrotron_engine::optim::{AdamWConfig, LrSchedule};
 use ferrotron_engine::params::{load_named_tensors, named_tensors};
-use ferrotron_models::hf::{load_hf_dir, save_hf_dir, Family};
+use ferrotron_models::hf::{load_hf_dir, save_hf_dir, ExportOptions, Family, SpecialTokens};
 use ferrotron_models::ops::{choose_kernels, KernelBackend, TrainBackend};
 use ferrotron_models::presets::{preset, PRESET_NAMES};
 use ferrotron_models::{generate, Decoder, SamplingConfig};
@@ -172,6 +172,7 @@ fn train_ranked(
     }
     s.out = Some(out.clone());
     let hf_tokenizer = hf.as_ref().and_then(|h| h.tokenizer.clone());
+    let special = hf.as_ref().map(|h| h.special.clone());
     let initial = hf.map(|h| h.tensors);
     let config = RunConfig { train: s, model };
     if lead {
@@ -196,6 +197,7 @@ fn train_ranked(
             peak,
             initial,
             hf_tokenizer: hf_tokenizer.is_some(),
+            special,
             mesh,
             comm,
         },
@@ -238,6 +240,9 @@ struct TrainTask {
     /// Whether `tokenizer.json` came from `--hf-dir` (its vocabulary may be
     /// smaller than the model's).
     hf_tokenizer: bool,
+    /// Begin/end-of-sequence ids of `--hf-dir`, written with `--hf-out`
+    /// (`None`: those of the run's tokenizer).
+    special: Option<SpecialTokens>,
     /// The parallel layout (data parallelism only, today).
     mesh: Mesh,
     /// This rank's communicator (all ranks form the DP group).
@@ -447,11 +452,17 @@ impl BackendTask for TrainTask {
             100.0 * (1.0 - last / first)
         );
         if let Some(dir) = &s.hf_out {
+            let special = self.special.clone();
+            let options = ExportOptions {
+                special: special.unwrap_or_else(|| SpecialTokens::from_tokenizer(&tokenizer)),
+                ..ExportOptions::default()
+            };
             save_hf_dir(
                 dir,
                 mc,
                 &named_tensors(&model),
                 Some(&out.join("tokenizer.json")),
+                &options,
             )?;
             println!("Hugging Face model written to {}", dir.display());
         }

@@ -50,7 +50,14 @@ fn s(p: &Path) -> &str {
 #[test]
 fn eval_prints_the_loss_of_transformers_and_writes_logits() {
     let dir = scratch("eval");
-    for name in ["gpt2", "llama", "llama_tied", "bloom"] {
+    for name in [
+        "gpt2",
+        "llama",
+        "llama_tied",
+        "bloom",
+        "llama3_scaled",
+        "llama_linear",
+    ] {
         let f = fixture(name);
         let logits = dir.join(format!("{name}.safetensors"));
         let out = ok_stdout(&[
@@ -86,7 +93,7 @@ fn eval_prints_the_loss_of_transformers_and_writes_logits() {
 
 #[test]
 fn greedy_generate_prints_the_token_ids_of_transformers() {
-    for name in ["gpt2", "llama", "bloom"] {
+    for name in ["gpt2", "llama", "bloom", "llama3_scaled", "llama_linear"] {
         let e = expected(name);
         let prompt: Vec<String> = e["prompt_ids"]
             .as_array()
@@ -144,6 +151,60 @@ fn an_export_evaluates_to_the_same_loss_and_is_a_new_directory() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+#[test]
+fn a_bf16_sharded_export_reimports_within_bf16_tolerance() {
+    let dir = scratch("bf16");
+    let f = fixture("llama3_scaled");
+    let (out, again) = (dir.join("bf16"), dir.join("again"));
+    let model = f.join("model");
+    ok_stdout(&[
+        "export",
+        "--hf-dir",
+        s(&model),
+        "--out",
+        s(&out),
+        "--dtype",
+        "bf16",
+        "--max-shard-size",
+        "4KB",
+    ]);
+    let index = std::fs::read_to_string(out.join("model.safetensors.index.json")).unwrap();
+    assert!(index.contains("model-00001-of-0000"), "{index}");
+    assert!(!out.join("model.safetensors").exists());
+    let config = std::fs::read_to_string(out.join("config.json")).unwrap();
+    assert!(config.contains(r#""torch_dtype": "bfloat16""#), "{config}");
+    assert!(config.contains(r#""rope_type": "llama3""#), "{config}");
+    let generation = std::fs::read_to_string(out.join("generation_config.json")).unwrap();
+    assert!(generation.contains(r#""bos_token_id": 0"#), "{generation}");
+    let tokens = f.join("input_ids.json");
+    let loss = |d: &Path| -> f64 {
+        let out = ok_stdout(&["eval", "--hf-dir", s(d), "--tokens", s(&tokens)]);
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        v["loss"].as_f64().unwrap()
+    };
+    let (full, half) = (loss(&model), loss(&out));
+    assert!((full - half).abs() < 2e-2, "f32 {full} vs bf16 {half}");
+    assert_ne!(full, half, "the weights were rounded to bf16");
+    // A re-export keeps the dtype it was loaded in and fits in one file.
+    ok_stdout(&["export", "--hf-dir", s(&out), "--out", s(&again)]);
+    assert!(again.join("model.safetensors").is_file());
+    let config = std::fs::read_to_string(again.join("config.json")).unwrap();
+    assert!(config.contains(r#""torch_dtype": "bfloat16""#), "{config}");
+    assert_eq!(loss(&again), half);
+    let o = ferrotron(&[
+        "export",
+        "--hf-dir",
+        s(&model),
+        "--out",
+        s(&dir.join("bad")),
+        "--max-shard-size",
+        "5 parsecs",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--max-shard-size"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A copy of fixture `name`'s model directory, for breaking.
 fn broken_copy(dir: &Path, name: &str) -> PathBuf {
     let out = dir.join(name);
@@ -193,9 +254,16 @@ fn bad_model_directories_are_one_line_errors_naming_the_field_or_tensor() {
 
     let m = broken_copy(&dir.join("scaling"), "llama");
     edit_config(&m, |v| {
-        v["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0})
+        v["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 8.0})
     });
-    assert_rejected(&m, &["rope_scaling"]);
+    assert_rejected(&m, &["rope_scaling.rope_type", "'yarn'", "llama3"]);
+    edit_config(&m, |v| {
+        v["rope_scaling"] = serde_json::json!({"rope_type": "dynamic", "factor": 2.0})
+    });
+    assert_rejected(
+        &m,
+        &["rope_scaling.rope_type", "dynamic", "not implemented"],
+    );
 
     let m = broken_copy(&dir.join("missing"), "llama");
     edit_weights(&m, |t| {
@@ -318,6 +386,9 @@ fn train_from_an_hf_dir_writes_an_hf_dir_equal_to_the_exported_run() {
     assert_eq!(trained, from_export);
     assert_ne!(trained, start, "training changed the weights");
     assert!(hf_out.join("tokenizer.json").is_file());
+    // The --hf-dir model's generation_config.json (bos 0) is carried over.
+    let generation = std::fs::read_to_string(hf_out.join("generation_config.json")).unwrap();
+    assert!(generation.contains(r#""bos_token_id": 0"#), "{generation}");
 
     // A config with no Hugging Face family is refused before training.
     let o = ferrotron(&[
