@@ -267,9 +267,13 @@ pub struct GenerateArgs {
     /// Pick the most likely token at every step (same as --temperature 0).
     #[arg(long)]
     pub greedy: bool,
-    /// Tokens to generate.
+    /// Most tokens to generate; fewer when the model emits an end-of-sequence token.
     #[arg(long, default_value_t = 200)]
     pub max_new_tokens: usize,
+    /// Keep generating past end-of-sequence tokens (those of generation_config.json,
+    /// config.json or the tokenizer's <|endoftext|>), up to --max-new-tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
     /// Softmax temperature (0 = greedy).
     #[arg(long, default_value_t = 0.8)]
     pub temperature: f64,

@@ -478,6 +478,7 @@ impl BackendTask for TrainTask {
                 &s.sample_prompt,
                 s.sample_tokens,
                 &sampling,
+                &[],
                 &device,
             )?;
             println!("--- sample ---\n{text}\n--------------");
@@ -495,17 +496,19 @@ fn save_checkpoint<B: TrainBackend>(model: &Decoder<B>, out: &Path) -> anyhow::R
     Ok(())
 }
 
-/// Continues `prompt` by `n` sampled tokens and returns the whole text.
+/// Continues `prompt` by up to `n` sampled tokens (stopping after any id of
+/// `stop`) and returns the whole text.
 pub fn sample<B: KernelBackend>(
     model: &Decoder<B>,
     tokenizer: &Tokenizer,
     prompt: &str,
     n: usize,
     sampling: &SamplingConfig,
+    stop: &[u32],
     device: &B::Device,
 ) -> anyhow::Result<String> {
     let ids = data::encode(tokenizer, prompt)?;
-    let new = generate(model, &ids, n, sampling, true, device);
+    let new = generate(model, &ids, n, sampling, stop, true, device);
     let all: Vec<u32> = ids.into_iter().chain(new).collect();
     tokenizer
         .decode(&all, false)

@@ -152,6 +152,45 @@ fn an_export_evaluates_to_the_same_loss_and_is_a_new_directory() {
 }
 
 #[test]
+fn generate_stops_at_the_eos_of_generation_config_unless_told_not_to() {
+    let dir = scratch("eos");
+    let e = expected("llama");
+    let want: Vec<u32> = serde_json::from_value(e["greedy_ids"].clone()).unwrap();
+    let eos = want[5];
+    let first = want.iter().position(|&t| t == eos).unwrap();
+    let m = broken_copy(&dir, "llama");
+    std::fs::write(
+        m.join("generation_config.json"),
+        format!(r#"{{"bos_token_id": 0, "eos_token_id": [{eos}, 95]}}"#),
+    )
+    .unwrap();
+    let prompt: Vec<String> = e["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
+    let prompt = prompt.join(",");
+    let run = |extra: &[&str]| -> Vec<u32> {
+        let mut args = vec![
+            "generate",
+            "--hf-dir",
+            s(&m),
+            "--prompt-ids",
+            &prompt,
+            "--max-new-tokens",
+            "16",
+            "--greedy",
+        ];
+        args.extend_from_slice(extra);
+        serde_json::from_str(ok_stdout(&args).trim()).unwrap()
+    };
+    assert_eq!(run(&[]), want[..=first]);
+    assert_eq!(run(&["--ignore-eos"]), want);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn a_bf16_sharded_export_reimports_within_bf16_tolerance() {
     let dir = scratch("bf16");
     let f = fixture("llama3_scaled");

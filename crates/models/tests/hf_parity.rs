@@ -288,6 +288,7 @@ fn greedy_generation_matches_transformers_with_and_without_cache() {
                 &prompt,
                 want.len(),
                 &greedy,
+                &[],
                 cached,
                 &Default::default(),
             );
