@@ -43,6 +43,29 @@ fn ok_stdout(args: &[&str]) -> String {
     String::from_utf8(o.stdout).unwrap()
 }
 
+/// The fixture's greedy prompt as a `--prompt-ids` value (`1,2,3`).
+fn prompt_ids(expected: &serde_json::Value) -> String {
+    let ids: Vec<String> = expected["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
+    ids.join(",")
+}
+
+/// Every fixture's name (one folder each).
+fn fixtures() -> Vec<String> {
+    let root = fixture("");
+    let mut names: Vec<String> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert!(names.len() >= 6, "{names:?}");
+    names
+}
+
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
@@ -50,14 +73,8 @@ fn s(p: &Path) -> &str {
 #[test]
 fn eval_prints_the_loss_of_transformers_and_writes_logits() {
     let dir = scratch("eval");
-    for name in [
-        "gpt2",
-        "llama",
-        "llama_tied",
-        "bloom",
-        "llama3_scaled",
-        "llama_linear",
-    ] {
+    for name in fixtures() {
+        let name = name.as_str();
         let f = fixture(name);
         let logits = dir.join(format!("{name}.safetensors"));
         let out = ok_stdout(&[
@@ -95,18 +112,13 @@ fn eval_prints_the_loss_of_transformers_and_writes_logits() {
 fn greedy_generate_prints_the_token_ids_of_transformers() {
     for name in ["gpt2", "llama", "bloom", "llama3_scaled", "llama_linear"] {
         let e = expected(name);
-        let prompt: Vec<String> = e["prompt_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.to_string())
-            .collect();
+        let prompt = prompt_ids(&e);
         let out = ok_stdout(&[
             "generate",
             "--hf-dir",
             s(&fixture(name).join("model")),
             "--prompt-ids",
-            &prompt.join(","),
+            &prompt,
             "--max-new-tokens",
             "16",
             "--greedy",
@@ -164,13 +176,7 @@ fn generate_stops_at_the_eos_of_generation_config_unless_told_not_to() {
         format!(r#"{{"bos_token_id": 0, "eos_token_id": [{eos}, 95]}}"#),
     )
     .unwrap();
-    let prompt: Vec<String> = e["prompt_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.to_string())
-        .collect();
-    let prompt = prompt.join(",");
+    let prompt = prompt_ids(&e);
     let run = |extra: &[&str]| -> Vec<u32> {
         let mut args = vec![
             "generate",
