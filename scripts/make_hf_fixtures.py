@@ -18,10 +18,14 @@ Needs `pip install torch transformers safetensors` (CPU is enough).
                             adamw.<HF name>: parameters after 3 AdamW steps
 
     python3 scripts/make_hf_fixtures.py check-export --ferrotron BIN [FIXTURES]
-        For every fixture: `BIN export --hf-dir model --out TMP`, then
-        `BIN eval --hf-dir TMP --tokens input_ids.json --logits-out L`; loads TMP
-        with transformers' from_pretrained and checks that its logits are
-        within 1e-5 of L. Exits non-zero on any mismatch.
+        For every fixture, two exports: f32 (`BIN export --hf-dir model --out
+        TMP`) and bf16 in 4 KB shards (`--dtype bf16 --max-shard-size 4KB`).
+        Each is loaded by transformers' from_pretrained and re-imported by
+        `BIN eval --hf-dir TMP`: their logits must agree within 1e-5, and the
+        loss must be the fixture's (1e-5 for f32, 2e-2 for bf16). Then a run
+        trained 2 steps from the gpt2 fixture is exported as bf16 shards and
+        transformers must give the run's loss (`BIN eval --run`) within 2e-2.
+        Exits non-zero on any mismatch.
 
 Every parameter (norm gains and biases included) is drawn at random, so a
 mapping that confused two tensors cannot pass by accident.
@@ -83,6 +87,26 @@ def configs():
         ("bloom", BloomConfig(vocab_size=96, hidden_size=12, n_layer=2, n_head=6,
                               layer_norm_epsilon=1e-5, hidden_dropout=0.0,
                               attention_dropout=0.0, tie_word_embeddings=True, **common)),
+        # Llama 3.1 RoPE scaling over a small original context (64 tokens):
+        # head_dim 8 at theta 10000 has wavelengths 2 pi x (1, 10, 100, 1000),
+        # one in each band (kept < 8, interpolated, divided by 4 > 64).
+        ("llama3_scaled", LlamaConfig(vocab_size=96, hidden_size=16, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=1,
+                                      intermediate_size=32, max_position_embeddings=256,
+                                      rms_norm_eps=1e-5, tie_word_embeddings=False,
+                                      rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0,
+                                                       "factor": 4.0, "low_freq_factor": 1.0,
+                                                       "high_freq_factor": 8.0,
+                                                       "original_max_position_embeddings": 64},
+                                      **common)),
+        # Linear (position interpolation) scaling by 2.5.
+        ("llama_linear", LlamaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2,
+                                     num_attention_heads=2, num_key_value_heads=2,
+                                     intermediate_size=24, max_position_embeddings=64,
+                                     rms_norm_eps=1e-6, tie_word_embeddings=True,
+                                     rope_parameters={"rope_type": "linear", "rope_theta": 10000.0,
+                                                      "factor": 2.5},
+                                     **common)),
     ]
 
 
@@ -100,6 +124,25 @@ def build(config, seed):
             else:  # norm gains
                 p.copy_(1.0 + torch.randn_like(p) * 0.1)
     return model
+
+
+def assert_scaling_matters(name, config, model):
+    """For a fixture with RoPE scaling: the same weights without it must give
+    other logits inside the test's window, or the fixture tests nothing."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") == "default":
+        return
+    plain_config = config.__class__(**{**config.to_dict(), "rope_parameters": {
+        "rope_type": "default", "rope_theta": rope["rope_theta"]}})
+    plain = AutoModelForCausalLM.from_config(plain_config, attn_implementation="eager",
+                                             dtype=torch.float32)
+    plain.load_state_dict(model.state_dict())
+    plain.eval()
+    ids = torch.arange(SEQ).unsqueeze(0) % config.vocab_size
+    with torch.no_grad():
+        diff = float((model(ids).logits - plain(ids).logits).abs().max())
+    assert diff > 1e-2, f"{name}: RoPE scaling changes the logits by only {diff}"
+    print(f"{name}: {rope['rope_type']} scaling changes the logits by up to {diff:.3f}")
 
 
 def loss_of(model, ids):
@@ -140,6 +183,7 @@ def generate(out):
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
         model = build(config, seed=1000 + index)
+        assert_scaling_matters(name, config, model)
         model.save_pretrained(os.path.join(d, "model"), safe_serialization=True)
         if name == "gpt2":
             tiny_tokenizer(config.vocab_size, os.path.join(d, "model", "tokenizer.json"))
@@ -199,37 +243,96 @@ def generate(out):
               f"{sum(p.numel() for p in model.parameters())} parameters")
 
 
+def transformers_logits(model_dir, ids):
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager",
+                                                 dtype=torch.float32)
+    model.eval()
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def ferrotron_eval(ferrotron, source, tokens, logits_out):
+    """(loss, logits) of `ferrotron eval`; `source` is ["--hf-dir", D] or ["--run", D]."""
+    out = subprocess.run([ferrotron, "eval", *source, "--tokens", tokens,
+                          "--logits-out", logits_out],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)["loss"], load_file(logits_out)["logits"]
+
+
+def mean_loss(logits, ids):
+    v = logits.shape[-1]
+    return float(F.cross_entropy(logits[:, :-1].reshape(-1, v), ids[:, 1:].reshape(-1)))
+
+
+def export_and_compare(ferrotron, source, tokens, out, extra, reference_loss, loss_tol):
+    """Exports `source` with `extra` flags to `out`, then checks that
+    transformers' logits of `out` match Ferrotron's re-import of it (1e-5) and
+    that the loss is within `loss_tol` of `reference_loss`. Returns (ok, text)."""
+    subprocess.run([ferrotron, "export", *source, "--out", out, *extra], check=True,
+                   stdout=subprocess.DEVNULL)
+    with open(tokens) as f:
+        ids = torch.tensor(json.load(f)["input_ids"])
+    loss, ours = ferrotron_eval(ferrotron, ["--hf-dir", out], tokens, out + ".logits")
+    theirs = transformers_logits(out, ids)
+    err = float((theirs - ours).abs().max())
+    loss_err = abs(mean_loss(theirs, ids) - reference_loss)
+    ok = err <= 1e-5 and loss_err <= loss_tol and abs(loss - mean_loss(theirs, ids)) <= 1e-5
+    shards = [n for n in os.listdir(out) if n.endswith(".safetensors")]
+    return ok, (f"{len(shards)} file(s), logits vs re-import {err:.2e}, "
+                f"loss {mean_loss(theirs, ids):.6f} vs {reference_loss:.6f} "
+                f"(tolerance {loss_tol:g})")
+
+
+# bf16 keeps 8 significant bits; over these tiny models the loss moves by a
+# few 1e-3 at most.
+BF16_LOSS_TOL = 2e-2
+
+
 def check_export(ferrotron, fixtures):
-    worst = 0.0
     failed = False
+
+    def report(label, ok, text):
+        nonlocal failed
+        failed |= not ok
+        print(f"{label}: {text} {'ok' if ok else 'FAIL'}")
+
     for name in sorted(os.listdir(fixtures)):
         d = os.path.join(fixtures, name)
         if not os.path.isdir(os.path.join(d, "model")):
             continue
+        tokens = os.path.join(d, "input_ids.json")
+        with open(os.path.join(d, "expected.json")) as f:
+            loss = json.load(f)["loss"]
+        source = ["--hf-dir", os.path.join(d, "model")]
         with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "export")
-            ours = os.path.join(tmp, "logits.safetensors")
-            subprocess.run([ferrotron, "export", "--hf-dir", os.path.join(d, "model"),
-                            "--out", out], check=True)
-            subprocess.run([ferrotron, "eval", "--hf-dir", out, "--tokens",
-                            os.path.join(d, "input_ids.json"), "--logits-out", ours],
-                           check=True, stdout=subprocess.DEVNULL)
-            model = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager",
-                                                         dtype=torch.float32)
-            model.eval()
-            with open(os.path.join(d, "input_ids.json")) as f:
-                ids = torch.tensor(json.load(f)["input_ids"])
-            with torch.no_grad():
-                theirs = model(ids).logits
-            err = float((theirs - load_file(ours)["logits"]).abs().max())
-            worst = max(worst, err)
-            ok = err <= 1e-5
-            failed |= not ok
-            print(f"{name}: export re-imported by transformers, logits max abs error {err:.2e}"
-                  f" {'ok' if ok else 'FAIL (> 1e-5)'}")
+            report(f"{name} f32", *export_and_compare(
+                ferrotron, source, tokens, os.path.join(tmp, "f32"), [], loss, 1e-5))
+            report(f"{name} bf16 sharded", *export_and_compare(
+                ferrotron, source, tokens, os.path.join(tmp, "bf16"),
+                ["--dtype", "bf16", "--max-shard-size", "4KB"], loss, BF16_LOSS_TOL))
+
+    # A trained run (2 steps from the gpt2 fixture, which has a tokenizer),
+    # exported as bf16 shards: transformers gives the run's loss.
+    d = os.path.join(fixtures, "gpt2")
+    tokens = os.path.join(d, "input_ids.json")
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = os.path.join(tmp, "corpus.txt")
+        with open(corpus, "w") as f:
+            f.write("the king of love and the queen , my lord .\n" * 200)
+        run = os.path.join(tmp, "run")
+        subprocess.run([ferrotron, "train", "--hf-dir", os.path.join(d, "model"), "--corpus",
+                        corpus, "--steps", "2", "--seq-len", "16", "--micro-batch", "2",
+                        "--eval-every", "2", "--eval-batches", "1", "--sample-tokens", "0",
+                        "--peak-tflops", "1", "--out", run], check=True,
+                       stdout=subprocess.DEVNULL)
+        run_loss, _ = ferrotron_eval(ferrotron, ["--run", run], tokens,
+                                     os.path.join(tmp, "run.logits"))
+        report("trained run bf16 sharded", *export_and_compare(
+            ferrotron, ["--run", run], tokens, os.path.join(tmp, "bf16"),
+            ["--dtype", "bf16", "--max-shard-size", "4KB"], run_loss, BF16_LOSS_TOL))
     if failed:
         sys.exit(1)
-    print(f"export check passed (worst {worst:.2e})")
+    print("export check passed")
 
 
 def main():

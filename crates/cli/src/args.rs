@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use ferrotron_engine::checkpoint::FloatDtype;
+use ferrotron_models::hf::shards::parse_size;
 use ferrotron_models::Kernels;
 use ferrotron_parallel::zero::ZeroStage;
 
@@ -288,9 +290,13 @@ pub struct GenerateArgs {
     /// Pick the most likely token at every step (same as --temperature 0).
     #[arg(long)]
     pub greedy: bool,
-    /// Tokens to generate.
+    /// Most tokens to generate; fewer when the model emits an end-of-sequence token.
     #[arg(long, default_value_t = 200)]
     pub max_new_tokens: usize,
+    /// Keep generating past end-of-sequence tokens (those of generation_config.json,
+    /// config.json or the tokenizer's <|endoftext|>), up to --max-new-tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
     /// Softmax temperature (0 = greedy).
     #[arg(long, default_value_t = 0.8)]
     pub temperature: f64,
@@ -337,4 +343,12 @@ pub struct ExportArgs {
     /// Output directory; must be new or empty.
     #[arg(long)]
     pub out: PathBuf,
+    /// Storage dtype of the weights: f32, bf16 or f16 (default: the dtype the model was
+    /// loaded in; f32 for Ferrotron runs).
+    #[arg(long)]
+    pub dtype: Option<FloatDtype>,
+    /// Largest weights file: bytes or a size such as 5GB, 500MB, 2GiB. Larger models are
+    /// split into model-00001-of-0000N.safetensors plus model.safetensors.index.json.
+    #[arg(long, default_value = "5GB", value_parser = parse_size)]
+    pub max_shard_size: u64,
 }

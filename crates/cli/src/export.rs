@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use ferrotron_models::hf::save_hf_dir;
+use ferrotron_models::hf::{save_hf_dir, ExportOptions};
 
 use crate::args::ExportArgs;
 use crate::error::usage;
@@ -13,11 +13,17 @@ pub fn export(args: ExportArgs) -> anyhow::Result<()> {
     let source = ModelSource::read(args.run.as_deref(), args.hf_dir.as_deref())?;
     check_out_dir(&args.out, "--out")?;
     let tensors: Vec<_> = source.tensors.clone().into_iter().collect();
+    let options = ExportOptions {
+        dtype: args.dtype.unwrap_or(source.dtype),
+        max_shard_size: args.max_shard_size,
+        special: source.special.clone(),
+    };
     save_hf_dir(
         &args.out,
         &source.config,
         &tensors,
         source.tokenizer.as_deref(),
+        &options,
     )
     .map_err(|e| usage(e.to_string()))?;
     println!("wrote {}", args.out.display());

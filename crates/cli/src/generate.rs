@@ -73,6 +73,11 @@ impl BackendTask for GenerateTask {
             top_k: self.args.top_k,
             seed: self.args.seed,
         };
+        let stop: &[u32] = if self.args.ignore_eos {
+            &[]
+        } else {
+            &self.source.special.eos
+        };
         match &self.prompt {
             Prompt::Ids(ids) => {
                 let new = decode(
@@ -80,6 +85,7 @@ impl BackendTask for GenerateTask {
                     ids,
                     self.args.max_new_tokens,
                     &sampling,
+                    stop,
                     true,
                     &device,
                 );
@@ -92,6 +98,7 @@ impl BackendTask for GenerateTask {
                     &self.args.prompt,
                     self.args.max_new_tokens,
                     &sampling,
+                    stop,
                     &device,
                 )?;
                 println!("{text}");

@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::TensorData;
-use ferrotron_engine::checkpoint::load_safetensors;
+use ferrotron_engine::checkpoint::{load_safetensors, FloatDtype};
 use ferrotron_engine::data::Tokenizer;
 use ferrotron_engine::params::load_named_tensors;
-use ferrotron_models::hf::load_hf_dir;
+use ferrotron_models::hf::{load_hf_dir, SpecialTokens};
 use ferrotron_models::ops::KernelBackend;
 use ferrotron_models::{Decoder, DecoderConfig};
 
@@ -28,6 +28,10 @@ pub struct ModelSource {
     pub backend: String,
     /// The directory, for error messages.
     pub name: String,
+    /// The dtype the weights were stored in (f32 for runs).
+    pub dtype: FloatDtype,
+    /// Begin- and end-of-sequence ids (runs: the tokenizer's `<|endoftext|>`).
+    pub special: SpecialTokens,
 }
 
 impl ModelSource {
@@ -39,12 +43,21 @@ impl ModelSource {
                 let weights = run.join("model.safetensors");
                 let tensors = load_safetensors(&weights).map_err(|e| usage(e.to_string()))?;
                 let tok = run.join("tokenizer.json");
+                let special = if tok.exists() {
+                    let t = Tokenizer::from_file(&tok)
+                        .map_err(|e| usage(format!("{}: {e}", tok.display())))?;
+                    SpecialTokens::from_tokenizer(&t)
+                } else {
+                    SpecialTokens::default()
+                };
                 Ok(Self {
                     config: rc.model,
                     tensors,
                     tokenizer: tok.exists().then_some(tok),
                     backend: rc.train.backend,
                     name: weights.display().to_string(),
+                    dtype: FloatDtype::F32,
+                    special,
                 })
             }
             (None, Some(dir)) => {
@@ -56,6 +69,8 @@ impl ModelSource {
                     tokenizer: hf.tokenizer,
                     backend: "flex".into(),
                     name: dir.display().to_string(),
+                    dtype: hf.dtype,
+                    special: hf.special,
                 })
             }
             _ => Err(usage("give exactly one of --run DIR or --hf-dir DIR")),

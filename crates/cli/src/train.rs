@@ -18,7 +18,7 @@ use ferrotron_engine::data::{self, BatchSampler, Tokenizer};
 use ferrotron_engine::metrics::{self, StepRecord};
 use ferrotron_engine::optim::{AdamWConfig, LrSchedule};
 use ferrotron_engine::params::{load_named_tensors, named_tensors};
-use ferrotron_models::hf::{load_hf_dir, save_hf_dir, Family};
+use ferrotron_models::hf::{load_hf_dir, save_hf_dir, ExportOptions, Family, SpecialTokens};
 use ferrotron_models::ops::{choose_kernels, KernelBackend, TrainBackend};
 use ferrotron_models::presets::{preset, PRESET_NAMES};
 use ferrotron_models::{generate, Decoder, SamplingConfig};
@@ -226,6 +226,7 @@ fn train_ranked(
     }
     s.out = Some(out.clone());
     let hf_tokenizer = hf.as_ref().and_then(|h| h.tokenizer.clone());
+    let special = hf.as_ref().map(|h| h.special.clone());
     let (initial, restore) = match resume {
         Some(r) => {
             let name = r.dir.join("model.safetensors").display().to_string();
@@ -273,6 +274,7 @@ fn train_ranked(
             initial,
             restore,
             read_tokenizer,
+            special,
             mesh,
             comm,
             stop,
@@ -320,6 +322,9 @@ struct TrainTask {
     /// `--hf-dir`, whose vocabulary may be smaller than the model's, or from
     /// the run being resumed) rather than trained here.
     read_tokenizer: bool,
+    /// Begin/end-of-sequence ids of `--hf-dir`, written with `--hf-out`
+    /// (`None`: those of the run's tokenizer).
+    special: Option<SpecialTokens>,
     /// The parallel layout (data parallelism only, today).
     mesh: Mesh,
     /// This rank's communicator over the whole job.
@@ -530,11 +535,17 @@ impl BackendTask for TrainTask {
             );
         }
         if let Some(dir) = &s.hf_out {
+            let special = self.special.clone();
+            let options = ExportOptions {
+                special: special.unwrap_or_else(|| SpecialTokens::from_tokenizer(&tokenizer)),
+                ..ExportOptions::default()
+            };
             save_hf_dir(
                 dir,
                 mc,
                 &named_tensors(&model),
                 Some(&out.join("tokenizer.json")),
+                &options,
             )?;
             println!("Hugging Face model written to {}", dir.display());
         }
@@ -550,6 +561,7 @@ impl BackendTask for TrainTask {
                 &s.sample_prompt,
                 s.sample_tokens,
                 &sampling,
+                &[],
                 &device,
             )?;
             println!("--- sample ---\n{text}\n--------------");
@@ -584,17 +596,19 @@ impl Progress for Bar<'_> {
     }
 }
 
-/// Continues `prompt` by `n` sampled tokens and returns the whole text.
+/// Continues `prompt` by up to `n` sampled tokens (stopping after any id of
+/// `stop`) and returns the whole text.
 pub fn sample<B: KernelBackend>(
     model: &Decoder<B>,
     tokenizer: &Tokenizer,
     prompt: &str,
     n: usize,
     sampling: &SamplingConfig,
+    stop: &[u32],
     device: &B::Device,
 ) -> anyhow::Result<String> {
     let ids = data::encode(tokenizer, prompt)?;
-    let new = generate(model, &ids, n, sampling, true, device);
+    let new = generate(model, &ids, n, sampling, stop, true, device);
     let all: Vec<u32> = ids.into_iter().chain(new).collect();
     tokenizer
         .decode(&all, false)

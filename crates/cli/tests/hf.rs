@@ -43,6 +43,29 @@ fn ok_stdout(args: &[&str]) -> String {
     String::from_utf8(o.stdout).unwrap()
 }
 
+/// The fixture's greedy prompt as a `--prompt-ids` value (`1,2,3`).
+fn prompt_ids(expected: &serde_json::Value) -> String {
+    let ids: Vec<String> = expected["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
+    ids.join(",")
+}
+
+/// Every fixture's name (one folder each).
+fn fixtures() -> Vec<String> {
+    let root = fixture("");
+    let mut names: Vec<String> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert!(names.len() >= 6, "{names:?}");
+    names
+}
+
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
@@ -50,7 +73,8 @@ fn s(p: &Path) -> &str {
 #[test]
 fn eval_prints_the_loss_of_transformers_and_writes_logits() {
     let dir = scratch("eval");
-    for name in ["gpt2", "llama", "llama_tied", "bloom"] {
+    for name in fixtures() {
+        let name = name.as_str();
         let f = fixture(name);
         let logits = dir.join(format!("{name}.safetensors"));
         let out = ok_stdout(&[
@@ -86,20 +110,15 @@ fn eval_prints_the_loss_of_transformers_and_writes_logits() {
 
 #[test]
 fn greedy_generate_prints_the_token_ids_of_transformers() {
-    for name in ["gpt2", "llama", "bloom"] {
+    for name in ["gpt2", "llama", "bloom", "llama3_scaled", "llama_linear"] {
         let e = expected(name);
-        let prompt: Vec<String> = e["prompt_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.to_string())
-            .collect();
+        let prompt = prompt_ids(&e);
         let out = ok_stdout(&[
             "generate",
             "--hf-dir",
             s(&fixture(name).join("model")),
             "--prompt-ids",
-            &prompt.join(","),
+            &prompt,
             "--max-new-tokens",
             "16",
             "--greedy",
@@ -141,6 +160,93 @@ fn an_export_evaluates_to_the_same_loss_and_is_a_new_directory() {
         let o = ferrotron(&["export", "--hf-dir", s(&f.join("model")), "--out", s(&out)]);
         assert_eq!(o.status.code(), Some(2), "an export never overwrites");
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn generate_stops_at_the_eos_of_generation_config_unless_told_not_to() {
+    let dir = scratch("eos");
+    let e = expected("llama");
+    let want: Vec<u32> = serde_json::from_value(e["greedy_ids"].clone()).unwrap();
+    let eos = want[5];
+    let first = want.iter().position(|&t| t == eos).unwrap();
+    let m = broken_copy(&dir, "llama");
+    std::fs::write(
+        m.join("generation_config.json"),
+        format!(r#"{{"bos_token_id": 0, "eos_token_id": [{eos}, 95]}}"#),
+    )
+    .unwrap();
+    let prompt = prompt_ids(&e);
+    let run = |extra: &[&str]| -> Vec<u32> {
+        let mut args = vec![
+            "generate",
+            "--hf-dir",
+            s(&m),
+            "--prompt-ids",
+            &prompt,
+            "--max-new-tokens",
+            "16",
+            "--greedy",
+        ];
+        args.extend_from_slice(extra);
+        serde_json::from_str(ok_stdout(&args).trim()).unwrap()
+    };
+    assert_eq!(run(&[]), want[..=first]);
+    assert_eq!(run(&["--ignore-eos"]), want);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_bf16_sharded_export_reimports_within_bf16_tolerance() {
+    let dir = scratch("bf16");
+    let f = fixture("llama3_scaled");
+    let (out, again) = (dir.join("bf16"), dir.join("again"));
+    let model = f.join("model");
+    ok_stdout(&[
+        "export",
+        "--hf-dir",
+        s(&model),
+        "--out",
+        s(&out),
+        "--dtype",
+        "bf16",
+        "--max-shard-size",
+        "4KB",
+    ]);
+    let index = std::fs::read_to_string(out.join("model.safetensors.index.json")).unwrap();
+    assert!(index.contains("model-00001-of-0000"), "{index}");
+    assert!(!out.join("model.safetensors").exists());
+    let config = std::fs::read_to_string(out.join("config.json")).unwrap();
+    assert!(config.contains(r#""torch_dtype": "bfloat16""#), "{config}");
+    assert!(config.contains(r#""rope_type": "llama3""#), "{config}");
+    let generation = std::fs::read_to_string(out.join("generation_config.json")).unwrap();
+    assert!(generation.contains(r#""bos_token_id": 0"#), "{generation}");
+    let tokens = f.join("input_ids.json");
+    let loss = |d: &Path| -> f64 {
+        let out = ok_stdout(&["eval", "--hf-dir", s(d), "--tokens", s(&tokens)]);
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        v["loss"].as_f64().unwrap()
+    };
+    let (full, half) = (loss(&model), loss(&out));
+    assert!((full - half).abs() < 2e-2, "f32 {full} vs bf16 {half}");
+    assert_ne!(full, half, "the weights were rounded to bf16");
+    // A re-export keeps the dtype it was loaded in and fits in one file.
+    ok_stdout(&["export", "--hf-dir", s(&out), "--out", s(&again)]);
+    assert!(again.join("model.safetensors").is_file());
+    let config = std::fs::read_to_string(again.join("config.json")).unwrap();
+    assert!(config.contains(r#""torch_dtype": "bfloat16""#), "{config}");
+    assert_eq!(loss(&again), half);
+    let o = ferrotron(&[
+        "export",
+        "--hf-dir",
+        s(&model),
+        "--out",
+        s(&dir.join("bad")),
+        "--max-shard-size",
+        "5 parsecs",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--max-shard-size"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -193,9 +299,16 @@ fn bad_model_directories_are_one_line_errors_naming_the_field_or_tensor() {
 
     let m = broken_copy(&dir.join("scaling"), "llama");
     edit_config(&m, |v| {
-        v["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0})
+        v["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 8.0})
     });
-    assert_rejected(&m, &["rope_scaling"]);
+    assert_rejected(&m, &["rope_scaling.rope_type", "'yarn'", "llama3"]);
+    edit_config(&m, |v| {
+        v["rope_scaling"] = serde_json::json!({"rope_type": "dynamic", "factor": 2.0})
+    });
+    assert_rejected(
+        &m,
+        &["rope_scaling.rope_type", "dynamic", "not implemented"],
+    );
 
     let m = broken_copy(&dir.join("missing"), "llama");
     edit_weights(&m, |t| {
@@ -318,6 +431,9 @@ fn train_from_an_hf_dir_writes_an_hf_dir_equal_to_the_exported_run() {
     assert_eq!(trained, from_export);
     assert_ne!(trained, start, "training changed the weights");
     assert!(hf_out.join("tokenizer.json").is_file());
+    // The --hf-dir model's generation_config.json (bos 0) is carried over.
+    let generation = std::fs::read_to_string(hf_out.join("generation_config.json")).unwrap();
+    assert!(generation.contains(r#""bos_token_id": 0"#), "{generation}");
 
     // A config with no Hugging Face family is refused before training.
     let o = ferrotron(&[

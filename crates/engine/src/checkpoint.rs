@@ -5,7 +5,7 @@ use std::fs;
 use std::io::Write;
 use std::path::Path;
 
-use burn::tensor::TensorData;
+use burn::tensor::{bf16, f16, TensorData};
 use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
 
@@ -54,10 +54,94 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
     fs::rename(&tmp, path).map_err(io_err(path))
 }
 
+/// How floating-point tensors are stored in a safetensors file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FloatDtype {
+    /// IEEE single precision, 4 bytes.
+    F32,
+    /// bfloat16, 2 bytes (rounded to nearest even, as `torch` converts).
+    Bf16,
+    /// IEEE half precision, 2 bytes (rounded to nearest even).
+    F16,
+}
+
+impl FloatDtype {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            FloatDtype::F32 => 4,
+            FloatDtype::Bf16 | FloatDtype::F16 => 2,
+        }
+    }
+
+    /// The `torch` name (`torch_dtype` in a Hugging Face `config.json`).
+    pub fn torch_name(self) -> &'static str {
+        match self {
+            FloatDtype::F32 => "float32",
+            FloatDtype::Bf16 => "bfloat16",
+            FloatDtype::F16 => "float16",
+        }
+    }
+
+    fn safetensors(self) -> Dtype {
+        match self {
+            FloatDtype::F32 => Dtype::F32,
+            FloatDtype::Bf16 => Dtype::BF16,
+            FloatDtype::F16 => Dtype::F16,
+        }
+    }
+
+    fn of(dtype: Dtype) -> Option<Self> {
+        match dtype {
+            Dtype::F32 => Some(FloatDtype::F32),
+            Dtype::BF16 => Some(FloatDtype::Bf16),
+            Dtype::F16 => Some(FloatDtype::F16),
+            _ => None,
+        }
+    }
+
+    /// Little-endian bytes of `values` in this dtype.
+    fn encode(self, values: &[f32]) -> Vec<u8> {
+        match self {
+            FloatDtype::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            FloatDtype::Bf16 => values
+                .iter()
+                .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+                .collect(),
+            FloatDtype::F16 => values
+                .iter()
+                .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+                .collect(),
+        }
+    }
+}
+
+impl std::str::FromStr for FloatDtype {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(FloatDtype::F32),
+            "bf16" => Ok(FloatDtype::Bf16),
+            "f16" => Ok(FloatDtype::F16),
+            _ => Err(format!("'{s}' is not a dtype; use f32, bf16 or f16")),
+        }
+    }
+}
+
 /// Saves named tensors as float32 safetensors at `path` (atomically).
 pub fn save_safetensors(
     path: &Path,
     tensors: &[(String, TensorData)],
+) -> Result<(), CheckpointError> {
+    save_safetensors_as(path, tensors, FloatDtype::F32)
+}
+
+/// Saves named tensors as safetensors of `dtype` at `path` (atomically).
+pub fn save_safetensors_as(
+    path: &Path,
+    tensors: &[(String, TensorData)],
+    dtype: FloatDtype,
 ) -> Result<(), CheckpointError> {
     let converted: Vec<(String, Vec<usize>, Vec<u8>)> =
         tensors
@@ -69,14 +153,13 @@ pub fn save_safetensors(
                         message: format!("tensor '{name}': {e:?}"),
                     }
                 })?;
-                let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-                Ok((name.clone(), data.shape.to_vec(), bytes))
+                Ok((name.clone(), data.shape.to_vec(), dtype.encode(&values)))
             })
             .collect::<Result<_, CheckpointError>>()?;
     let views: Vec<(String, TensorView<'_>)> = converted
         .iter()
         .map(|(name, shape, bytes)| {
-            TensorView::new(Dtype::F32, shape.clone(), bytes)
+            TensorView::new(dtype.safetensors(), shape.clone(), bytes)
                 .map(|v| (name.clone(), v))
                 .map_err(|e| CheckpointError::Format {
                     path: path.display().to_string(),
@@ -96,6 +179,14 @@ pub fn save_safetensors(
 /// F32, F16 and BF16 tensors are accepted; other dtypes are an error naming
 /// the tensor.
 pub fn load_safetensors(path: &Path) -> Result<BTreeMap<String, TensorData>, CheckpointError> {
+    load_safetensors_typed(path).map(|(tensors, _)| tensors)
+}
+
+/// [`load_safetensors`], and the dtype the file stores its tensors in (`None`
+/// for an empty file or one that mixes dtypes).
+pub fn load_safetensors_typed(
+    path: &Path,
+) -> Result<(BTreeMap<String, TensorData>, Option<FloatDtype>), CheckpointError> {
     let bytes = fs::read(path).map_err(io_err(path))?;
     let fmt = |message: String| CheckpointError::Format {
         path: path.display().to_string(),
@@ -126,25 +217,25 @@ pub fn load_safetensors(path: &Path) -> Result<BTreeMap<String, TensorData>, Che
         };
         out.insert(name, TensorData::new(values, view.shape().to_vec()));
     }
-    Ok(out)
+    Ok((out, single_dtype(&st)))
+}
+
+/// The one float dtype of every tensor in `st`, if they share one.
+fn single_dtype(st: &SafeTensors<'_>) -> Option<FloatDtype> {
+    let mut found = None;
+    for (_, view) in st.tensors() {
+        let d = FloatDtype::of(view.dtype())?;
+        if found.is_some_and(|f| f != d) {
+            return None;
+        }
+        found = Some(d);
+    }
+    found
 }
 
 /// IEEE half precision bits to f32.
 fn half_to_f32(h: u16) -> f32 {
-    let sign = ((h >> 15) as u32) << 31;
-    let exp = ((h >> 10) & 0x1f) as u32;
-    let frac = (h & 0x3ff) as u32;
-    let bits = match (exp, frac) {
-        (0, 0) => sign,
-        (0, f) => {
-            // Subnormal: value = f * 2^-24.
-            let v = f as f32 * 2f32.powi(-24);
-            return if sign != 0 { -v } else { v };
-        }
-        (0x1f, f) => sign | 0x7f80_0000 | (f << 13),
-        (e, f) => sign | ((e + 112) << 23) | (f << 13),
-    };
-    f32::from_bits(bits)
+    f16::from_bits(h).to_f32()
 }
 
 #[cfg(test)]
@@ -169,6 +260,38 @@ mod tests {
         assert_eq!(back["b"], t[1].1);
         let files: Vec<_> = fs::read_dir(&dir).unwrap().collect();
         assert_eq!(files.len(), 1);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn half_dtypes_round_to_nearest_even_and_report_their_dtype() {
+        let dir = std::env::temp_dir().join(format!("ft-ckpt-half-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("model.safetensors");
+        // bf16 keeps 8 significant bits: 1 + 2^-9 rounds down to 1, and
+        // 1 + 1.5 ulp (a tie) to the even 1 + 2 ulp; f16 keeps 11 bits.
+        let values = vec![1.0 + 2f32.powi(-9), 1.0 + 3.0 * 2f32.powi(-8), -2.0];
+        let t = vec![("w".to_string(), TensorData::new(values, [3]))];
+        let cases = [
+            (FloatDtype::Bf16, vec![1.0, 1.015625, -2.0], 2),
+            (
+                FloatDtype::F16,
+                vec![1.0 + 2f32.powi(-9), 1.0 + 3.0 * 2f32.powi(-8), -2.0],
+                2,
+            ),
+            (FloatDtype::F32, t[0].1.to_vec::<f32>().unwrap(), 4),
+        ];
+        for (dtype, want, size) in cases {
+            save_safetensors_as(&path, &t, dtype).unwrap();
+            let (back, found) = load_safetensors_typed(&path).unwrap();
+            assert_eq!(found, Some(dtype));
+            assert_eq!(dtype.size(), size);
+            assert_eq!(back["w"].to_vec::<f32>().unwrap(), want, "{dtype:?}");
+        }
+        assert!("fp8"
+            .parse::<FloatDtype>()
+            .unwrap_err()
+            .contains("f32, bf16 or f16"));
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -1,8 +1,11 @@
 //! Fused rotary position embedding (RoPE), Llama / Hugging Face convention
 //! (`rotate_half`): within each head vector of length `head_dim`, element
 //! `i` is paired with element `i + head_dim / 2`, for `i < head_dim / 2`,
-//! and the pair is rotated by the angle `pos * theta^(-2 i / head_dim)`
-//! (radians), where `pos = position_offset + s` for sequence index `s`:
+//! and the pair is rotated by the angle `pos * inv_freq[i]` (radians, f32
+//! product as in Hugging Face `transformers`), where
+//! `pos = position_offset + s` for sequence index `s`. The caller supplies
+//! the `head_dim / 2` inverse frequencies, so every RoPE scaling type
+//! (default `theta^(-2 i / head_dim)`, linear, Llama 3) runs the same kernel:
 //!
 //! ```text
 //! x[i]        <- x[i] * cos - x[i + half] * sin
@@ -42,11 +45,11 @@ impl RopeShape {
 #[cube(launch_unchecked)]
 fn rope_kernel<F: Float>(
     x: &mut Array<F>,
+    inv_freq: &Array<F>,
     pairs: u32,
     seq: u32,
     head_dim: u32,
     position_offset: u32,
-    theta: f32,
     #[comptime] inverse: bool,
 ) {
     let pair = ABSOLUTE_POS;
@@ -57,10 +60,7 @@ fn rope_kernel<F: Float>(
     let i = pair % half;
     let vector = pair / half; // index over [batch, heads, seq]
     let s = vector % seq as usize;
-    let pos = F::cast_from(s as u32 + position_offset);
-    // theta^(-2 i / head_dim) = exp(-(2 i / head_dim) * ln(theta))
-    let exponent = F::cast_from(2 * i as u32) / F::cast_from(head_dim);
-    let angle = pos * (F::new(0.0) - exponent * F::cast_from(theta).ln()).exp();
+    let angle = F::cast_from(s as u32 + position_offset) * inv_freq[i];
     let cos = angle.cos();
     let mut sin = angle.sin();
     if comptime!(inverse) {
@@ -78,9 +78,9 @@ fn launch<R: Runtime>(
     op: &'static str,
     client: &ComputeClient<R>,
     x: &Handle,
+    inv_freq: &Handle,
     shape: RopeShape,
     position_offset: usize,
-    theta: f32,
     inverse: bool,
 ) -> Result<(), ShapeError> {
     check::nonzero(op, "batch", shape.batch)?;
@@ -93,30 +93,26 @@ fn launch<R: Runtime>(
             message: format!("head_dim must be even, got {}", shape.head_dim),
         });
     }
-    if !(theta.is_finite() && theta > 1.0) {
-        return Err(ShapeError {
-            op,
-            message: format!("theta must be a finite number above 1, got {theta}"),
-        });
-    }
     check::fits_u32(op, "batch * heads * seq * head_dim", shape.elems())?;
     check::fits_u32(op, "position_offset + seq", position_offset + shape.seq)?;
     check::elems_4b(op, "x", x, shape.elems())?;
+    check::elems_4b(op, "inv_freq", inv_freq, shape.head_dim / 2)?;
     let pairs = shape.elems() / 2;
     let cube_dim = CubeDim::new_1d(CUBE_DIM);
-    // SAFETY: `x` holds `2 * pairs` f32 (checked above); the kernel guards
-    // `pair < pairs` and touches only elements `< 2 * pairs`.
+    // SAFETY: `x` holds `2 * pairs` f32 and `inv_freq` `head_dim / 2`
+    // (checked above); the kernel guards `pair < pairs`, touches only
+    // elements `< 2 * pairs` of `x` and reads `inv_freq[pair % half]`.
     unsafe {
         rope_kernel::launch_unchecked::<f32, R>(
             client,
             cubecl::calculate_cube_count_elemwise(client, pairs, cube_dim),
             cube_dim,
             ArrayArg::from_raw_parts(x.clone(), shape.elems()),
+            ArrayArg::from_raw_parts(inv_freq.clone(), shape.head_dim / 2),
             pairs as u32,
             shape.seq as u32,
             shape.head_dim as u32,
             position_offset as u32,
-            theta,
             inverse,
         );
     }
@@ -125,21 +121,22 @@ fn launch<R: Runtime>(
 
 /// Rotates `x: [batch, heads, seq, head_dim]` (f32) in place by RoPE, with
 /// positions `position_offset + s` (use the KV-cache length as offset when
-/// decoding) and base `theta` (10000 for Llama 2, 500000 for Llama 3).
+/// decoding) and the per-pair inverse frequencies `inv_freq: [head_dim / 2]`
+/// (f32, radians per position).
 pub fn rope_forward<R: Runtime>(
     client: &ComputeClient<R>,
     x: &Handle,
+    inv_freq: &Handle,
     shape: RopeShape,
     position_offset: usize,
-    theta: f32,
 ) -> Result<(), ShapeError> {
     launch(
         "rope_forward",
         client,
         x,
+        inv_freq,
         shape,
         position_offset,
-        theta,
         false,
     )
 }
@@ -150,17 +147,17 @@ pub fn rope_forward<R: Runtime>(
 pub fn rope_backward<R: Runtime>(
     client: &ComputeClient<R>,
     d_x: &Handle,
+    inv_freq: &Handle,
     shape: RopeShape,
     position_offset: usize,
-    theta: f32,
 ) -> Result<(), ShapeError> {
     launch(
         "rope_backward",
         client,
         d_x,
+        inv_freq,
         shape,
         position_offset,
-        theta,
         true,
     )
 }

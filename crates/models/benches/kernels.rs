@@ -66,7 +66,10 @@ fn positions<B: KernelBackend>(
     seq: usize,
     dev: &B::Device,
 ) -> PositionContext<B> {
-    let rope = Position::Rope { theta: 10_000.0 };
+    let rope = Position::Rope {
+        theta: 10_000.0,
+        scaling: None,
+    };
     PositionContext::new(&rope, 8, 64, 0, seq, kernels == Kernels::Fused, dev)
 }
 

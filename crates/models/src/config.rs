@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::rope_scaling::RopeScaling;
+
 /// How token positions enter the model.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
@@ -12,6 +14,9 @@ pub enum Position {
     Rope {
         /// Base of the inverse frequencies (10000 in Llama 2, 500000 in Llama 3).
         theta: f64,
+        /// Long-context frequency scaling (Llama 3.1 and later); absent: none.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        scaling: Option<RopeScaling>,
     },
     /// Per-head linear attention biases (BLOOM).
     Alibi,
@@ -156,7 +161,8 @@ impl DecoderConfig {
                 ),
             });
         }
-        if let Position::Rope { theta } = self.position {
+        if let Position::Rope { theta, scaling } = &self.position {
+            let theta = *theta;
             if !self.head_dim().is_multiple_of(2) {
                 return Err(ConfigError {
                     field: "hidden_size",
@@ -171,6 +177,9 @@ impl DecoderConfig {
                     field: "position.theta",
                     problem: format!("must be positive, got {theta}"),
                 });
+            }
+            if let Some(s) = scaling {
+                s.validate()?;
             }
         }
         if self.norm_eps.is_nan() || self.norm_eps <= 0.0 {

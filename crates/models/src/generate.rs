@@ -57,6 +57,8 @@ fn pick(logits: &[f32], s: &SamplingConfig, rng: &mut StdRng) -> u32 {
 }
 
 /// Generates up to `max_new` tokens after `prompt` and returns only the new ids.
+/// Generation also ends right after any id in `stop` (end-of-sequence ids;
+/// the stop id is returned, as `transformers` does).
 ///
 /// With `use_cache` the prompt is run once and each new token attends to the
 /// cached keys and values; without it every step re-runs the whole sequence
@@ -67,6 +69,7 @@ pub fn generate<B: KernelBackend>(
     prompt: &[u32],
     max_new: usize,
     sampling: &SamplingConfig,
+    stop: &[u32],
     use_cache: bool,
     device: &B::Device,
 ) -> Vec<u32> {
@@ -101,6 +104,9 @@ pub fn generate<B: KernelBackend>(
         let next = pick(&last_row(logits), sampling, &mut rng);
         seq.push(next);
         out.push(next);
+        if stop.contains(&next) {
+            break;
+        }
     }
     out
 }

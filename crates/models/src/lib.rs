@@ -12,7 +12,9 @@ mod init;
 pub mod layers;
 pub mod ops;
 pub mod presets;
+pub mod rope_scaling;
 
 pub use config::{ConfigError, DecoderConfig, Kernels, MlpKind, NormKind, Position};
 pub use decoder::{Decoder, KvCache};
 pub use generate::{generate, SamplingConfig};
+pub use rope_scaling::RopeScaling;

@@ -2,6 +2,7 @@
 //! presets that train on a CPU in minutes.
 
 use crate::config::{DecoderConfig, MlpKind, NormKind, Position};
+use crate::rope_scaling::RopeScaling;
 
 /// Every preset name, in the order they are listed to users.
 pub const PRESET_NAMES: &[&str] = &[
@@ -15,6 +16,10 @@ pub const PRESET_NAMES: &[&str] = &[
     "llama2-7b",
     "llama3-8b",
     "llama3-70b",
+    "llama3.1-8b",
+    "llama3.1-70b",
+    "llama3.2-1b",
+    "llama3.2-3b",
     "bloom-560m",
     "bloom-7b1",
     "bloom-176b",
@@ -62,7 +67,10 @@ pub(crate) fn llama(
         n_kv_heads: kv_heads,
         ffn_size: ffn,
         max_seq_len: max_seq,
-        position: Position::Rope { theta },
+        position: Position::Rope {
+            theta,
+            scaling: None,
+        },
         norm: NormKind::RmsNorm,
         norm_eps: 1e-5,
         mlp: MlpKind::Swiglu,
@@ -72,6 +80,30 @@ pub(crate) fn llama(
         init_std: 0.02,
         kernels: None,
     }
+}
+
+/// Llama 3.1 / 3.2 (published `config.json`): a Llama 3 shape with a 131072
+/// token context, reached by `llama3` RoPE scaling of an 8192 token one.
+fn llama31(
+    hidden: usize,
+    layers: usize,
+    heads: usize,
+    ffn: usize,
+    factor: f64,
+    tied_head: bool,
+) -> DecoderConfig {
+    let mut c = llama(128256, hidden, layers, heads, 8, ffn, 131072, 500000.0);
+    c.position = Position::Rope {
+        theta: 500000.0,
+        scaling: Some(RopeScaling::Llama3 {
+            factor,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192,
+        }),
+    };
+    c.tied_head = tied_head;
+    c
 }
 
 /// The BLOOM family at a given width, depth and head count (published defaults elsewhere).
@@ -121,6 +153,10 @@ pub fn preset(name: &str) -> Option<DecoderConfig> {
         "llama2-7b" => llama(32000, 4096, 32, 32, 32, 11008, 4096, 10000.0),
         "llama3-8b" => llama(128256, 4096, 32, 32, 8, 14336, 8192, 500000.0),
         "llama3-70b" => llama(128256, 8192, 80, 64, 8, 28672, 8192, 500000.0),
+        "llama3.1-8b" => llama31(4096, 32, 32, 14336, 8.0, false),
+        "llama3.1-70b" => llama31(8192, 80, 64, 28672, 8.0, false),
+        "llama3.2-1b" => llama31(2048, 16, 32, 8192, 32.0, true),
+        "llama3.2-3b" => llama31(3072, 28, 24, 8192, 32.0, true),
         "bloom-560m" => bloom(1024, 24, 16),
         "bloom-7b1" => bloom(4096, 30, 32),
         "bloom-176b" => bloom(14336, 70, 112),
@@ -144,6 +180,10 @@ mod tests {
             ("llama2-7b", 6_738_415_616),
             ("llama3-8b", 8_030_261_248),
             ("llama3-70b", 70_553_706_496),
+            ("llama3.1-8b", 8_030_261_248),
+            ("llama3.1-70b", 70_553_706_496),
+            ("llama3.2-1b", 1_235_814_400),
+            ("llama3.2-3b", 3_212_749_824),
             ("bloom-560m", 559_214_592),
             ("bloom-7b1", 7_069_016_064),
             ("bloom-176b", 176_247_271_424),

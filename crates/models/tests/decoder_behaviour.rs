@@ -97,9 +97,27 @@ fn cached_and_uncached_greedy_decoding_agree() {
     for name in FAMILIES {
         let dev = Default::default();
         let m = Decoder::<B>::new(&tiny(name), 5, &dev).unwrap();
-        let with = generate(&m, &[1, 2, 3], 16, &greedy, true, &dev);
-        let without = generate(&m, &[1, 2, 3], 16, &greedy, false, &dev);
+        let with = generate(&m, &[1, 2, 3], 16, &greedy, &[], true, &dev);
+        let without = generate(&m, &[1, 2, 3], 16, &greedy, &[], false, &dev);
         assert_eq!(with.len(), 16);
         assert_eq!(with, without, "{name}");
+    }
+}
+
+#[test]
+fn generation_stops_right_after_an_end_of_sequence_id() {
+    let greedy = SamplingConfig {
+        temperature: 0.0,
+        top_k: 0,
+        seed: 0,
+    };
+    let dev = Default::default();
+    let m = Decoder::<B>::new(&tiny("llama-mini"), 5, &dev).unwrap();
+    let free = generate(&m, &[1, 2, 3], 16, &greedy, &[], true, &dev);
+    let eos = free[5];
+    let first = free.iter().position(|&t| t == eos).unwrap();
+    for cached in [true, false] {
+        let stopped = generate(&m, &[1, 2, 3], 16, &greedy, &[eos, 10_000], cached, &dev);
+        assert_eq!(stopped, free[..=first], "cache: {cached}");
     }
 }

@@ -17,7 +17,7 @@ use burn_wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use ferrotron_engine::lm::{CausalLm, LmUnits};
 use ferrotron_models::ops::TrainBackend;
 use ferrotron_models::presets::preset;
-use ferrotron_models::{Decoder, DecoderConfig, Kernels, KvCache};
+use ferrotron_models::{Decoder, DecoderConfig, Kernels, KvCache, Position, RopeScaling};
 
 type Gpu = Autodiff<CubeBackend<WgpuRuntime, f32, i32, u32>>;
 type Cpu = Autodiff<Flex>;
@@ -27,8 +27,11 @@ type Cpu = Autodiff<Flex>;
 /// sums run in a different order; seen: gradients 6.1e-7).
 const TOLERANCE: f32 = 1e-5;
 
+/// A small model of family `name`; Llama gets Llama 3.1 RoPE scaling over a
+/// 16-token original context, so the scaled inverse frequencies (the fused
+/// kernel's input) change the 19 positions the tests run.
 fn tiny(name: &str, kernels: Kernels) -> DecoderConfig {
-    DecoderConfig {
+    let mut c = DecoderConfig {
         vocab_size: 96,
         hidden_size: 96,
         n_layers: 2,
@@ -36,7 +39,16 @@ fn tiny(name: &str, kernels: Kernels) -> DecoderConfig {
         max_seq_len: 32,
         kernels: Some(kernels),
         ..preset(name).unwrap()
+    };
+    if let Position::Rope { scaling, .. } = &mut c.position {
+        *scaling = Some(RopeScaling::Llama3 {
+            factor: 4.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 16,
+        });
     }
+    c
 }
 
 /// What one forward + backward produced, on the host.

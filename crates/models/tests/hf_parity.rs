@@ -1,8 +1,9 @@
 //! Numerical parity with Hugging Face `transformers` on the committed
 //! fixtures of `scripts/make_hf_fixtures.py` (fp32, CPU): logits, loss,
 //! gradients of every parameter, parameters after 3 AdamW steps, and greedy
-//! generation, for GPT-2, Llama (GQA, untied, theta 500000; and tied) and
-//! BLOOM (ALiBi with 6 heads).
+//! generation, for GPT-2, Llama (GQA, untied, theta 500000; tied; with
+//! Llama 3.1 `llama3` and with `linear` RoPE scaling) and BLOOM (ALiBi with
+//! 6 heads).
 
 #![cfg(feature = "flex")]
 
@@ -13,18 +14,25 @@ use burn::backend::{Autodiff, Flex};
 use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor, TensorData};
-use ferrotron_engine::checkpoint::load_safetensors;
+use ferrotron_engine::checkpoint::{load_safetensors, FloatDtype};
 use ferrotron_engine::data::Batch;
 use ferrotron_engine::optim::{AdamWConfig, LrSchedule};
 use ferrotron_engine::params::{load_named_tensors, named_tensors};
-use ferrotron_models::hf::{convert_to_ours, load_hf_dir, HfModel};
+use ferrotron_models::hf::{convert_to_ours, load_hf_dir, save_hf_dir, ExportOptions, HfModel};
 use ferrotron_models::ops::cross_entropy;
 use ferrotron_models::{generate, Decoder, SamplingConfig};
 use ferrotron_parallel::train::{StepConfig, Trainer};
 
 type B = Autodiff<Flex>;
 
-const FAMILIES: &[&str] = &["gpt2", "llama", "llama_tied", "bloom"];
+const FAMILIES: &[&str] = &[
+    "gpt2",
+    "llama",
+    "llama_tied",
+    "bloom",
+    "llama3_scaled",
+    "llama_linear",
+];
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -280,6 +288,7 @@ fn greedy_generation_matches_transformers_with_and_without_cache() {
                 &prompt,
                 want.len(),
                 &greedy,
+                &[],
                 cached,
                 &Default::default(),
             );
@@ -295,12 +304,24 @@ fn export_then_import_gives_back_the_same_tensors() {
         let c = case(name);
         let out = dir.join(name);
         let tensors: Vec<(String, TensorData)> = c.hf.tensors.clone().into_iter().collect();
-        ferrotron_models::hf::save_hf_dir(&out, &c.hf.config, &tensors, c.hf.tokenizer.as_deref())
-            .unwrap();
+        let options = ExportOptions {
+            special: c.hf.special.clone(),
+            ..ExportOptions::default()
+        };
+        save_hf_dir(
+            &out,
+            &c.hf.config,
+            &tensors,
+            c.hf.tokenizer.as_deref(),
+            &options,
+        )
+        .unwrap();
         let back = load_hf_dir(&out).unwrap();
         assert_eq!(back.config, c.hf.config, "{name}");
         assert_eq!(back.tensors, c.hf.tensors, "{name}");
         assert_eq!(back.tokenizer.is_some(), c.hf.tokenizer.is_some(), "{name}");
+        assert_eq!(back.special, c.hf.special, "{name}");
+        assert_eq!(back.dtype, FloatDtype::F32, "{name}");
         // The written file holds exactly the tensors transformers saves.
         let mut written: Vec<String> = load_safetensors(&out.join("model.safetensors"))
             .unwrap()
@@ -314,6 +335,59 @@ fn export_then_import_gives_back_the_same_tensors() {
         written.sort();
         original.sort();
         assert_eq!(written, original, "{name}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn sharded_exports_round_trip_and_bf16_ones_round_to_bf16() {
+    let dir = std::env::temp_dir().join(format!("ferrotron-hf-shards-{}", std::process::id()));
+    let c = case("llama3_scaled");
+    let tensors: Vec<(String, TensorData)> = c.hf.tensors.clone().into_iter().collect();
+    for (dtype, max_shard_size) in [(FloatDtype::F32, 8000), (FloatDtype::Bf16, 4000)] {
+        let out = dir.join(format!("{dtype:?}"));
+        let options = ExportOptions {
+            dtype,
+            max_shard_size,
+            special: c.hf.special.clone(),
+        };
+        save_hf_dir(&out, &c.hf.config, &tensors, None, &options).unwrap();
+        assert!(!out.join("model.safetensors").exists(), "{dtype:?}");
+        let index: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(out.join("model.safetensors.index.json")).unwrap(),
+        )
+        .unwrap();
+        let files: std::collections::BTreeSet<&str> = index["weight_map"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        let n = files.len();
+        assert!(n > 2, "{dtype:?}: {n} shards");
+        for (k, file) in files.iter().enumerate() {
+            assert_eq!(*file, format!("model-{:05}-of-{n:05}.safetensors", k + 1));
+            let bytes = std::fs::metadata(out.join(file)).unwrap().len();
+            // Shard data stays under the limit (plus the small header); no
+            // tensor of this model exceeds it on its own.
+            assert!(bytes < max_shard_size + 2048, "{file}: {bytes} bytes");
+        }
+        let back = load_hf_dir(&out).unwrap();
+        assert_eq!(back.config, c.hf.config);
+        assert_eq!(back.dtype, dtype);
+        for (name, want) in &c.hf.tensors {
+            let (got, want) = (values(back.tensors[name].clone()), values(want.clone()));
+            for (g, w) in got.iter().zip(&want) {
+                // bf16 keeps 8 significant bits: rounding to nearest moves
+                // a value by at most half an ulp, <= 2^-8 of its magnitude.
+                let tol = if dtype == FloatDtype::Bf16 {
+                    w.abs() * 2f32.powi(-8)
+                } else {
+                    0.0
+                };
+                assert!((g - w).abs() <= tol, "{dtype:?} {name}: {g} vs {w}");
+            }
+        }
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -62,7 +62,10 @@ fn norms_match_their_definitions() {
 fn rope_rotates_each_pair_by_position_times_frequency() {
     let (len, d, start, theta) = (5, 8, 3, 10000.0);
     let ctx = PositionContext::<B>::new(
-        &Position::Rope { theta },
+        &Position::Rope {
+            theta,
+            scaling: None,
+        },
         1,
         d,
         start,

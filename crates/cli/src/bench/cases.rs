@@ -57,7 +57,7 @@ pub enum Case {
 /// Norm epsilon of both paths.
 pub const NORM_EPS: f32 = 1e-5;
 /// RoPE base of both paths.
-pub const ROPE_THETA: f32 = 10_000.0;
+pub const ROPE_THETA: f64 = 10_000.0;
 /// Attention sequence lengths of the default sweep, tokens.
 pub const ATTENTION_SEQS: [usize; 5] = [256, 512, 1024, 2048, 4096];
 

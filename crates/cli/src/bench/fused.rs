@@ -14,6 +14,7 @@ use ferrotron_kernels::norm::layer::{layer_norm_backward, layer_norm_forward};
 use ferrotron_kernels::norm::rms::{rms_norm_backward, rms_norm_forward};
 use ferrotron_kernels::rope::{rope_backward, rope_forward, RopeShape};
 use ferrotron_kernels::swiglu::{swiglu_backward, swiglu_forward};
+use ferrotron_models::rope_scaling::inv_freq;
 
 use super::cases::{pattern, targets, Case, NORM_EPS, ROPE_THETA};
 use super::kernels::Sample;
@@ -178,10 +179,11 @@ fn norm<R: Runtime>(
 fn rope<R: Runtime>(client: &ComputeClient<R>, base: u64, shape: RopeShape) -> Result<Sample> {
     let n = shape.batch * shape.heads * shape.seq * shape.head_dim;
     let (x, d_x) = (rand(client, n, 1), ones(client, n));
+    let freqs = upload(client, &inv_freq(ROPE_THETA, None, shape.head_dim));
     sync(client)?;
     let start = Instant::now();
-    rope_forward(client, &x, shape, 0, ROPE_THETA)?;
-    rope_backward(client, &d_x, shape, 0, ROPE_THETA)?;
+    rope_forward(client, &x, &freqs, shape, 0)?;
+    rope_backward(client, &d_x, &freqs, shape, 0)?;
     finish(client, start, base)
 }
 

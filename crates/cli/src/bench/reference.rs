@@ -11,6 +11,7 @@ use ferrotron_models::layers::Norm;
 use ferrotron_models::ops::{
     attention_reference, cross_entropy, rope_reference, swiglu, KernelBackend,
 };
+use ferrotron_models::rope_scaling::inv_freq;
 use ferrotron_models::{Kernels, NormKind};
 
 use super::cases::{pattern, targets, Case, NORM_EPS, ROPE_THETA};
@@ -133,18 +134,16 @@ fn timed_backward<B: AutodiffBackend, const D: usize>(
 }
 
 /// RoPE `cos` and `sin` tables `[1, 1, seq, head_dim]` for positions
-/// `0..seq`, angle `pos * theta^(-2 i / head_dim)` radians, repeated over
-/// both halves of the head (the `rotate_half` convention of `rope_reference`).
+/// `0..seq`, angle `pos * inv_freq[i]` radians (unscaled, base
+/// [`ROPE_THETA`]), repeated over both halves of the head (the `rotate_half`
+/// convention of `rope_reference`).
 fn rope_tables<B: AutodiffBackend>(
     seq: usize,
     head_dim: usize,
     dev: &B::Device,
 ) -> (Tensor<B, 4>, Tensor<B, 4>) {
-    let half = head_dim / 2;
-    let angle = |s: usize, j: usize| {
-        let i = (j % half) as f32;
-        s as f32 * ROPE_THETA.powf(-2.0 * i / head_dim as f32)
-    };
+    let freqs = inv_freq(ROPE_THETA, None, head_dim);
+    let angle = |s: usize, j: usize| s as f32 * freqs[j % freqs.len()];
     let table = |f: fn(f32) -> f32| {
         let v: Vec<f32> = (0..seq * head_dim)
             .map(|n| f(angle(n / head_dim, n % head_dim)))

@@ -1,14 +1,17 @@
 //! `config.json` of a Hugging Face model directory to and from [`DecoderConfig`].
 //!
 //! Only what changes the computation is read; a field whose value we do not
-//! implement (Llama 3 `rope_scaling`, attention biases in Llama, BLOOM's
-//! residual after the norm, ...) is an error naming the field rather than a
-//! silently different model.
+//! implement (a RoPE scaling type other than `linear` and `llama3`, attention
+//! biases in Llama, BLOOM's residual after the norm, ...) is an error naming
+//! the field rather than a silently different model. RoPE scaling is read
+//! from `rope_scaling` (transformers 4) or `rope_parameters` (transformers 5)
+//! and written to both.
 
 use std::path::Path;
 
 use serde_json::{json, Map, Value};
 
+use super::rope::{rope, rope_json};
 use super::HfError;
 use crate::config::{DecoderConfig, MlpKind, NormKind, Position};
 use crate::presets;
@@ -79,13 +82,15 @@ impl Family {
 }
 
 /// Reads fields of one `config.json`, naming the file and field in errors.
-struct Fields<'a> {
-    path: String,
-    map: &'a Map<String, Value>,
+pub(super) struct Fields<'a> {
+    /// The file, for errors.
+    pub(super) path: String,
+    /// Its (sub-)object.
+    pub(super) map: &'a Map<String, Value>,
 }
 
 impl Fields<'_> {
-    fn err(&self, field: &str, problem: impl Into<String>) -> HfError {
+    pub(super) fn err(&self, field: &str, problem: impl Into<String>) -> HfError {
         HfError::Field {
             path: self.path.clone(),
             field: field.to_string(),
@@ -94,11 +99,11 @@ impl Fields<'_> {
     }
 
     /// The value of `field`, treating JSON `null` as absent.
-    fn get(&self, field: &str) -> Option<&Value> {
+    pub(super) fn get(&self, field: &str) -> Option<&Value> {
         self.map.get(field).filter(|v| !v.is_null())
     }
 
-    fn usize_or(&self, field: &str, default: Option<usize>) -> Result<usize, HfError> {
+    pub(super) fn usize_or(&self, field: &str, default: Option<usize>) -> Result<usize, HfError> {
         match self.get(field) {
             None => default.ok_or_else(|| self.err(field, "is missing")),
             Some(v) => v
@@ -109,11 +114,11 @@ impl Fields<'_> {
         }
     }
 
-    fn usize(&self, field: &str) -> Result<usize, HfError> {
+    pub(super) fn usize(&self, field: &str) -> Result<usize, HfError> {
         self.usize_or(field, None)
     }
 
-    fn f64_or(&self, field: &str, default: f64) -> Result<f64, HfError> {
+    pub(super) fn f64_or(&self, field: &str, default: f64) -> Result<f64, HfError> {
         match self.get(field) {
             None => Ok(default),
             Some(v) => v
@@ -122,7 +127,7 @@ impl Fields<'_> {
         }
     }
 
-    fn bool_or(&self, field: &str, default: bool) -> Result<bool, HfError> {
+    pub(super) fn bool_or(&self, field: &str, default: bool) -> Result<bool, HfError> {
         match self.get(field) {
             None => Ok(default),
             Some(v) => v
@@ -131,7 +136,7 @@ impl Fields<'_> {
         }
     }
 
-    fn str_or<'s>(&'s self, field: &str, default: &'s str) -> Result<&'s str, HfError> {
+    pub(super) fn str_or<'s>(&'s self, field: &str, default: &'s str) -> Result<&'s str, HfError> {
         match self.get(field) {
             None => Ok(default),
             Some(v) => v
@@ -194,7 +199,7 @@ fn family(f: &Fields<'_>) -> Result<Family, HfError> {
 /// [`HfError::Io`] if the file cannot be read or parsed,
 /// [`HfError::Architecture`] for another model family, [`HfError::Field`]
 /// naming the field that is missing, mistyped or unsupported (for example a
-/// non-null `rope_scaling`), or a field error for a shape our decoder rejects.
+/// `rope_scaling.rope_type` other than default, linear and llama3), or a field error for a shape our decoder rejects.
 pub fn from_hf_config(path: &Path) -> Result<(Family, DecoderConfig), HfError> {
     let p = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| HfError::Io {
@@ -250,30 +255,7 @@ fn parse(f: &Fields<'_>) -> Result<(Family, DecoderConfig), HfError> {
                 "Llama attention biases are not implemented",
             )?;
             f.require_bool("mlp_bias", false, "Llama MLP biases are not implemented")?;
-            if f.get("rope_scaling").is_some() {
-                return Err(f.err(
-                    "rope_scaling",
-                    "must be null: RoPE scaling (e.g. Llama 3.1 'llama3') is not implemented",
-                ));
-            }
-            let mut theta = f.f64_or("rope_theta", 10000.0)?;
-            if let Some(rp) = f.get("rope_parameters") {
-                let rp = rp
-                    .as_object()
-                    .ok_or_else(|| f.err("rope_parameters", "must be an object"))?;
-                let sub = Fields {
-                    path: f.path.clone(),
-                    map: rp,
-                };
-                let kind = sub.str_or("rope_type", "default")?;
-                if kind != "default" {
-                    return Err(f.err(
-                        "rope_parameters.rope_type",
-                        format!("is '{kind}'; only 'default' RoPE is implemented"),
-                    ));
-                }
-                theta = sub.f64_or("rope_theta", theta)?;
-            }
+            let (theta, scaling) = rope(f)?;
             let hidden = f.usize("hidden_size")?;
             let heads = f.usize("num_attention_heads")?;
             if let Some(hd) = f.get("head_dim") {
@@ -288,6 +270,7 @@ fn parse(f: &Fields<'_>) -> Result<(Family, DecoderConfig), HfError> {
                 }
             }
             DecoderConfig {
+                position: Position::Rope { theta, scaling },
                 norm_eps: f.f64_or("rms_norm_eps", 1e-6)?,
                 tied_head: f.bool_or("tie_word_embeddings", false)?,
                 init_std,
@@ -360,9 +343,10 @@ pub fn to_hf_config(c: &DecoderConfig) -> Result<(Family, Value), HfError> {
             "attn_pdrop": 0.0,
         }),
         Family::Llama => {
-            let Position::Rope { theta } = c.position else {
+            let Position::Rope { theta, scaling } = &c.position else {
                 unreachable!("Family::of checked the position")
             };
+            let (rope_scaling, rope_parameters) = rope_json(*theta, scaling.as_ref());
             json!({
                 "hidden_size": c.hidden_size,
                 "num_hidden_layers": c.n_layers,
@@ -373,8 +357,8 @@ pub fn to_hf_config(c: &DecoderConfig) -> Result<(Family, Value), HfError> {
                 "rms_norm_eps": c.norm_eps,
                 "hidden_act": "silu",
                 "rope_theta": theta,
-                "rope_scaling": null,
-                "rope_parameters": {"rope_type": "default", "rope_theta": theta},
+                "rope_scaling": rope_scaling,
+                "rope_parameters": rope_parameters,
                 "attention_bias": false,
                 "mlp_bias": false,
                 "attention_dropout": 0.0,
@@ -397,7 +381,6 @@ pub fn to_hf_config(c: &DecoderConfig) -> Result<(Family, Value), HfError> {
     map.insert("vocab_size".into(), json!(c.vocab_size));
     map.insert("tie_word_embeddings".into(), json!(c.tied_head));
     map.insert("initializer_range".into(), json!(c.init_std));
-    map.insert("torch_dtype".into(), json!("float32"));
     Ok((fam, v))
 }
 
@@ -421,6 +404,8 @@ mod tests {
             "bloom-mini",
             "gpt2",
             "llama3-8b",
+            "llama3.1-8b",
+            "llama3.2-1b",
             "bloom-560m",
         ] {
             let c = presets::preset(name).unwrap();
@@ -436,11 +421,33 @@ mod tests {
         let (_, mut v) = to_hf_config(&presets::preset("llama3-8b").unwrap()).unwrap();
         v["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0});
         let e = fields(&v).unwrap_err().to_string();
-        assert!(e.contains("'rope_scaling'"), "{e}");
-        v["rope_scaling"] = Value::Null;
-        v["rope_parameters"] = json!({"rope_type": "llama3", "rope_theta": 5e5});
+        assert!(
+            e.contains("'rope_scaling.low_freq_factor' is missing"),
+            "{e}"
+        );
+        v["rope_scaling"] = json!({"type": "dynamic", "factor": 2.0});
         let e = fields(&v).unwrap_err().to_string();
-        assert!(e.contains("rope_parameters.rope_type"), "{e}");
+        assert!(
+            e.contains("rope_scaling.rope_type") && e.contains("'dynamic'"),
+            "{e}"
+        );
+        v["rope_scaling"] = json!({"rope_type": "linear", "factor": 2.0, "beta_fast": 32});
+        let e = fields(&v).unwrap_err().to_string();
+        assert!(e.contains("rope_scaling.beta_fast"), "{e}");
+        v["rope_scaling"] = Value::Null;
+        v["rope_parameters"] = json!({"rope_type": "yarn", "rope_theta": 5e5});
+        let e = fields(&v).unwrap_err().to_string();
+        assert!(
+            e.contains("rope_parameters.rope_type") && e.contains("'yarn'"),
+            "{e}"
+        );
+        v["rope_parameters"] = json!({"rope_type": "linear", "factor": 0.5});
+        let e = fields(&v).unwrap_err().to_string();
+        assert!(e.contains("rope_parameters.factor"), "{e}");
+        v["rope_scaling"] = json!({"rope_type": "linear", "factor": 2.0});
+        v["rope_parameters"] = json!({"rope_type": "linear", "factor": 4.0});
+        let e = fields(&v).unwrap_err().to_string();
+        assert!(e.contains("'rope_parameters' describes a different"), "{e}");
         v["architectures"] = json!(["MistralForCausalLM"]);
         let e = fields(&v).unwrap_err().to_string();
         assert!(e.contains("MistralForCausalLM"), "{e}");
@@ -460,6 +467,36 @@ mod tests {
             json!({"rope_type": "default", "rope_theta": 500000.0}),
         );
         let (_, c) = fields(&v).unwrap();
-        assert_eq!(c.position, Position::Rope { theta: 500000.0 });
+        assert_eq!(
+            c.position,
+            Position::Rope {
+                theta: 500000.0,
+                scaling: None
+            }
+        );
+    }
+
+    #[test]
+    fn llama31_rope_scaling_is_read_from_either_key() {
+        // As in Meta's Llama 3.1 config.json (transformers 4 layout).
+        let (_, mut v) = to_hf_config(&presets::preset("llama3-8b").unwrap()).unwrap();
+        let m = v.as_object_mut().unwrap();
+        m.remove("rope_parameters");
+        m.insert("max_position_embeddings".into(), json!(131072));
+        m.insert(
+            "rope_scaling".into(),
+            json!({"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"}),
+        );
+        let (_, c) = fields(&v).unwrap();
+        assert_eq!(c, presets::preset("llama3.1-8b").unwrap());
+        // transformers 5 layout: only rope_parameters, with the theta inside.
+        let m = v.as_object_mut().unwrap();
+        let mut rp = m.remove("rope_scaling").unwrap();
+        rp["rope_theta"] = json!(500000.0);
+        m.remove("rope_theta");
+        m.insert("rope_parameters".into(), rp);
+        let (_, c) = fields(&v).unwrap();
+        assert_eq!(c, presets::preset("llama3.1-8b").unwrap());
     }
 }

@@ -4,10 +4,13 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use burn::tensor::TensorData;
-use ferrotron_engine::checkpoint::{save_safetensors, write_atomic};
+use ferrotron_engine::checkpoint::{write_atomic, FloatDtype};
+use serde_json::json;
 
 use super::config::to_hf_config;
+use super::generation::SpecialTokens;
 use super::names::rules;
+use super::shards::{write_shards, DEFAULT_MAX_SHARD_SIZE};
 use super::HfError;
 use crate::config::DecoderConfig;
 
@@ -18,9 +21,32 @@ fn io(path: &Path, message: impl std::fmt::Display) -> HfError {
     }
 }
 
-/// Writes `config.json`, `model.safetensors` (f32, Hugging Face names and
-/// layouts) and, when given, a copy of `tokenizer` as `tokenizer.json` into
-/// `dir` (created if missing), so that `transformers`'
+/// How [`save_hf_dir`] writes the weights and what it states besides them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExportOptions {
+    /// Storage dtype of the weights (also `torch_dtype` in `config.json`).
+    pub dtype: FloatDtype,
+    /// Largest shard, in bytes of tensor data (see `shards`).
+    pub max_shard_size: u64,
+    /// Written to `generation_config.json`.
+    pub special: SpecialTokens,
+}
+
+impl Default for ExportOptions {
+    /// f32, 5 GB shards, no special ids.
+    fn default() -> Self {
+        Self {
+            dtype: FloatDtype::F32,
+            max_shard_size: DEFAULT_MAX_SHARD_SIZE,
+            special: SpecialTokens::default(),
+        }
+    }
+}
+
+/// Writes `config.json`, `generation_config.json`, the weights (Hugging Face
+/// names and layouts, `options.dtype`, one `model.safetensors` or shards with
+/// `model.safetensors.index.json`) and, when given, a copy of `tokenizer` as
+/// `tokenizer.json` into `dir` (created if missing), so that `transformers`'
 /// `AutoModelForCausalLM.from_pretrained(dir)` loads the model.
 ///
 /// `tensors` are our named parameters (`ferrotron_engine::params::named_tensors`).
@@ -36,8 +62,11 @@ pub fn save_hf_dir(
     config: &DecoderConfig,
     tensors: &[(String, TensorData)],
     tokenizer: Option<&Path>,
+    options: &ExportOptions,
 ) -> Result<(), HfError> {
-    let (family, json) = to_hf_config(config)?;
+    let (family, mut json) = to_hf_config(config)?;
+    json["torch_dtype"] = json!(options.dtype.torch_name());
+    json["dtype"] = json!(options.dtype.torch_name());
     let ours: BTreeMap<&str, &TensorData> = tensors.iter().map(|(n, d)| (n.as_str(), d)).collect();
     let mut hf: BTreeMap<String, (Vec<usize>, Vec<f32>)> = BTreeMap::new();
     for rule in rules(family, config) {
@@ -74,8 +103,11 @@ pub fn save_hf_dir(
         .into_iter()
         .map(|(name, (shape, values))| (name, TensorData::new(values, shape)))
         .collect();
-    let weights = dir.join("model.safetensors");
-    save_safetensors(&weights, &named).map_err(|e| io(&weights, e))?;
+    write_shards(dir, &named, options.dtype, options.max_shard_size)?;
+    let generation = dir.join("generation_config.json");
+    let text = serde_json::to_string_pretty(&options.special.generation_config())
+        .expect("a JSON value serialises");
+    write_atomic(&generation, text.as_bytes()).map_err(|e| io(&generation, e))?;
     if let Some(tok) = tokenizer {
         let bytes = std::fs::read(tok).map_err(|e| io(tok, e))?;
         let dest = dir.join("tokenizer.json");

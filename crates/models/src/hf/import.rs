@@ -4,10 +4,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use burn::tensor::TensorData;
-use ferrotron_engine::checkpoint::load_safetensors;
+use ferrotron_engine::checkpoint::{load_safetensors_typed, FloatDtype};
 use ferrotron_engine::data::Tokenizer;
 
 use super::config::{from_hf_config, Family};
+use super::generation::SpecialTokens;
 use super::names::{is_ignored_buffer, rules};
 use super::HfError;
 use crate::config::DecoderConfig;
@@ -25,6 +26,11 @@ pub struct HfModel {
     /// `tokenizer.json` of the directory, when there is one (its vocabulary
     /// is checked to fit `config.vocab_size`).
     pub tokenizer: Option<PathBuf>,
+    /// The dtype the weights were stored in (f32 when they mix dtypes).
+    pub dtype: FloatDtype,
+    /// Begin- and end-of-sequence ids (`generation_config.json`, `config.json`
+    /// or the tokenizer).
+    pub special: SpecialTokens,
 }
 
 fn io(path: &Path, message: impl std::fmt::Display) -> HfError {
@@ -37,12 +43,16 @@ fn io(path: &Path, message: impl std::fmt::Display) -> HfError {
 /// Every tensor of the directory's weights, by its name in the file(s).
 ///
 /// Reads `model.safetensors`, or the shards listed in the `weight_map` of
-/// `model.safetensors.index.json`. F32, F16 and BF16 are read as f32.
-fn read_weights(dir: &Path) -> Result<(BTreeMap<String, TensorData>, String), HfError> {
+/// `model.safetensors.index.json`. F32, F16 and BF16 are read as f32; the
+/// dtype returned is the one all files share (f32 when they mix dtypes).
+type Weights = (BTreeMap<String, TensorData>, String, FloatDtype);
+
+fn read_weights(dir: &Path) -> Result<Weights, HfError> {
     let single = dir.join("model.safetensors");
     if single.exists() {
-        let t = load_safetensors(&single).map_err(|e| io(&single, e))?;
-        return Ok((t, single.display().to_string()));
+        let (t, dtype) = load_safetensors_typed(&single).map_err(|e| io(&single, e))?;
+        let dtype = dtype.unwrap_or(FloatDtype::F32);
+        return Ok((t, single.display().to_string(), dtype));
     }
     let index = dir.join("model.safetensors.index.json");
     if !index.exists() {
@@ -72,15 +82,22 @@ fn read_weights(dir: &Path) -> Result<(BTreeMap<String, TensorData>, String), Hf
         shards.insert(file.to_string());
     }
     let mut all = BTreeMap::new();
+    let mut common: Option<Option<FloatDtype>> = None;
     for shard in shards {
         let path = dir.join(&shard);
-        for (name, data) in load_safetensors(&path).map_err(|e| io(&path, e))? {
+        let (tensors, dtype) = load_safetensors_typed(&path).map_err(|e| io(&path, e))?;
+        common = Some(match common {
+            Some(c) if c != dtype => None,
+            _ => dtype,
+        });
+        for (name, data) in tensors {
             if all.insert(name.clone(), data).is_some() {
                 return Err(io(&path, format!("tensor '{name}' appears in two shards")));
             }
         }
     }
-    Ok((all, dir.display().to_string()))
+    let dtype = common.flatten().unwrap_or(FloatDtype::F32);
+    Ok((all, dir.display().to_string(), dtype))
 }
 
 /// Converts tensors under Hugging Face names and layouts (as in a model
@@ -178,12 +195,13 @@ pub fn convert_to_ours(
 /// model's `vocab_size`.
 pub fn load_hf_dir(dir: &Path) -> Result<HfModel, HfError> {
     let (family, config) = from_hf_config(&dir.join("config.json"))?;
-    let (raw, source) = read_weights(dir)?;
+    let (raw, source, dtype) = read_weights(dir)?;
     let tensors = convert_to_ours(family, &config, raw, &source)?;
     let tok_path = dir.join("tokenizer.json");
+    let mut tok = None;
     let tokenizer = if tok_path.exists() {
-        let tok = Tokenizer::from_file(&tok_path).map_err(|e| io(&tok_path, e))?;
-        let n = tok.get_vocab_size(true);
+        let t = tok.insert(Tokenizer::from_file(&tok_path).map_err(|e| io(&tok_path, e))?);
+        let n = t.get_vocab_size(true);
         if n > config.vocab_size {
             return Err(HfError::VocabMismatch {
                 path: tok_path.display().to_string(),
@@ -195,10 +213,13 @@ pub fn load_hf_dir(dir: &Path) -> Result<HfModel, HfError> {
     } else {
         None
     };
+    let special = SpecialTokens::read_dir(dir, tok.as_ref())?;
     Ok(HfModel {
         family,
         config,
         tensors,
         tokenizer,
+        dtype,
+        special,
     })
 }

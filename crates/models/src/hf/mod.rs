@@ -9,15 +9,21 @@
 //! - [`names`]: the table from our parameter names to Hugging Face tensor
 //!   names and layouts, per family.
 //! - [`import`]: [`load_hf_dir`], a directory to our named tensors.
-//! - [`export`]: [`save_hf_dir`], our named tensors to a directory.
+//! - [`export`]: [`save_hf_dir`], our named tensors to a directory, with
+//!   [`shards`] splitting the weights as `save_pretrained` does.
+//! - [`generation`]: the begin- and end-of-sequence ids.
 
 pub mod config;
 pub mod export;
+pub mod generation;
 pub mod import;
 pub mod names;
+mod rope;
+pub mod shards;
 
 pub use config::{from_hf_config, to_hf_config, Family};
-pub use export::save_hf_dir;
+pub use export::{save_hf_dir, ExportOptions};
+pub use generation::SpecialTokens;
 pub use import::{convert_to_ours, load_hf_dir, HfModel};
 
 /// Everything that can be wrong with a Hugging Face model directory or an export.

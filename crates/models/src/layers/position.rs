@@ -1,13 +1,15 @@
 //! Position information for one forward pass: RoPE and the attention bias
 //! (causal mask and ALiBi) for query positions `start..start+len`, in the
 //! form the chosen kernels want (host-built tables and bias matrix for the
-//! reference path, just `theta` and the ALiBi slopes for the fused one).
+//! reference path, the RoPE inverse frequencies and the ALiBi slopes for the
+//! fused one). Both RoPE forms come from the same `rope_scaling::inv_freq`.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
 use crate::config::Position;
 use crate::ops::{AttentionBias, KernelBackend, Rope};
+use crate::rope_scaling::inv_freq;
 
 /// Everything attention needs to know about positions in this pass.
 #[derive(Clone, Debug)]
@@ -34,12 +36,17 @@ impl<B: KernelBackend> PositionContext<B> {
     ) -> Self {
         let fused = fused && start == 0;
         let rope = match position {
-            Position::Rope { theta } if fused => Some(Rope::Fused {
-                theta: *theta as f32,
-            }),
-            Position::Rope { theta } => {
-                let (cos, sin) = rope_tables(*theta, head_dim, start, len, device);
-                Some(Rope::Tables(cos, sin))
+            Position::Rope { theta, scaling } => {
+                let freqs = inv_freq(*theta, scaling.as_ref(), head_dim);
+                Some(if fused {
+                    let n = freqs.len();
+                    Rope::Fused {
+                        inv_freq: Tensor::from_data(TensorData::new(freqs, [n]), device),
+                    }
+                } else {
+                    let (cos, sin) = rope_tables(&freqs, start, len, device);
+                    Rope::Tables(cos, sin)
+                })
             }
             _ => None,
         };
@@ -87,25 +94,22 @@ fn bias_matrix<B: Backend>(
     Tensor::from_data(TensorData::new(bias, [1, slopes.len(), len, keys]), device)
 }
 
-/// RoPE cosines and sines for positions `start..start+len`, computed in f32
-/// the way Hugging Face `transformers` does (`inv_freq = 1 / theta^(2i/d)`,
-/// angle = position x inv_freq, duplicated across both halves).
+/// RoPE cosines and sines `[1, 1, len, head_dim]` for positions
+/// `start..start+len`, computed in f32 the way Hugging Face `transformers`
+/// does (angle = position x inv_freq, duplicated across both halves), from
+/// the `head_dim / 2` inverse frequencies.
 fn rope_tables<B: Backend>(
-    theta: f64,
-    head_dim: usize,
+    inv_freq: &[f32],
     start: usize,
     len: usize,
     device: &B::Device,
 ) -> (Tensor<B, 4>, Tensor<B, 4>) {
-    let half = head_dim / 2;
-    let inv_freq: Vec<f32> = (0..half)
-        .map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32))
-        .collect();
+    let head_dim = 2 * inv_freq.len();
     let mut cos = Vec::with_capacity(len * head_dim);
     let mut sin = Vec::with_capacity(len * head_dim);
     for p in start..start + len {
         for _ in 0..2 {
-            for f in &inv_freq {
+            for f in inv_freq {
                 let angle = p as f32 * f;
                 cos.push(angle.cos());
                 sin.push(angle.sin());

@@ -106,8 +106,8 @@ impl<B: FusedKernels> Backward<B, 3> for LayerNormBackward {
 struct RopeBackward;
 
 impl<B: FusedKernels> Backward<B, 1> for RopeBackward {
-    /// `theta`.
-    type State = f32;
+    /// The inverse frequencies `[head_dim / 2]`.
+    type State = FloatTensor<B>;
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let d_y = grads.consume::<B>(&ops.node);
@@ -241,14 +241,18 @@ impl<B: FusedKernels, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
         }
     }
 
-    fn fused_rope(x: FloatTensor<Self>, theta: f32) -> FloatTensor<Self> {
+    fn fused_rope(x: FloatTensor<Self>, inv_freq: FloatTensor<Self>) -> FloatTensor<Self> {
+        // The frequencies are constants: no gradient flows to them.
+        let freqs = inv_freq.primitive;
         match RopeBackward
             .prepare::<C>([x.node.clone()])
             .compute_bound()
             .stateful()
         {
-            OpsKind::Tracked(prep) => prep.finish(theta, B::rope_forward(x.primitive, theta)),
-            OpsKind::UnTracked(prep) => prep.finish(B::rope_forward(x.primitive, theta)),
+            OpsKind::Tracked(prep) => {
+                prep.finish(freqs.clone(), B::rope_forward(x.primitive, freqs))
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::rope_forward(x.primitive, freqs)),
         }
     }
 

@@ -345,20 +345,20 @@ impl<R: CubeRuntime, BT: BoolElement> FusedKernels for Cube<R, BT> {
         [dx, d_weight, d_bias]
     }
 
-    fn rope_forward(x: FloatTensor<Self>, theta: f32) -> FloatTensor<Self> {
-        let x = owned(x);
+    fn rope_forward(x: FloatTensor<Self>, inv_freq: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (x, f) = (owned(x), contiguous(inv_freq));
         launched(
             "rope forward",
-            rope_forward(&x.client, &x.handle, rope_shape(&x), 0, theta),
+            rope_forward(&x.client, &x.handle, &f.handle, rope_shape(&x), 0),
         );
         x
     }
 
-    fn rope_backward(d_y: FloatTensor<Self>, theta: f32) -> FloatTensor<Self> {
-        let d_y = owned(d_y);
+    fn rope_backward(d_y: FloatTensor<Self>, inv_freq: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (d_y, f) = (owned(d_y), contiguous(inv_freq));
         launched(
             "rope backward",
-            rope_backward(&d_y.client, &d_y.handle, rope_shape(&d_y), 0, theta),
+            rope_backward(&d_y.client, &d_y.handle, &f.handle, rope_shape(&d_y), 0),
         );
         d_y
     }
@@ -429,8 +429,8 @@ impl<R: CubeRuntime, BT: BoolElement> KernelBackend for Cube<R, BT> {
         Self::layer_norm_forward(x, weight, bias, eps).0
     }
 
-    fn fused_rope(x: FloatTensor<Self>, theta: f32) -> FloatTensor<Self> {
-        Self::rope_forward(x, theta)
+    fn fused_rope(x: FloatTensor<Self>, inv_freq: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::rope_forward(x, inv_freq)
     }
 
     fn fused_cross_entropy(

@@ -84,12 +84,13 @@ pub trait FusedKernels: Backend {
     ) -> [FloatTensor<Self>; 3];
 
     /// RoPE (rotate-half) of `x` `[batch, heads, seq, head_dim]` at positions
-    /// `0..seq`, base `theta`. May reuse `x`'s buffer.
-    fn rope_forward(x: FloatTensor<Self>, theta: f32) -> FloatTensor<Self>;
+    /// `0..seq` with the per-pair inverse frequencies `inv_freq`
+    /// `[head_dim / 2]`. May reuse `x`'s buffer.
+    fn rope_forward(x: FloatTensor<Self>, inv_freq: FloatTensor<Self>) -> FloatTensor<Self>;
 
     /// The gradient of RoPE's input from that of its output (rotation by the
     /// negative angles). May reuse `d_y`'s buffer.
-    fn rope_backward(d_y: FloatTensor<Self>, theta: f32) -> FloatTensor<Self>;
+    fn rope_backward(d_y: FloatTensor<Self>, inv_freq: FloatTensor<Self>) -> FloatTensor<Self>;
 
     /// Mean softmax cross-entropy of `logits` `[rows, vocab]` against
     /// `targets` `[rows]` (nats, shape `[1]`) and its gradient with respect
@@ -151,7 +152,7 @@ pub trait KernelBackend: Backend {
     }
 
     /// Fused RoPE at positions `0..seq`.
-    fn fused_rope(_x: FloatTensor<Self>, _theta: f32) -> FloatTensor<Self> {
+    fn fused_rope(_x: FloatTensor<Self>, _inv_freq: FloatTensor<Self>) -> FloatTensor<Self> {
         no_fused_kernels::<Self>()
     }
 

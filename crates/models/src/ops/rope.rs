@@ -13,10 +13,11 @@ pub enum Rope<B: KernelBackend> {
     /// for the pass's positions.
     Tables(Tensor<B, 4>, Tensor<B, 4>),
     /// Fused path at positions `0..len`: the kernel computes the angles
-    /// `position * theta^(-2i / head_dim)` itself.
+    /// `position * inv_freq[i]` itself.
     Fused {
-        /// Base of the inverse frequencies.
-        theta: f32,
+        /// The per-pair inverse frequencies `[head_dim / 2]` (radians per
+        /// position), scaling included.
+        inv_freq: Tensor<B, 1>,
     },
 }
 
@@ -24,9 +25,9 @@ pub enum Rope<B: KernelBackend> {
 pub fn rope<B: KernelBackend>(x: Tensor<B, 4>, rope: &Rope<B>) -> Tensor<B, 4> {
     match rope {
         Rope::Tables(cos, sin) => rope_reference(x, cos, sin),
-        Rope::Fused { theta } => Tensor::from_primitive(TensorPrimitive::Float(B::fused_rope(
+        Rope::Fused { inv_freq } => Tensor::from_primitive(TensorPrimitive::Float(B::fused_rope(
             x.into_primitive().tensor(),
-            *theta,
+            inv_freq.clone().into_primitive().tensor(),
         ))),
     }
 }
