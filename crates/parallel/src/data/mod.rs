@@ -36,15 +36,18 @@ pub fn bucket_elems(bucket_mb: f64) -> usize {
 }
 
 /// Whole gradients of a step: summed over its micro-batches, averaged over
-/// the DP group once at the end (DDP and ZeRO-1).
+/// the DP group once at the end (DDP and ZeRO-1), then applied or dropped.
 pub struct ReplicatedGrads<M> {
     sum: GradientsAccumulator<M>,
+    /// The averaged gradients between `reduce` and `take`, and their bytes.
+    reduced: Option<(GradientsParams, usize)>,
 }
 
 impl<M> Default for ReplicatedGrads<M> {
     fn default() -> Self {
         Self {
             sum: GradientsAccumulator::new(),
+            reduced: None,
         }
     }
 }
@@ -58,34 +61,79 @@ impl<M> ReplicatedGrads<M> {
         self.sum.accumulate(model, grads);
     }
 
-    /// The step's gradients averaged over `group`, unit by unit of `layout`
-    /// (one all-reduce per unit); resets the sum for the next step.
-    pub fn averaged<B: AutodiffBackend>(
+    /// Ends the step's sum: averages it over `group`, unit by unit of
+    /// `layout` (one all-reduce per unit), keeps it for [`Self::take`] and
+    /// returns its global L2 norm.
+    pub fn reduce<B: AutodiffBackend>(
         &mut self,
         model: &M,
         group: &dyn Communicator,
         layout: &FlatLayout,
-    ) -> Result<GradientsParams, CommError>
+    ) -> Result<f64, CommError>
     where
         M: AutodiffModule<B>,
     {
-        let grads = self.sum.grads();
-        if group.world_size() == 1 {
-            return Ok(grads);
-        }
-        let mut take = TakeFlat::<B> {
-            grads,
-            flat: HashMap::new(),
+        let grads = averaged::<B, M>(self.sum.grads(), model, group, layout)?;
+        let mut bytes = GradBytes {
+            grads: &grads,
+            bytes: 0,
         };
-        model.visit(&mut take);
-        let TakeFlat { grads, mut flat } = take;
-        for unit in layout.units() {
-            average_unit(group, unit, &mut flat)?;
-        }
-        let mut put = PutBack::<B> { grads, flat };
-        model.visit(&mut put);
-        Ok(put.grads)
+        model.visit(&mut bytes);
+        let grad_bytes = bytes.bytes;
+        // Every rank holds every (averaged) gradient: nothing to add up across ranks.
+        let norm = global_norm(grad_squares(model, &grads), &SingleProcess)?;
+        self.reduced = Some((grads, grad_bytes));
+        Ok(norm)
     }
+
+    /// The reduced gradients, multiplied by `scale` if given, and the bytes
+    /// they held.
+    ///
+    /// # Panics
+    /// Without a [`Self::reduce`] since the last `take` or `discard`.
+    pub fn take<B: AutodiffBackend>(
+        &mut self,
+        model: &M,
+        scale: Option<f64>,
+    ) -> (GradientsParams, usize)
+    where
+        M: AutodiffModule<B>,
+    {
+        let (mut grads, bytes) = self.reduced.take().expect("take follows reduce");
+        if let Some(factor) = scale {
+            scale_grads(model, &mut grads, factor);
+        }
+        (grads, bytes)
+    }
+
+    /// Drops the reduced gradients (a skipped step).
+    pub fn discard(&mut self) {
+        self.reduced = None;
+    }
+}
+
+/// `grads` averaged over `group`, unit by unit of `layout`.
+fn averaged<B: AutodiffBackend, M: AutodiffModule<B>>(
+    grads: GradientsParams,
+    model: &M,
+    group: &dyn Communicator,
+    layout: &FlatLayout,
+) -> Result<GradientsParams, CommError> {
+    if group.world_size() == 1 {
+        return Ok(grads);
+    }
+    let mut take = TakeFlat::<B> {
+        grads,
+        flat: HashMap::new(),
+    };
+    model.visit(&mut take);
+    let TakeFlat { grads, mut flat } = take;
+    for unit in layout.units() {
+        average_unit(group, unit, &mut flat)?;
+    }
+    let mut put = PutBack::<B> { grads, flat };
+    model.visit(&mut put);
+    Ok(put.grads)
 }
 
 /// Replaces the flat gradients of `unit`'s parameters in `flat` by their
@@ -152,9 +200,6 @@ pub struct Ddp<B: AutodiffBackend, M> {
     layout: FlatLayout,
     device: B::Device,
     grads: ReplicatedGrads<M>,
-    /// The step's averaged gradients, between `reduce` and `apply`, and
-    /// their bytes.
-    reduced: Option<(GradientsParams, usize)>,
 }
 
 impl<B: AutodiffBackend, M: AutodiffModule<B>> Ddp<B, M> {
@@ -172,7 +217,6 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> Ddp<B, M> {
             group,
             device,
             grads: ReplicatedGrads::default(),
-            reduced: None,
         }
     }
 }
@@ -215,17 +259,7 @@ where
     }
 
     fn reduce(&mut self, model: &M) -> Result<f64, CommError> {
-        let grads = self.grads.averaged(model, &*self.group, &self.layout)?;
-        let mut bytes = GradBytes {
-            grads: &grads,
-            bytes: 0,
-        };
-        model.visit(&mut bytes);
-        // Every rank holds every (averaged) gradient: nothing to add up across ranks.
-        let grad_bytes = bytes.bytes;
-        let norm = global_norm(grad_squares(model, &grads), &SingleProcess)?;
-        self.reduced = Some((grads, grad_bytes));
-        Ok(norm)
+        self.grads.reduce(model, &*self.group, &self.layout)
     }
 
     fn apply(
@@ -235,10 +269,7 @@ where
         scale: Option<f64>,
         optimizer: &mut AdamW<B::InnerBackend>,
     ) -> Result<Synced<M>, CommError> {
-        let (mut grads, grad_bytes) = self.reduced.take().expect("apply follows reduce");
-        if let Some(factor) = scale {
-            scale_grads(&model, &mut grads, factor);
-        }
+        let (grads, grad_bytes) = self.grads.take(&model, scale);
         Ok(Synced {
             model: optimizer.step(lr, model, grads),
             grad_bytes,
@@ -246,7 +277,7 @@ where
     }
 
     fn discard(&mut self) {
-        self.reduced = None;
+        self.grads.discard();
     }
 
     fn whole_moments(

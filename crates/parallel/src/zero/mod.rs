@@ -44,15 +44,15 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Tensor, TensorData};
 use ferrotron_engine::lm::{LmUnit, LmUnits};
 use ferrotron_engine::metrics::MemoryBytes;
-use ferrotron_engine::optim::{grad_squares, scale_grads, AdamW};
+use ferrotron_engine::optim::AdamW;
 use serde::{Deserialize, Serialize};
 
 use self::exchange::{
     all_gather_unit, chunk_from_pieces, flat_unit, reduce_scatter_avg, split_chunk,
 };
-use self::tensors::{Assign, GradBytes, GradValues, ParamBytes, PieceTensors, Release};
+use self::tensors::{Assign, GradValues, ParamBytes, PieceTensors, Release};
 use crate::comm::tensor::host_f32;
-use crate::comm::{CommError, Communicator, SingleProcess};
+use crate::comm::{CommError, Communicator};
 use crate::data::ReplicatedGrads;
 use crate::flat::{param_infos, unit_params, FlatLayout, Piece};
 use crate::train::norm::global_norm;
@@ -125,9 +125,7 @@ pub struct Zero<B: AutodiffBackend, M> {
     device: B::Device,
     /// Stage 1: the step's whole gradients.
     replicated: ReplicatedGrads<M>,
-    /// Stage 1: the step's averaged gradients between `reduce` and `apply`.
-    reduced: Option<GradientsParams>,
-    /// Bytes of gradients held when the step was reduced.
+    /// Stages 2 and 3: bytes of gradient pieces held when the step was reduced.
     reduced_bytes: usize,
     /// Stage 3: this rank's pieces of the parameters (between steps, the
     /// only copy of the weights on this rank).
@@ -171,7 +169,6 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
             comm,
             device,
             replicated: ReplicatedGrads::default(),
-            reduced: None,
             reduced_bytes: 0,
             params: HashMap::new(),
             grads: HashMap::new(),
@@ -422,21 +419,13 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> GradSync<B, M> for Z
     }
 
     fn reduce(&mut self, model: &M) -> Result<f64, CommError> {
-        if self.stage != ZeroStage::One {
-            self.reduced_bytes = self.piece_grad_bytes();
-            return self.piece_norm();
+        match self.stage {
+            ZeroStage::One => self.replicated.reduce(model, &*self.comm, &self.layout),
+            _ => {
+                self.reduced_bytes = self.piece_grad_bytes();
+                self.piece_norm()
+            }
         }
-        let grads = self.replicated.averaged(model, &*self.comm, &self.layout)?;
-        let mut bytes = GradBytes {
-            grads: &grads,
-            bytes: 0,
-        };
-        model.visit(&mut bytes);
-        self.reduced_bytes = bytes.bytes;
-        // Every rank holds every (averaged) gradient: nothing to add up across ranks.
-        let norm = global_norm(grad_squares(model, &grads), &SingleProcess)?;
-        self.reduced = Some(grads);
-        Ok(norm)
     }
 
     fn apply(
@@ -446,27 +435,21 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> GradSync<B, M> for Z
         scale: Option<f64>,
         optimizer: &mut AdamW<B::InnerBackend>,
     ) -> Result<Synced<M>, CommError> {
-        let model = match self.stage {
-            ZeroStage::One => {
-                let mut grads = self.reduced.take().expect("apply follows reduce");
-                if let Some(factor) = scale {
-                    scale_grads(&model, &mut grads, factor);
-                }
-                self.update_replicated(model, Some(&grads), lr, optimizer)?
+        if self.stage == ZeroStage::One {
+            let (grads, grad_bytes) = self.replicated.take(&model, scale);
+            let model = self.update_replicated(model, Some(&grads), lr, optimizer)?;
+            return Ok(Synced { model, grad_bytes });
+        }
+        if let Some(factor) = scale {
+            for g in self.grads.values_mut() {
+                *g = g.clone().mul_scalar(factor);
             }
-            stage => {
-                if let Some(factor) = scale {
-                    for g in self.grads.values_mut() {
-                        *g = g.clone().mul_scalar(factor);
-                    }
-                }
-                if stage == ZeroStage::Two {
-                    self.update_replicated(model, None, lr, optimizer)?
-                } else {
-                    self.update_sharded(lr, optimizer);
-                    model
-                }
-            }
+        }
+        let model = if self.stage == ZeroStage::Two {
+            self.update_replicated(model, None, lr, optimizer)?
+        } else {
+            self.update_sharded(lr, optimizer);
+            model
         };
         Ok(Synced {
             model,
@@ -475,7 +458,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> GradSync<B, M> for Z
     }
 
     fn discard(&mut self) {
-        self.reduced = None;
+        self.replicated.discard();
         self.grads.clear();
     }
 
