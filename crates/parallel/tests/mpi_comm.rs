@@ -2,9 +2,17 @@
 //! `mpirun`. The launcher test re-runs this test binary under `mpirun`,
 //! selecting the ignored worker test; a failing assertion on any rank makes
 //! `mpirun` exit non-zero. Skipped (with a printed reason) without the
-//! `mpi` feature; with it, a missing `mpirun` is a failure.
+//! `mpi` feature; with it, a missing `mpirun` is a failure. A job still
+//! running after `DEADLINE` is killed and fails the test (a hang).
 
 use std::process::Command;
+use std::time::Duration;
+
+#[path = "../../../tests/support/deadline.rs"]
+mod deadline;
+
+/// When a job that never ends is killed (one job takes seconds).
+const DEADLINE: Duration = Duration::from_secs(300);
 
 #[test]
 fn mpi_communicator_operations_are_correct_on_2_and_3_ranks() {
@@ -14,12 +22,14 @@ fn mpi_communicator_operations_are_correct_on_2_and_3_ranks() {
     }
     let exe = std::env::current_exe().unwrap();
     for ranks in ["2", "3"] {
-        let o = Command::new("mpirun")
-            .args(["--allow-run-as-root", "--oversubscribe", "-np", ranks])
-            .arg(&exe)
-            .args(["--ignored", "--exact", "mpi_worker", "--test-threads=1"])
-            .output()
-            .expect("mpirun runs (is Open MPI installed?)");
+        let o = deadline::output_within(
+            Command::new("mpirun")
+                .args(["--allow-run-as-root", "--oversubscribe", "-np", ranks])
+                .arg(&exe)
+                .args(["--ignored", "--exact", "mpi_worker", "--test-threads=1"]),
+            DEADLINE,
+        )
+        .expect("mpirun runs (is Open MPI installed?)");
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&o.stdout),
