@@ -13,11 +13,16 @@ fn quick_bench_writes_a_json_row_per_kernel_with_positive_times() {
     let out = Command::new(env!("CARGO_BIN_EXE_ferrotron"))
         .args(["bench", "kernels", "--quick", "--reps", "1", "--json"])
         .arg(&json)
-        .env("CUBECL_AUTOTUNE_LEVEL", "minimal")
+        // The autotune level is chosen for the adapter by the binary.
+        .env_remove("CUBECL_AUTOTUNE_LEVEL")
         .output()
         .expect("the binary runs");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench failed: {stderr}");
+    assert!(
+        stderr.contains("bench: cubecl autotune level"),
+        "the autotune choice is reported: {stderr}"
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     println!("{stdout}");
     let doc: serde_json::Value =

@@ -6,12 +6,21 @@
 //! Needs the binary built with the `mpi` feature (`cargo test -p
 //! ferrotron-cli --features mpi`) and Open MPI's `mpirun`; without the
 //! feature the tests are skipped with a printed reason, with it a missing
-//! `mpirun` is a failure.
+//! `mpirun` is a failure. A run still going after its deadline is killed
+//! and fails the test (a hang).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::Duration;
 
 use ferrotron_engine::checkpoint::load_safetensors;
+
+#[path = "../../../tests/support/deadline.rs"]
+mod deadline;
+
+/// When a training run that never ends is killed: far beyond a normal run,
+/// even on 2 shared cores.
+const DEADLINE: Duration = Duration::from_secs(900);
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("ferrotron-dp-{name}-{}", std::process::id()));
@@ -32,6 +41,11 @@ fn mpi_built() -> bool {
 
 /// Runs `ferrotron train` with `args` on `ranks` processes (1: no mpirun).
 fn train(ranks: usize, args: &[&str]) -> Output {
+    train_within(ranks, args, DEADLINE)
+}
+
+/// `train`, killed and failing the test after `deadline`.
+fn train_within(ranks: usize, args: &[&str], deadline: Duration) -> Output {
     let bin = env!("CARGO_BIN_EXE_ferrotron");
     let mut cmd = if ranks == 1 {
         Command::new(bin)
@@ -44,7 +58,8 @@ fn train(ranks: usize, args: &[&str]) -> Output {
     };
     // Keep the child ranks single-threaded enough to share 2 cores.
     cmd.env("OMPI_MCA_rmaps_base_oversubscribe", "1");
-    cmd.arg("train").args(args).output().unwrap_or_else(|e| {
+    cmd.arg("train").args(args);
+    deadline::output_within(&mut cmd, deadline).unwrap_or_else(|e| {
         panic!(
             "could not start {} (is Open MPI's mpirun installed?): {e}",
             if ranks == 1 { bin } else { "mpirun" }
@@ -279,11 +294,13 @@ fn a_failing_rank_aborts_the_job_instead_of_hanging() {
     // rank has gone on to wait for it: MPI_Abort must end the job.
     std::fs::create_dir_all(&out).unwrap();
     std::fs::write(out.join("x"), "taken").unwrap();
-    let t = std::time::Instant::now();
-    let o = train(2, &["--steps", "1", "--out", out.to_str().unwrap()]);
+    let o = train_within(
+        2,
+        &["--steps", "1", "--out", out.to_str().unwrap()],
+        Duration::from_secs(120),
+    );
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("not empty"));
-    assert!(t.elapsed().as_secs() < 120);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -297,9 +314,10 @@ fn a_rank_kept_waiting_past_comm_timeout_names_the_missing_rank() {
     }
     let dir = scratch("timeout");
     let out = dir.join("run");
-    let o = train(
+    let o = train_within(
         2,
         &["--comm-timeout", "0.001", "--out", out.to_str().unwrap()],
+        Duration::from_secs(300),
     );
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "{err}");

@@ -9,5 +9,7 @@ pub mod norm;
 mod reduce;
 pub mod rope;
 pub mod swiglu;
+#[cfg(feature = "wgpu")]
+pub mod wgpu_setup;
 
 pub use check::ShapeError;

@@ -9,12 +9,14 @@
 //! `KERNEL/BACKEND-KERNELS/SHAPE`:
 //!
 //! ```sh
-//! CUBECL_AUTOTUNE_LEVEL=minimal cargo bench -p ferrotron-models --bench kernels
+//! cargo bench -p ferrotron-models --bench kernels
 //! cargo bench -p ferrotron-models --bench kernels -- attention/wgpu-fused  # a filter
 //! cargo bench -p ferrotron-models --features cuda --bench kernels -- cuda
 //! ```
 //!
-//! Each iteration runs the op, sums the output, back-propagates and waits
+//! The wgpu device is opened through `ferrotron_kernels::wgpu_setup`
+//! (autotune level `minimal` on a CPU adapter such as lavapipe, unless
+//! `CUBECL_AUTOTUNE_LEVEL` is set). Each iteration runs the op, sums the output, back-propagates and waits
 //! for the device (`Backend::sync`); inputs are built once per shape.
 
 use std::time::Duration;
@@ -22,7 +24,7 @@ use std::time::Duration;
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Distribution, Int, Tensor, TensorData};
-use burn_wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
+use burn_wgpu::{CubeBackend, WgpuRuntime};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use ferrotron_models::layers::position::PositionContext;
 use ferrotron_models::ops::{
@@ -127,7 +129,7 @@ fn sweep<B: AutodiffBackend + KernelBackend>(
 
 fn kernels(c: &mut Criterion) {
     sweep::<Autodiff<Flex>>(c, Kernels::Reference, "flex-reference", &Default::default());
-    let wgpu = WgpuDevice::DefaultDevice;
+    let wgpu = ferrotron_kernels::wgpu_setup::default_device();
     sweep::<Wgpu>(c, Kernels::Fused, "wgpu-fused", &wgpu);
     sweep::<Wgpu>(c, Kernels::Reference, "wgpu-reference", &wgpu);
     #[cfg(feature = "cuda")]

@@ -5,16 +5,18 @@
 //! `kernels = "reference"` on the default CPU backend. The same seed gives
 //! the same initial weights on both backends.
 //!
-//! Needs `CUBECL_AUTOTUNE_LEVEL=minimal` on lavapipe (set by `.ci/run`;
-//! Burn's matmul autotuning otherwise takes minutes there).
+//! The device is opened through `ferrotron_kernels::wgpu_setup`, which sets
+//! cubecl's autotune level to `minimal` on lavapipe (Burn's matmul
+//! autotuning otherwise takes minutes there).
 
 use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor, TensorData};
-use burn_wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
+use burn_wgpu::{CubeBackend, WgpuRuntime};
 use ferrotron_engine::lm::{CausalLm, LmUnits};
+use ferrotron_kernels::wgpu_setup::default_device;
 use ferrotron_models::ops::TrainBackend;
 use ferrotron_models::presets::preset;
 use ferrotron_models::{Decoder, DecoderConfig, Kernels, KvCache, Position, RopeScaling};
@@ -125,7 +127,7 @@ fn error_over(got: &[f32], want: &[f32], floor: f32) -> f32 {
 
 #[test]
 fn fused_decoder_equals_reference_decoder_for_every_family() {
-    let gpu = WgpuDevice::DefaultDevice;
+    let gpu = default_device();
     for family in ["gpt-mini", "llama-mini", "bloom-mini"] {
         let fused = pass::<Gpu>(&tiny(family, Kernels::Fused), &gpu);
         let reference = pass::<Cpu>(&tiny(family, Kernels::Reference), &Default::default());
@@ -163,7 +165,7 @@ fn fused_decoder_equals_reference_decoder_for_every_family() {
 /// autodiff: the staged loss with fused kernels is the whole-model loss.
 #[test]
 fn fused_staged_forward_composes_to_the_loss() {
-    let gpu = WgpuDevice::DefaultDevice;
+    let gpu = default_device();
     let config = tiny("llama-mini", Kernels::Fused);
     let model = Decoder::<Gpu>::new(&config, 7, &gpu).unwrap();
     let [inputs, targets] = tokens::<Gpu>(config.vocab_size, &gpu);
@@ -185,7 +187,7 @@ fn fused_staged_forward_composes_to_the_loss() {
 /// forward over the whole sequence.
 #[test]
 fn fused_cached_decoding_equals_the_fused_full_forward() {
-    let gpu = WgpuDevice::DefaultDevice;
+    let gpu = default_device();
     for family in ["gpt-mini", "llama-mini", "bloom-mini"] {
         let config = tiny(family, Kernels::Fused);
         let model = Decoder::<Gpu>::new(&config, 7, &gpu).unwrap();
@@ -218,7 +220,7 @@ fn the_default_is_fused_on_cubecl_and_reference_on_the_cpu() {
         kernels: None,
         ..tiny("gpt-mini", Kernels::Fused)
     };
-    let gpu = Decoder::<Gpu>::new(&config, 0, &WgpuDevice::DefaultDevice).unwrap();
+    let gpu = Decoder::<Gpu>::new(&config, 0, &default_device()).unwrap();
     assert_eq!(gpu.kernels(), Kernels::Fused);
     let cpu = Decoder::<Cpu>::new(&config, 0, &Default::default()).unwrap();
     assert_eq!(cpu.kernels(), Kernels::Reference);

@@ -1,11 +1,19 @@
 //! Every `MpiCommunicator` operation, checked on 2, 3 and 4 ranks under
 //! `mpirun`, with groups split from the world (by parity; on 4 ranks the
-//! tp2 x dp2 process groups) and the tensor collectives. The launcher test re-runs this test binary under `mpirun`,
-//! selecting the ignored worker test; a failing assertion on any rank makes
-//! `mpirun` exit non-zero. Skipped (with a printed reason) without the
-//! `mpi` feature; with it, a missing `mpirun` is a failure.
+//! tp2 x dp2 process groups) and the tensor collectives. The launcher test
+//! re-runs this test binary under `mpirun`, selecting the ignored worker
+//! test; a failing assertion on any rank makes `mpirun` exit non-zero. Skipped (with a printed reason) without the
+//! `mpi` feature; with it, a missing `mpirun` is a failure. A job still
+//! running after `DEADLINE` is killed and fails the test (a hang).
 
 use std::process::Command;
+use std::time::Duration;
+
+#[path = "../../../tests/support/deadline.rs"]
+mod deadline;
+
+/// When a job that never ends is killed (one job takes seconds).
+const DEADLINE: Duration = Duration::from_secs(300);
 
 #[test]
 fn mpi_communicator_operations_are_correct_on_2_3_and_4_ranks() {
@@ -15,12 +23,14 @@ fn mpi_communicator_operations_are_correct_on_2_3_and_4_ranks() {
     }
     let exe = std::env::current_exe().unwrap();
     for ranks in ["2", "3", "4"] {
-        let o = Command::new("mpirun")
-            .args(["--allow-run-as-root", "--oversubscribe", "-np", ranks])
-            .arg(&exe)
-            .args(["--ignored", "--exact", "mpi_worker", "--test-threads=1"])
-            .output()
-            .expect("mpirun runs (is Open MPI installed?)");
+        let o = deadline::output_within(
+            Command::new("mpirun")
+                .args(["--allow-run-as-root", "--oversubscribe", "-np", ranks])
+                .arg(&exe)
+                .args(["--ignored", "--exact", "mpi_worker", "--test-threads=1"]),
+            DEADLINE,
+        )
+        .expect("mpirun runs (is Open MPI installed?)");
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&o.stdout),

@@ -5,31 +5,40 @@
 //! (usually before the timeout, so no error of ours is printed then). As in `mpi_comm.rs`, each
 //! launcher test re-runs this test binary under `mpirun`, selecting an
 //! ignored worker test. Skipped (with a printed reason) without the `mpi`
-//! feature; with it, a missing `mpirun` is a failure.
+//! feature; with it, a missing `mpirun` is a failure. A job still running
+//! after `DEADLINE` is killed and fails the test (a hang).
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+#[path = "../../../tests/support/deadline.rs"]
+mod deadline;
+
 /// The job must end well before the hanging rank would wake up.
 const BOUND: Duration = Duration::from_secs(20);
+/// When a job that never ends is killed: past `BOUND`, with room for a
+/// slow machine to still report its time against `BOUND`.
+const DEADLINE: Duration = Duration::from_secs(60);
 
 /// Runs `worker` of this binary on 3 ranks; returns whether `mpirun`
 /// succeeded, its stdout and stderr, and how long it took.
 fn mpirun_3(worker: &str) -> (bool, String, Duration) {
     let exe = std::env::current_exe().unwrap();
     let started = Instant::now();
-    let o = Command::new("mpirun")
-        .args(["--allow-run-as-root", "--oversubscribe", "-np", "3"])
-        .arg(&exe)
-        .args([
-            "--ignored",
-            "--exact",
-            worker,
-            "--test-threads=1",
-            "--nocapture",
-        ])
-        .output()
-        .expect("mpirun runs (is Open MPI installed?)");
+    let o = deadline::output_within(
+        Command::new("mpirun")
+            .args(["--allow-run-as-root", "--oversubscribe", "-np", "3"])
+            .arg(&exe)
+            .args([
+                "--ignored",
+                "--exact",
+                worker,
+                "--test-threads=1",
+                "--nocapture",
+            ]),
+        DEADLINE,
+    )
+    .expect("mpirun runs (is Open MPI installed?)");
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&o.stdout),

@@ -70,10 +70,16 @@ pub fn open(names: Option<&[String]>) -> Result<Vec<Box<dyn Target>>> {
 fn open_one(name: &str) -> Result<Box<dyn Target>> {
     Ok(match name {
         "flex" => Box::new(FlexTarget),
-        "wgpu" => Box::new(CubeTarget::<cubecl::wgpu::WgpuRuntime, u32>::open(
-            "wgpu",
-            Default::default(),
-        )?),
+        "wgpu" => {
+            let device = ferrotron_kernels::wgpu_setup::default_device();
+            eprintln!(
+                "bench: {}",
+                ferrotron_kernels::wgpu_setup::autotune_for_default_adapter()
+            );
+            Box::new(CubeTarget::<cubecl::wgpu::WgpuRuntime, u32>::open(
+                "wgpu", device,
+            )?)
+        }
         #[cfg(feature = "cuda")]
         "cuda" => Box::new(CubeTarget::<cubecl::cuda::CudaRuntime, u8>::open(
             "cuda",

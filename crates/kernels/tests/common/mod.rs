@@ -4,18 +4,20 @@
 
 use cubecl::prelude::*;
 use cubecl::server::Handle;
-use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
+use cubecl::wgpu::WgpuRuntime;
+use ferrotron_kernels::wgpu_setup;
 
 /// The runtime the tests launch on.
 pub type R = WgpuRuntime;
 
-/// A wgpu client on the default adapter (lavapipe on CI and dev machines).
+/// A wgpu client on the default adapter (lavapipe on CI and dev machines),
+/// with the autotune level chosen for it.
 pub fn client() -> ComputeClient<R> {
-    let made = std::panic::catch_unwind(|| R::client(&WgpuDevice::DefaultDevice));
+    let made = std::panic::catch_unwind(|| R::client(&wgpu_setup::default_device()));
     made.unwrap_or_else(|_| {
         panic!(
             "no Vulkan adapter for the wgpu runtime: install Mesa's lavapipe \
-             (apt-get install -t bookworm-backports mesa-vulkan-drivers libvulkan1)"
+             (scripts/test --install, or scripts/test --check for the apt-get lines)"
         )
     })
 }
