@@ -9,25 +9,21 @@
 //! `mpirun` is a failure. A run still going after its deadline is killed
 //! and fails the test (a hang).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
 use ferrotron_engine::checkpoint::load_safetensors;
 
+mod common;
 #[path = "../../../tests/support/deadline.rs"]
 mod deadline;
+
+use common::{copy_dir, corpus, scratch, step_losses};
 
 /// When a training run that never ends is killed: far beyond a normal run,
 /// even on 2 shared cores.
 const DEADLINE: Duration = Duration::from_secs(900);
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ferrotron-dp-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 /// `false` (and a printed reason) when the binary has no MPI support.
 fn mpi_built() -> bool {
@@ -67,28 +63,9 @@ fn train_within(ranks: usize, args: &[&str], deadline: Duration) -> Output {
     })
 }
 
-fn corpus(dir: &Path) -> PathBuf {
-    let path = dir.join("small.txt");
-    let text: String = (0..400)
-        .map(|i| {
-            format!(
-                "Line {i}: the quick brown fox jumps over the lazy dog {}.\n",
-                i * 7 % 13
-            )
-        })
-        .collect();
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
 /// Training losses of a run's metrics.jsonl, by step.
 fn losses(run: &Path) -> Vec<f64> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter_map(|v| v.get("loss").and_then(|l| l.as_f64()))
-        .collect()
+    step_losses(run).into_iter().map(|(_, loss)| loss).collect()
 }
 
 /// The memory by class of the last step record, bytes:
@@ -327,29 +304,6 @@ fn a_rank_kept_waiting_past_comm_timeout_names_the_missing_rank() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Every step record's loss of a run, in file order (a resumed run appends).
-fn all_losses(run: &Path) -> Vec<(u64, f64)> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter_map(|v| Some((v["step"].as_u64()?, v.get("loss")?.as_f64()?)))
-        .collect()
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let target = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &target);
-        } else {
-            std::fs::copy(e.path(), target).unwrap();
-        }
-    }
-}
-
 /// dp2 + ZeRO-1 for 10 steps with checkpoints at 5 and 10; a copy resumed
 /// from step 5 under mpirun repeats steps 6-10 bit for bit; a copy resumed
 /// from step 5 on one rank (ZeRO 0, grad-accum 2: the same global batch)
@@ -396,7 +350,7 @@ fn dp2_zero1_resumes_exactly_and_reshards_onto_one_rank() {
     ];
     let o = train(2, &args);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let want = all_losses(&whole);
+    let want = step_losses(&whole);
     assert_eq!(want.len(), 10);
 
     let exact = dir.join("exact");
@@ -412,7 +366,7 @@ fn dp2_zero1_resumes_exactly_and_reshards_onto_one_rank() {
         ],
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let got = all_losses(&exact);
+    let got = step_losses(&exact);
     assert_eq!(&got[10..], &want[5..], "steps 6-10 resumed under mpirun");
     let a = load_safetensors(&whole.join("model.safetensors")).unwrap();
     let b = load_safetensors(&exact.join("model.safetensors")).unwrap();
@@ -439,7 +393,7 @@ fn dp2_zero1_resumes_exactly_and_reshards_onto_one_rank() {
         ],
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let got = all_losses(&one);
+    let got = step_losses(&one);
     for ((s, g), (_, w)) in got[10..].iter().zip(&want[5..]) {
         assert!((g - w).abs() <= 1e-5 * w.abs(), "step {s}: {g} vs {w}");
     }

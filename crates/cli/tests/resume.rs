@@ -2,38 +2,27 @@
 //! bit for bit, SIGTERM ending a run with a checkpoint, the non-finite
 //! guard, and the refusals of bad resumes and non-finite settings.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use ferrotron_engine::checkpoint::load_safetensors;
 
+mod common;
+#[path = "../../../tests/support/deadline.rs"]
+mod deadline;
+
+use common::{copy_dir, corpus, scratch, step_losses};
+
+/// Longest a run of these tests may take before it is killed and fails.
+const DEADLINE: Duration = Duration::from_secs(600);
+
 fn ferrotron(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferrotron"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ferrotron-resume-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn corpus(dir: &Path) -> PathBuf {
-    let path = dir.join("small.txt");
-    let text: String = (0..400)
-        .map(|i| {
-            format!(
-                "Line {i}: the quick brown fox jumps over the lazy dog {}.\n",
-                i * 7 % 13
-            )
-        })
-        .collect();
-    std::fs::write(&path, text).unwrap();
-    path
+    deadline::output_within(
+        Command::new(env!("CARGO_BIN_EXE_ferrotron")).args(args),
+        DEADLINE,
+    )
+    .expect("the binary runs")
 }
 
 /// The flags of every run here: a tiny GPT on `corpus`, `steps` steps.
@@ -81,29 +70,6 @@ fn ok(o: &Output, what: &str) {
     );
 }
 
-/// `(step, loss)` of every step record of a run, in file order.
-fn step_losses(run: &Path) -> Vec<(u64, f64)> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter_map(|v| Some((v["step"].as_u64()?, v.get("loss")?.as_f64()?)))
-        .collect()
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let target = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &target);
-        } else {
-            std::fs::copy(e.path(), target).unwrap();
-        }
-    }
-}
-
 /// Asserts that two safetensors files hold bit-identical tensors.
 fn same_tensors(a: &Path, b: &Path) {
     let (a_t, b_t) = (load_safetensors(a).unwrap(), load_safetensors(b).unwrap());
@@ -124,7 +90,7 @@ fn same_tensors(a: &Path, b: &Path) {
 
 #[test]
 fn a_resumed_run_equals_the_uninterrupted_run_bit_for_bit() {
-    let dir = scratch("exact");
+    let dir = scratch("resume-exact");
     let corpus = corpus(&dir);
     let whole = dir.join("whole");
     let mut args = common(&corpus, 20);
@@ -171,7 +137,7 @@ fn a_resumed_run_equals_the_uninterrupted_run_bit_for_bit() {
 
 #[test]
 fn sigterm_writes_a_checkpoint_and_the_resumed_run_reproduces_the_losses() {
-    let dir = scratch("sigterm");
+    let dir = scratch("resume-sigterm");
     let corpus = corpus(&dir);
     let steps = 60;
     let whole = dir.join("whole");
@@ -191,7 +157,7 @@ fn sigterm_writes_a_checkpoint_and_the_resumed_run_reproduces_the_losses() {
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
     // Signal once two steps are logged.
-    while step_losses_if_any(&cut).len() < 2 {
+    while step_losses(&cut).len() < 2 {
         if Instant::now() > deadline {
             let _ = child.kill();
             panic!("the run logged no two steps within 120 s");
@@ -235,17 +201,9 @@ fn sigterm_writes_a_checkpoint_and_the_resumed_run_reproduces_the_losses() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-fn step_losses_if_any(run: &Path) -> Vec<(u64, f64)> {
-    if run.join("metrics.jsonl").is_file() {
-        step_losses(run)
-    } else {
-        Vec::new()
-    }
-}
-
 #[test]
 fn a_non_finite_loss_stops_the_run_and_leaves_the_last_checkpoint() {
-    let dir = scratch("nan");
+    let dir = scratch("resume-nan");
     let corpus = corpus(&dir);
     let run = dir.join("run");
     let mut args = common(&corpus, 6);
@@ -295,7 +253,7 @@ fn a_non_finite_loss_stops_the_run_and_leaves_the_last_checkpoint() {
 
 #[test]
 fn bad_resumes_and_non_finite_settings_are_refused_before_anything_is_written() {
-    let dir = scratch("refuse");
+    let dir = scratch("resume-refuse");
     let corpus = corpus(&dir);
     let out = dir.join("new");
     let o_str = out.display().to_string();
@@ -345,7 +303,7 @@ fn bad_resumes_and_non_finite_settings_are_refused_before_anything_is_written() 
 #[test]
 fn sigkill_during_checkpoint_writes_always_leaves_a_loadable_latest() {
     use ferrotron_parallel::train::checkpoint::{read_state, resolve};
-    let dir = scratch("sigkill");
+    let dir = scratch("resume-sigkill");
     let corpus = corpus(&dir);
     let run = dir.join("run");
     let mut args = common(&corpus, 2);

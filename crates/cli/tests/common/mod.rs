@@ -1,0 +1,52 @@
+//! What the run-directory tests share: a scratch directory, a small
+//! corpus, copying a run, reading its step losses.
+
+use std::path::{Path, PathBuf};
+
+/// An empty directory `ferrotron-{name}-{pid}` under the system temp dir.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ferrotron-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A 400-line text corpus (generated here) in `dir/small.txt`.
+pub fn corpus(dir: &Path) -> PathBuf {
+    let path = dir.join("small.txt");
+    let text: String = (0..400)
+        .map(|i| {
+            format!(
+                "Line {i}: the quick brown fox jumps over the lazy dog {}.\n",
+                i * 7 % 13
+            )
+        })
+        .collect();
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// `(step, loss)` of every step record of a run's `metrics.jsonl`, in file
+/// order (a resumed run appends); empty when there is no file yet.
+pub fn step_losses(run: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter_map(|v| Some((v["step"].as_u64()?, v.get("loss")?.as_f64()?)))
+        .collect()
+}
+
+/// Copies the directory tree `from` to `to`.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), target).unwrap();
+        }
+    }
+}
