@@ -79,6 +79,16 @@ pub struct TrainerState {
     pub optimizer_steps: u64,
 }
 
+/// The shape of every parameter of `model`, by id.
+fn param_shapes<B: burn::tensor::backend::Backend, M: burn::module::Module<B>>(
+    model: &M,
+) -> HashMap<burn::module::ParamId, Vec<usize>> {
+    param_infos(model)
+        .into_iter()
+        .map(|(id, shape, _)| (id, shape))
+        .collect()
+}
+
 /// Owns the model and optimizer state of one training run (of this rank).
 ///
 /// A one-rank run is the same code with every group of one rank.
@@ -261,25 +271,23 @@ where
     /// (parameters and moments are gathered): every rank must call it.
     pub fn state(&self) -> Result<TrainerState, CommError> {
         let held = self.held_model();
-        let model = self.full_model()?.valid();
-        let whole = self.sync.whole_moments(held, &self.optimizer)?;
-        let shapes: HashMap<_, _> = param_infos(held)
-            .into_iter()
-            .map(|(id, shape, _)| (id, shape))
-            .collect();
-        let mut moments = Vec::new();
-        for (id, name) in param_names(held) {
-            let (m, v) = &whole[&id];
+        let whole = self.full_model()?;
+        let moments = self.sync.whole_moments(held, &self.optimizer)?;
+        // Shapes of the whole parameters (under ZeRO-3 `held` has placeholders).
+        let shapes = param_shapes(&whole);
+        let mut named = Vec::new();
+        for (id, name) in param_names(&whole) {
+            let (m, v) = &moments[&id];
             let shape = shapes[&id].clone();
-            moments.push((
+            named.push((
                 format!("m.{name}"),
                 TensorData::new(m.clone(), shape.clone()),
             ));
-            moments.push((format!("v.{name}"), TensorData::new(v.clone(), shape)));
+            named.push((format!("v.{name}"), TensorData::new(v.clone(), shape)));
         }
         Ok(TrainerState {
-            model: named_tensors(&model),
-            moments,
+            model: named_tensors(&whole.valid()),
+            moments: named,
             steps_done: self.steps_done,
             optimizer_steps: self.optimizer.steps_taken(),
         })
@@ -289,20 +297,18 @@ where
     /// (`m.NAME`, `v.NAME` as [`Trainer::state`] wrote them). The model's
     /// weights were loaded before the trainer was built. Errors name a
     /// moment that is missing, has another shape, or matches no parameter.
+    /// A collective under ZeRO-3 (the shapes come from the gathered model).
     pub fn restore(
         &mut self,
         steps_done: usize,
         optimizer_steps: u64,
         mut moments: BTreeMap<String, TensorData>,
     ) -> Result<(), String> {
+        let shapes = param_shapes(&self.full_model().map_err(|e| e.to_string())?);
         let held = self
             .model
             .as_ref()
             .expect("the model is always present between steps");
-        let shapes: HashMap<_, _> = param_infos(held)
-            .into_iter()
-            .map(|(id, shape, _)| (id, shape))
-            .collect();
         let mut whole = WholeMoments::new();
         for (id, name) in param_names(held) {
             let mut take = |kind: &str| -> Result<Vec<f32>, String> {
