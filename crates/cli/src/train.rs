@@ -59,6 +59,11 @@ pub fn train(mut args: TrainArgs) -> anyhow::Result<()> {
         Some(path) => Some(Resume::open(&path)?),
         None => None,
     };
+    if args.model.is_some() && args.hf_dir.is_some() {
+        return Err(usage(
+            "--model with --hf-dir: the model comes from --hf-dir's config.json; give one of them",
+        ));
+    }
     let mut s = match (&resume, &args.config) {
         (Some(r), _) => r.config.train.clone(),
         (None, Some(path)) => TrainSettings::from_file(path)?,
@@ -213,6 +218,7 @@ fn train_ranked(
         }
         None => s.out.clone().unwrap_or_else(|| default_run_dir(&s.model)),
     };
+    check_paths_apart(&s, &out)?;
     if lead
         && resume.is_none()
         && fs::read_dir(&out)
@@ -280,6 +286,41 @@ fn train_ranked(
             stop,
         },
     )
+}
+
+/// Refuses outputs that overlap: the run directory `out` and `--hf-out`
+/// inside one another, or an output equal to an input (`--corpus`,
+/// `--hf-dir`). Paths are compared made absolute, without following links.
+fn check_paths_apart(s: &TrainSettings, out: &Path) -> anyhow::Result<()> {
+    let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let out = abs(out);
+    if let Some(hf_out) = s.hf_out.as_deref().map(abs) {
+        if out.starts_with(&hf_out) || hf_out.starts_with(&out) {
+            return Err(usage(format!(
+                "--out {} and --hf-out {}: one is inside the other; the run directory and the export must be apart",
+                out.display(),
+                hf_out.display()
+            )));
+        }
+    }
+    let outputs = [
+        ("--out", Some(out)),
+        ("--hf-out", s.hf_out.as_deref().map(abs)),
+    ];
+    let inputs = [("--corpus", &s.corpus), ("--hf-dir", &s.hf_dir)];
+    for (out_flag, output) in &outputs {
+        for (in_flag, input) in inputs {
+            if let (Some(o), Some(i)) = (output, input.as_deref().map(abs)) {
+                if *o == i {
+                    return Err(usage(format!(
+                        "{out_flag} {} is also {in_flag}: an output must not replace an input",
+                        o.display()
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Where the run goes when `--out` is not given.

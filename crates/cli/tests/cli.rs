@@ -73,6 +73,54 @@ fn bad_input_is_a_one_line_error_with_exit_code_2_and_writes_nothing() {
         &["tpu", "flex"],
         &out,
     );
+    // Inputs and outputs that cannot work, refused before anything is written.
+    let corpus_dir = dir.join("a-directory");
+    std::fs::create_dir_all(&corpus_dir).unwrap();
+    let empty = dir.join("empty.txt");
+    std::fs::write(&empty, "\n  \n").unwrap();
+    for (corpus, needle) in [
+        (corpus_dir.to_str().unwrap(), "not a regular file"),
+        ("/dev/zero", "not a regular file"),
+        (empty.to_str().unwrap(), "is empty"),
+    ] {
+        assert_rejected(
+            &["train", "--out", o, "--corpus", corpus],
+            &[corpus, needle],
+            &out,
+        );
+    }
+    assert_rejected(
+        &["train", "--out", o, "--model", "gpt-mini", "--hf-dir", "/x"],
+        &["--model with --hf-dir"],
+        &out,
+    );
+    let hf_out = dir.join("hf");
+    let inside = hf_out.join("run");
+    assert_rejected(
+        &[
+            "train",
+            "--out",
+            inside.to_str().unwrap(),
+            "--hf-out",
+            hf_out.to_str().unwrap(),
+        ],
+        &["one is inside the other"],
+        &hf_out,
+    );
+    let text = dir.join("text.txt");
+    std::fs::write(&text, "some text to train on\n").unwrap();
+    let t = text.to_str().unwrap();
+    let o2 = ferrotron(&["train", "--out", t, "--corpus", t]);
+    let err = String::from_utf8_lossy(&o2.stderr);
+    assert_eq!(o2.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--out") && err.contains("is also --corpus"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&text).unwrap(),
+        "some text to train on\n"
+    );
     assert_rejected(
         &["train", "--out", o, "--dp", "2"],
         &["--dp 2", "must equal the world size 1"],

@@ -42,8 +42,10 @@ pub fn embedded_corpus() -> String {
 /// # Errors
 ///
 /// [`DataError::Io`] naming `path` if the file cannot be opened, read or
-/// decompressed; [`DataError::NotUtf8`] naming `path` if its (decompressed)
-/// content is not valid UTF-8.
+/// decompressed; [`DataError::NotAFile`] if it is not a regular file (a
+/// directory, `/dev/zero`, a pipe); [`DataError::NotUtf8`] naming `path` if
+/// its (decompressed) content is not valid UTF-8; [`DataError::EmptyCorpus`]
+/// if it holds only whitespace.
 pub fn read_corpus(path: &Path) -> Result<String, DataError> {
     let io_err = |action: &'static str| {
         move |source| DataError::Io {
@@ -52,6 +54,14 @@ pub fn read_corpus(path: &Path) -> Result<String, DataError> {
             source,
         }
     };
+    if !std::fs::metadata(path)
+        .map_err(io_err("opening corpus file"))?
+        .is_file()
+    {
+        return Err(DataError::NotAFile {
+            path: path.to_path_buf(),
+        });
+    }
     let is_gz = path
         .extension()
         .is_some_and(|ext| ext.eq_ignore_ascii_case("gz"));
@@ -65,10 +75,16 @@ pub fn read_corpus(path: &Path) -> Result<String, DataError> {
     } else {
         std::fs::read(path).map_err(io_err("reading corpus file"))?
     };
-    String::from_utf8(bytes).map_err(|source| DataError::NotUtf8 {
+    let text = String::from_utf8(bytes).map_err(|source| DataError::NotUtf8 {
         path: path.to_path_buf(),
         source,
-    })
+    })?;
+    if text.trim().is_empty() {
+        return Err(DataError::EmptyCorpus {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(text)
 }
 
 #[cfg(test)]
@@ -84,6 +100,24 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         dir
+    }
+
+    #[test]
+    fn directories_devices_and_empty_files_are_refused() {
+        let dir = std::env::temp_dir().join(format!("ferrotron-corpus-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let e = read_corpus(&dir).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        let e = read_corpus(Path::new("/dev/zero")).unwrap_err().to_string();
+        assert!(
+            e.contains("/dev/zero") && e.contains("not a regular file"),
+            "{e}"
+        );
+        let empty = dir.join("empty.txt");
+        std::fs::write(&empty, " \n\n").unwrap();
+        let e = read_corpus(&empty).unwrap_err().to_string();
+        assert!(e.contains("empty.txt") && e.contains("is empty"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

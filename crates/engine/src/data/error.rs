@@ -21,6 +21,21 @@ pub enum DataError {
         source: std::io::Error,
     },
 
+    /// A corpus path is not a regular file (a directory, a device such as
+    /// `/dev/zero`, a pipe), which could not be read or never ends.
+    #[error("corpus `{path}` is not a regular file; give a text file (plain or .gz)")]
+    NotAFile {
+        /// The path given.
+        path: PathBuf,
+    },
+
+    /// A corpus file holds no text (only whitespace, or nothing).
+    #[error("corpus file `{path}` is empty")]
+    EmptyCorpus {
+        /// The corpus file.
+        path: PathBuf,
+    },
+
     /// A corpus file is not valid UTF-8 (after gzip decompression for `.gz`).
     #[error("corpus file `{path}` is not valid UTF-8: {source}")]
     NotUtf8 {
