@@ -291,17 +291,15 @@ where
                     writer: &mut Option<Writer>,
                     progress: &mut dyn Progress|
      -> Result<(), LoopError> {
-        let val_loss = trainer.evaluate(val)?;
+        // Gathering the model is a collective under ZeRO-3: every rank
+        // takes part, once for the loss and the weights.
+        let model = trainer.full_model()?.valid();
+        let val_loss = trainer.mean_loss(&model, val);
         finite(step, "validation loss", val_loss)?;
-        // Gathering the model is a collective under ZeRO-3: every rank takes part.
-        let model = trainer.full_model()?;
         if let Some(w) = writer.as_mut() {
             w.record(&ValRecord { step, val_loss })?;
             if step > 0 {
-                save_safetensors(
-                    &w.dir.join("model.safetensors"),
-                    &named_tensors(&model.valid()),
-                )?;
+                save_safetensors(&w.dir.join("model.safetensors"), &named_tensors(&model))?;
             }
         }
         summary.validations.push((step, val_loss));

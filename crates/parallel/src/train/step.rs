@@ -342,15 +342,19 @@ where
     /// Mean loss over `batches` without gradients, nats/token. Under ZeRO-3
     /// the model is gathered first (every rank must call this).
     pub fn evaluate(&self, batches: &[Batch]) -> Result<f64, CommError> {
-        let model = self.full_model()?.valid();
-        let device = &self.device;
+        Ok(self.mean_loss(&self.full_model()?.valid(), batches))
+    }
+
+    /// Mean loss of `model` (a whole model, as [`Trainer::full_model`]
+    /// gives it, without autodiff) over `batches`, nats/token.
+    pub fn mean_loss(&self, model: &M::InnerModule, batches: &[Batch]) -> f64 {
         let total: f64 = batches
             .iter()
             .map(|b| {
-                let (inputs, targets) = batch_tensors::<B::InnerBackend>(b, device);
+                let (inputs, targets) = batch_tensors::<B::InnerBackend>(b, &self.device);
                 model.loss(inputs, targets).into_scalar().elem::<f64>()
             })
             .sum();
-        Ok(total / batches.len().max(1) as f64)
+        total / batches.len().max(1) as f64
     }
 }
