@@ -35,11 +35,9 @@ fn tiny(name: &str) -> DecoderConfig {
     }
 }
 
-/// Trains 3 steps of 2 micro-batches; returns the losses and the weights.
-fn train(config: &DecoderConfig, zero: Option<ZeroStage>) -> (Vec<f64>, Vec<(String, Vec<f32>)>) {
-    let device = Default::default();
-    let model = Decoder::<B>::new(config, 3, &device).unwrap();
-    let step = StepConfig {
+/// The optimizer settings of a 3-step run (warm-up 1, clipping at 0.5).
+fn three_steps() -> StepConfig {
+    StepConfig {
         adamw: AdamWConfig::default(),
         schedule: LrSchedule {
             max_lr: 3e-3,
@@ -48,19 +46,39 @@ fn train(config: &DecoderConfig, zero: Option<ZeroStage>) -> (Vec<f64>, Vec<(Str
             total_steps: 3,
         },
         grad_clip: 0.5,
-    };
+    }
+}
+
+/// A token stream with structure to learn (vocabulary 64).
+fn token_stream() -> Vec<u32> {
+    (0..5_000u32).map(|i| (i * 7 + i / 13) % 64).collect()
+}
+
+/// ZeRO `stage` on a one-rank DP group, with tiny buckets so stages 1 and 2
+/// cut parameters into many units.
+fn one_rank(stage: ZeroStage) -> ParallelConfig {
+    ParallelConfig {
+        zero: stage,
+        bucket_mb: 0.002,
+    }
+}
+
+/// Trains 3 steps of 2 micro-batches; returns the losses and the weights.
+fn train(config: &DecoderConfig, zero: Option<ZeroStage>) -> (Vec<f64>, Vec<(String, Vec<f32>)>) {
+    let device = Default::default();
+    let model = Decoder::<B>::new(config, 3, &device).unwrap();
+    let step = three_steps();
     let mut trainer = match zero {
         None => Trainer::new(model, step, device),
-        Some(stage) => {
-            // Tiny buckets so stages 1 and 2 cut parameters into many units.
-            let parallel = ParallelConfig {
-                zero: stage,
-                bucket_mb: 0.002,
-            };
-            Trainer::parallel(model, step, device, ProcessGroups::single(), parallel)
-        }
+        Some(stage) => Trainer::parallel(
+            model,
+            step,
+            device,
+            ProcessGroups::single(),
+            one_rank(stage),
+        ),
     };
-    let tokens: Vec<u32> = (0..5_000u32).map(|i| (i * 7 + i / 13) % 64).collect();
+    let tokens = token_stream();
     let sampler = BatchSampler::new(tokens.len(), 16, 5).unwrap();
     let mut batches = TokenWindows {
         sampler,
@@ -207,17 +225,8 @@ fn zero3_evaluation_equals_the_plain_trainers() {
 fn trainer_state_restores_exactly_under_every_stage() {
     let config = tiny("llama-mini");
     let device = burn::backend::flex::FlexDevice;
-    let step = StepConfig {
-        adamw: AdamWConfig::default(),
-        schedule: LrSchedule {
-            max_lr: 3e-3,
-            min_lr: 3e-4,
-            warmup_steps: 1,
-            total_steps: 3,
-        },
-        grad_clip: 0.5,
-    };
-    let tokens: Vec<u32> = (0..5_000u32).map(|i| (i * 7 + i / 13) % 64).collect();
+    let step = three_steps();
+    let tokens = token_stream();
     let mut sampler = BatchSampler::new(tokens.len(), 16, 5).unwrap();
     let batches: Vec<_> = (0..3)
         .map(|_| {
@@ -227,20 +236,16 @@ fn trainer_state_restores_exactly_under_every_stage() {
             ]
         })
         .collect();
-    let make = |stage, seed| {
-        let model = Decoder::<B>::new(&config, seed, &device).unwrap();
-        let parallel = ParallelConfig {
-            zero: stage,
-            bucket_mb: 0.002,
-        };
+    let make = |stage, model| {
         Trainer::parallel(
             model,
             step.clone(),
             device,
             ProcessGroups::single(),
-            parallel,
+            one_rank(stage),
         )
     };
+    let fresh = |seed| Decoder::<B>::new(&config, seed, &device).unwrap();
     let weights = |t: &Trainer<B, Decoder<B>>| -> Vec<Vec<f32>> {
         named_tensors(&t.full_model().unwrap().valid())
             .into_iter()
@@ -253,30 +258,19 @@ fn trainer_state_restores_exactly_under_every_stage() {
         ZeroStage::Two,
         ZeroStage::Three,
     ] {
-        let mut whole = make(stage, 3);
+        let mut whole = make(stage, fresh(3));
         let want: Vec<f64> = batches
             .iter()
             .map(|b| whole.step(b).unwrap().loss)
             .collect();
-        let mut first = make(stage, 3);
+        let mut first = make(stage, fresh(3));
         for b in &batches[..2] {
             first.step(b).unwrap();
         }
         let state = first.state().unwrap();
         assert_eq!(state.moments.len(), 2 * state.model.len());
-        let model = Decoder::<B>::new(&config, 99, &device).unwrap();
-        let model = load_named_tensors(model, state.model.into_iter().collect(), "state").unwrap();
-        let parallel = ParallelConfig {
-            zero: stage,
-            bucket_mb: 0.002,
-        };
-        let mut resumed = Trainer::parallel(
-            model,
-            step.clone(),
-            device,
-            ProcessGroups::single(),
-            parallel,
-        );
+        let model = load_named_tensors(fresh(99), state.model.into_iter().collect(), "state");
+        let mut resumed = make(stage, model.unwrap());
         resumed
             .restore(
                 state.steps_done,
