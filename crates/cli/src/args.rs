@@ -181,9 +181,14 @@ pub struct TrainArgs {
     /// Data-parallel degree (default: the world size / (tp x pp)); dp x tp x pp must equal the world size.
     #[arg(long)]
     pub dp: Option<usize>,
-    /// Tensor-parallel degree (only 1: tensor parallelism is not implemented yet).
+    /// Tensor-parallel degree (Megatron-LM): attention heads, key/value heads, MLP units and
+    /// the vocabulary are split over tp ranks; tp must divide the heads, KV heads and ffn size.
     #[arg(long)]
     pub tp: Option<usize>,
+    /// Under --tp, pad the vocabulary to a multiple of this times tp (Megatron-LM's flag; the
+    /// padding is never predicted and is dropped from checkpoints).
+    #[arg(long, value_name = "N")]
+    pub make_vocab_size_divisible_by: Option<usize>,
     /// Pipeline-parallel degree (only 1: pipeline parallelism is not implemented yet).
     #[arg(long)]
     pub pp: Option<usize>,
@@ -247,6 +252,7 @@ impl TrainArgs {
             sample_prompt,
             comm_timeout_s,
             tp,
+            make_vocab_size_divisible_by,
             pp,
             bucket_mb,
             zero,

@@ -51,8 +51,9 @@ impl Resume {
 
     /// Refuses settings `s` (the run's, with the flags given) that would
     /// change the model or the data the run trains on, naming the flag. The
-    /// step count, cadences, the DP size and ZeRO stage may change; the
-    /// global batch (`dp x micro-batch x grad-accum`) may not.
+    /// step count, cadences, the DP and TP sizes and the ZeRO stage may
+    /// change (checkpoints hold whole tensors); the global batch (`dp x
+    /// micro-batch x grad-accum`) may not.
     pub fn check(&self, s: &TrainSettings, world_size: usize) -> anyhow::Result<()> {
         let was = &self.config.train;
         macro_rules! same {
@@ -74,7 +75,6 @@ impl Resume {
             val_fraction => "--val-fraction",
             hf_dir => "--hf-dir",
             kernels => "--kernels",
-            tp => "--tp",
             pp => "--pp",
         );
         let rows = |t: &TrainSettings, dp: usize| dp * t.micro_batch * t.grad_accum;

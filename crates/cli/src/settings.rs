@@ -76,8 +76,12 @@ pub struct TrainSettings {
     pub comm_timeout_s: f64,
     /// Data-parallel degree; unset = world size / (tp x pp).
     pub dp: Option<usize>,
-    /// Tensor-parallel degree (only 1 is implemented).
+    /// Tensor-parallel degree (Megatron-LM: heads, MLP units and the
+    /// vocabulary split over `tp` ranks).
     pub tp: usize,
+    /// Under TP the vocabulary is padded to a multiple of this times `tp`
+    /// (Megatron-LM's `--make-vocab-size-divisible-by`).
+    pub make_vocab_size_divisible_by: usize,
     /// Pipeline-parallel degree (only 1 is implemented).
     pub pp: usize,
     /// Gradient all-reduce bucket size for data parallelism, MiB (also
@@ -145,6 +149,7 @@ impl Default for TrainSettings {
             comm_timeout_s: ferrotron_parallel::comm::DEFAULT_TIMEOUT.as_secs_f64(),
             dp: None,
             tp: 1,
+            make_vocab_size_divisible_by: ferrotron_parallel::tensor::DEFAULT_VOCAB_DIVISIBLE_BY,
             pp: 1,
             bucket_mb: ferrotron_parallel::data::DEFAULT_BUCKET_MB,
             zero: ZeroStage::Off,
@@ -205,6 +210,10 @@ impl TrainSettings {
             ("--eval-batches", self.eval_batches),
             ("--dp", self.dp.unwrap_or(1)),
             ("--tp", self.tp),
+            (
+                "--make-vocab-size-divisible-by",
+                self.make_vocab_size_divisible_by,
+            ),
             ("--pp", self.pp),
             ("--keep-checkpoints", self.keep_checkpoints),
             ("--max-skipped", self.max_skipped),

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use burn::module::AutodiffModule;
 use burn::tensor::TensorData;
 use ferrotron_engine::backend::BackendKind;
 use ferrotron_engine::checkpoint::write_atomic;
@@ -21,11 +20,13 @@ use ferrotron_engine::params::{load_named_tensors, named_tensors};
 use ferrotron_models::hf::{load_hf_dir, save_hf_dir, ExportOptions, Family, SpecialTokens};
 use ferrotron_models::ops::{choose_kernels, KernelBackend, TrainBackend};
 use ferrotron_models::presets::{preset, PRESET_NAMES};
+use ferrotron_models::tensor_parallel::{check_tp, shard_plan};
 use ferrotron_models::{generate, Decoder, SamplingConfig};
 use ferrotron_parallel::comm::{Communicator, SingleProcess};
 use ferrotron_parallel::groups::ProcessGroups;
 use ferrotron_parallel::launch::{self, LaunchInfo};
 use ferrotron_parallel::mesh::Mesh;
+use ferrotron_parallel::tensor::TpGroup;
 use ferrotron_parallel::train::checkpoint::CheckpointState;
 use ferrotron_parallel::train::{
     self, LoopConfig, LoopError, NonFinite, ParallelConfig, Progress, StepConfig, TokenWindows,
@@ -187,6 +188,7 @@ fn train_ranked(
         model.vocab_size = v;
     }
     model.kernels = s.kernels;
+    check_tp(&model, mesh.tp).map_err(|e| usage(format!("--tp {}: {e}", mesh.tp)))?;
     // The choice `Decoder::new` makes, checked before the run directory is
     // written.
     choose_kernels(&model, kind.is_cpu().then(|| kind.name()))
@@ -437,10 +439,15 @@ impl BackendTask for TrainTask {
         };
         let val_batches = data::eval_batches(&split.val, s.seq_len, s.micro_batch, s.eval_batches);
 
+        let groups = ProcessGroups::new(comm.clone(), self.mesh)?;
         let mut model = Decoder::<B>::new(mc, s.seed, &device)?;
         if let Some((initial, name)) = self.initial {
             model = load_named_tensors(model, initial, &name)?;
         }
+        // Tensor parallelism first: every rank builds the whole model, then
+        // keeps its part (then ZeRO shards that over the DP group).
+        let shards = shard_plan(mc, self.mesh.tp, s.make_vocab_size_divisible_by)?;
+        let model = model.shard(&shards, TpGroup::new(groups.tp().clone()))?;
         let peak = match self.peak {
             Some(p) => p,
             None => {
@@ -481,12 +488,12 @@ impl BackendTask for TrainTask {
             },
             grad_clip: s.grad_clip,
         };
-        let groups = ProcessGroups::new(comm.clone(), self.mesh)?;
         let parallel = ParallelConfig {
             zero: s.zero,
             bucket_mb: s.bucket_mb,
+            shards,
         };
-        let mut trainer = Trainer::parallel(model, step_config, device.clone(), groups, parallel);
+        let mut trainer = Trainer::parallel(model, step_config, device.clone(), groups, parallel)?;
         if let Some((state, moments, dir)) = self.restore {
             trainer
                 .restore(state.step, state.optimizer_steps, moments)
@@ -562,10 +569,17 @@ impl BackendTask for TrainTask {
             Err(e) => return Err(e.into()),
         };
         bar.finish_and_clear();
-        let model = trainer.full_model()?.valid();
+        // The whole model (gathered over the DP and TP groups: every rank
+        // takes part), for the export and the sample on rank 0.
+        let whole = trainer.whole_parameters()?;
         if !lead {
             return Ok(());
         }
+        let model = load_named_tensors(
+            Decoder::<B::InnerBackend>::new(mc, s.seed, &device)?,
+            whole.into_iter().collect(),
+            "the trained model",
+        )?;
         if let (Some(&(s0, first)), Some(&(s1, last))) =
             (summary.validations.first(), summary.validations.last())
         {

@@ -191,6 +191,64 @@ pub fn load_named_tensors<B: Backend, M: Module<B>>(
     Ok(module)
 }
 
+struct MapNamed<F, E> {
+    path: Path,
+    f: F,
+    error: Option<E>,
+}
+
+impl<B: Backend, F, E> ModuleMapper<B> for MapNamed<F, E>
+where
+    F: FnMut(&str, TensorData) -> Result<TensorData, E>,
+{
+    fn enter_module(&mut self, name: &str, _: &str) {
+        self.path.enter(name);
+    }
+    fn exit_module(&mut self, _: &str, _: &str) {
+        self.path.exit();
+    }
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        if self.error.is_some() {
+            return param;
+        }
+        let (id, tensor, mapper) = param.consume();
+        let device = tensor.device();
+        let grad = tensor.is_require_grad();
+        match (self.f)(&self.path.name(), tensor.clone().into_data()) {
+            Ok(data) => {
+                let mapped = Tensor::<B, D>::from_data(data, &device);
+                let mapped = if grad { mapped.require_grad() } else { mapped };
+                Param::from_mapped_value(id, mapped, mapper)
+            }
+            Err(e) => {
+                self.error = Some(e);
+                Param::from_mapped_value(id, tensor, mapper)
+            }
+        }
+    }
+}
+
+/// `module` with every float parameter replaced by `f(name, values)`,
+/// whatever shape `f` returns (same rank); parameter ids are kept. The
+/// first error of `f` is returned.
+pub fn map_named_tensors<B, M, F, E>(module: M, f: F) -> Result<M, E>
+where
+    B: Backend,
+    M: Module<B>,
+    F: FnMut(&str, TensorData) -> Result<TensorData, E>,
+{
+    let mut m = MapNamed {
+        path: Path::default(),
+        f,
+        error: None,
+    };
+    let module = module.map(&mut m);
+    match m.error {
+        Some(e) => Err(e),
+        None => Ok(module),
+    }
+}
+
 #[cfg(all(test, feature = "flex"))]
 mod tests {
     use super::*;

@@ -26,7 +26,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Distribution, Int, Tensor, TensorData};
 use burn_wgpu::{CubeBackend, WgpuRuntime};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use ferrotron_models::layers::position::PositionContext;
+use ferrotron_models::layers::position::{Heads, PositionContext};
 use ferrotron_models::ops::{
     attention, cross_entropy, layer_norm, rms_norm, rope, swiglu, KernelBackend,
 };
@@ -72,7 +72,15 @@ fn positions<B: KernelBackend>(
         theta: 10_000.0,
         scaling: None,
     };
-    PositionContext::new(&rope, 8, 64, 0, seq, kernels == Kernels::Fused, dev)
+    PositionContext::new(
+        &rope,
+        &Heads::all(8),
+        64,
+        0,
+        seq,
+        kernels == Kernels::Fused,
+        dev,
+    )
 }
 
 /// Every op at its benchmark shapes on backend `B` with `kernels`.

@@ -4,10 +4,14 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor};
 use ferrotron_engine::lm::{CausalLm, LmUnit, LmUnits};
+use ferrotron_parallel::tensor::{
+    copy_to_tp, gather_from_tp, vocab_parallel_cross_entropy, vocab_parallel_embedding, TpGroup,
+    VocabShard,
+};
 
 use crate::config::{ConfigError, DecoderConfig, Kernels, Position};
 use crate::init::Init;
-use crate::layers::position::PositionContext;
+use crate::layers::position::{Heads, PositionContext};
 use crate::layers::{Attention, LayerKv, Mlp, Norm};
 use crate::ops::{self, resolve_kernels, KernelBackend};
 
@@ -66,6 +70,10 @@ impl<B: Backend> KvCache<B> {
 }
 
 /// The decoder: embeddings, `n_layers` blocks, final norm and output head.
+///
+/// Under tensor parallelism (see [`Decoder::shard`]) each rank holds a
+/// block of `vocab` rows of the embedding (and columns of the head), and
+/// its share of every block's heads and MLP units.
 #[derive(Module, Debug)]
 pub struct Decoder<B: Backend> {
     /// Token embeddings `[vocab, hidden]` (also the head when tied).
@@ -84,6 +92,11 @@ pub struct Decoder<B: Backend> {
     config: DecoderConfig,
     #[module(skip)]
     kernels: Kernels,
+    #[module(skip)]
+    tp: TpGroup,
+    /// This rank's block of the vocabulary (all of it on one rank).
+    #[module(skip)]
+    vocab: VocabShard,
 }
 
 impl<B: KernelBackend> Decoder<B> {
@@ -124,7 +137,29 @@ impl<B: KernelBackend> Decoder<B> {
             head,
             config: c.clone(),
             kernels,
+            tp: TpGroup::single(),
+            vocab: VocabShard::new(c.vocab_size, 1, 0, 1),
         })
+    }
+
+    /// The model, whose parameters are already cut to this rank's part,
+    /// computing over `tp` with vocabulary block `vocab`.
+    pub(crate) fn split_over(self, tp: TpGroup, vocab: VocabShard) -> Self {
+        let layers = self
+            .layers
+            .into_iter()
+            .map(|b| Block {
+                attn: b.attn.split_heads(tp.clone()),
+                mlp: b.mlp.split_units(tp.clone()),
+                ..b
+            })
+            .collect();
+        Self {
+            layers,
+            tp,
+            vocab,
+            ..self
+        }
     }
 
     /// The configuration the model was built from.
@@ -149,18 +184,18 @@ impl<B: KernelBackend> Decoder<B> {
     ) -> PositionContext<B> {
         let c = &self.config;
         let fused = self.kernels == Kernels::Fused && !cached;
-        PositionContext::new(
-            &c.position,
-            c.n_heads,
-            c.head_dim(),
-            start,
-            len,
-            fused,
-            device,
-        )
+        let per_rank = c.n_heads / self.tp.size();
+        let first = self.tp.rank() * per_rank;
+        let heads = Heads {
+            total: c.n_heads,
+            range: first..first + per_rank,
+        };
+        PositionContext::new(&c.position, &heads, c.head_dim(), start, len, fused, device)
     }
 
-    /// Logits `[batch, seq, vocab]` for token ids `[batch, seq]`.
+    /// Logits `[batch, seq, vocab]` for token ids `[batch, seq]` (under
+    /// tensor parallelism gathered from every rank's vocabulary block; the
+    /// loss never gathers them).
     pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
         self.forward_from(tokens, 0, None)
     }
@@ -191,7 +226,32 @@ impl<B: KernelBackend> Decoder<B> {
             let kv = cache.as_mut().map(|c| &mut c.layers[i]);
             x = layer.forward(x, &pos, kv);
         }
-        self.head_logits(x)
+        self.whole_logits(self.head_logits(x))
+    }
+
+    /// Logits `[batch, len, vocab]` from this rank's block `[batch, len,
+    /// vocab block]`: every rank's block side by side, padding dropped.
+    fn whole_logits(&self, block: Tensor<B, 3>) -> Tensor<B, 3> {
+        if self.tp.size() == 1 {
+            return block;
+        }
+        gather_from_tp(block, &self.tp).narrow(2, 0, self.vocab.vocab)
+    }
+
+    /// Mean cross-entropy (nats, `[1]`) of this rank's block of the logits
+    /// `[batch, len, vocab block]` against `targets` `[batch, len]`: the
+    /// model's kernels on one rank, the vocabulary-parallel form under TP.
+    fn loss_of(&self, logits: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
+        if self.tp.size() == 1 {
+            return ops::cross_entropy(self.kernels, logits, targets);
+        }
+        let [b, t, len] = logits.dims();
+        vocab_parallel_cross_entropy(
+            logits.reshape([b * t, len]),
+            targets.reshape([b * t]),
+            &self.vocab,
+            &self.tp,
+        )
     }
 
     /// Hidden states `[batch, len, hidden]` of `tokens` `[batch, len]` at
@@ -207,10 +267,7 @@ impl<B: KernelBackend> Decoder<B> {
             c.max_seq_len
         );
         let flat = tokens.reshape([b * t]);
-        let mut x = self
-            .embed
-            .val()
-            .select(0, flat)
+        let mut x = vocab_parallel_embedding(self.embed.val(), flat, &self.vocab, &self.tp)
             .reshape([b, t, c.hidden_size]);
         if let Some(pe) = &self.pos_embed {
             x = x + pe.val().narrow(0, start, t).unsqueeze::<3>();
@@ -221,23 +278,27 @@ impl<B: KernelBackend> Decoder<B> {
         x
     }
 
-    /// Logits `[batch, len, vocab]` of the last block's output `x`
-    /// `[batch, len, hidden]`: final norm, then the head.
+    /// This rank's block of the logits, `[batch, len, vocab block]` (all
+    /// of `vocab` on one rank), of the last block's output `x` `[batch,
+    /// len, hidden]`: final norm, then the (column-parallel) head.
     fn head_logits(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let c = &self.config;
         let [b, t, _] = x.dims();
         let x = self.final_norm.forward(x).reshape([b * t, c.hidden_size]);
+        let x = copy_to_tp(x, &self.tp);
         let head = match &self.head {
             Some(h) => h.val(),
             None => self.embed.val().transpose(),
         };
-        x.matmul(head).reshape([b, t, c.vocab_size])
+        x.matmul(head).reshape([b, t, self.vocab.len])
     }
 }
 
 impl<B: KernelBackend> CausalLm<B> for Decoder<B> {
     fn loss(&self, inputs: Tensor<B, 2, Int>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
-        ops::cross_entropy(self.kernels, self.forward(inputs), targets)
+        let (x, context) = self.embed(inputs);
+        let x = (0..self.layers.len()).fold(x, |x, i| self.block(i, x, &context));
+        self.head_loss(x, targets)
     }
 }
 
@@ -259,7 +320,7 @@ impl<B: KernelBackend> LmUnits<B> for Decoder<B> {
     }
 
     fn head_loss(&self, x: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
-        ops::cross_entropy(self.kernels, self.head_logits(x), targets)
+        self.loss_of(self.head_logits(x), targets)
     }
 
     fn visit_unit<V: ModuleVisitor<B>>(&self, unit: LmUnit, visitor: &mut V) {

@@ -13,6 +13,7 @@ pub mod layers;
 pub mod ops;
 pub mod presets;
 pub mod rope_scaling;
+pub mod tensor_parallel;
 
 pub use config::{ConfigError, DecoderConfig, Kernels, MlpKind, NormKind, Position};
 pub use decoder::{Decoder, KvCache};

@@ -2,7 +2,7 @@
 
 use burn::backend::Flex;
 use burn::tensor::{Int, Tensor, TensorData};
-use ferrotron_models::layers::position::PositionContext;
+use ferrotron_models::layers::position::{Heads, PositionContext};
 use ferrotron_models::layers::Norm;
 use ferrotron_models::ops::{cross_entropy, rope_reference, AttentionBias, Rope};
 use ferrotron_models::Kernels;
@@ -66,7 +66,7 @@ fn rope_rotates_each_pair_by_position_times_frequency() {
             theta,
             scaling: None,
         },
-        1,
+        &Heads::all(1),
         d,
         start,
         len,
@@ -100,7 +100,7 @@ fn attention_bias_hides_exactly_the_future_keys_and_adds_alibi() {
     let hidden = |q: usize, k: usize| k > 2 + q;
     let matrix = |position| match PositionContext::<B>::new(
         position,
-        2,
+        &Heads::all(2),
         4,
         2,
         3,

@@ -60,6 +60,7 @@ fn one_rank(stage: ZeroStage) -> ParallelConfig {
     ParallelConfig {
         zero: stage,
         bucket_mb: 0.002,
+        ..ParallelConfig::default()
     }
 }
 
@@ -76,7 +77,8 @@ fn train(config: &DecoderConfig, zero: Option<ZeroStage>) -> (Vec<f64>, Vec<(Str
             device,
             ProcessGroups::single(),
             one_rank(stage),
-        ),
+        )
+        .unwrap(),
     };
     let tokens = token_stream();
     let sampler = BatchSampler::new(tokens.len(), 16, 5).unwrap();
@@ -210,7 +212,7 @@ fn zero3_evaluation_equals_the_plain_trainers() {
         zero: ZeroStage::Three,
         ..ParallelConfig::default()
     };
-    let zero3 = Trainer::parallel(model, step, device, ProcessGroups::single(), parallel);
+    let zero3 = Trainer::parallel(model, step, device, ProcessGroups::single(), parallel).unwrap();
     assert_eq!(
         plain.evaluate(&batches).unwrap(),
         zero3.evaluate(&batches).unwrap()
@@ -244,6 +246,7 @@ fn trainer_state_restores_exactly_under_every_stage() {
             ProcessGroups::single(),
             one_rank(stage),
         )
+        .unwrap()
     };
     let fresh = |seed| Decoder::<B>::new(&config, seed, &device).unwrap();
     let weights = |t: &Trainer<B, Decoder<B>>| -> Vec<Vec<f32>> {

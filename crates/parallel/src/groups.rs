@@ -158,6 +158,11 @@ impl ProcessGroups {
     pub fn dp(&self) -> &Arc<dyn Communicator> {
         &self.dp
     }
+
+    /// The tensor-parallel group (the model's layers are split over it).
+    pub fn tp(&self) -> &Arc<dyn Communicator> {
+        &self.tp
+    }
 }
 
 #[cfg(test)]

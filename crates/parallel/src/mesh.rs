@@ -8,8 +8,8 @@
 //! rank = pp_index * (dp * tp) + dp_index * tp + tp_index
 //! ```
 //!
-//! Only `tp = pp = 1` runs today; larger TP or PP degrees are refused with
-//! a "not implemented yet" error.
+//! Pipeline parallelism is not implemented yet: `pp > 1` is refused with a
+//! "not implemented yet" error.
 
 /// A mesh that does not fit the job or is not implemented.
 #[derive(Debug, thiserror::Error)]
@@ -82,7 +82,7 @@ pub struct MeshCoord {
 
 impl Mesh {
     /// The mesh for `world_size` ranks; `dp = None` takes `world_size / (tp * pp)`.
-    /// Checks the product and refuses TP/PP above 1 (not implemented yet).
+    /// Checks the product and refuses PP above 1 (not implemented yet).
     pub fn new(
         dp: Option<usize>,
         tp: usize,
@@ -106,13 +106,6 @@ impl Mesh {
                 pp,
                 product: dp * tp * pp,
                 world_size,
-            });
-        }
-        if tp > 1 {
-            return Err(MeshError::NotImplemented {
-                flag: "tp",
-                degree: tp,
-                what: "tensor",
             });
         }
         if pp > 1 {
@@ -170,12 +163,9 @@ mod tests {
     }
 
     #[test]
-    fn tensor_and_pipeline_parallelism_are_refused_as_not_implemented() {
-        let e = Mesh::new(Some(1), 2, 1, 2).unwrap_err().to_string();
-        assert!(
-            e.contains("--tp 2") && e.contains("not implemented yet"),
-            "{e}"
-        );
+    fn tensor_parallelism_runs_and_pipeline_parallelism_is_refused() {
+        let m = Mesh::new(None, 2, 1, 4).unwrap();
+        assert_eq!((m.dp, m.tp, m.pp), (2, 2, 1));
         let e = Mesh::new(Some(1), 1, 2, 2).unwrap_err().to_string();
         assert!(
             e.contains("--pp 2") && e.contains("not implemented yet"),
@@ -185,7 +175,7 @@ mod tests {
 
     #[test]
     fn ranks_are_laid_out_tp_innermost_then_dp_then_pp() {
-        // Not constructible through `new` yet (TP/PP refused): build directly.
+        // Not constructible through `new` yet (PP refused): build directly.
         let m = Mesh {
             dp: 2,
             tp: 2,

@@ -6,6 +6,8 @@ use burn::module::Module;
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
+use ferrotron_parallel::tensor::{copy_to_tp, TpGroup};
+
 use super::position::PositionContext;
 use super::Linear;
 use crate::config::DecoderConfig;
@@ -16,6 +18,10 @@ use crate::ops::{attention, rope, KernelBackend};
 pub type LayerKv<B> = (Tensor<B, 4>, Tensor<B, 4>);
 
 /// Query, key, value and output projections.
+///
+/// Under tensor parallelism over `t` ranks each rank holds `n_heads / t`
+/// query heads and `n_kv_heads / t` key/value heads (the shapes below with
+/// those counts): q, k and v are column-parallel, o is row-parallel.
 #[derive(Module, Debug)]
 pub struct Attention<B: Backend> {
     /// `[hidden, n_heads * head_dim]`.
@@ -26,10 +32,16 @@ pub struct Attention<B: Backend> {
     pub v: Linear<B>,
     /// `[n_heads * head_dim, hidden]`.
     pub o: Linear<B>,
+    /// Query heads this rank computes.
     #[module(skip)]
     n_heads: usize,
+    /// Key/value heads this rank holds.
     #[module(skip)]
     n_kv_heads: usize,
+    #[module(skip)]
+    head_dim: usize,
+    #[module(skip)]
+    tp: TpGroup,
 }
 
 impl<B: Backend> Attention<B> {
@@ -44,6 +56,19 @@ impl<B: Backend> Attention<B> {
             o: Linear::new(init, h, h, c.bias, out_std),
             n_heads: c.n_heads,
             n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim(),
+            tp: TpGroup::single(),
+        }
+    }
+
+    /// The layer with its weights already cut to this rank's heads (see
+    /// `crate::tensor_parallel`), computing over `tp`.
+    pub(crate) fn split_heads(self, tp: TpGroup) -> Self {
+        Self {
+            n_heads: self.n_heads / tp.size(),
+            n_kv_heads: self.n_kv_heads / tp.size(),
+            tp,
+            ..self
         }
     }
 }
@@ -59,8 +84,9 @@ impl<B: KernelBackend> Attention<B> {
         pos: &PositionContext<B>,
         cache: Option<&mut Option<LayerKv<B>>>,
     ) -> Tensor<B, 3> {
-        let [b, t, hidden] = x.dims();
-        let hd = hidden / self.n_heads;
+        let [b, t, _] = x.dims();
+        let hd = self.head_dim;
+        let x = copy_to_tp(x, &self.tp);
         let heads = |y: Tensor<B, 3>, n: usize| y.reshape([b, t, n, hd]).swap_dims(1, 2);
         let mut q = heads(self.q.forward(x.clone()), self.n_heads);
         let mut k = heads(self.k.forward(x.clone()), self.n_kv_heads);
@@ -77,6 +103,7 @@ impl<B: KernelBackend> Attention<B> {
             *cache = Some((k.clone(), v.clone()));
         }
         let out = attention(q, k, v, &pos.attn_bias);
-        self.o.forward(out.swap_dims(1, 2).reshape([b, t, hidden]))
+        let out = out.swap_dims(1, 2).reshape([b, t, self.n_heads * hd]);
+        self.o.forward_row_parallel(out, &self.tp)
     }
 }

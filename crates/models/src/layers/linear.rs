@@ -4,6 +4,8 @@ use burn::module::{Module, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
+use ferrotron_parallel::tensor::{reduce_from_tp, TpGroup, TpOps};
+
 use crate::init::Init;
 
 /// Weight `[d_in, d_out]` and optional bias `[d_out]`.
@@ -26,13 +28,35 @@ impl<B: Backend> Linear<B> {
 
     /// `[batch, seq, d_in]` to `[batch, seq, d_out]`.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let [b, t, _] = x.dims();
+        let y = self.add_bias(self.matmul(x));
+        let d_out = y.dims()[1];
+        y.reshape([b, t, d_out])
+    }
+
+    /// `x W` for `x` `[batch, seq, d_in]`, as `[batch * seq, d_out]`.
+    fn matmul(&self, x: Tensor<B, 3>) -> Tensor<B, 2> {
         let [b, t, d_in] = x.dims();
-        let w = self.weight.val();
-        let d_out = w.dims()[1];
-        let mut y = x.reshape([b * t, d_in]).matmul(w);
-        if let Some(bias) = &self.bias {
-            y = y + bias.val().unsqueeze_dim(0);
+        x.reshape([b * t, d_in]).matmul(self.weight.val())
+    }
+
+    fn add_bias(&self, y: Tensor<B, 2>) -> Tensor<B, 2> {
+        match &self.bias {
+            Some(bias) => y + bias.val().unsqueeze_dim(0),
+            None => y,
         }
+    }
+}
+
+impl<B: TpOps> Linear<B> {
+    /// A row-parallel layer (Megatron-LM): this rank's rows of `W` `[d_in /
+    /// tp, d_out]` applied to its block of the input `x` `[batch, seq, d_in
+    /// / tp]`, the partial products summed over `tp`, then the (replicated)
+    /// bias added once. `[batch, seq, d_out]`; [`Linear::forward`] on one rank.
+    pub fn forward_row_parallel(&self, x: Tensor<B, 3>, tp: &TpGroup) -> Tensor<B, 3> {
+        let [b, t, _] = x.dims();
+        let y = self.add_bias(reduce_from_tp(self.matmul(x), tp));
+        let d_out = y.dims()[1];
         y.reshape([b, t, d_out])
     }
 }

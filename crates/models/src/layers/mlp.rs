@@ -5,12 +5,17 @@ use burn::tensor::activation::sigmoid;
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
+use ferrotron_parallel::tensor::{copy_to_tp, TpGroup};
+
 use super::Linear;
 use crate::config::{DecoderConfig, Kernels, MlpKind};
 use crate::init::Init;
 use crate::ops::{swiglu, KernelBackend};
 
 /// `down(act(up(x)))`, or `down(silu(gate(x)) * up(x))` for SwiGLU.
+///
+/// Under tensor parallelism over `t` ranks each rank holds `ffn / t` of the
+/// hidden units: up and gate are column-parallel, down is row-parallel.
 #[derive(Module, Debug)]
 pub struct Mlp<B: Backend> {
     /// `[hidden, ffn]`.
@@ -21,6 +26,8 @@ pub struct Mlp<B: Backend> {
     pub down: Linear<B>,
     #[module(skip)]
     kernels: Kernels,
+    #[module(skip)]
+    tp: TpGroup,
 }
 
 impl<B: Backend> Mlp<B> {
@@ -33,18 +40,26 @@ impl<B: Backend> Mlp<B> {
             up: Linear::new(init, h, f, c.bias, c.init_std),
             down: Linear::new(init, f, h, c.bias, out_std),
             kernels,
+            tp: TpGroup::single(),
         }
+    }
+
+    /// The block with its weights already cut to this rank's hidden units
+    /// (see `crate::tensor_parallel`), computing over `tp`.
+    pub(crate) fn split_units(self, tp: TpGroup) -> Self {
+        Self { tp, ..self }
     }
 }
 
 impl<B: KernelBackend> Mlp<B> {
     /// `[batch, seq, hidden]` to `[batch, seq, hidden]`.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let x = copy_to_tp(x, &self.tp);
         let inner = match &self.gate {
             Some(gate) => swiglu(self.kernels, gate.forward(x.clone()), self.up.forward(x)),
             None => gelu_tanh(self.up.forward(x)),
         };
-        self.down.forward(inner)
+        self.down.forward_row_parallel(inner, &self.tp)
     }
 }
 

@@ -4,12 +4,39 @@
 //! reference path, the RoPE inverse frequencies and the ALiBi slopes for the
 //! fused one). Both RoPE forms come from the same `rope_scaling::inv_freq`.
 
+use std::ops::Range;
+
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
 use crate::config::Position;
 use crate::ops::{AttentionBias, KernelBackend, Rope};
 use crate::rope_scaling::inv_freq;
+
+/// The attention heads a rank computes: `range` of the model's `total`
+/// (all of them without tensor parallelism). ALiBi's slopes depend on both.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Heads {
+    /// Heads of the model.
+    pub total: usize,
+    /// The heads this rank computes.
+    pub range: Range<usize>,
+}
+
+impl Heads {
+    /// Every one of `n` heads.
+    pub fn all(n: usize) -> Self {
+        Self {
+            total: n,
+            range: 0..n,
+        }
+    }
+
+    /// ALiBi slopes of these heads.
+    fn alibi_slopes(&self) -> Vec<f32> {
+        alibi_slopes(self.total)[self.range.clone()].to_vec()
+    }
+}
 
 /// Everything attention needs to know about positions in this pass.
 #[derive(Clone, Debug)]
@@ -21,13 +48,13 @@ pub struct PositionContext<B: KernelBackend> {
 }
 
 impl<B: KernelBackend> PositionContext<B> {
-    /// Builds the context for `len` new queries after `start` cached
-    /// positions. `fused` (the model's kernels are fused and nothing is
-    /// cached: `start` is 0) selects the fused kernels' form, which holds no
-    /// `[len, keys]` matrix.
+    /// Builds the context of `heads` for `len` new queries after `start`
+    /// cached positions. `fused` (the model's kernels are fused and nothing
+    /// is cached: `start` is 0) selects the fused kernels' form, which holds
+    /// no `[len, keys]` matrix.
     pub fn new(
         position: &Position,
-        n_heads: usize,
+        heads: &Heads,
         head_dim: usize,
         start: usize,
         len: usize,
@@ -52,29 +79,31 @@ impl<B: KernelBackend> PositionContext<B> {
         };
         let attn_bias = if fused {
             let slopes = (*position == Position::Alibi).then(|| {
-                Tensor::from_data(TensorData::new(alibi_slopes(n_heads), [n_heads]), device)
+                let slopes = heads.alibi_slopes();
+                let n = slopes.len();
+                Tensor::from_data(TensorData::new(slopes, [n]), device)
             });
             AttentionBias::Fused { slopes }
         } else {
-            AttentionBias::Matrix(bias_matrix(position, n_heads, start, len, device))
+            AttentionBias::Matrix(bias_matrix(position, heads, start, len, device))
         };
         Self { rope, attn_bias }
     }
 }
 
-/// The additive attention bias `[1, heads, len, start + len]` (`heads` is 1
+/// The additive attention bias `[1, heads, len, start + len]` (1 head
 /// without ALiBi): `-inf` where a query may not see a key (causal mask),
 /// otherwise ALiBi's `slope_h * key_position`, or 0.
 fn bias_matrix<B: Backend>(
     position: &Position,
-    n_heads: usize,
+    heads: &Heads,
     start: usize,
     len: usize,
     device: &B::Device,
 ) -> Tensor<B, 4> {
     let keys = start + len;
     let slopes = match position {
-        Position::Alibi => alibi_slopes(n_heads),
+        Position::Alibi => heads.alibi_slopes(),
         _ => vec![0.0],
     };
     let bias: Vec<f32> = slopes

@@ -5,6 +5,7 @@
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use ferrotron_kernels::attention::AttentionOptions;
+use ferrotron_parallel::tensor::TpOps;
 
 /// The fused kernels on a backend's own tensors, without autodiff. Every
 /// forward returns what its backward needs. All tensors are `f32`.
@@ -110,7 +111,7 @@ pub trait FusedKernels: Backend {
 /// `true`, report the misuse. Shapes are those of [`FusedKernels`]; each
 /// `fused_*` returns the forward output only, and on the autodiff backend
 /// records the kernels' backward.
-pub trait KernelBackend: Backend {
+pub trait KernelBackend: Backend + TpOps {
     /// Whether this backend runs Ferrotron's fused kernels.
     fn has_fused_kernels() -> bool {
         false

@@ -18,12 +18,12 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::Tensor;
 use ferrotron_engine::lm::{LmUnit, LmUnits};
 use ferrotron_engine::metrics::MemoryBytes;
-use ferrotron_engine::optim::{grad_squares, scale_grads, AdamW};
+use ferrotron_engine::optim::{scale_grads, AdamW};
 
 use crate::comm::tensor::{from_host, host_f32};
-use crate::comm::{CommError, Communicator, SingleProcess};
+use crate::comm::{CommError, Communicator};
 use crate::flat::{param_infos, FlatLayout, Unit};
-use crate::train::norm::global_norm;
+use crate::train::norm::{weighted_squares, NormShares};
 use crate::train::sync::{GradSync, Synced, WholeMoments};
 use crate::zero::tensors::{GradBytes, ParamBytes};
 
@@ -63,12 +63,13 @@ impl<M> ReplicatedGrads<M> {
 
     /// Ends the step's sum: averages it over `group`, unit by unit of
     /// `layout` (one all-reduce per unit), keeps it for [`Self::take`] and
-    /// returns its global L2 norm.
+    /// returns the sum of its squares, each parameter weighted by `shares`.
     pub fn reduce<B: AutodiffBackend>(
         &mut self,
         model: &M,
         group: &dyn Communicator,
         layout: &FlatLayout,
+        shares: &NormShares,
     ) -> Result<f64, CommError>
     where
         M: AutodiffModule<B>,
@@ -80,10 +81,10 @@ impl<M> ReplicatedGrads<M> {
         };
         model.visit(&mut bytes);
         let grad_bytes = bytes.bytes;
-        // Every rank holds every (averaged) gradient: nothing to add up across ranks.
-        let norm = global_norm(grad_squares(model, &grads), &SingleProcess)?;
+        // Every DP rank holds every (averaged) gradient: nothing to add up across them.
+        let squares = weighted_squares(model, &grads, shares);
         self.reduced = Some((grads, grad_bytes));
-        Ok(norm)
+        Ok(squares)
     }
 
     /// The reduced gradients, multiplied by `scale` if given, and the bytes
@@ -258,8 +259,8 @@ where
         Ok(())
     }
 
-    fn reduce(&mut self, model: &M) -> Result<f64, CommError> {
-        self.grads.reduce(model, &*self.group, &self.layout)
+    fn reduce(&mut self, model: &M, shares: &NormShares) -> Result<f64, CommError> {
+        self.grads.reduce(model, &*self.group, &self.layout, shares)
     }
 
     fn apply(

@@ -31,6 +31,7 @@ use ferrotron_engine::params::named_tensors;
 use super::checkpoint;
 use super::step::Trainer;
 use crate::comm::CommError;
+use crate::tensor::ShardError;
 
 /// A source of micro-batches, drawn in the same order on every rank.
 pub trait BatchSource {
@@ -162,6 +163,9 @@ pub enum LoopError {
     /// Writing the run directory failed.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    /// Joining the tensor-parallel blocks of the state failed.
+    #[error(transparent)]
+    Shards(#[from] ShardError),
     /// Writing `metrics.jsonl` failed.
     #[error("{path}: {source}")]
     Metrics {

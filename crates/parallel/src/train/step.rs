@@ -14,11 +14,13 @@ use ferrotron_engine::params::{named_tensors, param_names};
 use serde::{Deserialize, Serialize};
 
 use super::micro_batch::{batch_tensors, unit_by_unit, whole_graph};
+use super::norm::{global_norm, NormShares};
 use super::sync::{GradSync, Synced, WholeMoments};
 use crate::comm::CommError;
 use crate::data::{bucket_elems, Ddp, DEFAULT_BUCKET_MB};
 use crate::flat::param_infos;
 use crate::groups::ProcessGroups;
+use crate::tensor::{ShardError, ShardPlan};
 use crate::zero::{Zero, ZeroStage};
 
 /// How optimizer steps are taken.
@@ -33,12 +35,15 @@ pub struct StepConfig {
 }
 
 /// How the training state is spread over the process groups.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ParallelConfig {
     /// What is sharded over the DP group (`--zero`).
     pub zero: ZeroStage,
     /// Size of DDP's all-reduce buckets and of ZeRO-1/2's units, MiB of f32.
     pub bucket_mb: f64,
+    /// How the model given to the trainer is split over the TP group (the
+    /// plan it was sharded with; [`ShardPlan::none`] without TP).
+    pub shards: ShardPlan,
 }
 
 impl Default for ParallelConfig {
@@ -46,6 +51,7 @@ impl Default for ParallelConfig {
         Self {
             zero: ZeroStage::Off,
             bucket_mb: DEFAULT_BUCKET_MB,
+            shards: ShardPlan::none(),
         }
     }
 }
@@ -101,6 +107,8 @@ pub struct Trainer<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> {
     groups: ProcessGroups,
     stage: ZeroStage,
     sync: Box<dyn GradSync<B, M>>,
+    shards: ShardPlan,
+    norm_shares: NormShares,
     memory: MemoryBytes,
 }
 
@@ -112,26 +120,41 @@ where
 {
     /// A one-rank trainer for `model` on `device`, with fresh optimizer state.
     pub fn new(model: M, config: StepConfig, device: B::Device) -> Self {
-        Self::parallel(
+        let one_rank = Self::parallel(
             model,
             config,
             device,
             ProcessGroups::single(),
             ParallelConfig::default(),
-        )
+        );
+        match one_rank {
+            Ok(trainer) => trainer,
+            Err(e) => unreachable!("without tensor parallelism nothing is sharded: {e}"),
+        }
     }
 
     /// This rank's trainer in the job of `groups`: its replica (or, under
     /// ZeRO-3, shard) of `model`, trained over the DP group with
     /// `parallel`'s sharding. Every rank must build `model` identically
-    /// (same seed or same checkpoint).
+    /// (same seed or same checkpoint), then cut it over the TP group with
+    /// `parallel.shards` (tensor parallelism comes first, then ZeRO, in
+    /// torchtitan's order).
+    ///
+    /// # Errors
+    /// A parameter of `model` that `parallel.shards` does not name.
     pub fn parallel(
         model: M,
         config: StepConfig,
         device: B::Device,
         groups: ProcessGroups,
         parallel: ParallelConfig,
-    ) -> Self {
+    ) -> Result<Self, ShardError> {
+        let mut norm_shares = NormShares::new();
+        if parallel.shards.tp() > 1 {
+            for (id, name) in param_names(&model) {
+                norm_shares.insert(id, parallel.shards.norm_share(&name)?);
+            }
+        }
         let dp = groups.dp().clone();
         let buckets = bucket_elems(parallel.bucket_mb);
         let (sync, model): (Box<dyn GradSync<B, M>>, M) = match parallel.zero {
@@ -144,7 +167,7 @@ where
                 (Box::new(zero), model)
             }
         };
-        Self {
+        Ok(Self {
             model: Some(model),
             optimizer: AdamW::new(config.adamw),
             config,
@@ -153,8 +176,10 @@ where
             groups,
             stage: parallel.zero,
             sync,
+            shards: parallel.shards,
+            norm_shares,
             memory: MemoryBytes::default(),
-        }
+        })
     }
 
     /// The ZeRO stage in use.
@@ -238,7 +263,8 @@ where
         };
         let tokens: usize = micro_batches.iter().map(|b| b.batch * b.seq_len).sum();
         let lr = self.config.schedule.lr(self.steps_done);
-        let grad_norm = self.sync.reduce(&model)?;
+        let dp_squares = self.sync.reduce(&model, &self.norm_shares)?;
+        let grad_norm = global_norm(dp_squares, &**self.groups.tp())?;
         let skipped = !(loss.is_finite() && grad_norm.is_finite());
         if skipped {
             self.sync.discard();
@@ -267,26 +293,45 @@ where
         })
     }
 
+    /// Every parameter of the whole model by name: gathered over the DP
+    /// group under ZeRO-3 and joined over the TP group (a collective:
+    /// every rank must call it).
+    pub fn whole_parameters(&self) -> Result<Vec<(String, TensorData)>, ShardError> {
+        self.whole_named(&self.full_model()?)
+    }
+
+    /// The parameters of `dp_whole` (this rank's TP part, whole over the
+    /// DP group) joined over the TP group.
+    fn whole_named(&self, dp_whole: &M) -> Result<Vec<(String, TensorData)>, ShardError> {
+        let tp = &**self.groups.tp();
+        named_tensors(&dp_whole.valid())
+            .into_iter()
+            .map(|(name, data)| Ok((name.clone(), self.shards.gather(&name, data, tp)?)))
+            .collect()
+    }
+
     /// The whole training state, for a checkpoint. A collective under ZeRO
-    /// (parameters and moments are gathered): every rank must call it.
-    pub fn state(&self) -> Result<TrainerState, CommError> {
+    /// and TP (parameters and moments are gathered over the DP group, then
+    /// joined over the TP group): every rank must call it.
+    pub fn state(&self) -> Result<TrainerState, ShardError> {
         let held = self.held_model();
         let whole = self.full_model()?;
         let moments = self.sync.whole_moments(held, &self.optimizer)?;
         // Shapes of the whole parameters (under ZeRO-3 `held` has placeholders).
         let shapes = param_shapes(&whole);
+        let tp = &**self.groups.tp();
         let mut named = Vec::new();
         for (id, name) in param_names(&whole) {
             let (m, v) = &moments[&id];
             let shape = shapes[&id].clone();
-            named.push((
-                format!("m.{name}"),
-                TensorData::new(m.clone(), shape.clone()),
-            ));
-            named.push((format!("v.{name}"), TensorData::new(v.clone(), shape)));
+            for (kind, values) in [("m", m), ("v", v)] {
+                let data = TensorData::new(values.clone(), shape.clone());
+                let data = self.shards.gather(&name, data, tp)?;
+                named.push((format!("{kind}.{name}"), data));
+            }
         }
         Ok(TrainerState {
-            model: named_tensors(&whole.valid()),
+            model: self.whole_named(&whole)?,
             moments: named,
             steps_done: self.steps_done,
             optimizer_steps: self.optimizer.steps_taken(),
@@ -294,10 +339,11 @@ where
     }
 
     /// Continues from a checkpoint: the step counters and AdamW's moments
-    /// (`m.NAME`, `v.NAME` as [`Trainer::state`] wrote them). The model's
-    /// weights were loaded before the trainer was built. Errors name a
-    /// moment that is missing, has another shape, or matches no parameter.
-    /// A collective under ZeRO-3 (the shapes come from the gathered model).
+    /// (`m.NAME`, `v.NAME` as [`Trainer::state`] wrote them: whole; this
+    /// rank keeps its TP block and DP part). The model's weights were
+    /// loaded before the trainer was built. Errors name a moment that is
+    /// missing, has another shape, or matches no parameter. A collective
+    /// under ZeRO-3 (the shapes come from the gathered model).
     pub fn restore(
         &mut self,
         steps_done: usize,
@@ -305,6 +351,7 @@ where
         mut moments: BTreeMap<String, TensorData>,
     ) -> Result<(), String> {
         let shapes = param_shapes(&self.full_model().map_err(|e| e.to_string())?);
+        let tp_rank = self.groups.tp().rank();
         let held = self
             .model
             .as_ref()
@@ -316,6 +363,10 @@ where
                 let data = moments
                     .remove(&key)
                     .ok_or_else(|| format!("moment '{key}' is missing"))?;
+                let data = self
+                    .shards
+                    .shard(&name, data, tp_rank)
+                    .map_err(|e| format!("moment '{key}': {e}"))?;
                 let want = &shapes[&id];
                 if data.shape.to_vec() != *want {
                     return Err(format!(

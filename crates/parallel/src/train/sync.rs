@@ -16,6 +16,7 @@ use ferrotron_engine::lm::{LmUnit, LmUnits};
 use ferrotron_engine::metrics::MemoryBytes;
 use ferrotron_engine::optim::AdamW;
 
+use super::norm::NormShares;
 use crate::comm::CommError;
 
 /// The outcome of [`GradSync::apply`].
@@ -55,8 +56,9 @@ pub trait GradSync<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> {
     fn accumulate(&mut self, model: &M, grads: GradientsParams) -> Result<(), CommError>;
 
     /// After the last micro-batch: the gradients averaged over the DP
-    /// group; returns their global L2 norm (nothing is applied yet).
-    fn reduce(&mut self, model: &M) -> Result<f64, CommError>;
+    /// group; returns the sum of their squares over the DP group, each
+    /// parameter weighted by `shares` (nothing is applied yet).
+    fn reduce(&mut self, model: &M, shares: &NormShares) -> Result<f64, CommError>;
 
     /// Applies the reduced gradients, multiplied by `scale` if given
     /// (clipping), with one AdamW step of learning rate `lr`, leaving every

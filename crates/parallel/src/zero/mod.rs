@@ -55,7 +55,7 @@ use crate::comm::tensor::host_f32;
 use crate::comm::{CommError, Communicator};
 use crate::data::ReplicatedGrads;
 use crate::flat::{param_infos, unit_params, FlatLayout, Piece};
-use crate::train::norm::global_norm;
+use crate::train::norm::{group_sum, NormShares};
 use crate::train::sync::{GradSync, Synced, WholeMoments};
 
 /// How much of the training state is sharded over the DP ranks (`--zero`).
@@ -316,15 +316,18 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
         Ok(())
     }
 
-    /// Stages 2 and 3: the global L2 norm of the accumulated gradients
-    /// (every rank's pieces together).
-    fn piece_norm(&self) -> Result<f64, CommError> {
+    /// Stages 2 and 3: the sum of squares of the accumulated gradients
+    /// (every rank's pieces together), each parameter weighted by `shares`.
+    fn piece_squares(&self, shares: &NormShares) -> Result<f64, CommError> {
         let local: f64 = self
             .grads
-            .values()
-            .map(|g| g.clone().powf_scalar(2.0).sum().into_scalar().elem::<f64>())
+            .iter()
+            .map(|(id, g)| {
+                let squares = g.clone().powf_scalar(2.0).sum().into_scalar().elem::<f64>();
+                squares * shares.get(id).copied().unwrap_or(1.0)
+            })
             .sum();
-        global_norm(local, &*self.comm)
+        group_sum(local, &*self.comm)
     }
 
     /// Bytes of the accumulated gradient pieces held (stages 2 and 3).
@@ -418,12 +421,14 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> GradSync<B, M> for Z
         }
     }
 
-    fn reduce(&mut self, model: &M) -> Result<f64, CommError> {
+    fn reduce(&mut self, model: &M, shares: &NormShares) -> Result<f64, CommError> {
         match self.stage {
-            ZeroStage::One => self.replicated.reduce(model, &*self.comm, &self.layout),
+            ZeroStage::One => self
+                .replicated
+                .reduce(model, &*self.comm, &self.layout, shares),
             _ => {
                 self.reduced_bytes = self.piece_grad_bytes();
-                self.piece_norm()
+                self.piece_squares(shares)
             }
         }
     }

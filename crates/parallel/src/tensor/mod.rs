@@ -1,0 +1,29 @@
+//! Tensor parallelism, Megatron-LM style (Shoeybi et al. 2019): the
+//! attention heads and the MLP's hidden units are split over the ranks of
+//! the TP group, as are the vocabulary rows of the embedding and the head.
+//!
+//! - [`ops`]: the communication operators `f` ([`copy_to_tp`]) and `g`
+//!   ([`reduce_from_tp`]) as autodiff operations on every backend
+//!   ([`TpOps`]), and [`gather_from_tp`].
+//! - [`vocab`]: the vocabulary-parallel embedding and cross-entropy.
+//! - [`plan`]: which parameter is split along which dimension ([`Split`],
+//!   a table the model declares), and the cutting and joining of whole
+//!   tensors for checkpoints ([`ShardPlan`]).
+//!
+//! The model code stays single-device apart from where these operators
+//! stand (as in Megatron-Core's model spec); the trainer learns from the
+//! [`ShardPlan`] which gradients are replicated (for the global norm) and
+//! how to join a checkpoint.
+
+mod group;
+pub mod ops;
+pub mod plan;
+pub mod vocab;
+
+pub use group::TpGroup;
+pub use ops::{copy_to_tp, gather_from_tp, reduce_from_tp, TpOps};
+pub use plan::{ShardError, ShardPlan, Split};
+pub use vocab::{
+    padded_vocab, vocab_parallel_cross_entropy, vocab_parallel_embedding, VocabShard,
+    DEFAULT_VOCAB_DIVISIBLE_BY,
+};

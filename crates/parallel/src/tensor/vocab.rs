@@ -1,0 +1,169 @@
+//! The vocabulary split over the TP group (Megatron-LM's
+//! `VocabParallelEmbedding` and `vocab_parallel_cross_entropy`): each rank
+//! holds a contiguous block of the embedding's rows (and of the head's
+//! columns), so the `[tokens, vocab]` logits are never formed whole.
+//!
+//! The vocabulary is padded to a multiple of `divisible_by x tp` (Megatron's
+//! `--make-vocab-size-divisible-by`, default 128) so every rank's block has
+//! the same size. Padding rows are zero, are never looked up (token ids are
+//! below the real vocabulary) and are never predicted: their logits are
+//! pushed to [`PADDING_LOGIT`] before the softmax, so they get no
+//! probability and no gradient.
+
+use burn::tensor::{Bool, Int, Tensor, TensorData};
+
+use super::{reduce_from_tp, TpGroup, TpOps};
+
+/// Megatron's default `--make-vocab-size-divisible-by`.
+pub const DEFAULT_VOCAB_DIVISIBLE_BY: usize = 128;
+
+/// The logit a padding column gets before the softmax: far below any real
+/// logit, so `exp` makes it exactly 0, yet finite, so a zero mask times it
+/// stays 0 (an infinity would give NaN).
+pub const PADDING_LOGIT: f32 = -1e30;
+
+/// The real and padded vocabulary of a TP run and this rank's block of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VocabShard {
+    /// Tokens of the real vocabulary.
+    pub vocab: usize,
+    /// The vocabulary padded to a multiple of `divisible_by x tp` (equal to
+    /// `vocab` on one rank: a one-rank model keeps its exact shape).
+    pub padded: usize,
+    /// First token id of this rank's block.
+    pub start: usize,
+    /// Rows in every rank's block: `padded / tp`.
+    pub len: usize,
+}
+
+impl VocabShard {
+    /// Rank `rank`'s block of `vocab` tokens split over `tp` ranks, padded
+    /// to a multiple of `divisible_by x tp` when `tp > 1`.
+    pub fn new(vocab: usize, tp: usize, rank: usize, divisible_by: usize) -> Self {
+        let padded = padded_vocab(vocab, tp, divisible_by);
+        let len = padded / tp;
+        Self {
+            vocab,
+            padded,
+            start: rank * len,
+            len,
+        }
+    }
+
+    /// Rows of this rank's block that are real tokens (the rest is padding).
+    pub fn valid(&self) -> usize {
+        self.vocab.saturating_sub(self.start).min(self.len)
+    }
+}
+
+/// `vocab` rounded up to a multiple of `divisible_by x tp` for `tp > 1`;
+/// `vocab` itself on one rank.
+pub fn padded_vocab(vocab: usize, tp: usize, divisible_by: usize) -> usize {
+    if tp == 1 {
+        return vocab;
+    }
+    let step = divisible_by.max(1) * tp;
+    vocab.div_ceil(step) * step
+}
+
+/// Whether each of `ids` `[n]` falls in `shard`'s block, and its row there
+/// (clamped into the block when outside, where the mask zeroes it).
+fn local_ids<B: TpOps>(
+    ids: Tensor<B, 1, Int>,
+    shard: &VocabShard,
+) -> (Tensor<B, 1, Int>, Tensor<B, 1, Bool>) {
+    let local = ids.sub_scalar(shard.start as i64);
+    let inside = local
+        .clone()
+        .greater_equal_elem(0)
+        .bool_and(local.clone().lower_elem(shard.len as i64));
+    (local.clamp(0, shard.len as i64 - 1), inside)
+}
+
+/// Embedding rows `[n, hidden]` of token `ids` `[n]` from this rank's block
+/// `table` `[shard.len, hidden]`: each rank contributes the rows it holds
+/// and zeros elsewhere, and the contributions are summed over the group.
+pub fn vocab_parallel_embedding<B: TpOps>(
+    table: Tensor<B, 2>,
+    ids: Tensor<B, 1, Int>,
+    shard: &VocabShard,
+    group: &TpGroup,
+) -> Tensor<B, 2> {
+    if group.size() == 1 {
+        return table.select(0, ids);
+    }
+    let (local, inside) = local_ids(ids, shard);
+    let mask = inside.float().unsqueeze_dim::<2>(1);
+    reduce_from_tp(table.select(0, local) * mask, group)
+}
+
+/// Mean softmax cross-entropy (nats per token, shape `[1]`) of logits whose
+/// vocabulary is split over `group`: this rank's `logits` `[rows,
+/// shard.len]` against `targets` `[rows]`. The row maxima and the sums of
+/// exponentials are combined over the group (Megatron's
+/// `vocab_parallel_cross_entropy`), never the logits themselves.
+pub fn vocab_parallel_cross_entropy<B: TpOps>(
+    logits: Tensor<B, 2>,
+    targets: Tensor<B, 1, Int>,
+    shard: &VocabShard,
+    group: &TpGroup,
+) -> Tensor<B, 1> {
+    let [rows, len] = logits.dims();
+    let device = logits.device();
+    let logits = if shard.valid() < len {
+        let pad: Vec<f32> = (0..len)
+            .map(|i| {
+                if i < shard.valid() {
+                    0.0
+                } else {
+                    PADDING_LOGIT
+                }
+            })
+            .collect();
+        logits + Tensor::<B, 2>::from_data(TensorData::new(pad, [1, len]), &device)
+    } else {
+        logits
+    };
+    // Any per-row constant keeps the softmax; the group's maximum keeps the
+    // exponentials in range. It is a constant: no gradient flows through it.
+    let local_max = logits.clone().detach().max_dim(1).reshape([rows]);
+    let row_max = group_max(local_max, group).reshape([rows, 1]);
+    let shifted = logits - row_max;
+    let sum_exp = reduce_from_tp(shifted.clone().exp().sum_dim(1), group);
+    let (local, inside) = local_ids(targets, shard);
+    let picked = shifted.gather(1, local.reshape([rows, 1])) * inside.float().reshape([rows, 1]);
+    let target_logit = reduce_from_tp(picked, group);
+    (sum_exp.log() - target_logit).mean()
+}
+
+/// The element-wise maximum of `x` `[n]` over `group` (no gradient).
+fn group_max<B: TpOps>(x: Tensor<B, 1>, group: &TpGroup) -> Tensor<B, 1> {
+    if group.size() == 1 {
+        return x;
+    }
+    let n = x.dims()[0];
+    let all = group
+        .comm()
+        .all_gather_tensor(x)
+        .unwrap_or_else(|e| panic!("tensor-parallel all-gather over {group:?} failed: {e}"));
+    all.reshape([group.size(), n]).max_dim(0).reshape([n])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn padding_makes_equal_blocks_and_only_on_several_ranks() {
+        assert_eq!(padded_vocab(300, 1, 128), 300);
+        assert_eq!(padded_vocab(300, 2, 128), 512);
+        assert_eq!(padded_vocab(512, 2, 128), 512);
+        assert_eq!(padded_vocab(50257, 8, 128), 51200);
+        let last = VocabShard::new(300, 2, 1, 128);
+        assert_eq!((last.start, last.len, last.valid()), (256, 256, 44));
+        let first = VocabShard::new(300, 2, 0, 128);
+        assert_eq!(first.valid(), 256);
+        // A block made only of padding.
+        assert_eq!(VocabShard::new(100, 2, 1, 128).valid(), 0);
+    }
+}
