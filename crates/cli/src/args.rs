@@ -189,6 +189,10 @@ pub struct TrainArgs {
     /// padding is never predicted and is dropped from checkpoints).
     #[arg(long, value_name = "N")]
     pub make_vocab_size_divisible_by: Option<usize>,
+    /// Sequence parallelism (needs --tp > 1): norms and the residual stream split along the
+    /// sequence over the TP group; --seq-len must divide by tp.
+    #[arg(long)]
+    pub sp: bool,
     /// Pipeline-parallel degree (only 1: pipeline parallelism is not implemented yet).
     #[arg(long)]
     pub pp: Option<usize>,
@@ -260,6 +264,9 @@ impl TrainArgs {
             on_nonfinite,
             max_skipped
         );
+        if self.sp {
+            s.sp = true;
+        }
         macro_rules! set_opt {
             ($($f:ident),*) => { $( if self.$f.is_some() { s.$f = self.$f; } )* };
         }

@@ -82,6 +82,8 @@ pub struct TrainSettings {
     /// Under TP the vocabulary is padded to a multiple of this times `tp`
     /// (Megatron-LM's `--make-vocab-size-divisible-by`).
     pub make_vocab_size_divisible_by: usize,
+    /// Sequence parallelism over the TP group (Korthikanti et al. 2022).
+    pub sp: bool,
     /// Pipeline-parallel degree (only 1 is implemented).
     pub pp: usize,
     /// Gradient all-reduce bucket size for data parallelism, MiB (also
@@ -150,6 +152,7 @@ impl Default for TrainSettings {
             dp: None,
             tp: 1,
             make_vocab_size_divisible_by: ferrotron_parallel::tensor::DEFAULT_VOCAB_DIVISIBLE_BY,
+            sp: false,
             pp: 1,
             bucket_mb: ferrotron_parallel::data::DEFAULT_BUCKET_MB,
             zero: ZeroStage::Off,

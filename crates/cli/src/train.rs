@@ -189,6 +189,17 @@ fn train_ranked(
     }
     model.kernels = s.kernels;
     check_tp(&model, mesh.tp).map_err(|e| usage(format!("--tp {}: {e}", mesh.tp)))?;
+    if s.sp && mesh.tp == 1 {
+        return Err(usage(
+            "--sp needs --tp above 1: sequence parallelism splits the sequence over the TP group",
+        ));
+    }
+    if s.sp && !s.seq_len.is_multiple_of(mesh.tp) {
+        return Err(usage(format!(
+            "--sp: --seq-len {} must be divisible by --tp {}",
+            s.seq_len, mesh.tp
+        )));
+    }
     // The choice `Decoder::new` makes, checked before the run directory is
     // written.
     choose_kernels(&model, kind.is_cpu().then(|| kind.name()))
@@ -446,7 +457,8 @@ impl BackendTask for TrainTask {
         }
         // Tensor parallelism first: every rank builds the whole model, then
         // keeps its part (then ZeRO shards that over the DP group).
-        let shards = shard_plan(mc, self.mesh.tp, s.make_vocab_size_divisible_by)?;
+        let shards = shard_plan(mc, self.mesh.tp, s.make_vocab_size_divisible_by)?
+            .with_sequence_parallel(s.sp);
         let model = model.shard(&shards, TpGroup::new(groups.tp().clone()))?;
         let peak = match self.peak {
             Some(p) => p,

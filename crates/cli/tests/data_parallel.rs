@@ -10,7 +10,6 @@
 //! and fails the test (a hang).
 
 use std::path::Path;
-use std::process::{Command, Output};
 use std::time::Duration;
 
 use ferrotron_engine::checkpoint::load_safetensors;
@@ -18,50 +17,11 @@ use ferrotron_engine::checkpoint::load_safetensors;
 mod common;
 #[path = "../../../tests/support/deadline.rs"]
 mod deadline;
+#[path = "common/mpirun.rs"]
+mod mpirun;
 
 use common::{copy_dir, corpus, scratch, step_losses};
-
-/// When a training run that never ends is killed: far beyond a normal run,
-/// even on 2 shared cores.
-const DEADLINE: Duration = Duration::from_secs(900);
-
-/// `false` (and a printed reason) when the binary has no MPI support.
-fn mpi_built() -> bool {
-    if !cfg!(feature = "mpi") {
-        eprintln!(
-            "SKIPPED: ferrotron was built without the `mpi` feature; run `cargo test -p ferrotron-cli --features mpi`"
-        );
-    }
-    cfg!(feature = "mpi")
-}
-
-/// Runs `ferrotron train` with `args` on `ranks` processes (1: no mpirun).
-fn train(ranks: usize, args: &[&str]) -> Output {
-    train_within(ranks, args, DEADLINE)
-}
-
-/// `train`, killed and failing the test after `deadline`.
-fn train_within(ranks: usize, args: &[&str], deadline: Duration) -> Output {
-    let bin = env!("CARGO_BIN_EXE_ferrotron");
-    let mut cmd = if ranks == 1 {
-        Command::new(bin)
-    } else {
-        let mut c = Command::new("mpirun");
-        c.args(["--allow-run-as-root", "--oversubscribe", "-np"])
-            .arg(ranks.to_string())
-            .arg(bin);
-        c
-    };
-    // Keep the child ranks single-threaded enough to share 2 cores.
-    cmd.env("OMPI_MCA_rmaps_base_oversubscribe", "1");
-    cmd.arg("train").args(args);
-    deadline::output_within(&mut cmd, deadline).unwrap_or_else(|e| {
-        panic!(
-            "could not start {} (is Open MPI's mpirun installed?): {e}",
-            if ranks == 1 { bin } else { "mpirun" }
-        )
-    })
-}
+use mpirun::{mpi_built, train, train_within};
 
 /// Training losses of a run's metrics.jsonl, by step.
 fn losses(run: &Path) -> Vec<f64> {
@@ -244,19 +204,20 @@ fn a_mesh_that_does_not_fit_the_world_size_exits_2_on_every_rank() {
 }
 
 #[test]
-fn tensor_and_pipeline_parallelism_are_refused_as_not_implemented() {
+fn pipeline_parallelism_is_refused_as_not_implemented() {
     if !mpi_built() {
         return;
     }
-    let dir = scratch("tp");
+    let dir = scratch("pp");
     let out = dir.join("run");
-    for flag in ["--tp", "--pp"] {
-        let o = train(2, &["--dp", "1", flag, "2", "--out", out.to_str().unwrap()]);
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success());
-        assert!(err.contains("not implemented yet"), "{err}");
-        assert!(!out.exists());
-    }
+    let o = train(
+        2,
+        &["--dp", "1", "--pp", "2", "--out", out.to_str().unwrap()],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("not implemented yet"), "{err}");
+    assert!(!out.exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
 

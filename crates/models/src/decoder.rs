@@ -5,8 +5,8 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor};
 use ferrotron_engine::lm::{CausalLm, LmUnit, LmUnits};
 use ferrotron_parallel::tensor::{
-    copy_to_tp, gather_from_tp, vocab_parallel_cross_entropy, vocab_parallel_embedding, TpGroup,
-    VocabShard,
+    column_input, embedding_part, gather_from_tp, row_output, vocab_parallel_cross_entropy,
+    TpGroup, VocabShard,
 };
 
 use crate::config::{ConfigError, DecoderConfig, Kernels, Position};
@@ -256,7 +256,8 @@ impl<B: KernelBackend> Decoder<B> {
 
     /// Hidden states `[batch, len, hidden]` of `tokens` `[batch, len]` at
     /// positions `start..start+len`: token (and position) embeddings, then
-    /// the embedding norm (BLOOM).
+    /// the embedding norm (BLOOM). Under sequence parallelism this rank's
+    /// block of the positions, `[batch, len / tp, hidden]`.
     fn embed_from(&self, tokens: Tensor<B, 2, Int>, start: usize) -> Tensor<B, 3> {
         let c = &self.config;
         let [b, t] = tokens.dims();
@@ -267,10 +268,22 @@ impl<B: KernelBackend> Decoder<B> {
             c.max_seq_len
         );
         let flat = tokens.reshape([b * t]);
-        let mut x = vocab_parallel_embedding(self.embed.val(), flat, &self.vocab, &self.tp)
-            .reshape([b, t, c.hidden_size]);
+        let rows = if self.tp.size() == 1 {
+            self.embed.val().select(0, flat)
+        } else {
+            embedding_part(self.embed.val(), flat, &self.vocab)
+        };
+        let mut x = row_output(rows.reshape([b, t, c.hidden_size]), &self.tp);
+        let len = x.dims()[1];
         if let Some(pe) = &self.pos_embed {
-            x = x + pe.val().narrow(0, start, t).unsqueeze::<3>();
+            // This rank's positions: all of them, or its block under SP.
+            let block = if self.tp.sequence_parallel() {
+                self.tp.rank() * len
+            } else {
+                0
+            };
+            let first = start + block;
+            x = x + pe.val().narrow(0, first, len).unsqueeze::<3>();
         }
         if let Some(n) = &self.embed_norm {
             x = n.forward(x);
@@ -283,9 +296,9 @@ impl<B: KernelBackend> Decoder<B> {
     /// len, hidden]`: final norm, then the (column-parallel) head.
     fn head_logits(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let c = &self.config;
+        let x = column_input(self.final_norm.forward(x), &self.tp);
         let [b, t, _] = x.dims();
-        let x = self.final_norm.forward(x).reshape([b * t, c.hidden_size]);
-        let x = copy_to_tp(x, &self.tp);
+        let x = x.reshape([b * t, c.hidden_size]);
         let head = match &self.head {
             Some(h) => h.val(),
             None => self.embed.val().transpose(),

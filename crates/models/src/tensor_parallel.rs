@@ -91,14 +91,17 @@ impl<B: KernelBackend> Decoder<B> {
     /// This rank's part of the whole model `self` under tensor parallelism
     /// over `group` with `plan` (from [`shard_plan`] for this model's
     /// config and the group's size): every parameter cut per the table,
-    /// the layers computing over `group`. Parameter ids are kept. On a
-    /// group of one rank, the model itself.
+    /// the layers computing over `group`, with sequence parallelism when
+    /// the plan has it (the sequence length must then divide by the group
+    /// size). Parameter ids are kept. On a group of one rank, the model
+    /// itself.
     pub fn shard(self, plan: &ShardPlan, group: TpGroup) -> Result<Self, ShardError> {
         if group.size() == 1 {
             return Ok(self);
         }
         let rank = group.rank();
         let cut = map_named_tensors(self, |name, data| plan.shard(name, data, rank))?;
+        let group = group.with_sequence_parallel(plan.sequence_parallel());
         Ok(cut.split_over(group, plan.vocab_shard(rank)))
     }
 }

@@ -6,7 +6,7 @@ use burn::module::Module;
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
-use ferrotron_parallel::tensor::{copy_to_tp, TpGroup};
+use ferrotron_parallel::tensor::{column_input, TpGroup};
 
 use super::position::PositionContext;
 use super::Linear;
@@ -74,7 +74,8 @@ impl<B: Backend> Attention<B> {
 }
 
 impl<B: KernelBackend> Attention<B> {
-    /// `[batch, len, hidden]` to `[batch, len, hidden]`.
+    /// `[batch, len, hidden]` to `[batch, len, hidden]` (under sequence
+    /// parallelism this rank's `len / tp` positions of both).
     ///
     /// With a `cache`, the new keys and values are appended to it and the
     /// queries attend to all cached positions as well.
@@ -84,9 +85,9 @@ impl<B: KernelBackend> Attention<B> {
         pos: &PositionContext<B>,
         cache: Option<&mut Option<LayerKv<B>>>,
     ) -> Tensor<B, 3> {
-        let [b, t, _] = x.dims();
         let hd = self.head_dim;
-        let x = copy_to_tp(x, &self.tp);
+        let x = column_input(x, &self.tp);
+        let [b, t, _] = x.dims();
         let heads = |y: Tensor<B, 3>, n: usize| y.reshape([b, t, n, hd]).swap_dims(1, 2);
         let mut q = heads(self.q.forward(x.clone()), self.n_heads);
         let mut k = heads(self.k.forward(x.clone()), self.n_kv_heads);

@@ -4,7 +4,7 @@ use burn::module::{Module, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
-use ferrotron_parallel::tensor::{reduce_from_tp, TpGroup, TpOps};
+use ferrotron_parallel::tensor::{row_output, TpGroup, TpOps};
 
 use crate::init::Init;
 
@@ -51,12 +51,17 @@ impl<B: Backend> Linear<B> {
 impl<B: TpOps> Linear<B> {
     /// A row-parallel layer (Megatron-LM): this rank's rows of `W` `[d_in /
     /// tp, d_out]` applied to its block of the input `x` `[batch, seq, d_in
-    /// / tp]`, the partial products summed over `tp`, then the (replicated)
-    /// bias added once. `[batch, seq, d_out]`; [`Linear::forward`] on one rank.
+    /// / tp]`, the partial products summed over `tp` (under sequence
+    /// parallelism reduce-scattered: `seq / tp` positions remain), then
+    /// the (replicated) bias added once. `[batch, seq or seq / tp, d_out]`;
+    /// [`Linear::forward`] on one rank.
     pub fn forward_row_parallel(&self, x: Tensor<B, 3>, tp: &TpGroup) -> Tensor<B, 3> {
         let [b, t, _] = x.dims();
-        let y = self.add_bias(reduce_from_tp(self.matmul(x), tp));
-        let d_out = y.dims()[1];
-        y.reshape([b, t, d_out])
+        let partial = self.matmul(x);
+        let d_out = partial.dims()[1];
+        let y = row_output(partial.reshape([b, t, d_out]), tp);
+        let rows = y.dims()[1];
+        self.add_bias(y.reshape([b * rows, d_out]))
+            .reshape([b, rows, d_out])
     }
 }

@@ -5,7 +5,7 @@ use burn::tensor::activation::sigmoid;
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
-use ferrotron_parallel::tensor::{copy_to_tp, TpGroup};
+use ferrotron_parallel::tensor::{column_input, TpGroup};
 
 use super::Linear;
 use crate::config::{DecoderConfig, Kernels, MlpKind};
@@ -54,7 +54,7 @@ impl<B: Backend> Mlp<B> {
 impl<B: KernelBackend> Mlp<B> {
     /// `[batch, seq, hidden]` to `[batch, seq, hidden]`.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let x = copy_to_tp(x, &self.tp);
+        let x = column_input(x, &self.tp);
         let inner = match &self.gate {
             Some(gate) => swiglu(self.kernels, gate.forward(x.clone()), self.up.forward(x)),
             None => gelu_tanh(self.up.forward(x)),

@@ -9,33 +9,57 @@ use crate::comm::{Communicator, SingleProcess};
 /// [`crate::groups::ProcessGroups`]), cheap to clone into every layer.
 ///
 /// A group of one rank makes every tensor-parallel operation the identity.
+/// With sequence parallelism the activations outside the column- and
+/// row-parallel layers (norms, residual stream) are split along the
+/// sequence over the same group.
 #[derive(Clone)]
-pub struct TpGroup(Arc<dyn Communicator>);
+pub struct TpGroup {
+    comm: Arc<dyn Communicator>,
+    sequence: bool,
+}
 
 impl TpGroup {
-    /// The group of `comm`'s ranks.
+    /// The group of `comm`'s ranks, without sequence parallelism.
     pub fn new(comm: Arc<dyn Communicator>) -> Self {
-        Self(comm)
+        Self {
+            comm,
+            sequence: false,
+        }
     }
 
     /// A group of this process alone (no tensor parallelism).
     pub fn single() -> Self {
-        Self(Arc::new(SingleProcess))
+        Self::new(Arc::new(SingleProcess))
+    }
+
+    /// The group with sequence parallelism on or off (Korthikanti et al.
+    /// 2022; meaningful on more than one rank).
+    pub fn with_sequence_parallel(self, on: bool) -> Self {
+        Self {
+            sequence: on && self.size() > 1,
+            ..self
+        }
+    }
+
+    /// Whether activations outside the split layers are split along the
+    /// sequence.
+    pub fn sequence_parallel(&self) -> bool {
+        self.sequence
     }
 
     /// Ranks in the group (the TP degree).
     pub fn size(&self) -> usize {
-        self.0.world_size()
+        self.comm.world_size()
     }
 
     /// This rank's place in the group, `0..size()`.
     pub fn rank(&self) -> usize {
-        self.0.rank()
+        self.comm.rank()
     }
 
     /// The communicator of the group.
     pub fn comm(&self) -> &dyn Communicator {
-        &*self.0
+        &*self.comm
     }
 }
 
@@ -47,6 +71,11 @@ impl Default for TpGroup {
 
 impl fmt::Debug for TpGroup {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "TpGroup(rank {} of {})", self.rank(), self.size())
+        let sp = if self.sequence {
+            ", sequence parallel"
+        } else {
+            ""
+        };
+        write!(f, "TpGroup(rank {} of {}{sp})", self.rank(), self.size())
     }
 }

@@ -6,6 +6,8 @@
 //!   ([`reduce_from_tp`]) as autodiff operations on every backend
 //!   ([`TpOps`]), and [`gather_from_tp`].
 //! - [`vocab`]: the vocabulary-parallel embedding and cross-entropy.
+//! - [`PartialGrads`]: the sum over the group of the gradients that
+//!   sequence parallelism leaves partial.
 //! - [`plan`]: which parameter is split along which dimension ([`Split`],
 //!   a table the model declares), and the cutting and joining of whole
 //!   tensors for checkpoints ([`ShardPlan`]).
@@ -17,13 +19,18 @@
 
 mod group;
 pub mod ops;
+mod partial;
 pub mod plan;
 pub mod vocab;
 
 pub use group::TpGroup;
-pub use ops::{copy_to_tp, gather_from_tp, reduce_from_tp, TpOps};
+pub use ops::{
+    column_input, copy_to_tp, gather_from_sp, gather_from_tp, reduce_from_tp, row_output,
+    scatter_to_sp, TpOps,
+};
+pub use partial::PartialGrads;
 pub use plan::{ShardError, ShardPlan, Split};
 pub use vocab::{
-    padded_vocab, vocab_parallel_cross_entropy, vocab_parallel_embedding, VocabShard,
+    embedding_part, padded_vocab, vocab_parallel_cross_entropy, VocabShard,
     DEFAULT_VOCAB_DIVISIBLE_BY,
 };

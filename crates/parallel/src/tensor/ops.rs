@@ -11,6 +11,11 @@
 //! - [`gather_from_tp`]: the concatenation of every rank's last dimension
 //!   forward, this rank's block of the gradient backward (logits of a
 //!   vocabulary-parallel head, when the whole vocabulary is wanted).
+//! - Sequence parallelism (Korthikanti et al. 2022), on `[batch, seq,
+//!   hidden]` activations split along `seq`: [`gather_from_sp`] (all-gather
+//!   forward, reduce-scatter backward) replaces `f` before a
+//!   column-parallel layer, and [`scatter_to_sp`] (reduce-scatter forward,
+//!   all-gather backward) replaces `g` after a row-parallel one.
 //!
 //! Each is a method of [`TpOps`], implemented by every backend: the
 //! autodiff backend records a graph node whose backward does the
@@ -57,6 +62,20 @@ pub trait TpOps: Backend {
     fn tp_gather<const D: usize>(x: Tensor<Self, D>, group: &TpGroup) -> Tensor<Self, D> {
         all_gather_last(x, group)
     }
+
+    /// Every rank's sequence block `x` `[batch, seq / tp, hidden]` joined in
+    /// rank order: `[batch, seq, hidden]`; on the autodiff backend the
+    /// gradient is reduce-scattered back along the sequence.
+    fn sp_gather(x: Tensor<Self, 3>, group: &TpGroup) -> Tensor<Self, 3> {
+        all_gather_seq(x, group)
+    }
+
+    /// `x` `[batch, seq, hidden]` summed over `group`, this rank keeping
+    /// its block of the sequence, `[batch, seq / tp, hidden]`; on the
+    /// autodiff backend the gradient is all-gathered along the sequence.
+    fn sp_scatter(x: Tensor<Self, 3>, group: &TpGroup) -> Tensor<Self, 3> {
+        reduce_scatter_seq(x, group)
+    }
 }
 
 /// Megatron's `f` (see the module doc); the identity on one rank.
@@ -82,6 +101,78 @@ pub fn gather_from_tp<B: TpOps, const D: usize>(x: Tensor<B, D>, group: &TpGroup
         return x;
     }
     B::tp_gather(x, group)
+}
+
+/// Sequence parallelism's all-gather (see [`TpOps::sp_gather`]); the
+/// identity on one rank.
+pub fn gather_from_sp<B: TpOps>(x: Tensor<B, 3>, group: &TpGroup) -> Tensor<B, 3> {
+    if group.size() == 1 {
+        return x;
+    }
+    B::sp_gather(x, group)
+}
+
+/// Sequence parallelism's reduce-scatter (see [`TpOps::sp_scatter`]);
+/// the identity on one rank.
+pub fn scatter_to_sp<B: TpOps>(x: Tensor<B, 3>, group: &TpGroup) -> Tensor<B, 3> {
+    if group.size() == 1 {
+        return x;
+    }
+    B::sp_scatter(x, group)
+}
+
+/// The input of a column-parallel layer, `[batch, seq, hidden]`, from the
+/// activations `x` around it: `f` ([`copy_to_tp`]), or under sequence
+/// parallelism the all-gather of every rank's `[batch, seq / tp, hidden]`
+/// block ([`gather_from_sp`]).
+pub fn column_input<B: TpOps>(x: Tensor<B, 3>, group: &TpGroup) -> Tensor<B, 3> {
+    if group.sequence_parallel() {
+        gather_from_sp(x, group)
+    } else {
+        copy_to_tp(x, group)
+    }
+}
+
+/// The output of a row-parallel layer from this rank's partial sums `x`
+/// `[batch, seq, hidden]`: `g` ([`reduce_from_tp`]), or under sequence
+/// parallelism the reduce-scatter into this rank's `[batch, seq / tp,
+/// hidden]` block ([`scatter_to_sp`]).
+pub fn row_output<B: TpOps>(x: Tensor<B, 3>, group: &TpGroup) -> Tensor<B, 3> {
+    if group.sequence_parallel() {
+        scatter_to_sp(x, group)
+    } else {
+        reduce_from_tp(x, group)
+    }
+}
+
+/// Every rank's `x` `[batch, s, hidden]` joined along the sequence.
+fn all_gather_seq<B: Backend>(x: Tensor<B, 3>, group: &TpGroup) -> Tensor<B, 3> {
+    let [b, s, h] = x.dims();
+    let tp = group.size();
+    let all = group
+        .comm()
+        .all_gather_tensor(x.reshape([b * s * h]))
+        .unwrap_or_else(|e| panic!("sequence-parallel all-gather over {group:?} failed: {e}"));
+    all.reshape([tp, b, s, h])
+        .swap_dims(0, 1)
+        .reshape([b, tp * s, h])
+}
+
+/// `x` `[batch, seq, hidden]` summed over `group`; this rank's block of
+/// the sequence, `[batch, seq / tp, hidden]`.
+fn reduce_scatter_seq<B: Backend>(x: Tensor<B, 3>, group: &TpGroup) -> Tensor<B, 3> {
+    let [b, seq, h] = x.dims();
+    let tp = group.size();
+    let s = seq / tp;
+    let blocks = x
+        .reshape([b, tp, s, h])
+        .swap_dims(0, 1)
+        .reshape([tp * b * s * h]);
+    group
+        .comm()
+        .reduce_scatter_sum_tensor(blocks)
+        .unwrap_or_else(|e| panic!("sequence-parallel reduce-scatter over {group:?} failed: {e}"))
+        .reshape([b, s, h])
 }
 
 /// `x` summed element-wise over `group`.
@@ -169,7 +260,69 @@ impl<B: Backend, const D: usize> Backward<B, 1> for GatherBackward<D> {
     }
 }
 
+/// Backward of the sequence all-gather: reduce-scatters the gradient.
+#[derive(Debug)]
+struct SeqGatherBackward;
+
+impl<B: Backend> Backward<B, 1> for SeqGatherBackward {
+    type State = TpGroup;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        if let [Some(parent)] = ops.parents {
+            let block = reduce_scatter_seq::<B>(float(grad), &ops.state);
+            grads.register::<B>(parent.id, primitive(block));
+        }
+    }
+}
+
+/// Backward of the sequence reduce-scatter: all-gathers the gradient.
+#[derive(Debug)]
+struct SeqScatterBackward;
+
+impl<B: Backend> Backward<B, 1> for SeqScatterBackward {
+    type State = TpGroup;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        if let [Some(parent)] = ops.parents {
+            let whole = all_gather_seq::<B>(float(grad), &ops.state);
+            grads.register::<B>(parent.id, primitive(whole));
+        }
+    }
+}
+
+/// A graph node of `x` whose output is `forward(x)` and whose backward is
+/// `backward` with the group as state.
+fn group_node<B, C, O>(
+    x: Tensor<Autodiff<B, C>, 3>,
+    group: &TpGroup,
+    op: O,
+    forward: fn(Tensor<B, 3>, &TpGroup) -> Tensor<B, 3>,
+) -> Tensor<Autodiff<B, C>, 3>
+where
+    B: Backend,
+    C: CheckpointStrategy,
+    O: Backward<B, 1, State = TpGroup>,
+{
+    let x = primitive(x);
+    let out = primitive(forward(float(x.primitive), group));
+    let out = match op.prepare::<C>([x.node.clone()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish(group.clone(), out),
+        OpsKind::UnTracked(prep) => prep.finish(out),
+    };
+    float(out)
+}
+
 impl<B: Backend, C: CheckpointStrategy> TpOps for Autodiff<B, C> {
+    fn sp_gather(x: Tensor<Self, 3>, group: &TpGroup) -> Tensor<Self, 3> {
+        group_node(x, group, SeqGatherBackward, all_gather_seq::<B>)
+    }
+
+    fn sp_scatter(x: Tensor<Self, 3>, group: &TpGroup) -> Tensor<Self, 3> {
+        group_node(x, group, SeqScatterBackward, reduce_scatter_seq::<B>)
+    }
+
     fn tp_copy<const D: usize>(x: Tensor<Self, D>, group: &TpGroup) -> Tensor<Self, D> {
         let x = primitive(x);
         let out = match CopyBackward::<D>

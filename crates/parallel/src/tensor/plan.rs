@@ -64,6 +64,7 @@ pub struct ShardPlan {
     tp: usize,
     vocab: usize,
     divisible_by: usize,
+    sequence: bool,
 }
 
 impl ShardPlan {
@@ -74,6 +75,7 @@ impl ShardPlan {
             tp: 1,
             vocab: 0,
             divisible_by: 1,
+            sequence: false,
         }
     }
 
@@ -90,7 +92,30 @@ impl ShardPlan {
             tp,
             vocab,
             divisible_by,
+            sequence: false,
         }
+    }
+
+    /// The plan with sequence parallelism on or off (on more than one rank).
+    pub fn with_sequence_parallel(self, on: bool) -> Self {
+        Self {
+            sequence: on && self.tp > 1,
+            ..self
+        }
+    }
+
+    /// Whether the activations around the split layers are split along
+    /// the sequence (Korthikanti et al. 2022).
+    pub fn sequence_parallel(&self) -> bool {
+        self.sequence
+    }
+
+    /// Whether each rank's gradient of parameter `name` covers only its
+    /// block of the sequence, so that the TP group must sum it: the
+    /// replicated parameters under sequence parallelism (norms, biases of
+    /// row-parallel layers, position embeddings).
+    pub fn partial_gradient(&self, name: &str) -> Result<bool, ShardError> {
+        Ok(self.sequence && self.split(name)? == Split::Replicated)
     }
 
     /// The TP degree.

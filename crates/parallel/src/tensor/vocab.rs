@@ -80,21 +80,18 @@ fn local_ids<B: TpOps>(
     (local.clamp(0, shard.len as i64 - 1), inside)
 }
 
-/// Embedding rows `[n, hidden]` of token `ids` `[n]` from this rank's block
-/// `table` `[shard.len, hidden]`: each rank contributes the rows it holds
-/// and zeros elsewhere, and the contributions are summed over the group.
-pub fn vocab_parallel_embedding<B: TpOps>(
+/// This rank's part of the embedding rows `[n, hidden]` of `ids` `[n]`:
+/// the rows its block `table` `[shard.len, hidden]` holds, zeros for the
+/// other tokens. Summed over the TP group they are the embedding (under
+/// sequence parallelism the sum is a reduce-scatter along the sequence).
+pub fn embedding_part<B: TpOps>(
     table: Tensor<B, 2>,
     ids: Tensor<B, 1, Int>,
     shard: &VocabShard,
-    group: &TpGroup,
 ) -> Tensor<B, 2> {
-    if group.size() == 1 {
-        return table.select(0, ids);
-    }
     let (local, inside) = local_ids(ids, shard);
     let mask = inside.float().unsqueeze_dim::<2>(1);
-    reduce_from_tp(table.select(0, local) * mask, group)
+    table.select(0, local) * mask
 }
 
 /// Mean softmax cross-entropy (nats per token, shape `[1]`) of logits whose

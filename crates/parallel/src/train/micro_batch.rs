@@ -24,6 +24,7 @@ use ferrotron_engine::lm::{LmUnit, LmUnits};
 
 use super::sync::GradSync;
 use crate::comm::CommError;
+use crate::tensor::PartialGrads;
 
 /// Token ids of a batch as `(inputs, targets)`, each `[batch, seq_len]`.
 pub fn batch_tensors<B: Backend>(
@@ -38,10 +39,12 @@ pub fn batch_tensors<B: Backend>(
 }
 
 /// Forward and backward of `batch` on the whole graph; the gradients of
-/// the loss divided by `micro_batches` go to `sync`. Returns the model and
-/// the batch's mean loss, nats/token.
+/// the loss divided by `micro_batches` go to `sync` (the `partial` ones
+/// summed over the TP group first). Returns the model and the batch's
+/// mean loss, nats/token.
 pub fn whole_graph<B, M>(
     sync: &mut dyn GradSync<B, M>,
+    partial: &PartialGrads,
     model: M,
     batch: &Batch,
     micro_batches: usize,
@@ -55,16 +58,19 @@ where
     let loss = model.loss(inputs, targets);
     let value = loss.clone().into_scalar().elem::<f64>();
     let grads = loss.div_scalar(micro_batches as f64).backward();
-    sync.accumulate(&model, GradientsParams::from_grads(grads, &model))?;
+    let grads = partial.sum(&model, GradientsParams::from_grads(grads, &model))?;
+    sync.accumulate(&model, grads)?;
     Ok((model, value))
 }
 
 /// Forward and backward of `batch` one unit at a time (see the module
 /// doc), with the embedding and head units already acquired; the gradients
-/// of the loss divided by `micro_batches` go to `sync`, unit by unit.
-/// Returns the model and the batch's mean loss, nats/token.
+/// of the loss divided by `micro_batches` go to `sync` unit by unit (the
+/// `partial` ones summed over the TP group first). Returns the model and
+/// the batch's mean loss, nats/token.
 pub fn unit_by_unit<B, M>(
     sync: &mut dyn GradSync<B, M>,
+    partial: &PartialGrads,
     mut model: M,
     batch: &Batch,
     micro_batches: usize,
@@ -103,7 +109,8 @@ where
         upstream = input
             .grad(&grads)
             .expect("a block's output depends on its input");
-        sync.accumulate(&model, GradientsParams::from_grads(grads, &model))?;
+        let grads = partial.sum(&model, GradientsParams::from_grads(grads, &model))?;
+        sync.accumulate(&model, grads)?;
         model = sync.release(LmUnit::Block(i), model);
     }
     grads = (embedded * Tensor::from_inner(upstream)).sum().backward();
@@ -111,6 +118,6 @@ where
     let mut ends = GradientsAccumulator::<M>::new();
     ends.accumulate(&model, head);
     ends.accumulate(&model, GradientsParams::from_grads(grads, &model));
-    sync.accumulate(&model, ends.grads())?;
+    sync.accumulate(&model, partial.sum(&model, ends.grads())?)?;
     Ok((model, value))
 }

@@ -26,7 +26,6 @@ use ferrotron_engine::checkpoint::{save_safetensors, write_atomic, CheckpointErr
 use ferrotron_engine::data::{Batch, BatchSampler, SamplerState};
 use ferrotron_engine::lm::{CausalLm, LmUnits};
 use ferrotron_engine::metrics::{write_loss_svg, MetricsWriter, StepRecord, ValRecord};
-use ferrotron_engine::params::named_tensors;
 
 use super::checkpoint;
 use super::step::Trainer;
@@ -295,15 +294,21 @@ where
                     writer: &mut Option<Writer>,
                     progress: &mut dyn Progress|
      -> Result<(), LoopError> {
-        // Gathering the model is a collective under ZeRO-3: every rank
-        // takes part, once for the loss and the weights.
-        let model = trainer.full_model()?.valid();
-        let val_loss = trainer.mean_loss(&model, val);
+        // Gathering the model is a collective under ZeRO-3 (and joining
+        // its TP blocks one under TP): every rank takes part, once for the
+        // loss and the weights.
+        let model = trainer.full_model()?;
+        let val_loss = trainer.mean_loss(&model.valid(), val);
         finite(step, "validation loss", val_loss)?;
+        let weights = if step > 0 {
+            Some(trainer.whole_named(&model)?)
+        } else {
+            None
+        };
         if let Some(w) = writer.as_mut() {
             w.record(&ValRecord { step, val_loss })?;
-            if step > 0 {
-                save_safetensors(&w.dir.join("model.safetensors"), &named_tensors(&model))?;
+            if let Some(weights) = &weights {
+                save_safetensors(&w.dir.join("model.safetensors"), weights)?;
             }
         }
         summary.validations.push((step, val_loss));

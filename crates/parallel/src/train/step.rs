@@ -20,7 +20,7 @@ use crate::comm::CommError;
 use crate::data::{bucket_elems, Ddp, DEFAULT_BUCKET_MB};
 use crate::flat::param_infos;
 use crate::groups::ProcessGroups;
-use crate::tensor::{ShardError, ShardPlan};
+use crate::tensor::{PartialGrads, ShardError, ShardPlan, TpGroup};
 use crate::zero::{Zero, ZeroStage};
 
 /// How optimizer steps are taken.
@@ -109,6 +109,7 @@ pub struct Trainer<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> {
     sync: Box<dyn GradSync<B, M>>,
     shards: ShardPlan,
     norm_shares: NormShares,
+    partial: PartialGrads,
     memory: MemoryBytes,
 }
 
@@ -150,11 +151,16 @@ where
         parallel: ParallelConfig,
     ) -> Result<Self, ShardError> {
         let mut norm_shares = NormShares::new();
+        let mut partial = std::collections::HashSet::new();
         if parallel.shards.tp() > 1 {
             for (id, name) in param_names(&model) {
                 norm_shares.insert(id, parallel.shards.norm_share(&name)?);
+                if parallel.shards.partial_gradient(&name)? {
+                    partial.insert(id);
+                }
             }
         }
+        let partial = PartialGrads::new(partial, TpGroup::new(groups.tp().clone()));
         let dp = groups.dp().clone();
         let buckets = bucket_elems(parallel.bucket_mb);
         let (sync, model): (Box<dyn GradSync<B, M>>, M) = match parallel.zero {
@@ -178,6 +184,7 @@ where
             sync,
             shards: parallel.shards,
             norm_shares,
+            partial,
             memory: MemoryBytes::default(),
         })
     }
@@ -246,7 +253,14 @@ where
         };
         let mut loss_sum = 0.0;
         for batch in micro_batches {
-            let (m, loss) = run(&mut *self.sync, model, batch, n, &self.device)?;
+            let (m, loss) = run(
+                &mut *self.sync,
+                &self.partial,
+                model,
+                batch,
+                n,
+                &self.device,
+            )?;
             model = m;
             loss_sum += loss;
         }
@@ -302,7 +316,10 @@ where
 
     /// The parameters of `dp_whole` (this rank's TP part, whole over the
     /// DP group) joined over the TP group.
-    fn whole_named(&self, dp_whole: &M) -> Result<Vec<(String, TensorData)>, ShardError> {
+    pub(crate) fn whole_named(
+        &self,
+        dp_whole: &M,
+    ) -> Result<Vec<(String, TensorData)>, ShardError> {
         let tp = &**self.groups.tp();
         named_tensors(&dp_whole.valid())
             .into_iter()
