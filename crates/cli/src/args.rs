@@ -33,6 +33,48 @@ pub enum Command {
     Export(ExportArgs),
     /// Micro-benchmarks (`bench kernels`: fused CubeCL kernels vs the Burn reference).
     Bench(BenchArgs),
+    /// Data preparation (`data prepare`: tokenize text into token shards for `train --data`).
+    Data(DataArgs),
+}
+
+/// `ferrotron data` subcommands.
+#[derive(Args, Debug)]
+pub struct DataArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: DataCommand,
+}
+
+/// The data commands.
+#[derive(Subcommand, Debug)]
+pub enum DataCommand {
+    /// Tokenize text files into a token shard set (shards, tokenizer.json, index.json) that
+    /// `ferrotron train --data DIR` memory-maps.
+    Prepare(PrepareArgs),
+}
+
+/// `ferrotron data prepare` flags.
+#[derive(Args, Debug)]
+pub struct PrepareArgs {
+    /// Input files or quoted glob patterns, in order: UTF-8 text, plain or .gz (one document
+    /// per file), or JSON lines (one document per line) with --text-field.
+    #[arg(long, required = true, num_args = 1.., value_name = "FILES_OR_GLOBS")]
+    pub input: Vec<String>,
+    /// The inputs are JSON lines; each line's document is this string field.
+    #[arg(long, value_name = "FIELD")]
+    pub text_field: Option<String>,
+    /// A Hugging Face tokenizer.json to tokenize with (or train one with --vocab-size).
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
+    /// Train a byte-level BPE of this many tokens on the inputs (as `train` does on its corpus).
+    #[arg(long)]
+    pub vocab_size: Option<usize>,
+    /// The shard set directory to create (must be new or empty).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Most tokens per shard file.
+    #[arg(long, default_value_t = 100_000_000)]
+    pub shard_tokens: u64,
 }
 
 /// `ferrotron bench` subcommands.
@@ -117,7 +159,7 @@ pub struct TrainArgs {
     /// Final learning rate of the cosine decay.
     #[arg(long)]
     pub min_lr: Option<f64>,
-    /// Linear warm-up steps.
+    /// Linear warm-up steps (default: 20, or --steps when shorter); more than --steps is refused.
     #[arg(long)]
     pub warmup_steps: Option<usize>,
     /// AdamW weight decay (not applied to norms and biases).
@@ -147,6 +189,10 @@ pub struct TrainArgs {
     /// UTF-8 text corpus, plain or .gz (default: the embedded Shakespeare).
     #[arg(long)]
     pub corpus: Option<PathBuf>,
+    /// Token shard set written by `ferrotron data prepare` (instead of --corpus); the model's
+    /// vocabulary is its tokenizer's unless --vocab-size is given.
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
     /// Fraction of the tokens held out for validation.
     #[arg(long)]
     pub val_fraction: Option<f64>,
@@ -241,7 +287,6 @@ impl TrainArgs {
             grad_accum,
             lr,
             min_lr,
-            warmup_steps,
             weight_decay,
             beta1,
             beta2,
@@ -272,8 +317,10 @@ impl TrainArgs {
         }
         set_opt!(
             vocab_size,
+            warmup_steps,
             out,
             corpus,
+            data,
             peak_tflops,
             device_type,
             hf_dir,

@@ -2,16 +2,19 @@
 
 mod args;
 mod bench;
+mod data;
 mod dispatch;
 mod error;
 mod eval;
 mod export;
 mod generate;
+mod memory_check;
 mod resume;
 mod run_config;
 mod settings;
 mod source;
 mod train;
+mod train_data;
 
 use std::process::ExitCode;
 
@@ -28,6 +31,7 @@ fn main() -> ExitCode {
         Command::Eval(a) => eval::eval(a),
         Command::Export(a) => export::export(a),
         Command::Bench(a) => bench::bench(a),
+        Command::Data(a) => data::data(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -72,6 +72,7 @@ impl Resume {
             seq_len => "--seq-len",
             seed => "--seed",
             corpus => "--corpus",
+            data => "--data",
             val_fraction => "--val-fraction",
             hf_dir => "--hf-dir",
             kernels => "--kernels",

@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use ferrotron_engine::data::ShardSetId;
 use ferrotron_models::DecoderConfig;
 use serde::{Deserialize, Serialize};
 
@@ -20,6 +21,10 @@ pub struct RunConfig {
     /// resumed run must keep); absent in runs written before it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub global_batch: Option<usize>,
+    /// The token shard set a `--data` run trains on (the hashes of its
+    /// tokenizer and index); a resumed run refuses another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards: Option<ShardSetId>,
 }
 
 impl RunConfig {

@@ -31,8 +31,9 @@ pub struct TrainSettings {
     pub lr: f64,
     /// Final learning rate of the cosine decay.
     pub min_lr: f64,
-    /// Linear warm-up steps.
-    pub warmup_steps: usize,
+    /// Linear warm-up steps; unset = min([`DEFAULT_WARMUP_STEPS`], steps).
+    /// A run records the number it used.
+    pub warmup_steps: Option<usize>,
     /// AdamW decoupled weight decay (matrices and embeddings only).
     pub weight_decay: f64,
     /// AdamW beta1.
@@ -51,6 +52,9 @@ pub struct TrainSettings {
     pub out: Option<PathBuf>,
     /// Text corpus (UTF-8, plain or .gz); the embedded Shakespeare when unset.
     pub corpus: Option<PathBuf>,
+    /// Token shard set written by `ferrotron data prepare` (instead of a
+    /// corpus); memory-mapped.
+    pub data: Option<PathBuf>,
     /// Fraction of the token stream held out for validation.
     pub val_fraction: f64,
     /// Validate (and checkpoint) every this many steps.
@@ -106,6 +110,10 @@ pub struct TrainSettings {
     pub max_skipped: usize,
 }
 
+/// Warm-up steps when `warmup_steps` is not set (and the run is at least
+/// this long).
+pub const DEFAULT_WARMUP_STEPS: usize = 20;
+
 /// `--on-nonfinite`: the step's update is never applied; `stop` ends the
 /// run (exit 1) naming the step, `skip` goes on.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -129,7 +137,7 @@ impl Default for TrainSettings {
             grad_accum: 1,
             lr: 2e-3,
             min_lr: 1e-4,
-            warmup_steps: 20,
+            warmup_steps: None,
             weight_decay: 0.1,
             beta1: 0.9,
             beta2: 0.95,
@@ -139,6 +147,7 @@ impl Default for TrainSettings {
             backend: "flex".into(),
             out: None,
             corpus: None,
+            data: None,
             val_fraction: 0.1,
             eval_every: 50,
             eval_batches: 8,
@@ -197,6 +206,17 @@ impl TrainSettings {
             if !v.is_finite() {
                 return Err(usage(format!("{flag} must be a finite number, got {v}")));
             }
+        }
+        if let Some(w) = self.warmup_steps.filter(|&w| w > self.steps) {
+            return Err(usage(format!(
+                "--warmup-steps {w} exceeds --steps {}",
+                self.steps
+            )));
+        }
+        if self.data.is_some() && self.corpus.is_some() {
+            return Err(usage(
+                "--data with --corpus: train on the shard set or on the text file, not both",
+            ));
         }
         if self.min_lr > self.lr {
             return Err(usage(format!(
@@ -274,6 +294,14 @@ impl TrainSettings {
             }
         }
         Ok(())
+    }
+
+    /// Linear warm-up steps: `warmup_steps`, or
+    /// min([`DEFAULT_WARMUP_STEPS`], `steps`) when unset, so a short run
+    /// warms up over its whole length instead of being refused.
+    pub fn warmup(&self) -> usize {
+        self.warmup_steps
+            .unwrap_or(DEFAULT_WARMUP_STEPS.min(self.steps))
     }
 
     /// Steps between complete checkpoints (0: none).

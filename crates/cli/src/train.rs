@@ -13,7 +13,7 @@ use anyhow::Context;
 use burn::tensor::TensorData;
 use ferrotron_engine::backend::BackendKind;
 use ferrotron_engine::checkpoint::write_atomic;
-use ferrotron_engine::data::{self, BatchSampler, Tokenizer};
+use ferrotron_engine::data::{self, BatchSampler, ShardSet, TokenSource, Tokenizer};
 use ferrotron_engine::metrics::{self, StepRecord};
 use ferrotron_engine::optim::{AdamWConfig, LrSchedule};
 use ferrotron_engine::params::{load_named_tensors, named_tensors};
@@ -39,9 +39,16 @@ use crate::args::TrainArgs;
 use crate::dispatch::{dispatch, parse_backend, BackendTask};
 use crate::error::{usage, Interrupted, UsageError};
 use crate::export::check_out_dir;
+use crate::memory_check::check_memory;
 use crate::resume::Resume;
 use crate::run_config::RunConfig;
 use crate::settings::{OnNonFinite, TrainSettings};
+use crate::train_data::{open_shards, TrainTokens};
+
+/// `println!` on rank 0 only.
+macro_rules! say {
+    ($lead:expr, $($arg:tt)*) => { if $lead { println!($($arg)*); } };
+}
 
 /// Runs `ferrotron train`. Every input is checked before anything is written.
 ///
@@ -178,6 +185,10 @@ fn train_ranked(
             ))
         })?,
     };
+    let shards = match &s.data {
+        Some(dir) => Some(open_shards(dir, resume.as_ref())?),
+        None => None,
+    };
     if let Some(v) = s.vocab_size.filter(|_| resume.is_none()) {
         if hf.is_some() && v != model.vocab_size {
             return Err(usage(format!(
@@ -186,6 +197,19 @@ fn train_ranked(
             )));
         }
         model.vocab_size = v;
+    } else if let (Some(set), None, None) = (&shards, &hf, &resume) {
+        // The model's vocabulary is the shard set's tokenizer's.
+        model.vocab_size = set.index().vocab_size;
+    }
+    if let Some(set) = &shards {
+        let n = set.index().vocab_size;
+        if n > model.vocab_size {
+            return Err(usage(format!(
+                "--data {}: its tokenizer has {n} tokens, more than the model's vocabulary of {}; give --vocab-size {n} or more",
+                set.dir().display(),
+                model.vocab_size
+            )));
+        }
     }
     model.kernels = s.kernels;
     check_tp(&model, mesh.tp).map_err(|e| usage(format!("--tp {}: {e}", mesh.tp)))?;
@@ -214,10 +238,19 @@ fn train_ranked(
             s.seq_len, s.model, model.max_seq_len
         )));
     }
+    // Before the model is allocated and before the data is tokenized.
+    check_memory(&model, mesh.dp, s.zero, kind, &mut |line| {
+        if lead {
+            println!("{line}");
+        }
+    })?;
     let peak = resolve_peak(&s)?;
-    let text = match &s.corpus {
-        Some(path) => data::read_corpus(path).map_err(|e| usage(format!("--corpus: {e}")))?,
-        None => data::embedded_corpus(),
+    let text = match (&s.corpus, &shards) {
+        (_, Some(_)) => String::new(),
+        (Some(path), None) => {
+            data::read_corpus(path).map_err(|e| usage(format!("--corpus: {e}")))?
+        }
+        (None, None) => data::embedded_corpus(),
     };
     let out = match &resume {
         Some(r) => {
@@ -244,8 +277,52 @@ fn train_ranked(
         )));
     }
     s.out = Some(out.clone());
-    let hf_tokenizer = hf.as_ref().and_then(|h| h.tokenizer.clone());
+    s.warmup_steps = Some(s.warmup());
     let special = hf.as_ref().map(|h| h.special.clone());
+    // The run's tokenizer.json: the resumed run's, the shard set's, the
+    // --hf-dir model's, or (None) one trained here on the corpus.
+    let tokenizer_file = match (&resume, &shards, &hf) {
+        (Some(r), _, _) => Some(r.run.join("tokenizer.json")),
+        (None, Some(set), _) => Some(set.tokenizer_path()),
+        (None, None, Some(h)) => h.tokenizer.clone(),
+        (None, None, None) => None,
+    };
+    let shard_id = shards.as_ref().map(|set| set.id().clone());
+    // The data is read, tokenized and split before anything is written
+    // (rank 0 trains the tokenizer; the other ranks read it once written).
+    let t0 = Instant::now();
+    let (val_fraction, seq_len) = (s.val_fraction, s.seq_len);
+    let prepare = |tokenizer: Tokenizer, shards: Option<ShardSet>| -> anyhow::Result<_> {
+        let tokens = match shards {
+            Some(set) => TrainTokens::shards(set, val_fraction, seq_len)?,
+            None => TrainTokens::encode(&tokenizer, &text, val_fraction, seq_len)?,
+        };
+        Ok((tokenizer, tokens))
+    };
+    let load = |path: &Path| {
+        Tokenizer::from_file(path).map_err(|e| usage(format!("{}: {e}", path.display())))
+    };
+    let mut shards = shards;
+    let prepared = match &tokenizer_file {
+        Some(path) => Some(prepare(load(path)?, shards.take())?),
+        None if lead => {
+            let tokenizer = data::train_bpe(&text, model.vocab_size)
+                .map_err(|e| usage(format!("--corpus: {e}")))?;
+            Some(prepare(tokenizer, None)?)
+        }
+        None => None,
+    };
+    if let Some((tokenizer, tokens)) = &prepared {
+        say!(
+            lead,
+            "data: {} train / {} validation tokens (vocab {}), {} in {:.1} s",
+            tokens.train().len(),
+            tokens.val().len(),
+            tokenizer.get_vocab_size(true),
+            tokens.describe(),
+            t0.elapsed().as_secs_f64()
+        );
+    }
     let (initial, restore) = match resume {
         Some(r) => {
             let name = r.dir.join("model.safetensors").display().to_string();
@@ -267,32 +344,45 @@ fn train_ranked(
         global_batch: Some(mesh.dp * s.micro_batch * s.grad_accum),
         train: s,
         model,
+        shards: shard_id,
     };
+    let run_tokenizer = out.join("tokenizer.json");
     if lead {
         fs::create_dir_all(&out)
             .with_context(|| format!("creating run directory {}", out.display()))?;
-        if let Some(tok) = &hf_tokenizer {
-            fs::copy(tok, out.join("tokenizer.json"))
-                .with_context(|| format!("copying {} into the run directory", tok.display()))?;
+        match (&tokenizer_file, &prepared, &restore) {
+            (_, _, Some(_)) => {}
+            (Some(tok), _, None) => {
+                fs::copy(tok, &run_tokenizer)
+                    .with_context(|| format!("copying {} into the run directory", tok.display()))?;
+            }
+            (None, Some((tokenizer, _)), None) => data::save_tokenizer(tokenizer, &run_tokenizer)?,
+            (None, None, None) => unreachable!("rank 0 always prepares the data"),
         }
         write_atomic(
             &out.join("config.toml"),
             toml::to_string(&config)?.as_bytes(),
         )?;
     }
-    // A resumed run reads the tokenizer its first part wrote.
-    let read_tokenizer = hf_tokenizer.is_some() || restore.is_some();
+    if tokenizer_file.is_none() {
+        // The other ranks read the tokenizer rank 0 trained once it is written.
+        comm.barrier()?;
+    }
+    let (tokenizer, tokens) = match prepared {
+        Some(p) => p,
+        None => prepare(load(&run_tokenizer)?, None)?,
+    };
     dispatch(
         kind,
         local_rank,
         TrainTask {
             config,
-            text,
+            tokenizer,
+            tokens,
             out,
             peak,
             initial,
             restore,
-            read_tokenizer,
             special,
             mesh,
             comm,
@@ -364,7 +454,10 @@ fn resolve_peak(s: &TrainSettings) -> anyhow::Result<Option<f64>> {
 
 struct TrainTask {
     config: RunConfig,
-    text: String,
+    /// The run's tokenizer (its `tokenizer.json` is in the run directory).
+    tokenizer: Tokenizer,
+    /// The training and validation tokens.
+    tokens: TrainTokens,
     out: PathBuf,
     peak: Option<f64>,
     /// Initial weights (from `--hf-dir` or the resumed checkpoint) instead
@@ -372,10 +465,6 @@ struct TrainTask {
     initial: Option<(BTreeMap<String, TensorData>, String)>,
     /// A resumed run: the checkpoint's state, AdamW moments and directory.
     restore: Option<(CheckpointState, BTreeMap<String, TensorData>, PathBuf)>,
-    /// Whether `tokenizer.json` is already in the run directory (from
-    /// `--hf-dir`, whose vocabulary may be smaller than the model's, or from
-    /// the run being resumed) rather than trained here.
-    read_tokenizer: bool,
     /// Begin/end-of-sequence ids of `--hf-dir`, written with `--hf-out`
     /// (`None`: those of the run's tokenizer).
     special: Option<SpecialTokens>,
@@ -385,11 +474,6 @@ struct TrainTask {
     comm: Arc<dyn Communicator>,
     /// Set by SIGINT / SIGTERM.
     stop: Arc<AtomicBool>,
-}
-
-/// `println!` on rank 0 only.
-macro_rules! say {
-    ($lead:expr, $($arg:tt)*) => { if $lead { println!($($arg)*); } };
 }
 
 impl BackendTask for TrainTask {
@@ -407,48 +491,20 @@ impl BackendTask for TrainTask {
         say!(lead, "run directory: {}", out.display());
         say!(lead, "{}", self.mesh.describe());
         let t0 = Instant::now();
-        let tok_path = out.join("tokenizer.json");
-        let read_tokenizer = || {
-            Tokenizer::from_file(&tok_path)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", tok_path.display()))
-        };
-        // Rank 0 trains (or copies) the tokenizer into the run directory;
-        // the other ranks read it from there once it is written.
-        let tokenizer = if !lead {
-            None
-        } else if self.read_tokenizer {
-            Some(read_tokenizer()?)
-        } else {
-            Some(data::load_or_train(&tok_path, &self.text, mc.vocab_size)?)
-        };
-        comm.barrier()?;
-        let tokenizer = match tokenizer {
-            Some(t) => t,
-            None => read_tokenizer()?,
-        };
-        let tokens = data::encode(&tokenizer, &self.text)?;
-        let split = data::split(tokens, s.val_fraction, s.seq_len + 1)
-            .map_err(|e| usage(format!("--corpus: {e}")))?;
-        say!(
-            lead,
-            "data: {} train / {} validation tokens (vocab {}), prepared in {:.1} s",
-            split.train.len(),
-            split.val.len(),
-            tokenizer.get_vocab_size(true),
-            t0.elapsed().as_secs_f64()
-        );
+        let tokenizer = &self.tokenizer;
+        let (train_tokens, val_tokens) = (self.tokens.train(), self.tokens.val());
         let sampler = match self.restore.as_ref().and_then(|r| r.0.sampler) {
-            Some(state) if state.tokens_len != split.train.len() => {
+            Some(state) if state.tokens_len != train_tokens.len() => {
                 return Err(usage(format!(
-                    "--resume: the checkpoint's sampler drew from {} training tokens, this corpus gives {}",
+                    "--resume: the checkpoint's sampler drew from {} training tokens, this data gives {}",
                     state.tokens_len,
-                    split.train.len()
+                    train_tokens.len()
                 )))
             }
             Some(state) => BatchSampler::from_state(state)?,
-            None => BatchSampler::new(split.train.len(), s.seq_len, s.seed)?,
+            None => BatchSampler::new(train_tokens.len(), s.seq_len, s.seed)?,
         };
-        let val_batches = data::eval_batches(&split.val, s.seq_len, s.micro_batch, s.eval_batches);
+        let val_batches = data::eval_batches(&val_tokens, s.seq_len, s.micro_batch, s.eval_batches);
 
         let groups = ProcessGroups::new(comm.clone(), self.mesh)?;
         let mut model = Decoder::<B>::new(mc, s.seed, &device)?;
@@ -495,7 +551,7 @@ impl BackendTask for TrainTask {
             schedule: LrSchedule {
                 max_lr: s.lr,
                 min_lr: s.min_lr,
-                warmup_steps: s.warmup_steps,
+                warmup_steps: s.warmup(),
                 total_steps: s.steps,
             },
             grad_clip: s.grad_clip,
@@ -556,7 +612,7 @@ impl BackendTask for TrainTask {
         );
         let mut batches = TokenWindows {
             sampler,
-            tokens: &split.train,
+            tokens: &train_tokens,
         };
         let summary = match train::run(
             &mut trainer,
@@ -604,7 +660,7 @@ impl BackendTask for TrainTask {
         if let Some(dir) = &s.hf_out {
             let special = self.special.clone();
             let options = ExportOptions {
-                special: special.unwrap_or_else(|| SpecialTokens::from_tokenizer(&tokenizer)),
+                special: special.unwrap_or_else(|| SpecialTokens::from_tokenizer(tokenizer)),
                 ..ExportOptions::default()
             };
             save_hf_dir(
@@ -624,7 +680,7 @@ impl BackendTask for TrainTask {
             };
             let text = sample(
                 &model,
-                &tokenizer,
+                tokenizer,
                 &s.sample_prompt,
                 s.sample_tokens,
                 &sampling,

@@ -141,6 +141,34 @@ fn bad_input_is_a_one_line_error_with_exit_code_2_and_writes_nothing() {
         &["--seq-len", "max_seq_len"],
         &out,
     );
+    // An explicit warm-up longer than the run (the default shortens itself).
+    assert_rejected(
+        &["train", "--out", o, "--steps", "5", "--warmup-steps", "10"],
+        &["--warmup-steps 10 exceeds --steps 5"],
+        &out,
+    );
+    // A corpus too small for the vocabulary, or for the train/validation split.
+    assert_rejected(
+        &["train", "--out", o, "--corpus", t, "--vocab-size", "4096"],
+        &["--corpus", "only supports a vocabulary of"],
+        &out,
+    );
+    assert_rejected(
+        &["train", "--out", o, "--corpus", t, "--vocab-size", "257"],
+        &["--corpus", "split would have", "fewer than the minimum 129"],
+        &out,
+    );
+    // Training state larger than the machine, refused before the model is
+    // allocated (70 B parameters x 16 bytes).
+    assert_rejected(
+        &["train", "--out", o, "--model", "llama3-70b"],
+        &[
+            "GiB of training state per rank",
+            "more than this machine's",
+            "GiB of memory",
+        ],
+        &out,
+    );
 }
 
 #[test]

@@ -46,7 +46,7 @@ pub enum DataError {
         source: std::string::FromUtf8Error,
     },
 
-    /// A tokenizer file exists but could not be parsed as a `tokenizer.json`.
+    /// A tokenizer file could not be parsed as a `tokenizer.json`.
     #[error("cannot load tokenizer file `{path}`: {source}")]
     TokenizerLoad {
         /// The tokenizer file.
@@ -64,20 +64,6 @@ pub enum DataError {
         /// The error reported by the `tokenizers` crate.
         #[source]
         source: tokenizers::Error,
-    },
-
-    /// A cached tokenizer file has a different vocabulary size than requested.
-    #[error(
-        "tokenizer file `{path}` has a vocabulary of {found} tokens but {expected} were \
-         requested; delete the file to retrain or request vocab_size = {found}"
-    )]
-    VocabMismatch {
-        /// The cached tokenizer file.
-        path: PathBuf,
-        /// The requested `vocab_size` (tokens).
-        expected: usize,
-        /// The vocabulary size stored in the file (tokens, special tokens included).
-        found: usize,
     },
 
     /// The requested vocabulary is smaller than the byte alphabet plus special tokens.
@@ -159,5 +145,26 @@ pub enum DataError {
         tokens_len: usize,
         /// Requested sequence length (tokens per row).
         seq_len: usize,
+    },
+
+    /// A token shard set is damaged, truncated or foreign: its index, its
+    /// tokenizer or one of its shards does not match what the index says.
+    #[error("{path}: {reason}")]
+    BadShardSet {
+        /// The file at fault (`index.json`, `tokenizer.json` or a shard).
+        path: PathBuf,
+        /// What is wrong and what was expected.
+        reason: String,
+    },
+
+    /// A line of a JSON-lines input is not a JSON object with the text field.
+    #[error("{path}:{line}: {reason}")]
+    BadJsonLine {
+        /// The input file.
+        path: PathBuf,
+        /// The line number, from 1.
+        line: usize,
+        /// What is wrong.
+        reason: String,
     },
 }

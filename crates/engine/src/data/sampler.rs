@@ -5,7 +5,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use super::DataError;
+use super::{DataError, TokenSource};
 
 /// A batch of next-token-prediction examples.
 ///
@@ -28,16 +28,17 @@ pub struct Batch {
 impl Batch {
     /// Builds a batch from the windows starting at `starts` (token offsets);
     /// each needs `seq_len + 1` tokens inside `tokens`.
-    fn from_starts(
-        tokens: &[u32],
+    fn from_starts<T: TokenSource + ?Sized>(
+        tokens: &T,
         seq_len: usize,
         starts: impl ExactSizeIterator<Item = usize>,
     ) -> Self {
         let batch = starts.len();
         let mut inputs = Vec::with_capacity(batch * seq_len);
         let mut targets = Vec::with_capacity(batch * seq_len);
+        let mut window = vec![0u32; seq_len + 1];
         for start in starts {
-            let window = &tokens[start..start + seq_len + 1];
+            tokens.read(start, &mut window);
             inputs.extend(window[..seq_len].iter().map(|&t| i64::from(t)));
             targets.extend(window[1..].iter().map(|&t| i64::from(t)));
         }
@@ -65,6 +66,9 @@ pub struct SamplerState {
 }
 
 /// Draws training batches of random windows, reproducibly.
+///
+/// The windows are read through [`TokenSource`], so a stream in memory and
+/// the same tokens in memory-mapped shards give the same batches.
 ///
 /// Each row is a window of `seq_len + 1` consecutive tokens whose start is
 /// drawn uniformly from `0..=tokens_len - seq_len - 1` by a
@@ -144,7 +148,7 @@ impl BatchSampler {
     ///
     /// If `tokens.len()` differs from the `tokens_len` the sampler was made
     /// for (a programming error: pass the same stream every time).
-    pub fn next_batch(&mut self, tokens: &[u32], batch: usize) -> Batch {
+    pub fn next_batch<T: TokenSource + ?Sized>(&mut self, tokens: &T, batch: usize) -> Batch {
         assert_eq!(
             tokens.len(),
             self.tokens_len,
@@ -182,7 +186,8 @@ fn check_window(tokens_len: usize, seq_len: usize, what: &'static str) -> Result
     Ok(())
 }
 
-/// Cuts evaluation batches from the start of `tokens`, deterministically.
+/// Cuts evaluation batches from the start of `tokens` (in memory or a
+/// shard set), deterministically.
 ///
 /// Window `i` has inputs `tokens[i * seq_len .. (i + 1) * seq_len]` and the
 /// targets shifted by one token, so windows do not overlap (each needs
@@ -194,8 +199,8 @@ fn check_window(tokens_len: usize, seq_len: usize, what: &'static str) -> Result
 /// then a single smaller batch holds all of them. Returns `[]` when
 /// `seq_len`, `batch` or `max_batches` is 0 or `tokens` has at most `seq_len`
 /// tokens.
-pub fn eval_batches(
-    tokens: &[u32],
+pub fn eval_batches<T: TokenSource + ?Sized>(
+    tokens: &T,
     seq_len: usize,
     batch: usize,
     max_batches: usize,

@@ -46,11 +46,24 @@ type BpeTokenizer = TokenizerImpl<
 ///
 /// # Errors
 ///
-/// [`DataError::VocabTooSmall`] if `vocab_size < MIN_VOCAB_SIZE` (257);
-/// [`DataError::CorpusTooSmallForVocab`] if `text` has too few distinct
-/// pairs to learn exactly `vocab_size` tokens; [`DataError::TokenizerTrain`]
-/// if the `tokenizers` crate fails.
+/// As [`train_bpe_documents`].
 pub fn train_bpe(text: &str, vocab_size: usize) -> Result<Tokenizer, DataError> {
+    train_bpe_documents(&[text], vocab_size)
+}
+
+/// Trains the tokenizer of [`train_bpe`] on several documents.
+///
+/// Word counts are taken over every document, none spanning two of them,
+/// so one document gives exactly `train_bpe(document, vocab_size)`; the
+/// result is a deterministic function of `(documents, vocab_size)`.
+///
+/// # Errors
+///
+/// [`DataError::VocabTooSmall`] if `vocab_size < MIN_VOCAB_SIZE` (257);
+/// [`DataError::CorpusTooSmallForVocab`] if the documents have too few
+/// distinct pairs to learn exactly `vocab_size` tokens;
+/// [`DataError::TokenizerTrain`] if the `tokenizers` crate fails.
+pub fn train_bpe_documents(documents: &[&str], vocab_size: usize) -> Result<Tokenizer, DataError> {
     if vocab_size < MIN_VOCAB_SIZE {
         return Err(DataError::VocabTooSmall {
             requested: vocab_size,
@@ -76,55 +89,43 @@ pub fn train_bpe(text: &str, vocab_size: usize) -> Result<Tokenizer, DataError> 
         .build();
     // The pieces split only where GPT-2 pre-tokenization splits anyway, so the
     // word counts (and the learned merges) equal those of the whole text.
-    let pieces = split_at_blank_lines(text, TRAIN_CHUNK_BYTES);
-    tokenizer
-        .train(&mut trainer, pieces.into_iter())
-        .map_err(train_err)?;
+    let pieces = documents
+        .iter()
+        .flat_map(|d| split_at_blank_lines(d, TRAIN_CHUNK_BYTES));
+    tokenizer.train(&mut trainer, pieces).map_err(train_err)?;
     let tokenizer = Tokenizer::from(tokenizer);
     let learned = tokenizer.get_vocab_size(true);
     if learned != vocab_size {
         return Err(DataError::CorpusTooSmallForVocab {
             requested: vocab_size,
             learned,
-            text_bytes: text.len(),
+            text_bytes: documents.iter().map(|d| d.len()).sum(),
         });
     }
     Ok(tokenizer)
 }
 
-/// Loads the tokenizer cached at `cache` (a `tokenizer.json`), or trains one
-/// with [`train_bpe`] on `text` and saves it there.
-///
-/// A cached file is trusted as is: it is not checked against `text`, only its
-/// vocabulary size (special tokens included) must equal `vocab_size`. A new
-/// file is written atomically: to a temporary file in the same directory
-/// (created if missing), flushed to disk, then renamed over `cache`.
+/// The id of the token that ends a document, if `tokenizer` has one: the
+/// first of [`EOS_TOKENS`] in its vocabulary (`<|endoftext|>`, id 0, for
+/// the tokenizers trained here).
+pub fn end_of_text_id(tokenizer: &Tokenizer) -> Option<u32> {
+    EOS_TOKENS.iter().find_map(|t| tokenizer.token_to_id(t))
+}
+
+/// End-of-document tokens looked for by [`end_of_text_id`], in order:
+/// GPT-2 and these tokenizers, Llama 2 and BLOOM, Llama 3, Gemma.
+pub const EOS_TOKENS: [&str; 4] = [END_OF_TEXT, "</s>", "<|end_of_text|>", "<eos>"];
+
+/// Writes `tokenizer` as `tokenizer.json` to `path` atomically: to a
+/// temporary sibling (its directory created if missing), flushed to disk,
+/// then renamed over `path`.
 ///
 /// # Errors
 ///
-/// [`DataError::TokenizerLoad`] or [`DataError::VocabMismatch`] naming
-/// `cache` if the existing file is unreadable or has another vocabulary size;
-/// the errors of [`train_bpe`]; [`DataError::Io`] or
-/// [`DataError::TokenizerSave`] naming the file if saving fails.
-pub fn load_or_train(cache: &Path, text: &str, vocab_size: usize) -> Result<Tokenizer, DataError> {
-    if cache.exists() {
-        let tokenizer = Tokenizer::from_file(cache).map_err(|source| DataError::TokenizerLoad {
-            path: cache.to_path_buf(),
-            source,
-        })?;
-        let found = tokenizer.get_vocab_size(true);
-        if found != vocab_size {
-            return Err(DataError::VocabMismatch {
-                path: cache.to_path_buf(),
-                expected: vocab_size,
-                found,
-            });
-        }
-        return Ok(tokenizer);
-    }
-    let tokenizer = train_bpe(text, vocab_size)?;
-    save_atomic(&tokenizer, cache)?;
-    Ok(tokenizer)
+/// [`DataError::TokenizerSave`] if it cannot be serialised;
+/// [`DataError::Io`] naming the file or directory if writing fails.
+pub fn save_tokenizer(tokenizer: &Tokenizer, path: &Path) -> Result<(), DataError> {
+    save_atomic(tokenizer, path)
 }
 
 /// Writes `tokenizer` as JSON to a temporary sibling of `path`, then renames it.
@@ -185,17 +186,34 @@ fn save_atomic(tokenizer: &Tokenizer, path: &Path) -> Result<(), DataError> {
 ///
 /// [`DataError::Encode`] if the `tokenizers` crate fails.
 pub fn encode(tok: &Tokenizer, text: &str) -> Result<Vec<u32>, DataError> {
-    let pieces = split_at_blank_lines(text, ENCODE_CHUNK_BYTES);
+    Ok(encode_documents(tok, &[text])?.pop().unwrap_or_default())
+}
+
+/// Encodes each of `documents` as [`encode`] does, all pieces of all
+/// documents in one parallel batch; returns one id list per document, in
+/// order.
+///
+/// # Errors
+///
+/// [`DataError::Encode`] if the `tokenizers` crate fails.
+pub fn encode_documents(tok: &Tokenizer, documents: &[&str]) -> Result<Vec<Vec<u32>>, DataError> {
+    let mut pieces = Vec::new();
+    let mut owner = Vec::new();
+    for (d, text) in documents.iter().enumerate() {
+        for piece in split_at_blank_lines(text, ENCODE_CHUNK_BYTES) {
+            pieces.push(piece);
+            owner.push(d);
+        }
+    }
     let encodings = tok
         .encode_batch_fast(pieces, false)
         .map_err(|source| DataError::Encode {
-            text_bytes: text.len(),
+            text_bytes: documents.iter().map(|d| d.len()).sum(),
             source,
         })?;
-    let total = encodings.iter().map(|e| e.len()).sum();
-    let mut ids = Vec::with_capacity(total);
-    for encoding in &encodings {
-        ids.extend_from_slice(encoding.get_ids());
+    let mut ids = vec![Vec::new(); documents.len()];
+    for (encoding, d) in encodings.iter().zip(owner) {
+        ids[d].extend_from_slice(encoding.get_ids());
     }
     Ok(ids)
 }
@@ -342,44 +360,45 @@ mod tests {
     }
 
     #[test]
-    fn load_or_train_caches_and_checks_vocab() {
-        let dir = temp_dir("cache");
-        let cache = dir.join("sub").join("tokenizer.json");
-        let text = synthetic_text();
-        let first = load_or_train(&cache, &text, 300).unwrap();
-        assert!(cache.exists());
+    fn save_is_atomic_and_loads_back() {
+        let dir = temp_dir("save");
+        let path = dir.join("sub").join("tokenizer.json");
+        let tok = train_bpe(&synthetic_text(), 300).unwrap();
+        save_tokenizer(&tok, &path).unwrap();
         // No temporary file is left behind.
-        let leftovers: Vec<_> = std::fs::read_dir(cache.parent().unwrap())
+        let leftovers: Vec<_> = std::fs::read_dir(path.parent().unwrap())
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(leftovers.len(), 1, "{leftovers:?}");
-        // Reload ignores the text: an empty text would fail to train.
-        let again = load_or_train(&cache, "", 300).unwrap();
+        let again = Tokenizer::from_file(&path).unwrap();
         assert_eq!(
-            first.to_string(false).unwrap(),
+            tok.to_string(false).unwrap(),
             again.to_string(false).unwrap()
         );
-
-        let err = load_or_train(&cache, &text, 512).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                DataError::VocabMismatch {
-                    expected: 512,
-                    found: 300,
-                    ..
-                }
-            ),
-            "{err}"
-        );
-        assert!(err.to_string().contains("tokenizer.json"), "{err}");
-
-        std::fs::write(&cache, "{ not json").unwrap();
-        let err = load_or_train(&cache, &text, 300).unwrap_err();
-        assert!(matches!(err, DataError::TokenizerLoad { .. }), "{err}");
-        assert!(err.to_string().contains("tokenizer.json"), "{err}");
+        assert_eq!(end_of_text_id(&again), Some(0));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn documents_train_and_encode_like_one_text_each() {
+        let text = synthetic_text();
+        let (a, b) = text.split_at(text.len() / 2);
+        let one = train_bpe(&text, 300).unwrap();
+        assert_eq!(
+            train_bpe_documents(&[&text], 300)
+                .unwrap()
+                .to_string(false)
+                .unwrap(),
+            one.to_string(false).unwrap()
+        );
+        let two = train_bpe_documents(&[a, b], 300).unwrap();
+        assert_eq!(two.get_vocab_size(true), 300);
+        let ids = encode_documents(&two, &[a, "", b]).unwrap();
+        assert_eq!(ids.len(), 3);
+        assert_eq!(ids[0], encode(&two, a).unwrap());
+        assert!(ids[1].is_empty());
+        assert_eq!(ids[2], encode(&two, b).unwrap());
     }
 
     /// Full-corpus training at vocab 4096, as the default run does (about 10 s:

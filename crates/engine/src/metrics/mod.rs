@@ -6,6 +6,6 @@ mod peak;
 mod plot;
 
 pub use jsonl::{MetricsWriter, StepRecord, ValRecord};
-pub use memory::MemoryBytes;
+pub use memory::{machine_memory_bytes, MemoryBytes};
 pub use peak::{measure_matmul_flops, peak_flops_for, PEAK_FLOPS_TABLE};
 pub use plot::write_loss_svg;

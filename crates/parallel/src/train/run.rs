@@ -23,7 +23,7 @@ use std::time::Instant;
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use ferrotron_engine::checkpoint::{save_safetensors, write_atomic, CheckpointError};
-use ferrotron_engine::data::{Batch, BatchSampler, SamplerState};
+use ferrotron_engine::data::{Batch, BatchSampler, SamplerState, TokenSource};
 use ferrotron_engine::lm::{CausalLm, LmUnits};
 use ferrotron_engine::metrics::{write_loss_svg, MetricsWriter, StepRecord, ValRecord};
 
@@ -42,12 +42,14 @@ pub trait BatchSource {
     }
 }
 
-/// Random windows of a token stream (the sampler's deterministic order).
+/// Random windows of a token stream (the sampler's deterministic order),
+/// in memory or in memory-mapped shards: the same tokens give the same
+/// batches either way.
 pub struct TokenWindows<'a> {
     /// Draws the window starts.
     pub sampler: BatchSampler,
     /// The training token stream.
-    pub tokens: &'a [u32],
+    pub tokens: &'a dyn TokenSource,
 }
 
 impl BatchSource for TokenWindows<'_> {

@@ -31,6 +31,7 @@
 //! [`GradSync`]: crate::train::sync::GradSync
 
 mod exchange;
+mod planned;
 pub(crate) mod tensors;
 
 use std::collections::{HashMap, HashSet};
@@ -57,6 +58,8 @@ use crate::data::ReplicatedGrads;
 use crate::flat::{param_infos, unit_params, FlatLayout, Piece};
 use crate::train::norm::{group_sum, NormShares};
 use crate::train::sync::{GradSync, Synced, WholeMoments};
+
+pub use self::planned::planned_state_bytes;
 
 /// How much of the training state is sharded over the DP ranks (`--zero`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

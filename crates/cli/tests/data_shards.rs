@@ -1,0 +1,412 @@
+//! Token shards: `ferrotron data prepare` and `ferrotron train --data`.
+//! Training on shards equals training on the same tokens in memory; a
+//! `--data` run resumes exactly and refuses another shard set; damaged
+//! shards and bad inputs are refused before anything is written.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use ferrotron_engine::data::{encode, ShardSet, TokenSource, Tokenizer};
+
+mod common;
+#[path = "../../../tests/support/deadline.rs"]
+mod deadline;
+
+use common::{copy_dir, corpus, scratch, step_losses};
+
+/// Longest a command of these tests may take before it is killed and fails.
+const DEADLINE: Duration = Duration::from_secs(300);
+
+fn ferrotron(args: &[&str]) -> Output {
+    deadline::output_within(
+        Command::new(env!("CARGO_BIN_EXE_ferrotron")).args(args),
+        DEADLINE,
+    )
+    .expect("the binary runs")
+}
+
+fn ok(o: &Output, what: &str) -> String {
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "{what}:\n{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    stdout
+}
+
+/// Asserts exit code 2 and a one-line error holding every needle.
+fn refused(o: &Output, needles: &[&str]) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    for n in needles {
+        assert!(err.contains(n), "'{err}' lacks '{n}'");
+    }
+}
+
+/// `ferrotron train` flags of every run here: a tiny GPT, `steps` steps.
+fn train_args(steps: usize) -> Vec<String> {
+    [
+        "train",
+        "--model",
+        "gpt-mini",
+        "--seq-len",
+        "32",
+        "--micro-batch",
+        "2",
+        "--eval-every",
+        "3",
+        "--eval-batches",
+        "2",
+        "--sample-tokens",
+        "0",
+        "--peak-tflops",
+        "1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain(["--steps".into(), steps.to_string()])
+    .collect()
+}
+
+fn run(mut args: Vec<String>, extra: &[&str]) -> Output {
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let all: Vec<&str> = args.iter().map(String::as_str).collect();
+    ferrotron(&all)
+}
+
+/// `(step, val_loss)` of every validation record of a run.
+fn val_losses(run: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter_map(|v| Some((v["step"].as_u64()?, v.get("val_loss")?.as_f64()?)))
+        .collect()
+}
+
+#[test]
+fn training_on_shards_equals_training_on_the_same_tokens_in_memory() {
+    let dir = scratch("shards-equal");
+    let corpus = corpus(&dir);
+    let c = corpus.to_str().unwrap();
+    let shards = dir.join("shards");
+    // Shards of 1000 tokens, so training windows cross shard boundaries.
+    let o = ferrotron(&[
+        "data",
+        "prepare",
+        "--input",
+        c,
+        "--vocab-size",
+        "300",
+        "--shard-tokens",
+        "1000",
+        "--out",
+        shards.to_str().unwrap(),
+    ]);
+    let stdout = ok(&o, "data prepare");
+    assert!(
+        stdout.contains("MB/s") && stdout.contains("1 documents"),
+        "{stdout}"
+    );
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(shards.join("index.json")).unwrap()).unwrap();
+    assert_eq!(index["dtype"], "u16");
+    assert_eq!(index["vocab_size"], 300);
+    assert_eq!(index["documents"], 1);
+    assert!(index["shards"].as_array().unwrap().len() >= 3, "{index}");
+    // Nothing but the set beside the corpus (no temporary directory left).
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2);
+
+    let on_shards = dir.join("on-shards");
+    let in_memory = dir.join("in-memory");
+    ok(
+        &run(
+            train_args(6),
+            &[
+                "--data",
+                shards.to_str().unwrap(),
+                "--out",
+                on_shards.to_str().unwrap(),
+            ],
+        ),
+        "train --data",
+    );
+    ok(
+        &run(
+            train_args(6),
+            &[
+                "--corpus",
+                c,
+                "--vocab-size",
+                "300",
+                "--out",
+                in_memory.to_str().unwrap(),
+            ],
+        ),
+        "train --corpus",
+    );
+    // The same tokenizer, tokens, split and windows: the same losses, exactly.
+    assert_eq!(
+        std::fs::read(on_shards.join("tokenizer.json")).unwrap(),
+        std::fs::read(in_memory.join("tokenizer.json")).unwrap()
+    );
+    let losses = step_losses(&on_shards);
+    assert_eq!(losses.len(), 6);
+    assert_eq!(losses, step_losses(&in_memory));
+    assert_eq!(val_losses(&on_shards).len(), 3);
+    assert_eq!(val_losses(&on_shards), val_losses(&in_memory));
+    // The run records the shard set it trained on.
+    let config = std::fs::read_to_string(on_shards.join("config.toml")).unwrap();
+    assert!(
+        config.contains("[shards]") && config.contains("index_sha256"),
+        "{config}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_data_run_resumes_exactly_and_refuses_another_shard_set() {
+    let dir = scratch("shards-resume");
+    let corpus = corpus(&dir);
+    let prepare = |out: &Path, shard_tokens: &str| {
+        ok(
+            &ferrotron(&[
+                "data",
+                "prepare",
+                "--input",
+                corpus.to_str().unwrap(),
+                "--vocab-size",
+                "300",
+                "--shard-tokens",
+                shard_tokens,
+                "--out",
+                out.to_str().unwrap(),
+            ]),
+            "data prepare",
+        );
+    };
+    let shards = dir.join("shards");
+    prepare(&shards, "1500");
+    let whole = dir.join("whole");
+    ok(
+        &run(
+            train_args(6),
+            &[
+                "--data",
+                shards.to_str().unwrap(),
+                "--save-every",
+                "3",
+                "--out",
+                whole.to_str().unwrap(),
+            ],
+        ),
+        "the 6-step run",
+    );
+    let copy = dir.join("copy");
+    copy_dir(&whole, &copy);
+    let from = copy.join("checkpoints").join("step-3");
+    ok(
+        &ferrotron(&["train", "--resume", from.to_str().unwrap()]),
+        "the resumed run",
+    );
+    let (a, b) = (step_losses(&whole), step_losses(&copy));
+    assert_eq!(a.len(), 6);
+    assert_eq!(&b[..3], &a[..3]);
+    assert_eq!(&b[6..], &a[3..], "steps 4-6 resumed from step 3");
+
+    // The same directory now holding another shard set (other shard sizes:
+    // another index) is refused, naming the file that differs.
+    let other = dir.join("other");
+    prepare(&other, "700");
+    std::fs::remove_dir_all(&shards).unwrap();
+    std::fs::rename(&other, &shards).unwrap();
+    let before = std::fs::read(copy.join("metrics.jsonl")).unwrap();
+    let o = ferrotron(&["train", "--resume", copy.to_str().unwrap(), "--steps", "9"]);
+    refused(&o, &["index.json", "SHA-256", "keeps its data"]);
+    assert_eq!(std::fs::read(copy.join("metrics.jsonl")).unwrap(), before);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn json_lines_gzip_and_globs_with_a_given_tokenizer() {
+    let dir = scratch("shards-jsonl");
+    let inputs = dir.join("in");
+    std::fs::create_dir_all(&inputs).unwrap();
+    let docs: Vec<String> = (0..30)
+        .map(|i| {
+            format!(
+                "Document {i}: the quick brown fox {}.\nSecond line.",
+                i * 7 % 11
+            )
+        })
+        .collect();
+    let line = |d: &String| format!("{}\n", serde_json::json!({"id": 1, "text": d}));
+    // The first 20 documents plain, the rest gzip-compressed: the glob sorts
+    // `a.jsonl` before `b.jsonl.gz`.
+    let plain: String = docs[..20].iter().map(line).collect();
+    std::fs::write(inputs.join("a.jsonl"), plain).unwrap();
+    let gz = std::fs::File::create(inputs.join("b.jsonl.gz")).unwrap();
+    let mut enc = flate2::write::GzEncoder::new(gz, flate2::Compression::fast());
+    let rest: String = docs[20..].iter().map(line).collect();
+    enc.write_all(rest.as_bytes()).unwrap();
+    enc.finish().unwrap();
+    // A tokenizer made by a first preparation.
+    let corpus = corpus(&dir);
+    let first = dir.join("first");
+    ok(
+        &ferrotron(&[
+            "data",
+            "prepare",
+            "--input",
+            corpus.to_str().unwrap(),
+            "--vocab-size",
+            "280",
+            "--out",
+            first.to_str().unwrap(),
+        ]),
+        "the tokenizer",
+    );
+    let tok_path = first.join("tokenizer.json");
+    let shards = dir.join("shards");
+    let pattern = format!("{}/*.jsonl*", inputs.display());
+    ok(
+        &ferrotron(&[
+            "data",
+            "prepare",
+            "--input",
+            &pattern,
+            "--text-field",
+            "text",
+            "--tokenizer",
+            tok_path.to_str().unwrap(),
+            "--shard-tokens",
+            "100",
+            "--out",
+            shards.to_str().unwrap(),
+        ]),
+        "data prepare of JSON lines",
+    );
+    // The stream is the documents' tokens separated by <|endoftext|> (id 0).
+    let tokenizer = Tokenizer::from_file(&tok_path).unwrap();
+    let mut expected = Vec::new();
+    for d in &docs {
+        if !expected.is_empty() {
+            expected.push(0);
+        }
+        expected.extend(encode(&tokenizer, d).unwrap());
+    }
+    let set = ShardSet::open(&shards).unwrap();
+    assert_eq!(set.index().documents, 30);
+    assert_eq!(set.index().eos_id, Some(0));
+    let mut got = vec![0; set.len()];
+    set.read(0, &mut got);
+    assert_eq!(got, expected);
+    assert_eq!(
+        std::fs::read(shards.join("tokenizer.json")).unwrap(),
+        std::fs::read(&tok_path).unwrap(),
+        "the tokenizer is copied byte for byte"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_inputs_and_damaged_shards_are_refused_before_anything_is_written() {
+    let dir = scratch("shards-refuse");
+    let corpus = corpus(&dir);
+    let c = corpus.to_str().unwrap();
+    let out = dir.join("out");
+    let o = out.to_str().unwrap();
+    let prepare = |extra: &[&str]| {
+        let mut args = vec!["data", "prepare", "--out", o];
+        args.extend(extra);
+        ferrotron(&args)
+    };
+    refused(&prepare(&["--input", c]), &["--tokenizer", "--vocab-size"]);
+    refused(
+        &prepare(&["--input", "/nonexistent/x.txt", "--vocab-size", "300"]),
+        &["/nonexistent/x.txt"],
+    );
+    refused(
+        &prepare(&["--input", "/nonexistent/*.txt", "--vocab-size", "300"]),
+        &["matches no file"],
+    );
+    refused(
+        &prepare(&["--input", c, "--vocab-size", "100"]),
+        &["--vocab-size"],
+    );
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(&bad, "{\"text\": \"fine\"}\n{\"body\": \"no text\"}\n").unwrap();
+    refused(
+        &prepare(&[
+            "--input",
+            bad.to_str().unwrap(),
+            "--text-field",
+            "text",
+            "--vocab-size",
+            "257",
+        ]),
+        &["bad.jsonl:2", "no field `text`"],
+    );
+    assert!(!out.exists());
+    // No temporary directory left beside the corpus either.
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2);
+
+    let shards = dir.join("shards");
+    ok(
+        &ferrotron(&[
+            "data",
+            "prepare",
+            "--input",
+            c,
+            "--vocab-size",
+            "300",
+            "--shard-tokens",
+            "1000",
+            "--out",
+            shards.to_str().unwrap(),
+        ]),
+        "data prepare",
+    );
+    refused(
+        &ferrotron(&[
+            "data",
+            "prepare",
+            "--input",
+            c,
+            "--vocab-size",
+            "300",
+            "--out",
+            shards.to_str().unwrap(),
+        ]),
+        &["--out", "not an empty directory"],
+    );
+    let s = shards.to_str().unwrap();
+    let train = |extra: &[&str]| run(train_args(2), &[&["--out", o], extra].concat());
+    refused(
+        &train(&["--data", s, "--corpus", c]),
+        &["--data with --corpus"],
+    );
+    refused(
+        &train(&["--data", s, "--vocab-size", "257"]),
+        &["its tokenizer has 300 tokens", "vocabulary of 257"],
+    );
+    refused(
+        &train(&["--data", s, "--val-fraction", "0.001"]),
+        &["--data", "val split would have"],
+    );
+    // A truncated shard, then a foreign one.
+    let shard = shards.join("shard-00001.bin");
+    let good = std::fs::read(&shard).unwrap();
+    std::fs::write(&shard, &good[..good.len() - 2]).unwrap();
+    refused(&train(&["--data", s]), &["shard-00001.bin", "truncated"]);
+    let mut foreign = good.clone();
+    foreign[..8].copy_from_slice(b"GGUF\0\0\0\0");
+    std::fs::write(&shard, &foreign).unwrap();
+    refused(&train(&["--data", s]), &["shard-00001.bin", "bad magic"]);
+    assert!(!out.exists(), "a refused run wrote {}", out.display());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,126 @@
+//! `index.json` of a token shard set: what the shards hold and which
+//! tokenizer made them.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::shard_format::TokenWidth;
+use super::DataError;
+
+/// Name of the index file in a shard set directory.
+pub const INDEX_FILE: &str = "index.json";
+
+/// Name of the tokenizer file in a shard set directory.
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+
+/// The `format` field of every index.
+pub const FORMAT: &str = "ferrotron-token-shards";
+
+/// The index of a shard set. The token stream is the shards' tokens in
+/// the order listed; documents are separated by `eos_id` when the
+/// tokenizer has one (between documents, not after the last).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardIndex {
+    /// Always [`FORMAT`].
+    pub format: String,
+    /// Shard format version ([`super::shard_format::VERSION`]).
+    pub version: u32,
+    /// How ids are stored in the shards.
+    pub dtype: TokenWidth,
+    /// The tokenizer's vocabulary, special tokens included (tokens).
+    pub vocab_size: usize,
+    /// The id put between two documents (`None`: the tokenizer has no
+    /// end-of-text token and documents follow each other directly).
+    pub eos_id: Option<u32>,
+    /// SHA-256 of `tokenizer.json`, lowercase hex.
+    pub tokenizer_sha256: String,
+    /// Documents in the set (empty documents are left out).
+    pub documents: u64,
+    /// Tokens in the set, separators included.
+    pub tokens: u64,
+    /// UTF-8 bytes of the text the tokens encode.
+    pub text_bytes: u64,
+    /// The shards, in stream order.
+    pub shards: Vec<ShardEntry>,
+}
+
+/// One shard of the index.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardEntry {
+    /// File name inside the set directory.
+    pub file: String,
+    /// Tokens in the shard.
+    pub tokens: u64,
+    /// Documents that start in the shard.
+    pub documents: u64,
+}
+
+impl ShardIndex {
+    /// Reads `dir/index.json`; returns the index and the SHA-256 of its bytes.
+    ///
+    /// # Errors
+    ///
+    /// [`DataError::Io`] if it cannot be read, [`DataError::BadShardSet`]
+    /// naming it if it is not an index of this format.
+    pub fn read(dir: &Path) -> Result<(Self, String), DataError> {
+        let path = dir.join(INDEX_FILE);
+        let bytes = std::fs::read(&path).map_err(|source| DataError::Io {
+            action: "reading shard index",
+            path: path.clone(),
+            source,
+        })?;
+        let bad = |reason: String| DataError::BadShardSet {
+            path: path.clone(),
+            reason,
+        };
+        let index: Self = serde_json::from_slice(&bytes)
+            .map_err(|e| bad(format!("not a token shard index: {e}")))?;
+        if index.format != FORMAT {
+            return Err(bad(format!(
+                "format `{}`, expected `{FORMAT}`",
+                index.format
+            )));
+        }
+        if index.version != super::shard_format::VERSION {
+            return Err(bad(format!(
+                "version {}, this build reads {}",
+                index.version,
+                super::shard_format::VERSION
+            )));
+        }
+        let sum: u64 = index.shards.iter().map(|s| s.tokens).sum();
+        if sum != index.tokens || index.tokens == 0 {
+            return Err(bad(format!(
+                "lists shards of {sum} tokens in all but a total of {}",
+                index.tokens
+            )));
+        }
+        Ok((index, sha256_hex(&bytes)))
+    }
+}
+
+/// SHA-256 of `bytes` as 64 lowercase hex digits.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sha256_matches_the_published_test_vector() {
+        // FIPS 180-2, appendix B.1.
+        assert_eq!(
+            sha256_hex(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+}

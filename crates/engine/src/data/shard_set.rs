@@ -1,0 +1,349 @@
+//! Reading a token shard set: the shards are memory-mapped (`memmap2`), so
+//! a run holds only the pages it touches, whatever the corpus size, and
+//! the set is one [`TokenSource`] over all of them.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use serde::{Deserialize, Serialize};
+
+use super::shard_format::{parse_header, TokenWidth, HEADER_BYTES};
+use super::shard_index::{sha256_hex, ShardIndex, TOKENIZER_FILE};
+use super::{DataError, TokenSource, Tokenizer};
+
+/// What identifies a shard set: the hashes of its tokenizer and its index
+/// (which lists every shard's size). A run records it, and a resumed run
+/// refuses a set that differs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardSetId {
+    /// SHA-256 of `tokenizer.json`, lowercase hex.
+    pub tokenizer_sha256: String,
+    /// SHA-256 of `index.json`, lowercase hex.
+    pub index_sha256: String,
+}
+
+/// A shard set opened for reading: every shard checked against the index
+/// and mapped.
+pub struct ShardSet {
+    dir: PathBuf,
+    index: ShardIndex,
+    id: ShardSetId,
+    width: TokenWidth,
+    maps: Vec<Mmap>,
+    /// Stream position of each shard's first token.
+    starts: Vec<usize>,
+    len: usize,
+}
+
+impl ShardSet {
+    /// Opens the shard set in `dir`: reads `index.json`, checks the hash of
+    /// `tokenizer.json`, and checks and maps every shard (header and size
+    /// against the index). Nothing is read beyond the headers.
+    ///
+    /// Shards must not change while the set is open (the data is read
+    /// through the mapping).
+    ///
+    /// # Errors
+    ///
+    /// [`DataError::Io`] for a missing or unreadable file;
+    /// [`DataError::BadShardSet`] naming the file for an index that is not
+    /// one, a tokenizer whose hash differs from the index's, or a shard
+    /// that is truncated, foreign or disagrees with the index.
+    pub fn open(dir: &Path) -> Result<Self, DataError> {
+        let (index, index_sha256) = ShardIndex::read(dir)?;
+        let tok_path = dir.join(TOKENIZER_FILE);
+        let tok_bytes = std::fs::read(&tok_path).map_err(|source| DataError::Io {
+            action: "reading the shard set's tokenizer",
+            path: tok_path.clone(),
+            source,
+        })?;
+        let tokenizer_sha256 = sha256_hex(&tok_bytes);
+        if tokenizer_sha256 != index.tokenizer_sha256 {
+            return Err(DataError::BadShardSet {
+                path: tok_path,
+                reason: format!(
+                    "SHA-256 {tokenizer_sha256}, but the index says the shards were made with {}; this is not the shards' tokenizer",
+                    index.tokenizer_sha256
+                ),
+            });
+        }
+        let width = index.dtype;
+        let mut maps = Vec::with_capacity(index.shards.len());
+        let mut starts = Vec::with_capacity(index.shards.len());
+        let mut len = 0usize;
+        for entry in &index.shards {
+            let path = dir.join(&entry.file);
+            let bad = |reason: String| DataError::BadShardSet {
+                path: path.clone(),
+                reason,
+            };
+            let file = File::open(&path).map_err(|source| DataError::Io {
+                action: "opening token shard",
+                path: path.clone(),
+                source,
+            })?;
+            let expected = HEADER_BYTES as u64 + entry.tokens * width.bytes() as u64;
+            let actual = file
+                .metadata()
+                .map_err(|source| DataError::Io {
+                    action: "reading the size of token shard",
+                    path: path.clone(),
+                    source,
+                })?
+                .len();
+            // Checked before mapping, so the header read below is in bounds.
+            if actual < HEADER_BYTES as u64 {
+                return Err(bad(format!(
+                    "{actual} bytes, shorter than the {HEADER_BYTES}-byte shard header (truncated?)"
+                )));
+            }
+            // SAFETY: the mapping is read-only and the file is not changed
+            // while the set is open (documented above); a file changed
+            // underneath would give wrong tokens, not undefined reads past
+            // the length checked here.
+            let map = unsafe { Mmap::map(&file) }.map_err(|source| DataError::Io {
+                action: "memory-mapping token shard",
+                path: path.clone(),
+                source,
+            })?;
+            let (w, n) = parse_header(&map).map_err(&bad)?;
+            if w != width || n != entry.tokens {
+                return Err(bad(format!(
+                    "header says {n} tokens of {} bytes, the index says {} tokens of {} bytes (a shard of another set?)",
+                    w.bytes(),
+                    entry.tokens,
+                    width.bytes()
+                )));
+            }
+            if actual != expected {
+                return Err(bad(format!(
+                    "{actual} bytes, but {} tokens of {} bytes need {expected} (truncated or damaged)",
+                    entry.tokens,
+                    width.bytes()
+                )));
+            }
+            starts.push(len);
+            len += entry.tokens as usize;
+            maps.push(map);
+        }
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            index,
+            id: ShardSetId {
+                tokenizer_sha256,
+                index_sha256,
+            },
+            width,
+            maps,
+            starts,
+            len,
+        })
+    }
+
+    /// The set's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The index.
+    pub fn index(&self) -> &ShardIndex {
+        &self.index
+    }
+
+    /// The hashes that identify the set.
+    pub fn id(&self) -> &ShardSetId {
+        &self.id
+    }
+
+    /// Path of the set's `tokenizer.json`.
+    pub fn tokenizer_path(&self) -> PathBuf {
+        self.dir.join(TOKENIZER_FILE)
+    }
+
+    /// Loads the set's tokenizer.
+    ///
+    /// # Errors
+    ///
+    /// [`DataError::TokenizerLoad`] naming the file if it does not parse.
+    pub fn tokenizer(&self) -> Result<Tokenizer, DataError> {
+        let path = self.tokenizer_path();
+        Tokenizer::from_file(&path).map_err(|source| DataError::TokenizerLoad { path, source })
+    }
+}
+
+impl TokenSource for ShardSet {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn read(&self, start: usize, out: &mut [u32]) {
+        assert!(
+            start + out.len() <= self.len,
+            "reading tokens {start}..{} of a shard set of {}",
+            start + out.len(),
+            self.len
+        );
+        let w = self.width.bytes();
+        let (mut pos, mut done) = (start, 0);
+        while done < out.len() {
+            let shard = self.starts.partition_point(|&s| s <= pos) - 1;
+            let offset = pos - self.starts[shard];
+            let in_shard = self.index.shards[shard].tokens as usize - offset;
+            let n = in_shard.min(out.len() - done);
+            let bytes =
+                &self.maps[shard][HEADER_BYTES + offset * w..HEADER_BYTES + (offset + n) * w];
+            self.width.decode(bytes, &mut out[done..done + n]);
+            done += n;
+            pos += n;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{eval_batches, BatchSampler, ShardWriter, INDEX_FILE};
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("ferrotron-shards-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// Documents of varied lengths with ids below `vocab`.
+    fn documents(vocab: u32) -> Vec<Vec<u32>> {
+        (0..40u32)
+            .map(|d| {
+                (0..(d * 7 % 23) + 1)
+                    .map(|i| (d * 131 + i * 17) % vocab)
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Writes `docs` as a set of shards of `shard_tokens` tokens.
+    fn write(dir: &Path, docs: &[Vec<u32>], vocab: usize, eos: Option<u32>, shard_tokens: u64) {
+        let mut w = ShardWriter::create(dir, b"{}".to_vec(), vocab, eos, shard_tokens).unwrap();
+        for d in docs {
+            w.push_document(d, d.len() * 3).unwrap();
+        }
+        w.finish().unwrap();
+    }
+
+    #[test]
+    fn a_shard_set_reads_back_the_stream_across_shard_boundaries() {
+        for (vocab, eos, width) in [(300, Some(0), 2), (70_000, None, 4)] {
+            let dir = scratch(&format!("read-{vocab}")).join("set");
+            let docs = documents(vocab as u32);
+            write(&dir, &docs, vocab, eos, 37);
+            // The expected stream: documents separated by the end-of-text id.
+            let mut stream: Vec<u32> = Vec::new();
+            for d in &docs {
+                if let (Some(e), false) = (eos, stream.is_empty()) {
+                    stream.push(e);
+                }
+                stream.extend(d);
+            }
+            let set = ShardSet::open(&dir).unwrap();
+            assert_eq!(set.len(), stream.len());
+            assert_eq!(set.index().documents, docs.len() as u64);
+            assert_eq!(set.index().dtype.bytes(), width);
+            assert_eq!(set.index().shards.len(), stream.len().div_ceil(37));
+            assert_eq!(
+                set.index().shards.iter().map(|s| s.documents).sum::<u64>(),
+                docs.len() as u64
+            );
+            for (start, n) in [(0, stream.len()), (30, 20), (36, 1), (37, 74), (100, 5)] {
+                let mut out = vec![0; n];
+                set.read(start, &mut out);
+                assert_eq!(out, stream[start..start + n], "{start}+{n}");
+            }
+            // The same sampler and evaluation windows as the stream in memory.
+            let mut a = BatchSampler::new(stream.len(), 16, 3).unwrap();
+            let mut b = BatchSampler::new(set.len(), 16, 3).unwrap();
+            for _ in 0..5 {
+                assert_eq!(a.next_batch(&stream, 4), b.next_batch(&set, 4));
+            }
+            assert_eq!(eval_batches(&stream, 8, 2, 3), eval_batches(&set, 8, 2, 3));
+            // Nothing is left beside the set.
+            let siblings = std::fs::read_dir(dir.parent().unwrap()).unwrap().count();
+            assert_eq!(siblings, 1);
+        }
+    }
+
+    #[test]
+    fn truncated_or_foreign_files_are_errors_naming_the_file() {
+        let root = scratch("bad");
+        let dir = root.join("set");
+        write(&dir, &documents(300), 300, Some(0), 50);
+        let shard = dir.join("shard-00001.bin");
+        let good = std::fs::read(&shard).unwrap();
+        let open_err = || ShardSet::open(&dir).err().expect("refused").to_string();
+
+        std::fs::write(&shard, &good[..good.len() - 1]).unwrap();
+        let e = open_err();
+        assert!(
+            e.contains("shard-00001.bin") && e.contains("truncated"),
+            "{e}"
+        );
+        std::fs::write(&shard, &good[..10]).unwrap();
+        let e = open_err();
+        assert!(e.contains("shard-00001.bin") && e.contains("header"), "{e}");
+        let mut foreign = good.clone();
+        foreign[..8].copy_from_slice(b"NOTASHRD");
+        std::fs::write(&shard, &foreign).unwrap();
+        let e = open_err();
+        assert!(
+            e.contains("shard-00001.bin") && e.contains("bad magic"),
+            "{e}"
+        );
+        std::fs::write(&shard, &good).unwrap();
+        assert!(ShardSet::open(&dir).is_ok());
+
+        let tok = dir.join(TOKENIZER_FILE);
+        std::fs::write(&tok, b"{ }").unwrap();
+        let e = open_err();
+        assert!(e.contains("tokenizer.json") && e.contains("SHA-256"), "{e}");
+        std::fs::write(&tok, b"{}").unwrap();
+
+        let index = dir.join(INDEX_FILE);
+        std::fs::write(&index, b"[1, 2]").unwrap();
+        let e = open_err();
+        assert!(
+            e.contains("index.json") && e.contains("not a token shard index"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_failed_or_refused_write_leaves_nothing() {
+        let root = scratch("atomic");
+        let dir = root.join("set");
+        let mut w = ShardWriter::create(&dir, b"{}".to_vec(), 300, Some(0), 10).unwrap();
+        w.push_document(&[1, 2, 3], 3).unwrap();
+        let e = w.push_document(&[1, 300], 2).unwrap_err().to_string();
+        assert!(e.contains("300") && e.contains("vocabulary"), "{e}");
+        drop(w);
+        assert_eq!(
+            std::fs::read_dir(&root).unwrap().count(),
+            0,
+            "temp dir removed"
+        );
+        let w = ShardWriter::create(&dir, b"{}".to_vec(), 300, Some(0), 10).unwrap();
+        assert!(w.finish().unwrap_err().to_string().contains("no text"));
+        assert_eq!(std::fs::read_dir(&root).unwrap().count(), 0);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("x"), "x").unwrap();
+        let e = ShardWriter::create(&dir, b"{}".to_vec(), 300, None, 10)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("not an empty directory"), "{e}");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}
