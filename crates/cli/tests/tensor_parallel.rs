@@ -35,18 +35,38 @@ fn noise_only(name: &str) -> bool {
 }
 
 /// Largest difference between the runs' weights, relative to the one-rank
-/// run's largest weight of the whole model.
-const MODEL_TOLERANCE: f32 = 1e-5;
+/// run's largest weight of the whole model. TP sums the partial products
+/// of the row-parallel layers in another order than one rank does, and
+/// AdamW divides each element's update by that element's own gradient
+/// scale, so an element whose gradient is at rounding level moves by a
+/// different fraction of the learning rate (data parallelism, which only
+/// reorders whole-gradient sums, is bit-identical here). Measured worst
+/// case over the three minis and all layouts (5 steps, learning rate
+/// warming up to 3e-4): 2.6e-5 (llama-mini tp2).
+const MODEL_TOLERANCE: f32 = 1e-4;
 
-/// Largest difference within one tensor, relative to that tensor's
-/// largest weight. Looser than [`MODEL_TOLERANCE`]: TP sums the partial
-/// products of the row-parallel layers in another order than one rank
-/// does, and AdamW divides each element's update by that element's own
-/// gradient scale, so an element whose gradient is at rounding level moves
-/// by a different fraction of the learning rate. Measured worst case
-/// (llama-mini tp2, 5 steps): 2.2e-4 of the tensor's largest weight, an
-/// absolute 6.4e-6 (the learning rate is 3e-4).
-const TENSOR_TOLERANCE: f32 = 1e-3;
+/// Largest difference within one tensor, relative to that tensor's own
+/// largest weight; the same rounding (see [`MODEL_TOLERANCE`]) on smaller
+/// scales. Measured worst case: 9.0e-4 (llama-mini tp2, an output
+/// projection). Adam's updates hide gradient scale errors, so the step's
+/// gradient norms are compared as well, at 1e-5.
+const TENSOR_TOLERANCE: f32 = 5e-3;
+
+/// `(loss, grad_norm)` of every step record of a run's `metrics.jsonl`.
+fn loss_and_norm(run: &Path) -> Vec<(f64, f64)> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v.get("loss").is_some())
+        .map(|v| {
+            (
+                v["loss"].as_f64().unwrap(),
+                v["grad_norm"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
 
 /// Checks `got`'s weights against `want`'s (see the two tolerances).
 fn check_weights(label: &str, got: &Path, want: &Path) {
@@ -153,7 +173,7 @@ fn tp_matches_single_rank(model: &str) -> (PathBuf, PathBuf, PathBuf) {
     let corpus = corpus(&dir);
     let single = dir.join("single");
     run(model, 1, args(model, &corpus, &single, "2"), &[]);
-    let want: Vec<f64> = step_losses(&single).into_iter().map(|(_, l)| l).collect();
+    let want = loss_and_norm(&single);
     assert_eq!(want.len(), 5);
     let layouts: [(&str, usize, &str, &[&str]); 5] = [
         ("tp2", 2, "2", &["--tp", "2"]),
@@ -166,15 +186,17 @@ fn tp_matches_single_rank(model: &str) -> (PathBuf, PathBuf, PathBuf) {
         let label = format!("{model} {name}");
         let out = dir.join(name);
         run(&label, ranks, args(model, &corpus, &out, accum), extra);
-        let got: Vec<f64> = step_losses(&out).into_iter().map(|(_, l)| l).collect();
+        let got = loss_and_norm(&out);
         assert_eq!(got.len(), want.len(), "{label}: steps");
         for (step, (g, w)) in got.iter().zip(&want).enumerate() {
-            let rel = (g - w).abs() / w.abs();
-            assert!(
-                rel <= 1e-5,
-                "{label} step {}: loss {g} vs {w} (rel {rel:e})",
-                step + 1
-            );
+            for (what, a, b) in [("loss", g.0, w.0), ("grad_norm", g.1, w.1)] {
+                let rel = (a - b).abs() / b.abs();
+                assert!(
+                    rel <= 1e-5,
+                    "{label} step {}: {what} {a} vs {b} (rel {rel:e})",
+                    step + 1
+                );
+            }
         }
         check_weights(&label, &out, &single);
     }
