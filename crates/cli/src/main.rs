@@ -2,6 +2,7 @@
 
 mod args;
 mod bench;
+mod comm;
 mod dispatch;
 mod error;
 mod eval;
