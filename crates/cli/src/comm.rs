@@ -31,8 +31,9 @@ pub enum CommChoice {
 pub enum Transport {
     /// MPI.
     Mpi,
-    /// NCCL / RCCL, on this library.
-    Nccl(Arc<NcclLibrary>),
+    /// NCCL / RCCL, on this library (used by multi-rank runs, which need
+    /// the `mpi` feature).
+    Nccl(#[cfg_attr(not(feature = "mpi"), allow(dead_code))] Arc<NcclLibrary>),
 }
 
 /// Resolves `--comm` for backend `kind`; `library` is the value of

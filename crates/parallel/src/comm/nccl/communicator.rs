@@ -81,7 +81,7 @@ impl NcclCommunicator {
         lib: Arc<NcclLibrary>,
         host: Arc<dyn Communicator>,
         timeout: Duration,
-    ) -> Result<Self, NcclError> {
+    ) -> Result<Self, CommError> {
         let job_rank = host.rank();
         Self::over(lib, host, job_rank, timeout)
     }
@@ -92,22 +92,18 @@ impl NcclCommunicator {
         host: Arc<dyn Communicator>,
         job_rank: usize,
         timeout: Duration,
-    ) -> Result<Self, NcclError> {
+    ) -> Result<Self, CommError> {
         if timeout.is_zero() {
-            return Err(NcclError::InvalidArgument {
-                op: "NcclCommunicator",
-                detail: "the timeout must be positive".into(),
-            });
+            return Err(CommError::Transport(
+                "the communicator timeout must be positive".into(),
+            ));
         }
         // Every rank arrives (under the host's timeout) before NCCL, which
         // has none, is asked to wait for the others in ncclCommInitRank.
         host.barrier()?;
-        let nccl = NcclComm::init(lib, &*host)?;
-        let watchdog = Watchdog::start(job_rank, "NCCL", timeout).map_err(|e| {
-            NcclError::Bootstrap(CommError::Transport(format!(
-                "starting the NCCL watchdog thread: {e}"
-            )))
-        })?;
+        let nccl = NcclComm::init(lib, &*host).map_err(nccl_error)?;
+        let watchdog = Watchdog::start(job_rank, "NCCL", timeout)
+            .map_err(|e| CommError::Transport(format!("starting the NCCL watchdog thread: {e}")))?;
         Ok(Self {
             nccl,
             host,
@@ -132,7 +128,16 @@ impl NcclCommunicator {
         let mut counts = self.serial.lock().unwrap_or_else(|e| e.into_inner());
         counts[op] += 1;
         let _watched = self.watchdog.watch(OPS[op], counts[op]);
-        call(&self.nccl).map_err(|e| CommError::Transport(e.to_string()))
+        call(&self.nccl).map_err(nccl_error)
+    }
+}
+
+/// An error of the binding as a communicator error (its message names the
+/// NCCL function and code).
+fn nccl_error(e: NcclError) -> CommError {
+    match e {
+        NcclError::Bootstrap(inner) => inner,
+        other => CommError::Transport(other.to_string()),
     }
 }
 
@@ -161,9 +166,12 @@ impl Communicator for NcclCommunicator {
     fn split(&self, color: usize, key: usize) -> Result<Arc<dyn Communicator>, CommError> {
         let host = self.host.split(color, key)?;
         let lib = self.nccl.library().clone();
-        let group = Self::over(lib, host, self.job_rank, self.timeout)
-            .map_err(|e| CommError::Transport(format!("split: {e}")))?;
-        Ok(Arc::new(group))
+        Ok(Arc::new(Self::over(
+            lib,
+            host,
+            self.job_rank,
+            self.timeout,
+        )?))
     }
 
     fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<(), CommError> {
