@@ -9,6 +9,7 @@ use ferrotron_models::hf::shards::parse_size;
 use ferrotron_models::Kernels;
 use ferrotron_parallel::zero::ZeroStage;
 
+use crate::comm::CommChoice;
 use crate::settings::{OnNonFinite, TrainSettings};
 
 /// Ferrotron: train GPT-2, Llama and BLOOM style language models.
@@ -224,6 +225,11 @@ pub struct TrainArgs {
     /// that waits longer fails naming the ranks that never arrived, and the job is aborted.
     #[arg(long = "comm-timeout", value_name = "SECONDS")]
     pub comm_timeout_s: Option<f64>,
+    /// Multi-rank runs: transport of every process group. auto (default) is mpi today; nccl
+    /// runs NCCL/RCCL through the run-time binding, bootstrapped over MPI (CPU backends with
+    /// FERROTRON_NCCL_LIBRARY naming a library that works on host memory, e.g. the test double).
+    #[arg(long, value_enum)]
+    pub comm: Option<CommChoice>,
     /// Data-parallel degree (default: the world size / (tp x pp)); dp x tp x pp must equal the world size.
     #[arg(long)]
     pub dp: Option<usize>,
@@ -300,6 +306,7 @@ impl TrainArgs {
             sample_tokens,
             sample_prompt,
             comm_timeout_s,
+            comm,
             tp,
             make_vocab_size_divisible_by,
             pp,

@@ -2,6 +2,7 @@
 
 mod args;
 mod bench;
+mod comm;
 mod data;
 mod dispatch;
 mod error;

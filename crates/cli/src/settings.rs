@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use ferrotron_models::Kernels;
 use ferrotron_parallel::zero::ZeroStage;
 
+use crate::comm::CommChoice;
 use crate::error::usage;
 
 /// Every setting of a training run. Defaults are the out-of-the-box run: the
@@ -78,6 +79,8 @@ pub struct TrainSettings {
     /// (`--comm-timeout`); on timeout the error names the missing ranks and
     /// the job is aborted.
     pub comm_timeout_s: f64,
+    /// Transport of the process groups of a multi-rank run (`--comm`).
+    pub comm: CommChoice,
     /// Data-parallel degree; unset = world size / (tp x pp).
     pub dp: Option<usize>,
     /// Tensor-parallel degree (Megatron-LM: heads, MLP units and the
@@ -158,6 +161,7 @@ impl Default for TrainSettings {
             hf_dir: None,
             hf_out: None,
             comm_timeout_s: ferrotron_parallel::comm::DEFAULT_TIMEOUT.as_secs_f64(),
+            comm: CommChoice::Auto,
             dp: None,
             tp: 1,
             make_vocab_size_divisible_by: ferrotron_parallel::tensor::DEFAULT_VOCAB_DIVISIBLE_BY,

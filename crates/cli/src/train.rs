@@ -7,7 +7,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use burn::tensor::TensorData;
@@ -22,9 +22,10 @@ use ferrotron_models::ops::{choose_kernels, KernelBackend, TrainBackend};
 use ferrotron_models::presets::{preset, PRESET_NAMES};
 use ferrotron_models::tensor_parallel::{check_tp, shard_plan};
 use ferrotron_models::{generate, Decoder, SamplingConfig};
-use ferrotron_parallel::comm::{Communicator, SingleProcess};
+use ferrotron_parallel::comm::nccl::LIBRARY_ENV;
+use ferrotron_parallel::comm::Communicator;
 use ferrotron_parallel::groups::ProcessGroups;
-use ferrotron_parallel::launch::{self, LaunchInfo};
+use ferrotron_parallel::launch;
 use ferrotron_parallel::mesh::Mesh;
 use ferrotron_parallel::tensor::TpGroup;
 use ferrotron_parallel::train::checkpoint::CheckpointState;
@@ -36,6 +37,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use signal_hook::consts::{SIGINT, SIGTERM};
 
 use crate::args::TrainArgs;
+use crate::comm;
 use crate::dispatch::{dispatch, parse_backend, BackendTask};
 use crate::error::{usage, Interrupted, UsageError};
 use crate::export::check_out_dir;
@@ -88,9 +90,11 @@ pub fn train(mut args: TrainArgs) -> anyhow::Result<()> {
             "--out is required in a multi-rank run (every rank must name the same run directory)",
         ));
     }
+    let kind = parse_backend(&s.backend)?;
+    let transport = comm::resolve(s.comm, kind, std::env::var_os(LIBRARY_ENV).as_deref())?;
     let stop = stop_on_signals()?;
-    let comm = open_communicator(&launch, s.comm_timeout())?;
-    let result = train_ranked(s, mesh, launch.local_rank, comm.clone(), resume, stop);
+    let comm = comm::open(&launch, transport, s.comm_timeout())?;
+    let result = train_ranked(s, kind, mesh, launch.local_rank, comm.clone(), resume, stop);
     if let Err(e) = &result {
         if comm.world_size() > 1 && e.downcast_ref::<Interrupted>().is_none() {
             let code = if e.downcast_ref::<UsageError>().is_some() {
@@ -122,43 +126,11 @@ fn stop_on_signals() -> anyhow::Result<Arc<AtomicBool>> {
     Ok(stop)
 }
 
-/// The communicator for this job: one rank, or MPI's world with `timeout`
-/// on every operation.
-#[cfg_attr(not(feature = "mpi"), allow(unused_variables))]
-fn open_communicator(
-    launch: &LaunchInfo,
-    timeout: Duration,
-) -> anyhow::Result<Arc<dyn Communicator>> {
-    if launch.world_size == 1 {
-        return Ok(Arc::new(SingleProcess));
-    }
-    #[cfg(feature = "mpi")]
-    {
-        let comm = ferrotron_parallel::comm::MpiCommunicator::init_with_timeout(timeout)
-            .map_err(|e| anyhow::anyhow!("starting MPI: {e}"))?;
-        if (comm.rank(), comm.world_size()) != (launch.rank, launch.world_size) {
-            return Err(usage(format!(
-                "{} says rank {} of {}, but MPI says rank {} of {}; multi-rank runs need mpirun or srun with MPI (PMIx)",
-                launch.launcher,
-                launch.rank,
-                launch.world_size,
-                comm.rank(),
-                comm.world_size()
-            )));
-        }
-        Ok(Arc::new(comm))
-    }
-    #[cfg(not(feature = "mpi"))]
-    Err(usage(format!(
-        "{} started {} ranks, but this ferrotron was built without the `mpi` feature (cargo build --features mpi)",
-        launch.launcher, launch.world_size
-    )))
-}
-
 /// `train` once the mesh and communicator are known; `local_rank` picks
 /// this rank's GPU on its node.
 fn train_ranked(
     mut s: TrainSettings,
+    kind: BackendKind,
     mesh: Mesh,
     local_rank: usize,
     comm: Arc<dyn Communicator>,
@@ -166,7 +138,6 @@ fn train_ranked(
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<()> {
     let lead = comm.rank() == 0;
-    let kind: BackendKind = parse_backend(&s.backend)?;
     // A resumed run's weights come from its checkpoint.
     let hf = match (&s.hf_dir, &resume) {
         (Some(dir), None) => {

@@ -20,7 +20,7 @@ mod deadline;
 #[path = "common/mpirun.rs"]
 mod mpirun;
 
-use common::{copy_dir, corpus, scratch, step_losses};
+use common::{copy_dir, corpus, max_weight_rel_err, scratch, step_losses};
 use mpirun::{mpi_built, train, train_within};
 
 /// Training losses of a run's metrics.jsonl, by step.
@@ -63,28 +63,6 @@ fn check_memory(model: &str, stage: u64, dp: u64, got: [u64; 3], single: [u64; 3
             assert_eq!(got[i], single[i], "{model} zero {stage}: {name}");
         }
     }
-}
-
-/// Relative error of the whole model: max |a - b| over every weight divided
-/// by max |b| over every weight. (Per tensor it would be meaningless for
-/// the attention key biases, whose gradient is analytically zero because
-/// softmax ignores a constant shift: they hold only rounding noise, ~1e-7.)
-fn max_weight_rel_err(a: &Path, b: &Path) -> f64 {
-    let a = load_safetensors(&a.join("model.safetensors")).unwrap();
-    let b = load_safetensors(&b.join("model.safetensors")).unwrap();
-    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
-    let (mut diff, mut scale) = (0f32, 0f32);
-    for (name, ta) in &a {
-        let x = ta.to_vec::<f32>().unwrap();
-        let y = b[name].to_vec::<f32>().unwrap();
-        assert_eq!(x.len(), y.len(), "{name}");
-        for (p, q) in x.iter().zip(&y) {
-            assert!(p.is_finite(), "{name} holds {p}");
-            diff = diff.max((p - q).abs());
-            scale = scale.max(q.abs());
-        }
-    }
-    f64::from(diff / scale)
 }
 
 /// Trains `model` on one rank with grad-accum 4, then on 2 and 4 ranks with

@@ -1,7 +1,11 @@
 //! What the run-directory tests share: a scratch directory, a small
-//! corpus, copying a run, reading its step losses.
+//! corpus, copying a run, reading its step losses, comparing the weights
+//! of two runs.
+#![allow(dead_code)] // each test binary uses a different subset
 
 use std::path::{Path, PathBuf};
+
+use ferrotron_engine::checkpoint::load_safetensors;
 
 /// An empty directory `ferrotron-{name}-{pid}` under the system temp dir.
 pub fn scratch(name: &str) -> PathBuf {
@@ -49,4 +53,26 @@ pub fn copy_dir(from: &Path, to: &Path) {
             std::fs::copy(e.path(), target).unwrap();
         }
     }
+}
+
+/// Relative error of the whole model: max |a - b| over every weight divided
+/// by max |b| over every weight. (Per tensor it would be meaningless for
+/// the attention key biases, whose gradient is analytically zero because
+/// softmax ignores a constant shift: they hold only rounding noise, ~1e-7.)
+pub fn max_weight_rel_err(a: &Path, b: &Path) -> f64 {
+    let a = load_safetensors(&a.join("model.safetensors")).unwrap();
+    let b = load_safetensors(&b.join("model.safetensors")).unwrap();
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+    let (mut diff, mut scale) = (0f32, 0f32);
+    for (name, ta) in &a {
+        let x = ta.to_vec::<f32>().unwrap();
+        let y = b[name].to_vec::<f32>().unwrap();
+        assert_eq!(x.len(), y.len(), "{name}");
+        for (p, q) in x.iter().zip(&y) {
+            assert!(p.is_finite(), "{name} holds {p}");
+            diff = diff.max((p - q).abs());
+            scale = scale.max(q.abs());
+        }
+    }
+    f64::from(diff / scale)
 }

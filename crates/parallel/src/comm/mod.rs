@@ -11,9 +11,10 @@
 //! [`MpiCommunicator`] (Open MPI through the `mpi` crate), whose every
 //! operation fails with [`CommError::Timeout`], naming the missing ranks,
 //! when it does not complete within a timeout ([`DEFAULT_TIMEOUT`] unless
-//! set). The device-side transport, NCCL / RCCL on raw device pointers, is
-//! the separate [`nccl`] binding, bootstrapped over one of these; training
-//! does not use it yet.
+//! set). [`nccl::NcclCommunicator`] runs the same contract on NCCL / RCCL
+//! (loaded at run time), bootstrapped over one of these; on host buffers
+//! it needs a library that works on host memory (the repository's test
+//! double), so it serves CPU backends under test (README, "NCCL").
 
 #[cfg(feature = "mpi")]
 mod mpi;

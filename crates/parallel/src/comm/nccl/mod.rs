@@ -11,21 +11,28 @@
 //!
 //! [`NcclComm::init`] bootstraps a communicator over an existing host
 //! [`Communicator`](crate::comm::Communicator) (MPI): rank 0's unique id is
-//! broadcast over it. The collectives take raw device pointers and a raw
-//! `cudaStream_t` / `hipStream_t`. No glue to CubeCL buffers exists yet: in
-//! cubecl 0.10 a buffer's device address is reachable
-//! (`ComputeClient::get_resource`), but the stream the runtime launches on
-//! is private, so NCCL work cannot be ordered with CubeCL kernels except by
-//! full synchronisation. Training does not use this module yet; it moves
-//! gradients through the host communicator.
+//! broadcast over it. Its collectives take raw pointers and a raw
+//! `cudaStream_t` / `hipStream_t`.
+//!
+//! [`NcclCommunicator`] puts it behind the `Communicator` trait: every
+//! group of the job gets its own NCCL communicator (`split`), every call
+//! runs under a watchdog thread (`watchdog.rs`), and the trait's host buffers go to
+//! the library as they are. That is right for a library that works on host
+//! memory, such as the repository's test double (`crates/nccl-double`),
+//! with which the CPU training path runs through this binding; real NCCL /
+//! RCCL need device buffers, and no glue to CubeCL's buffers exists yet
+//! (README, "NCCL").
 
 mod comm;
+mod communicator;
 mod error;
 mod library;
 mod types;
 mod unique_id;
+mod watchdog;
 
 pub use comm::NcclComm;
+pub use communicator::NcclCommunicator;
 pub use error::NcclError;
 pub use library::{NcclLibrary, LIBRARY_ENV, LIBRARY_NAMES};
 pub use types::{result_name, NcclDataType, NcclReduceOp};

@@ -1,0 +1,190 @@
+//! `ferrotron train --comm nccl`: the CPU training path through the NCCL
+//! communicator and the real binding, on the NCCL test double
+//! (`crates/nccl-double`, loaded through `FERROTRON_NCCL_LIBRARY`). Data
+//! parallelism on 2 ranks, with ZeRO 0, 1 and 3, equals the one-rank run on
+//! the same global batch (the tolerances of `data_parallel.rs`); `--comm
+//! nccl` without a usable library is refused before anything is written.
+//!
+//! The multi-rank tests need the `mpi` feature (which also builds the
+//! double) and Open MPI's `mpirun`; without the feature they are skipped
+//! with a printed reason, with it a missing `mpirun` or double is a
+//! failure. A run still going after its deadline is killed and fails the
+//! test (a hang).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+mod common;
+#[path = "../../../tests/support/deadline.rs"]
+mod deadline;
+#[path = "../../../tests/support/nccl_double.rs"]
+mod nccl_double;
+
+use common::{corpus, max_weight_rel_err, scratch, step_losses};
+
+/// When a training run that never ends is killed: far beyond a normal run,
+/// even on 2 shared cores.
+const DEADLINE: Duration = Duration::from_secs(900);
+
+/// Runs `ferrotron train` with `args` on `ranks` processes (1: no mpirun),
+/// with `FERROTRON_NCCL_LIBRARY` set to `library` if given.
+fn train(ranks: usize, args: &[&str], library: Option<&Path>) -> Output {
+    let bin = env!("CARGO_BIN_EXE_ferrotron");
+    let mut cmd = if ranks == 1 {
+        Command::new(bin)
+    } else {
+        let mut c = Command::new("mpirun");
+        c.args(["--allow-run-as-root", "--oversubscribe", "-np"])
+            .arg(ranks.to_string())
+            .args(["-x", "FERROTRON_NCCL_LIBRARY"])
+            .arg(bin);
+        c
+    };
+    cmd.env_remove("FERROTRON_NCCL_LIBRARY");
+    if let Some(lib) = library {
+        cmd.env("FERROTRON_NCCL_LIBRARY", lib);
+    }
+    cmd.arg("train").args(args);
+    deadline::output_within(&mut cmd, DEADLINE).unwrap_or_else(|e| {
+        panic!("could not start {cmd:?} (is Open MPI's mpirun installed?): {e}")
+    })
+}
+
+/// Everything a run printed.
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Trains `model` on one rank (MPI's default transport, grad-accum 2), then
+/// on 2 ranks through NCCL with ZeRO 0, 1 and 3 (grad-accum 1: the same
+/// global batch of 4 sequences), and compares losses and weights.
+fn dp2_through_nccl_matches_single_rank(model: &str) {
+    if !cfg!(feature = "mpi") {
+        eprintln!("SKIPPED: ferrotron was built without the `mpi` feature; run `cargo test -p ferrotron-cli --features mpi`");
+        return;
+    }
+    let lib = nccl_double::library();
+    let dir = scratch(&format!("nccl-{model}"));
+    let corpus = corpus(&dir);
+    let run = |ranks: usize, zero: u64| -> PathBuf {
+        let out = dir.join(format!("np{ranks}-zero{zero}"));
+        let accum = (2 / ranks).to_string();
+        let zero = zero.to_string();
+        let mut args = vec![
+            "--model",
+            model,
+            "--vocab-size",
+            "300",
+            "--corpus",
+            corpus.to_str().unwrap(),
+            "--seq-len",
+            "32",
+            "--micro-batch",
+            "2",
+            "--steps",
+            "5",
+            "--grad-accum",
+            &accum,
+            "--eval-every",
+            "5",
+            "--eval-batches",
+            "2",
+            "--sample-tokens",
+            "0",
+            "--peak-tflops",
+            "1",
+            "--zero",
+            &zero,
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        if ranks > 1 {
+            args.extend(["--comm", "nccl"]);
+        }
+        let o = train(ranks, &args, (ranks > 1).then_some(lib.as_path()));
+        assert!(
+            o.status.success(),
+            "{model} on {ranks} ranks, zero {zero}:\n{}",
+            text(&o)
+        );
+        out
+    };
+    let single = run(1, 0);
+    let want: Vec<f64> = step_losses(&single).into_iter().map(|(_, l)| l).collect();
+    assert_eq!(want.len(), 5);
+    for zero in [0, 1, 3] {
+        let out = run(2, zero);
+        let got: Vec<f64> = step_losses(&out).into_iter().map(|(_, l)| l).collect();
+        assert_eq!(got.len(), want.len());
+        for (step, (g, w)) in got.iter().zip(&want).enumerate() {
+            let rel = (g - w).abs() / w.abs();
+            assert!(
+                rel <= 1e-5,
+                "{model} nccl np2 zero {zero} step {}: loss {g} vs {w} (rel {rel:e})",
+                step + 1
+            );
+        }
+        let rel = max_weight_rel_err(&out, &single);
+        eprintln!("{model} nccl np2 zero {zero}: max relative weight error {rel:e}");
+        assert!(
+            rel <= 1e-5,
+            "{model} nccl np2 zero {zero}: weights differ, relative error {rel:e}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn gpt_dp2_and_zero_1_3_through_nccl_equal_single_rank() {
+    dp2_through_nccl_matches_single_rank("gpt-mini");
+}
+
+#[test]
+fn llama_dp2_and_zero_1_3_through_nccl_equal_single_rank() {
+    dp2_through_nccl_matches_single_rank("llama-mini");
+}
+
+/// `--comm nccl` on the CPU backend without `FERROTRON_NCCL_LIBRARY`, and
+/// with it naming a file that does not exist: exit 2, one line naming the
+/// problem, no run directory.
+#[test]
+fn comm_nccl_without_a_usable_library_exits_2_before_writing() {
+    let dir = scratch("nccl-refused");
+    let out = dir.join("run");
+    let missing = dir.join("libnccl.so.2");
+    for library in [None, Some(missing.as_path())] {
+        let o = train(
+            1,
+            &[
+                "--comm",
+                "nccl",
+                "--steps",
+                "1",
+                "--out",
+                out.to_str().unwrap(),
+            ],
+            library,
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        match library {
+            None => assert!(
+                err.contains("--comm nccl with --backend flex")
+                    && err.contains("FERROTRON_NCCL_LIBRARY"),
+                "{err}"
+            ),
+            Some(path) => assert!(
+                err.contains(&format!("FERROTRON_NCCL_LIBRARY={}", path.display())),
+                "{err}"
+            ),
+        }
+        assert!(!out.exists(), "{} was written", out.display());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,172 @@
+//! The NCCL communicator through the real binding, on the NCCL test double
+//! (`crates/nccl-double`: NCCL's C API over MPI on host memory, loaded
+//! through `FERROTRON_NCCL_LIBRARY`): the communicator contract
+//! (`contract/mod.rs`) on 2 and 4 ranks, grouped sends and receives, an
+//! NCCL error code turned into a message, and the watchdog ending a job
+//! whose rank never arrives. The launcher tests re-run this test binary
+//! under `mpirun`, selecting an ignored worker test. Skipped (with a printed
+//! reason) without the `mpi` feature; with it, a missing `mpirun` or double
+//! is a failure. A job still running after its deadline is killed and fails
+//! the test (a hang).
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+#[cfg(feature = "mpi")]
+mod contract;
+#[path = "../../../tests/support/deadline.rs"]
+mod deadline;
+#[path = "../../../tests/support/nccl_double.rs"]
+mod nccl_double;
+
+/// When a job that never ends is killed (one job takes seconds).
+const DEADLINE: Duration = Duration::from_secs(300);
+
+/// `false` (and a printed reason) without the `mpi` feature.
+fn mpi_built() -> bool {
+    if !cfg!(feature = "mpi") {
+        eprintln!("SKIPPED: built without the `mpi` feature; run `cargo test -p ferrotron-parallel --features mpi`");
+    }
+    cfg!(feature = "mpi")
+}
+
+/// Runs the ignored test `worker` of this binary on `ranks` processes with
+/// the double as the NCCL library, killed after `deadline`.
+fn mpirun(ranks: usize, worker: &str, deadline: Duration) -> (Output, String) {
+    let exe = std::env::current_exe().unwrap();
+    let o = deadline::output_within(
+        Command::new("mpirun")
+            .args(["--allow-run-as-root", "--oversubscribe", "-np"])
+            .arg(ranks.to_string())
+            .args(["-x", "FERROTRON_NCCL_LIBRARY"])
+            .arg(&exe)
+            .args(["--ignored", "--exact", worker, "--test-threads=1"])
+            .env("FERROTRON_NCCL_LIBRARY", nccl_double::library()),
+        deadline,
+    )
+    .expect("mpirun runs (is Open MPI installed?)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    (o, text)
+}
+
+#[test]
+fn nccl_communicator_meets_the_contract_on_2_and_4_ranks() {
+    if !mpi_built() {
+        return;
+    }
+    for ranks in [2, 4] {
+        let (o, text) = mpirun(ranks, "nccl_worker", DEADLINE);
+        assert!(o.status.success(), "np {ranks}:\n{text}");
+        assert!(
+            text.matches("1 passed").count() >= ranks,
+            "np {ranks}:\n{text}"
+        );
+    }
+}
+
+/// Rank 0 sleeps far past a 1 s timeout before its all-reduce: rank 1's
+/// watchdog must name the operation and end the job (the deadline catches
+/// a hang).
+#[test]
+fn an_nccl_operation_past_the_timeout_ends_the_job_naming_it() {
+    if !mpi_built() {
+        return;
+    }
+    let (o, text) = mpirun(2, "nccl_late_rank_worker", Duration::from_secs(100));
+    assert!(!o.status.success(), "{text}");
+    let want = "error (rank 1): all_reduce #1 did not complete within 1s on NCCL";
+    assert!(text.contains(want), "missing `{want}` in:\n{text}");
+}
+
+/// One rank's checks; run only under mpirun by the tests above.
+#[test]
+#[ignore = "runs under mpirun, started by nccl_communicator_meets_the_contract_on_2_and_4_ranks"]
+fn nccl_worker() {
+    #[cfg(feature = "mpi")]
+    worker::run();
+}
+
+/// Rank 0 arrives late; run only under mpirun.
+#[test]
+#[ignore = "runs under mpirun, started by an_nccl_operation_past_the_timeout_ends_the_job_naming_it"]
+fn nccl_late_rank_worker() {
+    #[cfg(feature = "mpi")]
+    worker::late_rank();
+}
+
+#[cfg(feature = "mpi")]
+mod worker {
+    use std::ffi::c_void;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use ferrotron_parallel::comm::nccl::{
+        NcclComm, NcclCommunicator, NcclDataType, NcclLibrary, NcclReduceOp,
+    };
+    use ferrotron_parallel::comm::{Communicator, MpiCommunicator, DEFAULT_TIMEOUT};
+
+    /// MPI's world and the library named by `FERROTRON_NCCL_LIBRARY`.
+    fn start() -> (Arc<dyn Communicator>, Arc<NcclLibrary>) {
+        let lib = NcclLibrary::load().expect("the test double loads");
+        (Arc::new(MpiCommunicator::init().unwrap()), Arc::new(lib))
+    }
+
+    pub fn run() {
+        let (mpi, lib) = start();
+        assert_eq!(lib.version().unwrap(), 22_000, "the double's version");
+        grouped_exchange_and_errors(&lib, &*mpi);
+        contract_on_nccl(lib, mpi);
+    }
+
+    fn contract_on_nccl(lib: Arc<NcclLibrary>, mpi: Arc<dyn Communicator>) {
+        let nccl = NcclCommunicator::new(lib, mpi, DEFAULT_TIMEOUT).unwrap();
+        super::contract::check(Arc::new(nccl));
+    }
+
+    /// Pairs of ranks send to each other at once inside a group (without
+    /// the group, two synchronous sends would wait for each other forever);
+    /// a data type the double lacks comes back as NCCL's error and text.
+    fn grouped_exchange_and_errors(lib: &Arc<NcclLibrary>, host: &dyn Communicator) {
+        let c = NcclComm::init(lib.clone(), host).unwrap();
+        let (r, peer) = (c.rank(), c.rank() ^ 1);
+        let send = [r as f32; 4];
+        let mut recv = [0f32; 4];
+        let null = std::ptr::null_mut::<c_void>();
+        lib.group_start().unwrap();
+        // SAFETY: host buffers the double reads and writes before group_end returns.
+        unsafe {
+            c.send(send.as_ptr().cast(), 4, NcclDataType::F32, peer, null)
+                .unwrap();
+            c.recv(recv.as_mut_ptr().cast(), 4, NcclDataType::F32, peer, null)
+                .unwrap();
+        }
+        lib.group_end().unwrap();
+        assert_eq!(recv, [peer as f32; 4]);
+
+        let mut buf = [0f32; 2];
+        let p = buf.as_mut_ptr().cast::<c_void>();
+        // SAFETY: the double refuses the call before touching the buffer.
+        let err = unsafe { c.all_reduce(p, p, 2, NcclDataType::F16, NcclReduceOp::Sum, null) }
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("ncclAllReduce: ncclInvalidArgument (4): invalid argument"),
+            "{err}"
+        );
+    }
+
+    pub fn late_rank() {
+        let (mpi, lib) = start();
+        let nccl = NcclCommunicator::new(lib, mpi, Duration::from_secs(1)).unwrap();
+        if nccl.rank() == 0 {
+            std::thread::sleep(Duration::from_secs(200));
+        }
+        let mut buf = [1.0f32];
+        nccl.all_reduce_sum(&mut buf).unwrap();
+        unreachable!("the all-reduce of rank {} returned", nccl.rank());
+    }
+}
