@@ -1,8 +1,9 @@
 //! `ferrotron train --comm nccl`: the CPU training path through the NCCL
 //! communicator and the real binding, on the NCCL test double
 //! (`crates/nccl-double`, loaded through `FERROTRON_NCCL_LIBRARY`). Data
-//! parallelism on 2 ranks, with ZeRO 0, 1 and 3, equals the one-rank run on
-//! the same global batch (the tolerances of `data_parallel.rs`); `--comm
+//! parallelism on 2 ranks, with ZeRO 0, 1 and 3, and tensor parallelism
+//! (`--tp 2`) equal the one-rank run on the same global batch (the
+//! tolerances of `data_parallel.rs` and `tensor_parallel.rs`); `--comm
 //! nccl` without a usable library is refused before anything is written.
 //!
 //! The multi-rank tests need the `mpi` feature (which also builds the
@@ -71,9 +72,11 @@ fn dp2_through_nccl_matches_single_rank(model: &str) {
     let lib = nccl_double::library();
     let dir = scratch(&format!("nccl-{model}"));
     let corpus = corpus(&dir);
-    let run = |ranks: usize, zero: u64| -> PathBuf {
-        let out = dir.join(format!("np{ranks}-zero{zero}"));
-        let accum = (2 / ranks).to_string();
+    let run = |ranks: usize, zero: u64, tp: &str| -> PathBuf {
+        let out = dir.join(format!("np{ranks}-zero{zero}-tp{tp}"));
+        // The same global batch of 4 sequences: 2 x grad-accum over dp ranks.
+        let dp = ranks / tp.parse::<usize>().unwrap();
+        let accum = (2 / dp).to_string();
         let zero = zero.to_string();
         let mut args = vec![
             "--model",
@@ -100,6 +103,8 @@ fn dp2_through_nccl_matches_single_rank(model: &str) {
             "1",
             "--zero",
             &zero,
+            "--tp",
+            tp,
             "--out",
             out.to_str().unwrap(),
         ];
@@ -114,38 +119,45 @@ fn dp2_through_nccl_matches_single_rank(model: &str) {
         );
         out
     };
-    let single = run(1, 0);
+    let single = run(1, 0, "1");
     let want: Vec<f64> = step_losses(&single).into_iter().map(|(_, l)| l).collect();
     assert_eq!(want.len(), 5);
-    for zero in [0, 1, 3] {
-        let out = run(2, zero);
+    // The tolerances of data_parallel.rs, and for tp2 the whole-model
+    // weight tolerance of tensor_parallel.rs (TP reorders sums; see there).
+    for (zero, tp, weights) in [
+        (0, "1", 1e-5),
+        (1, "1", 1e-5),
+        (3, "1", 1e-5),
+        (0, "2", 1e-4),
+    ] {
+        let out = run(2, zero, tp);
         let got: Vec<f64> = step_losses(&out).into_iter().map(|(_, l)| l).collect();
         assert_eq!(got.len(), want.len());
         for (step, (g, w)) in got.iter().zip(&want).enumerate() {
             let rel = (g - w).abs() / w.abs();
             assert!(
                 rel <= 1e-5,
-                "{model} nccl np2 zero {zero} step {}: loss {g} vs {w} (rel {rel:e})",
+                "{model} nccl np2 zero {zero} tp {tp} step {}: loss {g} vs {w} (rel {rel:e})",
                 step + 1
             );
         }
         let rel = max_weight_rel_err(&out, &single);
-        eprintln!("{model} nccl np2 zero {zero}: max relative weight error {rel:e}");
+        eprintln!("{model} nccl np2 zero {zero} tp {tp}: max relative weight error {rel:e}");
         assert!(
-            rel <= 1e-5,
-            "{model} nccl np2 zero {zero}: weights differ, relative error {rel:e}"
+            rel <= weights,
+            "{model} nccl np2 zero {zero} tp {tp}: weights differ, relative error {rel:e}"
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
-fn gpt_dp2_and_zero_1_3_through_nccl_equal_single_rank() {
+fn gpt_dp2_zero_1_3_and_tp2_through_nccl_equal_single_rank() {
     dp2_through_nccl_matches_single_rank("gpt-mini");
 }
 
 #[test]
-fn llama_dp2_and_zero_1_3_through_nccl_equal_single_rank() {
+fn llama_dp2_zero_1_3_and_tp2_through_nccl_equal_single_rank() {
     dp2_through_nccl_matches_single_rank("llama-mini");
 }
 
