@@ -7,6 +7,7 @@ mod error;
 mod eval;
 mod export;
 mod generate;
+mod plan;
 mod resume;
 mod run_config;
 mod settings;
@@ -27,6 +28,7 @@ fn main() -> ExitCode {
         Command::Generate(a) => generate::generate(a),
         Command::Eval(a) => eval::eval(a),
         Command::Export(a) => export::export(a),
+        Command::Plan(a) => plan::run(*a),
         Command::Bench(a) => bench::bench(a),
     };
     match result {

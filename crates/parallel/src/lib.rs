@@ -4,7 +4,8 @@
 //! and the process groups split along it ([`groups`]), the communicators
 //! ([`comm`]), the one flat layout of parameters and gradients ([`flat`]),
 //! data parallelism ([`data`]) and ZeRO ([`zero`]) as gradient-sync
-//! strategies, and the training step and loop ([`train`]). A single-device
+//! strategies, the training step and loop ([`train`]), and the planner that
+//! picks a layout before a job runs ([`plan`]). A single-device
 //! run is the parallel code with every degree set to 1 (DESIGN.md).
 
 pub mod comm;
@@ -13,5 +14,6 @@ pub mod flat;
 pub mod groups;
 pub mod launch;
 pub mod mesh;
+pub mod plan;
 pub mod train;
 pub mod zero;
