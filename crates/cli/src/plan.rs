@@ -100,6 +100,11 @@ fn model(a: &PlanArgs) -> anyhow::Result<(String, ModelShape)> {
     Ok((name, shape_of(&c)))
 }
 
+/// Whether `x` is a number above zero (NaN is not).
+fn positive(x: f64) -> bool {
+    x > 0.0
+}
+
 /// A link from the table, with `--*-gbps` / `--*-us` overrides.
 fn pick_link(
     flag: &str,
@@ -128,13 +133,13 @@ fn pick_link(
         },
     };
     if let Some(g) = gbps {
-        if !(g > 0.0) {
+        if !positive(g) {
             return Err(usage(format!("--{flag}-gbps must be positive, got {g}")));
         }
         l.bandwidth = g * 1e9;
     }
     if let Some(u) = us {
-        if !(u >= 0.0) {
+        if !(positive(u) || u == 0.0) {
             return Err(usage(format!("--{flag}-us must not be negative, got {u}")));
         }
         l.latency = u * 1e-6;
@@ -212,7 +217,10 @@ pub fn input(a: &PlanArgs) -> anyhow::Result<(String, PlanInput)> {
             a.efficiency
         )));
     }
-    if !(a.reserve_gib >= 0.0) || !(a.bucket_mb > 0.0) || !(a.activation_factor > 0.0) {
+    if !(positive(a.reserve_gib) || a.reserve_gib == 0.0)
+        || !positive(a.bucket_mb)
+        || !positive(a.activation_factor)
+    {
         return Err(usage(
             "--reserve-gib must not be negative, --bucket-mb and --activation-factor must be positive",
         ));
