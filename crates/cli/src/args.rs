@@ -32,6 +32,8 @@ pub enum Command {
     Eval(EvalArgs),
     /// Write a run (or a Hugging Face directory) as a Hugging Face model directory.
     Export(ExportArgs),
+    /// Rank the parallel layouts (dp, tp, pp, sp, ZeRO, micro-batch, recompute) of a model on N GPUs by estimated memory and step time.
+    Plan(Box<PlanArgs>),
     /// Micro-benchmarks (`bench kernels`: fused CubeCL kernels vs the Burn reference).
     Bench(BenchArgs),
     /// Data preparation (`data prepare`: tokenize text into token shards for `train --data`).
@@ -76,6 +78,123 @@ pub struct PrepareArgs {
     /// Most tokens per shard file.
     #[arg(long, default_value_t = 100_000_000)]
     pub shard_tokens: u64,
+}
+
+/// `ferrotron plan` flags.
+#[derive(Args, Debug)]
+pub struct PlanArgs {
+    /// Model preset (see `ferrotron train --model`).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// A Hugging Face model directory whose config.json gives the shape.
+    #[arg(long, value_name = "DIR")]
+    pub hf_dir: Option<PathBuf>,
+    /// Width of the residual stream (overrides the preset or config).
+    #[arg(long)]
+    pub hidden: Option<usize>,
+    /// Transformer blocks.
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Query heads.
+    #[arg(long)]
+    pub heads: Option<usize>,
+    /// Key/value heads (grouped-query attention).
+    #[arg(long)]
+    pub kv_heads: Option<usize>,
+    /// Inner width of the MLP.
+    #[arg(long)]
+    pub ffn: Option<usize>,
+    /// Vocabulary size.
+    #[arg(long)]
+    pub vocab: Option<usize>,
+    /// GPUs in all.
+    #[arg(long)]
+    pub gpus: usize,
+    /// GPUs per node.
+    #[arg(long, default_value_t = 8)]
+    pub gpus_per_node: usize,
+    /// GPU type: a100-40gb, a100-80gb, h100-80gb, h200, mi250x-gcd, mi300x or cpu.
+    #[arg(long, default_value = "h100-80gb")]
+    pub gpu: String,
+    /// Override the GPU's memory, GiB.
+    #[arg(long)]
+    pub gpu_mem_gib: Option<f64>,
+    /// Override the GPU's peak for the precision, TFLOP/s.
+    #[arg(long)]
+    pub peak_tflops: Option<f64>,
+    /// Override the GPU's board power, W (energy estimate).
+    #[arg(long)]
+    pub tdp_w: Option<f64>,
+    /// Link within a node: nvlink3, nvlink4, infinity-fabric-mi250x, infinity-fabric (default: the GPU's usual one).
+    #[arg(long)]
+    pub intra: Option<String>,
+    /// Link between nodes: ib-hdr, ib-ndr, slingshot-11 (default: the GPU's usual one).
+    #[arg(long)]
+    pub inter: Option<String>,
+    /// Override the intra-node bandwidth per GPU, GB/s (one direction).
+    #[arg(long)]
+    pub intra_gbps: Option<f64>,
+    /// Override the intra-node latency, microseconds.
+    #[arg(long)]
+    pub intra_us: Option<f64>,
+    /// Override the inter-node bandwidth per GPU, GB/s (one direction).
+    #[arg(long)]
+    pub inter_gbps: Option<f64>,
+    /// Override the inter-node latency, microseconds.
+    #[arg(long)]
+    pub inter_us: Option<f64>,
+    /// Sequences per optimizer step.
+    #[arg(long)]
+    pub global_batch: usize,
+    /// Tokens per sequence.
+    #[arg(long, default_value_t = 2048)]
+    pub seq_len: usize,
+    /// bf16, fp16 (mixed, fp32 master weights) or fp32 (default: bf16; fp32 on cpu).
+    #[arg(long)]
+    pub precision: Option<String>,
+    /// Fraction of the peak that compute reaches.
+    #[arg(long, default_value_t = 0.5)]
+    pub efficiency: f64,
+    /// Memory per GPU set aside for the framework, runtime and fragmentation, GiB.
+    #[arg(long, default_value_t = 2.0)]
+    pub reserve_gib: f64,
+    /// Gradient bucket (and ZeRO-1/2 unit) size, MiB of f32.
+    #[arg(long, default_value_t = 25.0)]
+    pub bucket_mb: f64,
+    /// Count dropout masks (Megatron's GPT; Ferrotron's models have no dropout).
+    #[arg(long)]
+    pub dropout: bool,
+    /// Largest micro-batch tried, sequences.
+    #[arg(long, default_value_t = 16)]
+    pub max_micro_batch: usize,
+    /// ZeRO stages tried, comma-separated.
+    #[arg(long, default_value = "0,1,2,3")]
+    pub zero: String,
+    /// Recomputation tried, comma-separated: none, sel (selective), full.
+    #[arg(long, default_value = "none,sel,full")]
+    pub recompute: String,
+    /// Do not try sequence parallelism.
+    #[arg(long)]
+    pub no_sp: bool,
+    /// Multiply the activation counts (1: Korthikanti et al.'s, for fused
+    /// kernels; Ferrotron's CPU reference path measures about 1.9).
+    #[arg(long, default_value_t = 1.0)]
+    pub activation_factor: f64,
+    /// Rows of the ranked table.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    /// Rejected choices shown.
+    #[arg(long, default_value_t = 5)]
+    pub rejected: usize,
+    /// Only layouts Ferrotron runs today (DP and ZeRO, f32).
+    #[arg(long)]
+    pub runnable: bool,
+    /// Print JSON instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Print the memory and time breakdown of one choice (a label from the table).
+    #[arg(long, value_name = "CHOICE")]
+    pub explain: Option<String>,
 }
 
 /// `ferrotron bench` subcommands.

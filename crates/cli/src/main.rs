@@ -10,6 +10,7 @@ mod eval;
 mod export;
 mod generate;
 mod memory_check;
+mod plan;
 mod resume;
 mod run_config;
 mod settings;
@@ -31,6 +32,7 @@ fn main() -> ExitCode {
         Command::Generate(a) => generate::generate(a),
         Command::Eval(a) => eval::eval(a),
         Command::Export(a) => export::export(a),
+        Command::Plan(a) => plan::run(*a),
         Command::Bench(a) => bench::bench(a),
         Command::Data(a) => data::data(a),
     };

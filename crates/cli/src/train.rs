@@ -358,6 +358,7 @@ fn train_ranked(
             mesh,
             comm,
             stop,
+            gpu: local_rank,
         },
     )
 }
@@ -445,6 +446,28 @@ struct TrainTask {
     comm: Arc<dyn Communicator>,
     /// Set by SIGINT / SIGTERM.
     stop: Arc<AtomicBool>,
+    /// This rank's GPU on its node (its local rank).
+    gpu: usize,
+}
+
+/// Rank 0's energy counter: the GPU's (NVML, ROCm SMI) on a GPU backend,
+/// RAPL's on a CPU one, under `FERROTRON_POWERCAP_ROOT` if set. Prints the
+/// source, or one line naming what is missing.
+fn open_energy(kind: BackendKind, gpu: usize) -> Option<metrics::EnergyMeter> {
+    let mut probe = metrics::EnergyProbe::system((!kind.is_cpu()).then_some(gpu as u32));
+    if let Some(root) = std::env::var_os("FERROTRON_POWERCAP_ROOT") {
+        probe.rapl_root = root.into();
+    }
+    match probe.open() {
+        Ok(meter) => {
+            println!("energy: measured by {meter}");
+            Some(meter)
+        }
+        Err(why) => {
+            println!("energy: not measured ({why})");
+            None
+        }
+    }
 }
 
 impl BackendTask for TrainTask {
@@ -571,6 +594,11 @@ impl BackendTask for TrainTask {
                 },
             },
             stop: Some(self.stop.clone()),
+            energy: if lead {
+                open_energy(kind, self.gpu)
+            } else {
+                None
+            },
         };
         let bar = if lead {
             ProgressBar::new(s.steps as u64)
@@ -626,6 +654,19 @@ impl BackendTask for TrainTask {
                 "done in {:.0} s: val_loss {first:.4} at step {s0} -> {last:.4} at step {s1} ({:.0}% lower)",
                 t0.elapsed().as_secs_f64(),
                 100.0 * (1.0 - last / first)
+            );
+        }
+        if let Some(j) = summary.energy_j() {
+            let tokens: f64 = summary
+                .steps
+                .iter()
+                .map(|r| r.tokens_per_s * r.step_time_s)
+                .sum();
+            println!(
+                "energy: {:.1} kJ over {} steps ({:.1} tokens/J)",
+                j / 1e3,
+                summary.steps.len(),
+                tokens / j
             );
         }
         if let Some(dir) = &s.hf_out {

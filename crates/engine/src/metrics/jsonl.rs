@@ -31,6 +31,15 @@ pub struct StepRecord {
     /// (`param_bytes`, `grad_bytes`, `optimizer_bytes` in the JSON).
     #[serde(flatten)]
     pub memory: MemoryBytes,
+    /// Energy the step used by rank 0's counter (RAPL: the CPU packages of
+    /// its node; NVML or ROCm SMI: its GPU), joules; absent without a counter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub energy_j: Option<f64>,
+    /// Tokens per joule of the devices the counter covers (RAPL: the step's
+    /// tokens; one GPU: the step's tokens over the ranks); absent without a
+    /// counter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_joule: Option<f64>,
     /// The loss or gradient norm was not finite and the update was not
     /// applied (`--on-nonfinite skip`).
     #[serde(default)]

@@ -25,7 +25,10 @@ use burn::tensor::backend::AutodiffBackend;
 use ferrotron_engine::checkpoint::{save_safetensors, write_atomic, CheckpointError};
 use ferrotron_engine::data::{Batch, BatchSampler, SamplerState, TokenSource};
 use ferrotron_engine::lm::{CausalLm, LmUnits};
-use ferrotron_engine::metrics::{write_loss_svg, MetricsWriter, StepRecord, ValRecord};
+use ferrotron_engine::metrics::energy::Coverage;
+use ferrotron_engine::metrics::{
+    write_loss_svg, EnergyMeter, MetricsWriter, StepRecord, ValRecord,
+};
 
 use super::checkpoint;
 use super::step::Trainer;
@@ -108,6 +111,9 @@ pub struct LoopConfig {
     /// Set (by a signal handler) to end the run after the current step,
     /// with a checkpoint; every rank stops at the same step.
     pub stop: Option<Arc<AtomicBool>>,
+    /// Rank 0's energy counter: each step's `energy_j` and
+    /// `tokens_per_joule` (`None`: not measured).
+    pub energy: Option<EnergyMeter>,
 }
 
 impl Default for LoopConfig {
@@ -128,6 +134,7 @@ impl Default for LoopConfig {
             checkpoint_files: Vec::new(),
             on_nonfinite: NonFinite::Stop,
             stop: None,
+            energy: None,
         }
     }
 }
@@ -153,6 +160,13 @@ pub struct RunSummary {
     pub steps: Vec<StepRecord>,
     /// `(step, validation loss)` of every validation, step 0 first.
     pub validations: Vec<(usize, f64)>,
+}
+
+impl RunSummary {
+    /// Energy of every step together, joules, if every step measured it.
+    pub fn energy_j(&self) -> Option<f64> {
+        self.steps.iter().map(|r| r.energy_j).sum()
+    }
 }
 
 /// Why the loop stopped.
@@ -354,9 +368,17 @@ where
             .skip(dp_rank)
             .step_by(dp_size)
             .collect();
+        let meter = config.energy.as_ref().filter(|_| lead);
+        let before = meter.and_then(|m| m.read().ok());
         let t = Instant::now();
         let o = trainer.step(&micro)?;
         let dt = t.elapsed().as_secs_f64();
+        let energy_j = meter.zip(before).and_then(|(m, b)| m.joules_since(&b).ok());
+        // A GPU counter covers one rank's share of the step's tokens.
+        let covered_tokens = match meter.map(EnergyMeter::coverage) {
+            Some(Coverage::Device) => o.tokens as f64 / world.world_size() as f64,
+            _ => o.tokens as f64,
+        };
         let flops = config.flops_per_token * o.tokens as f64 / dt / dp_size as f64;
         let record = StepRecord {
             step,
@@ -368,6 +390,8 @@ where
             mfu: flops / config.peak_flops,
             step_time_s: dt,
             memory: trainer.memory(),
+            energy_j,
+            tokens_per_joule: energy_j.filter(|&j| j > 0.0).map(|j| covered_tokens / j),
             skipped: o.skipped,
         };
         if let Some(w) = writer.as_mut() {

@@ -1,0 +1,194 @@
+//! Activation memory per GPU, after Korthikanti et al. 2022, "Reducing
+//! Activation Recomputation in Large Transformer Models", Sec. 4.
+//!
+//! Their per-layer count for a GPT layer with 2-byte activations and 1-byte
+//! dropout masks is `sbh (34 + 5as/h)` bytes (Eq. 1); with tensor
+//! parallelism `sbh (10 + 24/t + 5as/(ht))` (Eq. 2), with sequence
+//! parallelism too `sbh (34/t + 5as/(ht))` (Eq. 3); selective
+//! recomputation drops the `5as/h` term, full recomputation keeps only each
+//! layer's input, `2sbh` (Table 2). Here the same terms are kept one by one
+//! (Sec. 4.1) so that the element size, the absence of dropout (Ferrotron
+//! has none), grouped-query attention and a SwiGLU MLP change only their
+//! own terms; a GPT shape with bf16 and dropout gives the paper's formulas
+//! exactly (tested).
+//!
+//! Input and output layers (Sec. 4.3): the embedding's dropout mask on the
+//! first stage, and on the last the final norm's and the head's inputs and
+//! the logits the cross-entropy keeps in fp32, `4 s b V / t`.
+//!
+//! Micro-batches in flight on the first pipeline stage: `p` under 1F1B
+//! (stage `i` holds `p - i`; Narayanan et al. 2021, Sec. 2.2.1), and
+//! `p (1 + (p - 1)/(p v))` under the interleaved schedule of `v` model
+//! chunks per stage (Korthikanti et al. 2022, Sec. 4.2.3, Eq. 5).
+
+use serde::Serialize;
+
+use super::model::ModelShape;
+
+/// What is recomputed in backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Recompute {
+    /// Nothing: every activation backward needs is stored.
+    None,
+    /// The attention scores, softmax and its dropout (Korthikanti Sec. 5).
+    Selective,
+    /// Each layer's forward from its stored input (activation checkpointing).
+    Full,
+}
+
+impl Recompute {
+    /// Every choice.
+    pub const ALL: [Recompute; 3] = [Recompute::None, Recompute::Selective, Recompute::Full];
+
+    /// The name used in choice labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            Recompute::None => "none",
+            Recompute::Selective => "sel",
+            Recompute::Full => "full",
+        }
+    }
+}
+
+/// One micro-batch's activations as the layer counts them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LayerActivations {
+    /// Sequence length `s`.
+    pub seq: usize,
+    /// Micro-batch `b`, sequences.
+    pub micro_batch: usize,
+    /// Tensor-parallel degree `t`.
+    pub tp: usize,
+    /// Sequence parallelism over the TP group.
+    pub sp: bool,
+    /// Bytes of an activation element (2 for bf16/fp16, 4 for f32).
+    pub elem_bytes: usize,
+    /// Dropout after attention, MLP and softmax (1-byte masks).
+    pub dropout: bool,
+}
+
+impl LayerActivations {
+    /// Bytes one transformer layer stores for backward.
+    pub fn layer_bytes(&self, m: &ModelShape, recompute: Recompute) -> f64 {
+        let (s, b, t) = (self.seq as f64, self.micro_batch as f64, self.tp as f64);
+        let e = self.elem_bytes as f64;
+        let sbh = s * b * m.hidden as f64;
+        let sbk = s * b * m.kv_width() as f64;
+        let sbf = s * b * m.ffn as f64;
+        let mask = if self.dropout { 1.0 } else { 0.0 };
+        let sp = if self.sp { t } else { 1.0 };
+        if recompute == Recompute::Full {
+            return e * sbh / sp;
+        }
+        // Outside the TP regions: two norm inputs, the QKV and MLP inputs,
+        // two dropout masks (10 sbh in the paper).
+        let replicated = 4.0 * e * sbh + 2.0 * mask * sbh;
+        // Inside: Q, K, V, the output projection's input, and the MLP's
+        // (GELU: its input and output; SwiGLU: gate, SiLU, up, product).
+        let mlp = if m.gated_mlp { 4.0 } else { 2.0 };
+        let split = e * (2.0 * sbh + 2.0 * sbk) + mlp * e * sbf;
+        // Attention scores: softmax output, its dropout mask and output.
+        let a_s2_b = m.heads as f64 * s * s * b;
+        let scores = if recompute == Recompute::Selective {
+            0.0
+        } else {
+            e * a_s2_b + mask * a_s2_b + if self.dropout { e * a_s2_b } else { 0.0 }
+        };
+        replicated / sp + (split + scores) / t
+    }
+
+    /// Bytes the first stage keeps for the embedding per micro-batch (its
+    /// dropout mask).
+    pub fn embedding_bytes(&self, m: &ModelShape) -> f64 {
+        let sp = if self.sp { self.tp as f64 } else { 1.0 };
+        let mask = if self.dropout { 1.0 } else { 0.0 };
+        mask * (self.seq * self.micro_batch * m.hidden) as f64 / sp
+    }
+
+    /// Bytes the last stage keeps for the output layer per micro-batch: the
+    /// final norm's and the head's inputs, and fp32 logits split over TP.
+    pub fn output_bytes(&self, m: &ModelShape) -> f64 {
+        let (s, b, t) = (self.seq as f64, self.micro_batch as f64, self.tp as f64);
+        let sp = if self.sp { t } else { 1.0 };
+        let e = self.elem_bytes as f64;
+        2.0 * e * s * b * m.hidden as f64 / sp + 4.0 * s * b * m.vocab as f64 / t
+    }
+}
+
+/// Micro-batches whose activations the first stage holds at once: 1
+/// without pipelining, `p` under 1F1B, `p (1 + (p-1)/(p v))` interleaved
+/// with `v` chunks; never more than the `m` micro-batches of a step.
+pub fn in_flight(pp: usize, interleave: usize, micro_batches: usize) -> f64 {
+    let p = pp as f64;
+    let f = if pp == 1 {
+        1.0
+    } else if interleave <= 1 {
+        p
+    } else {
+        p * (1.0 + (p - 1.0) / (p * interleave as f64))
+    };
+    f.min(micro_batches as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpt() -> ModelShape {
+        ModelShape::gpt(51200, 12288, 96, 96, 2048)
+    }
+
+    #[test]
+    fn reduces_to_korthikantis_closed_forms_for_gpt_with_dropout() {
+        let m = gpt();
+        let (s, b, h, a) = (2048.0, 1.0, 12288.0, 96.0);
+        let sbh = s * b * h;
+        for (t, sp) in [(1, false), (8, false), (8, true)] {
+            let act = LayerActivations {
+                seq: 2048,
+                micro_batch: 1,
+                tp: t,
+                sp,
+                elem_bytes: 2,
+                dropout: true,
+            };
+            let tf = t as f64;
+            let want = match (t, sp) {
+                (1, _) => sbh * (34.0 + 5.0 * a * s / h),
+                (_, false) => sbh * (10.0 + 24.0 / tf + 5.0 * a * s / (h * tf)),
+                _ => sbh * (34.0 / tf + 5.0 * a * s / (h * tf)),
+            };
+            let got = act.layer_bytes(&m, Recompute::None);
+            assert!((got / want - 1.0).abs() < 1e-12, "t={t} sp={sp}");
+            let sel = match (t, sp) {
+                (1, _) => sbh * 34.0,
+                (_, false) => sbh * (10.0 + 24.0 / tf),
+                _ => sbh * 34.0 / tf,
+            };
+            let got = act.layer_bytes(&m, Recompute::Selective);
+            assert!((got / sel - 1.0).abs() < 1e-12, "selective t={t} sp={sp}");
+        }
+        let act = LayerActivations {
+            seq: 2048,
+            micro_batch: 1,
+            tp: 8,
+            sp: false,
+            elem_bytes: 2,
+            dropout: true,
+        };
+        assert_eq!(act.layer_bytes(&m, Recompute::Full), 2.0 * sbh);
+        // Output layer: 4sbh/t (1 + v/h) with SP (Sec. 4.3).
+        let act = LayerActivations { sp: true, ..act };
+        let want = 4.0 * sbh / 8.0 * (1.0 + 51200.0 / h);
+        assert!((act.output_bytes(&m) / want - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn schedules_hold_p_or_the_interleaved_share_of_micro_batches() {
+        assert_eq!(in_flight(1, 1, 64), 1.0);
+        assert_eq!(in_flight(8, 1, 64), 8.0);
+        assert_eq!(in_flight(8, 1, 4), 4.0);
+        assert_eq!(in_flight(4, 2, 64), 4.0 * (1.0 + 3.0 / 8.0));
+    }
+}

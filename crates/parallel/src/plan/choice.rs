@@ -1,0 +1,130 @@
+//! One parallel layout the planner can rank, and its label
+//! (`dp16-tp4sp-pp2v2-z1-mb1-sel`).
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::Serialize;
+
+use super::activation::Recompute;
+use crate::zero::ZeroStage;
+
+/// A layout: the degrees, the ZeRO stage, the micro-batch and what is
+/// recomputed. `dp x tp x pp` is the GPU count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Choice {
+    /// Data-parallel degree.
+    pub dp: usize,
+    /// Tensor-parallel degree (Megatron TP, innermost in the rank order).
+    pub tp: usize,
+    /// Pipeline-parallel degree (stages).
+    pub pp: usize,
+    /// Sequence parallelism over the TP group.
+    pub sp: bool,
+    /// What is sharded over the DP group.
+    pub zero: ZeroStage,
+    /// Sequences per micro-batch.
+    pub micro_batch: usize,
+    /// What backward recomputes.
+    pub recompute: Recompute,
+    /// Model chunks per pipeline stage (1: 1F1B; more: interleaved 1F1B).
+    pub interleave: usize,
+}
+
+impl fmt::Display for Choice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "dp{}-tp{}{}-pp{}",
+            self.dp,
+            self.tp,
+            if self.sp { "sp" } else { "" },
+            self.pp
+        )?;
+        if self.interleave > 1 {
+            write!(f, "v{}", self.interleave)?;
+        }
+        write!(
+            f,
+            "-z{}-mb{}-{}",
+            u8::from(self.zero),
+            self.micro_batch,
+            self.recompute.name()
+        )
+    }
+}
+
+impl FromStr for Choice {
+    type Err = String;
+
+    /// Parses the label [`Choice`] displays.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || {
+            format!(
+                "'{s}' is not a choice label such as dp16-tp4sp-pp2v2-z1-mb1-sel (see the table)"
+            )
+        };
+        let parts: Vec<&str> = s.split('-').collect();
+        let [dp, tp, pp, z, mb, rc] = parts[..] else {
+            return Err(bad());
+        };
+        let num = |p: &str, prefix: &str| -> Result<usize, String> {
+            p.strip_prefix(prefix)
+                .and_then(|n| n.parse().ok())
+                .filter(|&n| n > 0)
+                .ok_or_else(bad)
+        };
+        let (tp, sp) = match tp.strip_suffix("sp") {
+            Some(t) => (t, true),
+            None => (tp, false),
+        };
+        let (pp, interleave) = match pp.split_once('v') {
+            Some((p, v)) => (p, v.parse().map_err(|_| bad())?),
+            None => (pp, 1),
+        };
+        let zero = z
+            .strip_prefix('z')
+            .and_then(|n| n.parse::<u8>().ok())
+            .and_then(|n| ZeroStage::try_from(n).ok())
+            .ok_or_else(bad)?;
+        let recompute = Recompute::ALL
+            .into_iter()
+            .find(|r| r.name() == rc)
+            .ok_or_else(bad)?;
+        Ok(Self {
+            dp: num(dp, "dp")?,
+            tp: num(tp, "tp")?,
+            pp: num(pp, "pp")?,
+            sp,
+            zero,
+            micro_batch: num(mb, "mb")?,
+            recompute,
+            interleave,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_parse_back() {
+        let c = Choice {
+            dp: 16,
+            tp: 4,
+            pp: 2,
+            sp: true,
+            zero: ZeroStage::One,
+            micro_batch: 2,
+            recompute: Recompute::Selective,
+            interleave: 2,
+        };
+        assert_eq!(c.to_string(), "dp16-tp4sp-pp2v2-z1-mb2-sel");
+        assert_eq!(c.to_string().parse::<Choice>().unwrap(), c);
+        let plain = "dp8-tp1-pp1-z0-mb4-none".parse::<Choice>().unwrap();
+        assert_eq!(plain.to_string(), "dp8-tp1-pp1-z0-mb4-none");
+        assert!("dp8-tp1".parse::<Choice>().is_err());
+        assert!("dp8-tp1-pp1-z5-mb4-none".parse::<Choice>().is_err());
+    }
+}

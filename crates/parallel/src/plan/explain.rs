@@ -1,0 +1,94 @@
+//! The memory and time breakdown of one choice, for a person.
+
+use std::fmt::Write as _;
+
+use super::{Estimate, PlanInput};
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// Several lines: the layout, memory per GPU by class and time per step by part.
+pub fn explain(input: &PlanInput, e: &Estimate) -> String {
+    let c = &e.choice;
+    let mem = &e.memory;
+    let t = &e.time;
+    let micro_batches = input.global_batch / (c.dp * c.micro_batch);
+    let gib = |b: f64| b / GIB;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{}: dp {} x tp {}{} x pp {}{} on {} {} GPUs ({} per node), ZeRO-{}, micro-batch {} x {} micro-batches per DP rank, recompute {:?}, {}",
+        e.label,
+        c.dp,
+        c.tp,
+        if c.sp { " (+SP)" } else { "" },
+        c.pp,
+        if c.interleave > 1 {
+            format!(" (interleaved, {} chunks per stage)", c.interleave)
+        } else {
+            String::new()
+        },
+        input.gpus,
+        input.device.name,
+        input.gpus_per_node,
+        u8::from(c.zero),
+        c.micro_batch,
+        micro_batches,
+        c.recompute,
+        input.precision
+    );
+    let _ = writeln!(
+        s,
+        "memory per GPU ({} stage): {:.2} GiB of {:.1} GiB",
+        mem.stage,
+        gib(mem.total()),
+        gib(input.device.memory_bytes)
+    );
+    let rows = [
+        ("parameters", mem.state.param_bytes as f64),
+        ("gradients", mem.state.grad_bytes as f64),
+        ("optimizer state", mem.state.optimizer_bytes as f64),
+        ("activations: layers", mem.activations.layers),
+        ("activations: embedding", mem.activations.embedding),
+        ("activations: output + logits", mem.activations.output),
+        (
+            "activations: recompute working set",
+            mem.activations.recompute_working,
+        ),
+        ("transient buffers", mem.transient),
+        ("reserve (framework, runtime)", mem.reserve),
+    ];
+    for (name, bytes) in rows {
+        let _ = writeln!(s, "  {name:<36} {:>10.3} GiB", gib(bytes));
+    }
+    let _ = writeln!(
+        s,
+        "time per step: {:.3} s ({:.0} tokens/s, MFU {:.1}%, bubble {:.1}% of the pipeline)",
+        t.step_s,
+        t.tokens_per_s,
+        100.0 * t.mfu,
+        100.0 * t.bubble_fraction
+    );
+    let rows = [
+        ("compute", t.compute_s),
+        ("tensor-parallel collectives", t.tp_comm_s),
+        ("pipeline sends", t.pp_comm_s),
+        ("pipeline bubble", t.bubble_s),
+        ("data-parallel collectives", t.dp_comm_s),
+    ];
+    for (name, secs) in rows {
+        let _ = writeln!(s, "  {name:<36} {secs:>10.4} s");
+    }
+    let _ = writeln!(
+        s,
+        "energy per step: {:.0} kJ (an estimate: {} GPUs at their {:.0} W board power)",
+        t.energy_estimate_j / 1e3,
+        c.dp * c.tp * c.pp,
+        input.device.tdp_w
+    );
+    let _ = write!(
+        s,
+        "Ferrotron runs this layout today: {}",
+        if e.runs_today { "yes" } else { "no" }
+    );
+    s
+}

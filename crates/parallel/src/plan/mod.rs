@@ -1,0 +1,93 @@
+//! The planner: which parallel layout to train a model with, on a given
+//! number and type of GPUs, before any job is queued.
+//!
+//! For every layout of the GPUs into data (`dp`), tensor (`tp`, with or
+//! without sequence parallelism) and pipeline (`pp`, 1F1B or interleaved)
+//! parallelism, every ZeRO stage, micro-batch size and recomputation
+//! choice, it estimates
+//! - the memory of one GPU ([`estimate`]): the training state of the
+//!   fullest stage by the trainer's own classes and sharding
+//!   ([`memory`]), the activations after Korthikanti et al. 2022
+//!   ([`activation`]), transient buffers and a reserve;
+//! - the time of one optimizer step ([`time`]): Megatron's FLOP count at a
+//!   fraction of the device peak, alpha-beta costs of every collective
+//!   ([`comm`]) on the links of [`link`], and the pipeline bubble;
+//!
+//! and ranks the layouts that fit by step time ([`search`]). Devices come
+//! from [`ferrotron_engine::metrics::DEVICES`]. The planner is pure
+//! arithmetic: no tensors, no ranks.
+
+pub mod activation;
+pub mod choice;
+pub mod comm;
+pub mod estimate;
+pub mod explain;
+pub mod link;
+pub mod memory;
+pub mod model;
+pub mod search;
+pub mod time;
+
+use ferrotron_engine::metrics::DeviceSpec;
+
+pub use activation::Recompute;
+pub use choice::Choice;
+pub use estimate::{estimate, Estimate, MemoryEstimate};
+pub use link::Link;
+pub use memory::Precision;
+pub use model::ModelShape;
+pub use search::{plan, Plan, Rejected};
+
+/// What the planner is asked.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanInput {
+    /// The model.
+    pub model: ModelShape,
+    /// GPUs in all.
+    pub gpus: usize,
+    /// GPUs per node (consecutive ranks share a node).
+    pub gpus_per_node: usize,
+    /// The GPU type, with any overrides applied.
+    pub device: DeviceSpec,
+    /// Link between GPUs of a node.
+    pub intra: Link,
+    /// Link between nodes, per GPU.
+    pub inter: Link,
+    /// Sequences per optimizer step.
+    pub global_batch: usize,
+    /// Tokens per sequence.
+    pub seq: usize,
+    /// Numeric format of training.
+    pub precision: Precision,
+    /// Fraction of the device peak that compute reaches, 0..1.
+    pub efficiency: f64,
+    /// Bytes per GPU set aside for the framework, the runtime and
+    /// fragmentation.
+    pub reserve_bytes: f64,
+    /// Gradient bucket (and ZeRO-1/2 unit) size, MiB of f32.
+    pub bucket_mb: f64,
+    /// Whether the model uses dropout (1-byte masks; Ferrotron has none).
+    pub dropout: bool,
+    /// Largest micro-batch tried, sequences.
+    pub max_micro_batch: usize,
+    /// The ZeRO stages tried (what the framework offers).
+    pub zero_stages: Vec<crate::zero::ZeroStage>,
+    /// The recomputation choices tried.
+    pub recompute: Vec<Recompute>,
+    /// Whether sequence parallelism is tried with TP.
+    pub sequence_parallel: bool,
+    /// Multiplies every activation count: 1 for frameworks whose fused
+    /// kernels keep only what Korthikanti et al. count; Ferrotron's CPU
+    /// reference path keeps about 1.9 times that (measured, see README).
+    pub activation_factor: f64,
+}
+
+impl PlanInput {
+    /// The device's peak for the precision, FLOP/s.
+    pub fn peak_flops(&self) -> f64 {
+        match self.precision {
+            Precision::Fp32 => self.device.fp32_flops,
+            _ => self.device.bf16_flops,
+        }
+    }
+}
