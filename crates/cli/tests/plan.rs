@@ -17,7 +17,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-#[allow(dead_code)] // each test binary uses a different subset
 mod common;
 #[path = "../../../tests/support/deadline.rs"]
 mod deadline;
