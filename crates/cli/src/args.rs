@@ -10,6 +10,7 @@ use ferrotron_models::Kernels;
 use ferrotron_parallel::zero::ZeroStage;
 
 use crate::comm::CommChoice;
+use crate::pipeline_check::PpSchedule;
 use crate::settings::{OnNonFinite, TrainSettings};
 
 /// Ferrotron: train GPT-2, Llama and BLOOM style language models.
@@ -364,9 +365,21 @@ pub struct TrainArgs {
     /// sequence over the TP group; --seq-len must divide by tp.
     #[arg(long)]
     pub sp: bool,
-    /// Pipeline-parallel degree (only 1: pipeline parallelism is not implemented yet).
+    /// Pipeline-parallel degree: the blocks split into pp contiguous stages (embedding on the
+    /// first, final norm, head and loss on the last); a step's micro-batches are its
+    /// --grad-accum micro-batches.
     #[arg(long)]
     pub pp: Option<usize>,
+    /// Pipeline schedule: gpipe, 1f1b (default) or interleaved (with --pp-virtual).
+    #[arg(long, value_enum)]
+    pub pp_schedule: Option<PpSchedule>,
+    /// Model chunks per stage for --pp-schedule interleaved (at least 2).
+    #[arg(long, value_name = "V")]
+    pub pp_virtual: Option<usize>,
+    /// Blocks per stage (per virtual stage when interleaved), comma-separated, e.g. 3,3;
+    /// default: as even as possible.
+    #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
+    pub pp_layers: Option<Vec<usize>>,
     /// Gradient all-reduce bucket size for data parallelism, MiB.
     #[arg(long)]
     pub bucket_mb: Option<f64>,
@@ -429,6 +442,8 @@ impl TrainArgs {
             tp,
             make_vocab_size_divisible_by,
             pp,
+            pp_schedule,
+            pp_virtual,
             bucket_mb,
             zero,
             keep_checkpoints,
@@ -437,6 +452,9 @@ impl TrainArgs {
         );
         if self.sp {
             s.sp = true;
+        }
+        if self.pp_layers.is_some() {
+            s.pp_layers = self.pp_layers;
         }
         macro_rules! set_opt {
             ($($f:ident),*) => { $( if self.$f.is_some() { s.$f = self.$f; } )* };

@@ -10,6 +10,7 @@ mod eval;
 mod export;
 mod generate;
 mod memory_check;
+mod pipeline_check;
 mod plan;
 mod resume;
 mod run_config;

@@ -76,7 +76,6 @@ impl Resume {
             val_fraction => "--val-fraction",
             hf_dir => "--hf-dir",
             kernels => "--kernels",
-            pp => "--pp",
         );
         let rows = |t: &TrainSettings, dp: usize| dp * t.micro_batch * t.grad_accum;
         let dp_now = s.dp.unwrap_or(world_size / (s.tp * s.pp));

@@ -10,6 +10,7 @@ use ferrotron_parallel::zero::ZeroStage;
 
 use crate::comm::CommChoice;
 use crate::error::usage;
+use crate::pipeline_check::PpSchedule;
 
 /// Every setting of a training run. Defaults are the out-of-the-box run: the
 /// small GPT on the embedded corpus, about 3 minutes on 2 CPU cores.
@@ -91,8 +92,14 @@ pub struct TrainSettings {
     pub make_vocab_size_divisible_by: usize,
     /// Sequence parallelism over the TP group (Korthikanti et al. 2022).
     pub sp: bool,
-    /// Pipeline-parallel degree (only 1 is implemented).
+    /// Pipeline-parallel degree (stages).
     pub pp: usize,
+    /// Schedule of the micro-batches over the stages (`--pp-schedule`).
+    pub pp_schedule: PpSchedule,
+    /// Model chunks per stage of the interleaved schedule (`--pp-virtual`).
+    pub pp_virtual: usize,
+    /// Blocks per (virtual) stage, in order (`--pp-layers`); unset = as even as possible.
+    pub pp_layers: Option<Vec<usize>>,
     /// Gradient all-reduce bucket size for data parallelism, MiB (also
     /// the size of ZeRO-1/2's communication units).
     pub bucket_mb: f64,
@@ -167,6 +174,9 @@ impl Default for TrainSettings {
             make_vocab_size_divisible_by: ferrotron_parallel::tensor::DEFAULT_VOCAB_DIVISIBLE_BY,
             sp: false,
             pp: 1,
+            pp_schedule: PpSchedule::OneFOneB,
+            pp_virtual: 1,
+            pp_layers: None,
             bucket_mb: ferrotron_parallel::data::DEFAULT_BUCKET_MB,
             zero: ZeroStage::Off,
             kernels: None,
@@ -242,6 +252,7 @@ impl TrainSettings {
                 self.make_vocab_size_divisible_by,
             ),
             ("--pp", self.pp),
+            ("--pp-virtual", self.pp_virtual),
             ("--keep-checkpoints", self.keep_checkpoints),
             ("--max-skipped", self.max_skipped),
         ] {

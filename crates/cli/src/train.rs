@@ -42,6 +42,7 @@ use crate::dispatch::{dispatch, parse_backend, BackendTask};
 use crate::error::{usage, Interrupted, UsageError};
 use crate::export::check_out_dir;
 use crate::memory_check::check_memory;
+use crate::pipeline_check::{check_pipeline, pipeline_config};
 use crate::resume::Resume;
 use crate::run_config::RunConfig;
 use crate::settings::{OnNonFinite, TrainSettings};
@@ -184,6 +185,11 @@ fn train_ranked(
     }
     model.kernels = s.kernels;
     check_tp(&model, mesh.tp).map_err(|e| usage(format!("--tp {}: {e}", mesh.tp)))?;
+    check_pipeline(&model, &s, &mesh, &mut |line| {
+        if lead {
+            println!("{line}");
+        }
+    })?;
     if s.sp && mesh.tp == 1 {
         return Err(usage(
             "--sp needs --tp above 1: sequence parallelism splits the sequence over the TP group",
@@ -554,6 +560,7 @@ impl BackendTask for TrainTask {
             zero: s.zero,
             bucket_mb: s.bucket_mb,
             shards,
+            pipeline: pipeline_config(&s),
         };
         let mut trainer = Trainer::parallel(model, step_config, device.clone(), groups, parallel)?;
         if let Some((state, moments, dir)) = self.restore {

@@ -182,24 +182,6 @@ fn a_mesh_that_does_not_fit_the_world_size_exits_2_on_every_rank() {
 }
 
 #[test]
-fn pipeline_parallelism_is_refused_as_not_implemented() {
-    if !mpi_built() {
-        return;
-    }
-    let dir = scratch("pp");
-    let out = dir.join("run");
-    let o = train(
-        2,
-        &["--dp", "1", "--pp", "2", "--out", out.to_str().unwrap()],
-    );
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success());
-    assert!(err.contains("not implemented yet"), "{err}");
-    assert!(!out.exists());
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-#[test]
 fn a_failing_rank_aborts_the_job_instead_of_hanging() {
     if !mpi_built() {
         return;

@@ -14,25 +14,17 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use burn::tensor::TensorData;
-use ferrotron_engine::checkpoint::load_safetensors;
-
 mod common;
 #[path = "../../../tests/support/deadline.rs"]
 mod deadline;
+#[path = "common/equivalence.rs"]
+mod equivalence;
 #[path = "common/mpirun.rs"]
 mod mpirun;
 
 use common::{copy_dir, corpus, scratch, step_losses};
+use equivalence::{check_steps, check_weights};
 use mpirun::{mpi_built, train, train_within};
-
-/// Parameters whose gradient is analytically zero, so that after training
-/// they hold only rounding noise amplified by AdamW's normalisation: the
-/// attention key biases (softmax ignores a constant added to every score
-/// of a row). Only the whole-model bound applies to them.
-fn noise_only(name: &str) -> bool {
-    name.ends_with("attn.k.bias")
-}
 
 /// Largest difference between the runs' weights, relative to the one-rank
 /// run's largest weight of the whole model. TP sums the partial products
@@ -51,67 +43,6 @@ const MODEL_TOLERANCE: f32 = 1e-4;
 /// projection). Adam's updates hide gradient scale errors, so the step's
 /// gradient norms are compared as well, at 1e-5.
 const TENSOR_TOLERANCE: f32 = 5e-3;
-
-/// `(loss, grad_norm)` of every step record of a run's `metrics.jsonl`.
-fn loss_and_norm(run: &Path) -> Vec<(f64, f64)> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v.get("loss").is_some())
-        .map(|v| {
-            (
-                v["loss"].as_f64().unwrap(),
-                v["grad_norm"].as_f64().unwrap(),
-            )
-        })
-        .collect()
-}
-
-/// Checks `got`'s weights against `want`'s (see the two tolerances).
-fn check_weights(label: &str, got: &Path, want: &Path) {
-    let a = load_safetensors(&got.join("model.safetensors")).unwrap();
-    let b = load_safetensors(&want.join("model.safetensors")).unwrap();
-    assert_eq!(
-        a.keys().collect::<Vec<_>>(),
-        b.keys().collect::<Vec<_>>(),
-        "{label}: parameter names"
-    );
-    let values = |t: &TensorData| t.to_vec::<f32>().unwrap();
-    let max_abs = |v: &[f32]| v.iter().fold(0f32, |m, x| m.max(x.abs()));
-    let model_max = b.values().map(|t| max_abs(&values(t))).fold(0f32, f32::max);
-    let (mut model_diff, mut worst) = (0f32, (0f32, String::new()));
-    for (name, ta) in &a {
-        let (x, y) = (values(ta), values(&b[name]));
-        assert_eq!(x.len(), y.len(), "{label}: {name} size");
-        let diff = x
-            .iter()
-            .zip(&y)
-            .fold(0f32, |m, (p, q)| m.max((p - q).abs()));
-        model_diff = model_diff.max(diff);
-        if !noise_only(name) {
-            let rel = diff / max_abs(&y);
-            if rel > worst.0 {
-                worst = (rel, name.clone());
-            }
-        }
-    }
-    let model_rel = model_diff / model_max;
-    eprintln!(
-        "{label}: weights within {model_rel:e} of the model's largest, worst tensor {} within {:e} of its own",
-        worst.1, worst.0
-    );
-    assert!(
-        model_rel <= MODEL_TOLERANCE,
-        "{label}: weights differ from the one-rank run by {model_rel:e} of the model's largest"
-    );
-    assert!(
-        worst.0 <= TENSOR_TOLERANCE,
-        "{label}: {} differs from the one-rank run by {:e} of its largest magnitude",
-        worst.1,
-        worst.0
-    );
-}
 
 /// The training flags shared by every run of `model`: 5 steps of
 /// `micro_batch` sequences x `accum`.
@@ -173,8 +104,7 @@ fn tp_matches_single_rank(model: &str) -> (PathBuf, PathBuf, PathBuf) {
     let corpus = corpus(&dir);
     let single = dir.join("single");
     run(model, 1, args(model, &corpus, &single, "2"), &[]);
-    let want = loss_and_norm(&single);
-    assert_eq!(want.len(), 5);
+    assert_eq!(step_losses(&single).len(), 5);
     let layouts: [(&str, usize, &str, &[&str]); 5] = [
         ("tp2", 2, "2", &["--tp", "2"]),
         ("tp2-sp", 2, "2", &["--tp", "2", "--sp"]),
@@ -186,19 +116,8 @@ fn tp_matches_single_rank(model: &str) -> (PathBuf, PathBuf, PathBuf) {
         let label = format!("{model} {name}");
         let out = dir.join(name);
         run(&label, ranks, args(model, &corpus, &out, accum), extra);
-        let got = loss_and_norm(&out);
-        assert_eq!(got.len(), want.len(), "{label}: steps");
-        for (step, (g, w)) in got.iter().zip(&want).enumerate() {
-            for (what, a, b) in [("loss", g.0, w.0), ("grad_norm", g.1, w.1)] {
-                let rel = (a - b).abs() / b.abs();
-                assert!(
-                    rel <= 1e-5,
-                    "{label} step {}: {what} {a} vs {b} (rel {rel:e})",
-                    step + 1
-                );
-            }
-        }
-        check_weights(&label, &out, &single);
+        check_steps(&label, &out, &single, 1e-5);
+        check_weights(&label, &out, &single, MODEL_TOLERANCE, TENSOR_TOLERANCE);
     }
     (dir.clone(), single, dir.join("tp2"))
 }
@@ -239,7 +158,13 @@ fn llama_tp2_and_tp2_dp2_with_zero_0_1_3_equal_single_rank_generate_and_resume_o
             "resumed step {s}: {g} vs {w}"
         );
     }
-    check_weights("resume of tp2 on one rank", &resumed, &single);
+    check_weights(
+        "resume of tp2 on one rank",
+        &resumed,
+        &single,
+        MODEL_TOLERANCE,
+        TENSOR_TOLERANCE,
+    );
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferrotron"));
     cmd.args(["generate", "--run", tp2.to_str().unwrap()])
         .args(["--prompt", "Line 3", "--max-new-tokens", "8", "--greedy"]);

@@ -66,6 +66,17 @@ pub trait LmUnits<B: Backend>: CausalLm<B> {
     /// blocks' context.
     fn embed(&self, inputs: Tensor<B, 2, Int>) -> (Tensor<B, 3>, Self::Context);
 
+    /// The blocks' context for token ids of shape `[batch, seq_len]`
+    /// without running the embedding (what a pipeline stage that does not
+    /// hold the embedding needs); the same as [`LmUnits::embed`]'s.
+    fn block_context(&self, seq_len: usize, device: &B::Device) -> Self::Context;
+
+    /// Shape of the hidden states between blocks for token ids of shape
+    /// `[batch, seq_len]`: `[batch, seq_len, hidden]`, or this rank's block
+    /// of the positions under sequence parallelism (what a pipeline stage
+    /// receives).
+    fn hidden_dims(&self, batch: usize, seq_len: usize) -> [usize; 3];
+
     /// Block `index` applied to hidden states `x` `[batch, seq, hidden]`
     /// (uses that block's parameters only).
     fn block(&self, index: usize, x: Tensor<B, 3>, context: &Self::Context) -> Tensor<B, 3>;
@@ -78,4 +89,9 @@ pub trait LmUnits<B: Backend>: CausalLm<B> {
     /// Visits the parameters of `unit` only; every parameter of the model
     /// belongs to exactly one unit.
     fn visit_unit<V: ModuleVisitor<B>>(&self, unit: LmUnit, visitor: &mut V);
+
+    /// Visits the parameters that [`LmUnits::head_loss`] uses but another
+    /// unit owns: a token embedding tied to the head (none when untied). A
+    /// pipeline's last stage keeps a copy of them.
+    fn visit_tied<V: ModuleVisitor<B>>(&self, visitor: &mut V);
 }

@@ -323,9 +323,21 @@ impl<B: KernelBackend> LmUnits<B> for Decoder<B> {
     }
 
     fn embed(&self, inputs: Tensor<B, 2, Int>) -> (Tensor<B, 3>, PositionContext<B>) {
-        let t = inputs.dims()[1];
-        let pos = self.positions(0, t, false, &inputs.device());
+        let pos = self.block_context(inputs.dims()[1], &inputs.device());
         (self.embed_from(inputs, 0), pos)
+    }
+
+    fn block_context(&self, seq_len: usize, device: &B::Device) -> PositionContext<B> {
+        self.positions(0, seq_len, false, device)
+    }
+
+    fn hidden_dims(&self, batch: usize, seq_len: usize) -> [usize; 3] {
+        let len = if self.tp.sequence_parallel() {
+            seq_len / self.tp.size()
+        } else {
+            seq_len
+        };
+        [batch, len, self.config.hidden_size]
     }
 
     fn block(&self, index: usize, x: Tensor<B, 3>, context: &PositionContext<B>) -> Tensor<B, 3> {
@@ -348,6 +360,12 @@ impl<B: KernelBackend> LmUnits<B> for Decoder<B> {
                 self.final_norm.visit(visitor);
                 self.head.visit(visitor);
             }
+        }
+    }
+
+    fn visit_tied<V: ModuleVisitor<B>>(&self, visitor: &mut V) {
+        if self.head.is_none() {
+            self.embed.visit(visitor);
         }
     }
 }

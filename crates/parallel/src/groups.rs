@@ -163,6 +163,12 @@ impl ProcessGroups {
     pub fn tp(&self) -> &Arc<dyn Communicator> {
         &self.tp
     }
+
+    /// The pipeline-parallel group: one rank per stage, the group's rank
+    /// being the stage.
+    pub fn pp(&self) -> &Arc<dyn Communicator> {
+        &self.pp
+    }
 }
 
 #[cfg(test)]

@@ -7,11 +7,8 @@
 //! ```text
 //! rank = pp_index * (dp * tp) + dp_index * tp + tp_index
 //! ```
-//!
-//! Pipeline parallelism is not implemented yet: `pp > 1` is refused with a
-//! "not implemented yet" error.
 
-/// A mesh that does not fit the job or is not implemented.
+/// A mesh that does not fit the job.
 #[derive(Debug, thiserror::Error)]
 pub enum MeshError {
     /// A degree of zero.
@@ -46,16 +43,6 @@ pub enum MeshError {
         /// Pipeline-parallel degree.
         pp: usize,
     },
-    /// TP or PP above 1.
-    #[error("--{flag} {degree}: {what} parallelism is not implemented yet; use --{flag} 1")]
-    NotImplemented {
-        /// `tp` or `pp`.
-        flag: &'static str,
-        /// The degree asked for.
-        degree: usize,
-        /// `tensor` or `pipeline`.
-        what: &'static str,
-    },
 }
 
 /// Parallel degrees of a job; `dp * tp * pp` is the world size.
@@ -82,7 +69,7 @@ pub struct MeshCoord {
 
 impl Mesh {
     /// The mesh for `world_size` ranks; `dp = None` takes `world_size / (tp * pp)`.
-    /// Checks the product and refuses PP above 1 (not implemented yet).
+    /// Checks the degrees and their product.
     pub fn new(
         dp: Option<usize>,
         tp: usize,
@@ -106,13 +93,6 @@ impl Mesh {
                 pp,
                 product: dp * tp * pp,
                 world_size,
-            });
-        }
-        if pp > 1 {
-            return Err(MeshError::NotImplemented {
-                flag: "pp",
-                degree: pp,
-                what: "pipeline",
             });
         }
         Ok(Self { dp, tp, pp })
@@ -163,19 +143,17 @@ mod tests {
     }
 
     #[test]
-    fn tensor_parallelism_runs_and_pipeline_parallelism_is_refused() {
+    fn dp_is_what_tp_and_pp_leave() {
         let m = Mesh::new(None, 2, 1, 4).unwrap();
         assert_eq!((m.dp, m.tp, m.pp), (2, 2, 1));
-        let e = Mesh::new(Some(1), 1, 2, 2).unwrap_err().to_string();
-        assert!(
-            e.contains("--pp 2") && e.contains("not implemented yet"),
-            "{e}"
-        );
+        let m = Mesh::new(None, 2, 2, 8).unwrap();
+        assert_eq!((m.dp, m.tp, m.pp), (2, 2, 2));
+        let e = Mesh::new(None, 1, 3, 4).unwrap_err().to_string();
+        assert!(e.contains("not divisible by --tp 1 x --pp 3"), "{e}");
     }
 
     #[test]
     fn ranks_are_laid_out_tp_innermost_then_dp_then_pp() {
-        // Not constructible through `new` yet (PP refused): build directly.
         let m = Mesh {
             dp: 2,
             tp: 2,

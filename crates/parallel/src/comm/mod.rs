@@ -115,11 +115,40 @@ pub trait Communicator: Send + Sync {
     fn send(&self, buf: &[f32], dest: usize, tag: i32) -> Result<(), CommError>;
     /// Receives exactly `buf.len()` values from rank `src` with message `tag` (blocking).
     fn recv(&self, buf: &mut [f32], src: usize, tag: i32) -> Result<(), CommError>;
+    /// Posts every send of `sends` and every receive of `recvs` at once and
+    /// returns when all have completed (`MPI_Isend`/`MPI_Irecv` then wait,
+    /// or one NCCL group): two ranks that send to each other in one
+    /// exchange cannot deadlock, as they would with blocking
+    /// [`Communicator::send`]s. Each receive takes exactly its length.
+    fn exchange(&self, sends: &[Outgoing<'_>], recvs: &mut [Incoming<'_>]) -> Result<(), CommError>;
     /// Returns once every rank has called `barrier`.
     fn barrier(&self) -> Result<(), CommError>;
     /// Ends the whole job with exit code `code` (every rank of every group).
     /// For a one-rank job this is `std::process::exit`.
     fn abort(&self, code: i32) -> !;
+}
+
+/// One message sent by [`Communicator::exchange`].
+#[derive(Clone, Copy, Debug)]
+pub struct Outgoing<'a> {
+    /// The receiving rank.
+    pub to: usize,
+    /// The message tag (MPI matches on it; NCCL, which has no tags, matches
+    /// the messages between two ranks in order: see [`nccl`]).
+    pub tag: i32,
+    /// The values sent.
+    pub values: &'a [f32],
+}
+
+/// One message received by [`Communicator::exchange`].
+#[derive(Debug)]
+pub struct Incoming<'a> {
+    /// The sending rank.
+    pub from: usize,
+    /// The message tag.
+    pub tag: i32,
+    /// Where the values go; the message must hold exactly this many.
+    pub values: &'a mut [f32],
 }
 
 /// Checks `recv.len() == send.len() * world` (all-gather) and the reverse.

@@ -2,10 +2,11 @@
 
 use std::sync::Arc;
 
-use super::{check_blocks, check_rank, CommError, Communicator};
+use super::{check_blocks, check_rank, CommError, Communicator, Incoming, Outgoing};
 
 /// World size 1, rank 0. Collectives copy or leave buffers as they are;
-/// `send`/`recv` have no peer and return an error.
+/// `send`/`recv` (and an `exchange` of any message) have no peer and
+/// return an error.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SingleProcess;
 
@@ -53,6 +54,15 @@ impl Communicator for SingleProcess {
         check_rank("recv", src, 1)?;
         Err(CommError::Transport(
             "recv: a one-rank job has no peer to receive from".into(),
+        ))
+    }
+
+    fn exchange(&self, sends: &[Outgoing<'_>], recvs: &mut [Incoming<'_>]) -> Result<(), CommError> {
+        if sends.is_empty() && recvs.is_empty() {
+            return Ok(());
+        }
+        Err(CommError::Transport(
+            "exchange: a one-rank job has no peer to exchange with".into(),
         ))
     }
 

@@ -21,15 +21,29 @@ use crate::comm::{CommError, Communicator};
 /// group, 1 for one this rank alone holds (absent parameters weigh 1).
 pub type NormShares = HashMap<ParamId, f64>;
 
-/// `local` summed over `group` (in `f32`, as the gradients are), or
-/// `local` itself on one rank.
+/// `local` summed over `group` in `f64`, the same on every rank (`local`
+/// itself on one rank). The transport carries `f32`, so each rank's value
+/// travels as two `f32` (its rounding and the remainder, 48 bits
+/// together), all-gathered and added in rank order: a sum in `f32` would
+/// round the global norm to 1e-7 relative, which AdamW amplifies in the
+/// elements whose gradient is near zero.
 pub fn group_sum(local: f64, group: &dyn Communicator) -> Result<f64, CommError> {
     if group.world_size() == 1 {
         return Ok(local);
     }
-    let mut buf = [local as f32];
-    group.all_reduce_sum(&mut buf)?;
-    Ok(f64::from(buf[0]))
+    let mut all = vec![0.0; 2 * group.world_size()];
+    group.all_gather(&f32_pair(local), &mut all)?;
+    Ok(all
+        .chunks(2)
+        .map(|p| f64::from(p[0]) + f64::from(p[1]))
+        .sum())
+}
+
+/// `x` as `[hi, lo]`: `hi` its `f32` rounding, `lo` the remainder, so
+/// that `hi + lo` (in `f64`) holds `x` to 48 bits.
+fn f32_pair(x: f64) -> [f32; 2] {
+    let hi = x as f32;
+    [hi, (x - f64::from(hi)) as f32]
 }
 
 /// The L2 norm of gradients of which this rank's part has (weighted)
@@ -84,5 +98,16 @@ mod tests {
     fn one_rank_norm_is_the_square_root_in_f64() {
         let n = global_norm(2.0, &SingleProcess).unwrap();
         assert_eq!(n, 2f64.sqrt());
+    }
+
+    #[test]
+    fn a_pair_of_f32_holds_an_f64_to_48_bits() {
+        for x in [1.0 / 3.0, 12_345.678_901_234_5, 1e-9 * std::f64::consts::PI] {
+            let [hi, lo] = f32_pair(x);
+            let back = f64::from(hi) + f64::from(lo);
+            assert!((back - x).abs() <= x * 2f64.powi(-47), "{x} -> {back}");
+            // One f32 alone is 1e-8 off.
+            assert!((f64::from(hi) - x).abs() > x * 2f64.powi(-40), "{x}");
+        }
     }
 }

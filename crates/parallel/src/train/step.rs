@@ -14,12 +14,13 @@ use ferrotron_engine::params::{named_tensors, param_names};
 use serde::{Deserialize, Serialize};
 
 use super::micro_batch::{batch_tensors, unit_by_unit, whole_graph};
-use super::norm::{global_norm, NormShares};
+use super::norm::{global_norm, group_sum, NormShares};
 use super::sync::{GradSync, Synced, WholeMoments};
 use crate::comm::CommError;
 use crate::data::{bucket_elems, Ddp, DEFAULT_BUCKET_MB};
 use crate::flat::param_infos;
 use crate::groups::ProcessGroups;
+use crate::pipeline::{Pipeline, PipelineConfig, PipelineError};
 use crate::tensor::{PartialGrads, ShardError, ShardPlan, TpGroup};
 use crate::zero::{Zero, ZeroStage};
 
@@ -44,6 +45,8 @@ pub struct ParallelConfig {
     /// How the model given to the trainer is split over the TP group (the
     /// plan it was sharded with; [`ShardPlan::none`] without TP).
     pub shards: ShardPlan,
+    /// How the model is split over the PP group (unused on one stage).
+    pub pipeline: PipelineConfig,
 }
 
 impl Default for ParallelConfig {
@@ -52,8 +55,20 @@ impl Default for ParallelConfig {
             zero: ZeroStage::Off,
             bucket_mb: DEFAULT_BUCKET_MB,
             shards: ShardPlan::none(),
+            pipeline: PipelineConfig::default(),
         }
     }
+}
+
+/// A trainer that cannot be built from its model and configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// The tensor-parallel plan does not fit the model.
+    #[error(transparent)]
+    Shards(#[from] ShardError),
+    /// The pipeline does not fit the model or the ZeRO stage.
+    #[error(transparent)]
+    Pipeline(#[from] PipelineError),
 }
 
 /// What one optimizer step did.
@@ -108,6 +123,7 @@ pub struct Trainer<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> {
     stage: ZeroStage,
     sync: Box<dyn GradSync<B, M>>,
     shards: ShardPlan,
+    pipeline: Pipeline,
     norm_shares: NormShares,
     partial: PartialGrads,
     memory: MemoryBytes,
@@ -138,18 +154,26 @@ where
     /// ZeRO-3, shard) of `model`, trained over the DP group with
     /// `parallel`'s sharding. Every rank must build `model` identically
     /// (same seed or same checkpoint), then cut it over the TP group with
-    /// `parallel.shards` (tensor parallelism comes first, then ZeRO, in
-    /// torchtitan's order).
+    /// `parallel.shards` (tensor parallelism comes first, then the
+    /// pipeline keeps this stage's parameters, then ZeRO, in torchtitan's
+    /// order). Collective over the PP group.
     ///
     /// # Errors
-    /// A parameter of `model` that `parallel.shards` does not name.
+    /// A parameter of `model` that `parallel.shards` does not name; a
+    /// pipeline that does not fit the model, or ZeRO-3 with one.
     pub fn parallel(
         model: M,
         config: StepConfig,
         device: B::Device,
         groups: ProcessGroups,
         parallel: ParallelConfig,
-    ) -> Result<Self, ShardError> {
+    ) -> Result<Self, BuildError> {
+        let pp = groups.pp().clone();
+        if pp.world_size() > 1 && parallel.zero == ZeroStage::Three {
+            return Err(PipelineError::Zero3(pp.world_size()).into());
+        }
+        let pipeline = Pipeline::new(&model, &parallel.pipeline, pp)?;
+        let model = pipeline.place(model, &device);
         let mut norm_shares = NormShares::new();
         let mut partial = std::collections::HashSet::new();
         if parallel.shards.tp() > 1 {
@@ -158,6 +182,12 @@ where
                 if parallel.shards.partial_gradient(&name)? {
                     partial.insert(id);
                 }
+            }
+        }
+        for (id, _) in param_names(&model) {
+            // The last stage's copy of a tied embedding counts on stage 0.
+            if pipeline.is_tied_copy(id) {
+                norm_shares.insert(id, 0.0);
             }
         }
         let partial = PartialGrads::new(partial, TpGroup::new(groups.tp().clone()));
@@ -183,6 +213,7 @@ where
             stage: parallel.zero,
             sync,
             shards: parallel.shards,
+            pipeline,
             norm_shares,
             partial,
             memory: MemoryBytes::default(),
@@ -223,10 +254,13 @@ where
             .expect("the model is always present between steps")
     }
 
-    /// The whole model. Under ZeRO-3 its parameters are all-gathered from
-    /// every DP rank, so every rank must call this at the same point.
+    /// The whole model (this rank's TP blocks). Under ZeRO-3 its
+    /// parameters are all-gathered from every DP rank, and under pipeline
+    /// parallelism broadcast from every stage, so every rank must call
+    /// this at the same point.
     pub fn full_model(&self) -> Result<M, CommError> {
-        self.sync.whole_model(self.held_model().clone())
+        let dp_whole = self.sync.whole_model(self.held_model().clone())?;
+        self.pipeline.join(dp_whole, &self.device)
     }
 
     /// One optimizer step over `micro_batches`, this rank's rows of the
@@ -246,23 +280,35 @@ where
         for unit in ends {
             model = self.sync.acquire(unit, model, true)?;
         }
-        let run = if self.sync.unit_by_unit() {
-            unit_by_unit::<B, M>
-        } else {
-            whole_graph::<B, M>
-        };
         let mut loss_sum = 0.0;
-        for batch in micro_batches {
-            let (m, loss) = run(
+        if self.pipeline.stages() > 1 {
+            let (m, losses) = self.pipeline.step(
                 &mut *self.sync,
                 &self.partial,
                 model,
-                batch,
-                n,
+                micro_batches,
                 &self.device,
             )?;
             model = m;
-            loss_sum += loss;
+            loss_sum = losses;
+        } else {
+            let run = if self.sync.unit_by_unit() {
+                unit_by_unit::<B, M>
+            } else {
+                whole_graph::<B, M>
+            };
+            for batch in micro_batches {
+                let (m, loss) = run(
+                    &mut *self.sync,
+                    &self.partial,
+                    model,
+                    batch,
+                    n,
+                    &self.device,
+                )?;
+                model = m;
+                loss_sum += loss;
+            }
         }
         for unit in ends {
             model = self.sync.release(unit, model);
@@ -278,7 +324,9 @@ where
         let tokens: usize = micro_batches.iter().map(|b| b.batch * b.seq_len).sum();
         let lr = self.config.schedule.lr(self.steps_done);
         let dp_squares = self.sync.reduce(&model, &self.norm_shares)?;
-        let grad_norm = global_norm(dp_squares, &**self.groups.tp())?;
+        // Each stage holds its own parameters' gradients: add the stages, then the TP blocks.
+        let stage_squares = group_sum(dp_squares, &**self.groups.pp())?;
+        let grad_norm = global_norm(stage_squares, &**self.groups.tp())?;
         let skipped = !(loss.is_finite() && grad_norm.is_finite());
         if skipped {
             self.sync.discard();
@@ -333,7 +381,9 @@ where
     pub fn state(&self) -> Result<TrainerState, ShardError> {
         let held = self.held_model();
         let whole = self.full_model()?;
-        let moments = self.sync.whole_moments(held, &self.optimizer)?;
+        let moments = self
+            .pipeline
+            .join_moments(self.sync.whole_moments(held, &self.optimizer)?)?;
         // Shapes of the whole parameters (under ZeRO-3 `held` has placeholders).
         let shapes = param_shapes(&whole);
         let tp = &**self.groups.tp();
@@ -375,6 +425,12 @@ where
             .expect("the model is always present between steps");
         let mut whole = WholeMoments::new();
         for (id, name) in param_names(held) {
+            if !self.pipeline.holds(id) {
+                // Another stage's parameter: its moments are that stage's.
+                moments.remove(&format!("m.{name}"));
+                moments.remove(&format!("v.{name}"));
+                continue;
+            }
             let mut take = |kind: &str| -> Result<Vec<f32>, String> {
                 let key = format!("{kind}.{name}");
                 let data = moments

@@ -76,7 +76,9 @@ use ::mpi::traits::{Communicator as _, CommunicatorCollectives, Destination, Roo
 use self::lent::Spares;
 use self::op::Op;
 use self::wait::Peers;
-use super::{check_blocks, check_rank, CommError, Communicator, DEFAULT_TIMEOUT};
+use super::{
+    check_blocks, check_rank, CommError, Communicator, Incoming, Outgoing, DEFAULT_TIMEOUT,
+};
 
 /// An MPI communicator: `MPI_COMM_WORLD` of a job started by `mpirun` (or
 /// `srun` with PMIx), or a group split from it ([`Communicator::split`]).
@@ -350,6 +352,75 @@ impl Communicator for MpiCommunicator {
                 op: "recv",
                 detail: format!("expected {} values from rank {src}, got {got}", buf.len()),
             });
+        }
+        Ok(())
+    }
+
+    fn exchange(&self, sends: &[Outgoing<'_>], recvs: &mut [Incoming<'_>]) -> Result<(), CommError> {
+        for s in sends {
+            check_rank("exchange", s.to, self.world_size())?;
+        }
+        for r in recvs.iter() {
+            check_rank("exchange", r.from, self.world_size())?;
+        }
+        let _serial = self.serialize();
+        let at = self.start(Op::Exchange)?;
+        let out: Vec<_> = sends
+            .iter()
+            .map(|s| (s, self.spares.lend_copy(s.values)))
+            .collect();
+        let mut into: Vec<_> = recvs
+            .iter_mut()
+            .map(|r| {
+                let lent = self.spares.lend_scratch(r.values.len());
+                (r, lent)
+            })
+            .collect();
+        // Every request is posted before any is waited for.
+        let sent: Vec<_> = out
+            .iter()
+            .map(|(s, lent)| {
+                // SAFETY: one view of the buffer, used only by this request.
+                let view = unsafe { lent.view() };
+                let to = self.comm.process_at_rank(s.to as i32);
+                (to.immediate_send_with_tag(StaticScope, view, s.tag), s.to)
+            })
+            .collect();
+        let received: Vec<_> = into
+            .iter_mut()
+            .map(|(r, lent)| {
+                // SAFETY: one view of the buffer, used only by this request.
+                let view = unsafe { lent.view_mut() };
+                let from = self.comm.process_at_rank(r.from as i32);
+                (from.immediate_receive_into_with_tag(StaticScope, view, r.tag), r.from)
+            })
+            .collect();
+        for (req, to) in sent {
+            self.finish(req, at, Peers::One(to))?;
+        }
+        let mut counts = Vec::with_capacity(received.len());
+        for (req, from) in received {
+            let status = self.finish(req, at, Peers::One(from))?;
+            counts.push(status.count(f32::equivalent_datatype()) as usize);
+        }
+        for (_, lent) in out {
+            // SAFETY: the request completed.
+            unsafe { self.spares.reclaim(lent, None) };
+        }
+        for ((r, lent), got) in into.into_iter().zip(counts) {
+            let whole = got == r.values.len();
+            // SAFETY: the request completed.
+            unsafe { self.spares.reclaim(lent, whole.then_some(&mut *r.values)) };
+            if !whole {
+                return Err(CommError::BadLength {
+                    op: "exchange",
+                    detail: format!(
+                        "expected {} values from rank {}, got {got}",
+                        r.values.len(),
+                        r.from
+                    ),
+                });
+            }
         }
         Ok(())
     }

@@ -11,6 +11,7 @@ pub(super) enum Op {
     Send,
     Recv,
     Barrier,
+    Exchange,
 }
 
 /// An operation and its number on this rank: `(Op::AllReduce, 17)` is this
@@ -20,7 +21,7 @@ pub(super) type Position = (Op, u64);
 
 impl Op {
     /// Every operation, in the order of their wire codes.
-    pub(super) const ALL: [Op; 7] = [
+    pub(super) const ALL: [Op; 8] = [
         Op::AllReduce,
         Op::AllGather,
         Op::ReduceScatter,
@@ -28,6 +29,7 @@ impl Op {
         Op::Send,
         Op::Recv,
         Op::Barrier,
+        Op::Exchange,
     ];
 
     /// The name used in errors (`all_reduce`, ...).
@@ -40,6 +42,7 @@ impl Op {
             Op::Send => "send",
             Op::Recv => "recv",
             Op::Barrier => "barrier",
+            Op::Exchange => "exchange",
         }
     }
 

@@ -5,7 +5,7 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::comm::{check_blocks, check_rank, CommError, Communicator};
+use crate::comm::{check_blocks, check_rank, CommError, Communicator, Incoming, Outgoing};
 
 use super::comm::NcclComm;
 use super::library::NcclLibrary;
@@ -14,13 +14,14 @@ use super::watchdog::Watchdog;
 use super::NcclError;
 
 /// The operations counted for the watchdog's messages, by index.
-const OPS: [&str; 6] = [
+const OPS: [&str; 7] = [
     "all_reduce",
     "all_gather",
     "reduce_scatter",
     "broadcast",
     "send",
     "recv",
+    "exchange",
 ];
 
 /// A [`Communicator`] whose collectives and point-to-point calls run on
@@ -243,6 +244,36 @@ impl Communicator for NcclCommunicator {
         // SAFETY: the slice is valid for the whole call.
         self.run(5, |c| unsafe {
             c.recv(output(buf), n, NcclDataType::F32, src, STREAM)
+        })
+    }
+
+    fn exchange(&self, sends: &[Outgoing<'_>], recvs: &mut [Incoming<'_>]) -> Result<(), CommError> {
+        for s in sends {
+            check_rank("exchange", s.to, self.world_size())?;
+        }
+        for r in recvs.iter() {
+            check_rank("exchange", r.from, self.world_size())?;
+        }
+        // NCCL has no tags: the messages between two ranks match in the
+        // order they are posted, so both ends post them in tag order.
+        let mut sends: Vec<&Outgoing<'_>> = sends.iter().collect();
+        sends.sort_by_key(|s| s.tag);
+        let mut recvs: Vec<&mut Incoming<'_>> = recvs.iter_mut().collect();
+        recvs.sort_by_key(|r| r.tag);
+        let lib = self.nccl.library();
+        self.run(6, |c| {
+            lib.group_start()?;
+            for s in &sends {
+                // SAFETY: the slice is valid for the whole call (the group
+                // completes before `run` returns).
+                unsafe { c.send(input(s.values), s.values.len(), NcclDataType::F32, s.to, STREAM)? };
+            }
+            for r in &mut recvs {
+                let n = r.values.len();
+                // SAFETY: as for the sends.
+                unsafe { c.recv(output(r.values), n, NcclDataType::F32, r.from, STREAM)? };
+            }
+            lib.group_end()
         })
     }
 

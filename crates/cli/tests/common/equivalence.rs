@@ -1,0 +1,103 @@
+//! Comparing a multi-rank run with the one-rank run on the same global
+//! batch: step losses and gradient norms, and every weight tensor.
+//! Included by the multi-rank test files (`#[path]`).
+
+use std::path::Path;
+
+use burn::tensor::TensorData;
+use ferrotron_engine::checkpoint::load_safetensors;
+
+/// Parameters whose gradient is analytically zero, so that after training
+/// they hold only rounding noise amplified by AdamW's normalisation: the
+/// attention key biases (softmax ignores a constant added to every score
+/// of a row). Only the whole-model bound applies to them.
+fn noise_only(name: &str) -> bool {
+    name.ends_with("attn.k.bias")
+}
+
+/// `(loss, grad_norm)` of every step record of a run's `metrics.jsonl`.
+pub fn loss_and_norm(run: &Path) -> Vec<(f64, f64)> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v.get("loss").is_some())
+        .map(|v| {
+            (
+                v["loss"].as_f64().unwrap(),
+                v["grad_norm"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Checks that run `got` has the steps of run `want`, each loss and
+/// gradient norm within `tolerance` relative.
+pub fn check_steps(label: &str, got: &Path, want: &Path, tolerance: f64) {
+    let (got, want) = (loss_and_norm(got), loss_and_norm(want));
+    assert_eq!(got.len(), want.len(), "{label}: steps");
+    for (step, (g, w)) in got.iter().zip(&want).enumerate() {
+        for (what, a, b) in [("loss", g.0, w.0), ("grad_norm", g.1, w.1)] {
+            let rel = (a - b).abs() / b.abs();
+            assert!(
+                rel <= tolerance,
+                "{label} step {}: {what} {a} vs {b} (rel {rel:e})",
+                step + 1
+            );
+        }
+    }
+}
+
+/// Checks `got`'s weights against `want`'s: the largest difference over
+/// the model within `model_tolerance` of the model's largest weight, and
+/// within each tensor (but the noise-only ones) within `tensor_tolerance`
+/// of that tensor's own largest magnitude.
+pub fn check_weights(
+    label: &str,
+    got: &Path,
+    want: &Path,
+    model_tolerance: f32,
+    tensor_tolerance: f32,
+) {
+    let a = load_safetensors(&got.join("model.safetensors")).unwrap();
+    let b = load_safetensors(&want.join("model.safetensors")).unwrap();
+    assert_eq!(
+        a.keys().collect::<Vec<_>>(),
+        b.keys().collect::<Vec<_>>(),
+        "{label}: parameter names"
+    );
+    let values = |t: &TensorData| t.to_vec::<f32>().unwrap();
+    let max_abs = |v: &[f32]| v.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let model_max = b.values().map(|t| max_abs(&values(t))).fold(0f32, f32::max);
+    let (mut model_diff, mut worst) = (0f32, (0f32, String::new()));
+    for (name, ta) in &a {
+        let (x, y) = (values(ta), values(&b[name]));
+        assert_eq!(x.len(), y.len(), "{label}: {name} size");
+        let diff = x
+            .iter()
+            .zip(&y)
+            .fold(0f32, |m, (p, q)| m.max((p - q).abs()));
+        model_diff = model_diff.max(diff);
+        if !noise_only(name) {
+            let rel = diff / max_abs(&y);
+            if rel > worst.0 {
+                worst = (rel, name.clone());
+            }
+        }
+    }
+    let model_rel = model_diff / model_max;
+    eprintln!(
+        "{label}: weights within {model_rel:e} of the model's largest, worst tensor {} within {:e} of its own",
+        worst.1, worst.0
+    );
+    assert!(
+        model_rel <= model_tolerance,
+        "{label}: weights differ from the one-rank run by {model_rel:e} of the model's largest"
+    );
+    assert!(
+        worst.0 <= tensor_tolerance,
+        "{label}: {} differs from the one-rank run by {:e} of its largest magnitude",
+        worst.1,
+        worst.0
+    );
+}

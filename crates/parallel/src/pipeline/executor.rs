@@ -1,0 +1,296 @@
+//! Runs one stage's [`Action`] list for the micro-batches of a step.
+//!
+//! A forward keeps its autodiff graph until the micro-batch's backward
+//! (the schedule bounds how many are in flight). Its input is the token
+//! ids on virtual stage 0, else the received activation as a fresh leaf
+//! that requires a gradient; its output is sent on, or is the loss on the
+//! last virtual stage. A backward propagates the received gradient `g`
+//! through `sum(output * g)` (or the loss divided by the number of
+//! micro-batches), sends its input's gradient back and hands the
+//! parameters' gradients to the [`GradSync`], as a micro-batch does
+//! without a pipeline. The gradients of a tied embedding are kept aside
+//! and summed over the first and last stage once, after the schedule.
+
+use std::collections::HashMap;
+
+use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
+use burn::optim::GradientsParams;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{ElementConversion, Tensor, TensorData};
+use ferrotron_engine::data::Batch;
+use ferrotron_engine::lm::LmUnits;
+
+use super::layout::StageLayout;
+use super::placement::Placement;
+use super::schedule::{Action, Payload, Transfer};
+use crate::comm::tensor::host_f32;
+use crate::comm::{CommError, Communicator, Incoming, Outgoing};
+use crate::tensor::PartialGrads;
+use crate::train::micro_batch::batch_tensors;
+use crate::train::sync::GradSync;
+
+/// What a forward left for its backward.
+enum Output<B: AutodiffBackend> {
+    /// Hidden states `[batch, seq, hidden]` sent to the next virtual stage.
+    Hidden(Tensor<B, 3>),
+    /// The micro-batch's mean loss, `[1]` (last virtual stage).
+    Loss(Tensor<B, 1>),
+}
+
+/// A forward whose backward has not run yet.
+struct InFlight<B: AutodiffBackend> {
+    /// The received activation as a leaf (none on virtual stage 0).
+    input: Option<Tensor<B, 3>>,
+    output: Output<B>,
+}
+
+/// The key of a transfer's values: payload, micro-batch, chunk of this stage.
+type Slot = (Payload, usize, usize);
+
+/// One stage's step: the stage's place in the pipeline and its actions.
+pub(crate) struct StageStep<'a> {
+    /// Blocks of every virtual stage.
+    pub(crate) layout: &'a StageLayout,
+    /// What this stage holds.
+    pub(crate) placement: &'a Placement,
+    /// The PP group (this stage is its rank).
+    pub(crate) pp: &'a dyn Communicator,
+    /// This stage's actions for the step.
+    pub(crate) actions: &'a [Action],
+}
+
+impl StageStep<'_> {
+    /// The message tag of a transfer: unique in the step, computed alike
+    /// at both ends from the payload, the micro-batch and the receiving
+    /// virtual stage.
+    fn tag(&self, t: &Transfer, micro_batches: usize) -> i32 {
+        let stages = self.layout.stages();
+        let own = self.layout.virtual_stage(self.pp.rank(), t.chunk);
+        let receiver = match (t.send, t.payload) {
+            (false, _) => own,
+            (true, Payload::Activation) => own + 1,
+            (true, Payload::Gradient) => own - 1,
+        };
+        let payload = usize::from(t.payload == Payload::Gradient);
+        let virtual_stages = stages * self.layout.chunks();
+        ((payload * micro_batches + t.micro_batch) * virtual_stages + receiver) as i32
+    }
+
+    /// Runs the actions on `micro_batches` (this DP rank's, the same on
+    /// every stage), handing gradients to `sync`. Returns the model and the
+    /// sum of the micro-batches' mean losses (every stage gets it from the
+    /// last), nats/token.
+    pub(crate) fn run<B, M>(
+        &self,
+        sync: &mut dyn GradSync<B, M>,
+        partial: &PartialGrads,
+        model: M,
+        micro_batches: &[Batch],
+        device: &B::Device,
+    ) -> Result<(M, f64), CommError>
+    where
+        B: AutodiffBackend,
+        M: AutodiffModule<B> + LmUnits<B>,
+    {
+        let stage = self.pp.rank();
+        let m = micro_batches.len();
+        let first = &micro_batches[0];
+        let context = model.block_context(first.seq_len, device);
+        let dims = model.hidden_dims(first.batch, first.seq_len);
+        let tied = self.placement.tied_here();
+        let mut tied_sum: HashMap<ParamId, Tensor<B::InnerBackend, 1>> = HashMap::new();
+        let mut in_flight: HashMap<(usize, usize), InFlight<B>> = HashMap::new();
+        let mut inbox: HashMap<Slot, Tensor<B::InnerBackend, 3>> = HashMap::new();
+        let mut outbox: HashMap<Slot, Vec<f32>> = HashMap::new();
+        let mut loss_sum = 0.0;
+        for action in self.actions {
+            match *action {
+                Action::Forward { micro_batch, chunk } => {
+                    let w = self.layout.virtual_stage(stage, chunk);
+                    let batch = &micro_batches[micro_batch];
+                    let (mut x, input) = if w == 0 {
+                        let (inputs, _) = batch_tensors::<B>(batch, device);
+                        (model.embed(inputs).0, None)
+                    } else {
+                        let received = inbox
+                            .remove(&(Payload::Activation, micro_batch, chunk))
+                            .expect("the schedule receives a forward's input before it");
+                        let leaf = Tensor::<B, 3>::from_inner(received).require_grad();
+                        (leaf.clone(), Some(leaf))
+                    };
+                    for i in self.layout.blocks(w) {
+                        x = model.block(i, x, &context);
+                    }
+                    let output = if self.layout.is_last(w) {
+                        let (_, targets) = batch_tensors::<B>(batch, device);
+                        let loss = model.head_loss(x, targets);
+                        loss_sum += loss.clone().into_scalar().elem::<f64>();
+                        Output::Loss(loss)
+                    } else {
+                        let slot = (Payload::Activation, micro_batch, chunk);
+                        outbox.insert(slot, host_f32(x.clone().inner()));
+                        Output::Hidden(x)
+                    };
+                    in_flight.insert((micro_batch, chunk), InFlight { input, output });
+                }
+                Action::Backward { micro_batch, chunk } => {
+                    let InFlight { input, output } = in_flight
+                        .remove(&(micro_batch, chunk))
+                        .expect("the schedule runs a backward after its forward");
+                    let grads = match output {
+                        Output::Loss(loss) => loss.div_scalar(m as f64).backward(),
+                        Output::Hidden(out) => {
+                            let g = inbox
+                                .remove(&(Payload::Gradient, micro_batch, chunk))
+                                .expect("the schedule receives a backward's gradient before it");
+                            (out * Tensor::from_inner(g)).sum().backward()
+                        }
+                    };
+                    if let Some(leaf) = input {
+                        let g = leaf.grad(&grads).expect("a stage's output depends on its input");
+                        outbox.insert((Payload::Gradient, micro_batch, chunk), host_f32(g));
+                    }
+                    let mut grads = partial.sum(&model, GradientsParams::from_grads(grads, &model))?;
+                    let mut take = TakeTied::<B> {
+                        ids: &tied,
+                        grads: &mut grads,
+                        sum: &mut tied_sum,
+                    };
+                    model.visit(&mut take);
+                    sync.accumulate(&model, grads)?;
+                }
+                Action::Exchange(ref transfers) => {
+                    self.exchange(transfers, m, dims, &mut outbox, &mut inbox, device)?;
+                }
+            }
+        }
+        if !tied.is_empty() {
+            let grads = self.summed_tied::<B, M>(&model, tied_sum)?;
+            sync.accumulate(&model, grads)?;
+        }
+        let mut loss = [loss_sum as f32];
+        self.pp.broadcast(&mut loss, self.pp.world_size() - 1)?;
+        Ok((model, f64::from(loss[0])))
+    }
+
+    /// Posts `transfers` together: sends from `outbox`, receives into `inbox`.
+    fn exchange<IB: burn::tensor::backend::Backend>(
+        &self,
+        transfers: &[Transfer],
+        micro_batches: usize,
+        dims: [usize; 3],
+        outbox: &mut HashMap<Slot, Vec<f32>>,
+        inbox: &mut HashMap<Slot, Tensor<IB, 3>>,
+        device: &IB::Device,
+    ) -> Result<(), CommError> {
+        let n: usize = dims.iter().product();
+        let mut sent = Vec::new();
+        let mut wanted = Vec::new();
+        for t in transfers {
+            let slot = (t.payload, t.micro_batch, t.chunk);
+            if t.send {
+                let values = outbox
+                    .remove(&slot)
+                    .expect("the schedule sends what a compute action produced");
+                sent.push((t.peer, self.tag(t, micro_batches), values));
+            } else {
+                wanted.push((slot, t.peer, self.tag(t, micro_batches), vec![0.0; n]));
+            }
+        }
+        let sends: Vec<Outgoing<'_>> = sent
+            .iter()
+            .map(|(to, tag, values)| Outgoing {
+                to: *to,
+                tag: *tag,
+                values,
+            })
+            .collect();
+        let mut recvs: Vec<Incoming<'_>> = wanted
+            .iter_mut()
+            .map(|(_, from, tag, values)| Incoming {
+                from: *from,
+                tag: *tag,
+                values,
+            })
+            .collect();
+        self.pp.exchange(&sends, &mut recvs)?;
+        for (slot, _, _, values) in wanted {
+            inbox.insert(slot, Tensor::from_data(TensorData::new(values, dims), device));
+        }
+        Ok(())
+    }
+
+    /// The tied parameters' gradients summed over the first and last
+    /// stage, as gradients of `model`.
+    fn summed_tied<B: AutodiffBackend, M: AutodiffModule<B>>(
+        &self,
+        model: &M,
+        sums: HashMap<ParamId, Tensor<B::InnerBackend, 1>>,
+    ) -> Result<GradientsParams, CommError> {
+        // Both ends list the tied parameters in the model's visiting order.
+        let tied = self.placement.tied_in_order();
+        let mut flat = Vec::new();
+        for (id, n) in &tied {
+            match sums.get(id) {
+                Some(sum) => flat.extend(host_f32(sum.clone())),
+                None => flat.extend(std::iter::repeat_n(0.0, *n)),
+            }
+        }
+        self.placement.sum_tied(&mut flat)?;
+        let mut at = 0;
+        let mut values = HashMap::new();
+        for (id, n) in tied {
+            values.insert(id, flat[at..at + n].to_vec());
+            at += n;
+        }
+        let mut put = PutTied {
+            values,
+            grads: GradientsParams::new(),
+        };
+        model.visit(&mut put);
+        Ok(put.grads)
+    }
+}
+
+/// Moves the gradients of the tied parameters out of `grads`, adding them
+/// (flat) to `sum`.
+struct TakeTied<'a, B: AutodiffBackend> {
+    ids: &'a std::collections::HashSet<ParamId>,
+    grads: &'a mut GradientsParams,
+    sum: &'a mut HashMap<ParamId, Tensor<B::InnerBackend, 1>>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for TakeTied<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if !self.ids.contains(&param.id) {
+            return;
+        }
+        if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
+            let n = g.shape().num_elements();
+            let g = g.reshape([n]);
+            let total = match self.sum.remove(&param.id) {
+                Some(s) => s + g,
+                None => g,
+            };
+            self.sum.insert(param.id, total);
+        }
+    }
+}
+
+/// Registers host `values` as the gradients of their parameters, in each
+/// parameter's shape.
+struct PutTied {
+    values: HashMap<ParamId, Vec<f32>>,
+    grads: GradientsParams,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for PutTied {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if let Some(values) = self.values.remove(&param.id) {
+            let shape: [usize; D] = param.val().dims();
+            let device = param.val().device();
+            let g = Tensor::<B::InnerBackend, D>::from_data(TensorData::new(values, shape), &device);
+            self.grads.register(param.id, g);
+        }
+    }
+}

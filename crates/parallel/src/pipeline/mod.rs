@@ -1,0 +1,182 @@
+//! Pipeline parallelism: the model's blocks split into contiguous stages
+//! over the PP group, micro-batches flowing through them.
+//!
+//! - [`schedule`]: schedules as pure data (GPipe, 1F1B, interleaved 1F1B):
+//!   for each stage, the ordered list of [`Action`]s it runs in one step;
+//! - [`layout`]: which blocks each (virtual) stage runs;
+//! - `placement`: which parameters a stage holds, the tied embedding's
+//!   copy, and joining the stages back into the whole model;
+//! - `executor`: runs a stage's actions, sending activations and
+//!   gradients point to point over the PP group.
+
+mod executor;
+pub mod layout;
+mod placement;
+pub mod schedule;
+
+use std::sync::Arc;
+
+use burn::module::{AutodiffModule, ParamId};
+use burn::tensor::backend::AutodiffBackend;
+use ferrotron_engine::data::Batch;
+use ferrotron_engine::lm::LmUnits;
+
+pub use layout::{LayoutError, StageLayout};
+pub use schedule::{
+    stage_actions, Action, Payload, PipeShape, ScheduleError, ScheduleKind, Transfer,
+};
+
+use self::executor::StageStep;
+use self::placement::Placement;
+use crate::comm::{CommError, Communicator};
+use crate::tensor::PartialGrads;
+use crate::train::sync::{GradSync, WholeMoments};
+
+/// How the model is pipelined (`--pp-schedule`, `--pp-virtual`, `--pp-layers`);
+/// the number of stages is the PP group's size.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PipelineConfig {
+    /// The schedule of a step's micro-batches.
+    pub schedule: ScheduleKind,
+    /// Model chunks per stage (`v`; 1 unless interleaved).
+    pub chunks: usize,
+    /// Blocks per virtual stage, in order; `None` splits evenly.
+    pub layers: Option<Vec<usize>>,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        Self {
+            schedule: ScheduleKind::OneFOneB,
+            chunks: 1,
+            layers: None,
+        }
+    }
+}
+
+/// A pipeline that cannot be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    /// The split of the blocks.
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    /// The schedule.
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
+    /// ZeRO-3 gathers units that a stage does not hold.
+    #[error("--zero 3 with --pp {0}: ZeRO-3 shards whole-model units and cannot run on pipeline stages; use --zero 1 or 2")]
+    Zero3(usize),
+    /// Splitting the group of the first and last stage.
+    #[error(transparent)]
+    Comm(#[from] CommError),
+}
+
+/// This rank's stage of the pipeline (one stage holding everything
+/// without pipeline parallelism).
+pub(crate) struct Pipeline {
+    layout: StageLayout,
+    placement: Placement,
+    schedule: ScheduleKind,
+    pp: Arc<dyn Communicator>,
+}
+
+impl Pipeline {
+    /// The stage of this rank of `pp` for `model` (whole). Collective over `pp`.
+    pub(crate) fn new<B: burn::tensor::backend::Backend, M: LmUnits<B>>(
+        model: &M,
+        config: &PipelineConfig,
+        pp: Arc<dyn Communicator>,
+    ) -> Result<Self, PipelineError> {
+        let interleaved = config.schedule == ScheduleKind::Interleaved;
+        let layout = StageLayout::new(
+            model.num_blocks(),
+            pp.world_size(),
+            config.chunks,
+            config.layers.as_deref(),
+            interleaved,
+        )?;
+        let placement = Placement::new(model, &layout, pp.clone())?;
+        Ok(Self {
+            layout,
+            placement,
+            schedule: config.schedule,
+            pp,
+        })
+    }
+
+    /// Stages `p`.
+    pub(crate) fn stages(&self) -> usize {
+        self.layout.stages()
+    }
+
+    /// `model` (whole) keeping only this stage's parameters.
+    pub(crate) fn place<B: AutodiffBackend, M: AutodiffModule<B>>(
+        &self,
+        model: M,
+        device: &B::Device,
+    ) -> M {
+        self.placement.place(model, device)
+    }
+
+    /// Whether this stage holds parameter `id`.
+    pub(crate) fn holds(&self, id: ParamId) -> bool {
+        self.placement.holds(id)
+    }
+
+    /// Whether `id` is the last stage's copy of a tied parameter.
+    pub(crate) fn is_tied_copy(&self, id: ParamId) -> bool {
+        self.placement.is_tied_copy(id)
+    }
+
+    /// The whole model from every stage's parameters (collective over the PP group).
+    pub(crate) fn join<B: AutodiffBackend, M: AutodiffModule<B>>(
+        &self,
+        model: M,
+        device: &B::Device,
+    ) -> Result<M, CommError> {
+        if self.stages() == 1 {
+            return Ok(model);
+        }
+        self.placement.join(model, device)
+    }
+
+    /// Every parameter's moments from the stage that owns it (collective
+    /// over the PP group).
+    pub(crate) fn join_moments(&self, moments: WholeMoments) -> Result<WholeMoments, CommError> {
+        if self.stages() == 1 {
+            return Ok(moments);
+        }
+        self.placement.join_moments(moments)
+    }
+
+    /// Forward and backward of `micro_batches` through this stage on the
+    /// schedule; gradients go to `sync`. Returns the model and the sum of
+    /// the micro-batches' mean losses, nats/token.
+    pub(crate) fn step<B, M>(
+        &self,
+        sync: &mut dyn GradSync<B, M>,
+        partial: &PartialGrads,
+        model: M,
+        micro_batches: &[Batch],
+        device: &B::Device,
+    ) -> Result<(M, f64), CommError>
+    where
+        B: AutodiffBackend,
+        M: AutodiffModule<B> + LmUnits<B>,
+    {
+        let shape = PipeShape {
+            stages: self.stages(),
+            micro_batches: micro_batches.len(),
+            chunks: self.layout.chunks(),
+        };
+        let actions = stage_actions(self.schedule, shape, self.pp.rank())
+            .map_err(|e| CommError::Transport(format!("pipeline schedule: {e}")))?;
+        StageStep {
+            layout: &self.layout,
+            placement: &self.placement,
+            pp: &*self.pp,
+            actions: &actions,
+        }
+        .run(sync, partial, model, micro_batches, device)
+    }
+}

@@ -1,0 +1,225 @@
+//! Which parameters a pipeline stage holds, and joining them back into the
+//! whole model.
+//!
+//! Every rank builds the whole model (same seed or checkpoint), then keeps
+//! the parameters of its stage's units and replaces the others by
+//! one-element placeholders (ZeRO-3's, so they hold no memory). A token
+//! embedding tied to the head (GPT-2, BLOOM) is held twice, Megatron's way:
+//! stage 0 owns it and the last stage keeps an identical copy; their
+//! gradients are summed over the two every step ([`Placement::sum_tied`]),
+//! so both copies take the same update and stay equal. The global norm
+//! counts the copy once (its share is 0 on the last stage).
+//!
+//! Joining ([`Placement::join`]) broadcasts every parameter from the stage
+//! that owns it over the PP group, so every rank gets the whole model (for
+//! validation and checkpoints); [`Placement::join_moments`] does the same
+//! for AdamW's moments.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+use ferrotron_engine::lm::{LmUnit, LmUnits};
+
+use super::layout::StageLayout;
+use crate::comm::tensor::host_f32;
+use crate::comm::{CommError, Communicator};
+use crate::flat::Infos;
+use crate::train::sync::WholeMoments;
+use crate::zero::tensors::{Assign, Release};
+
+/// The parameters of one stage of a pipeline, and its PP group.
+pub(crate) struct Placement {
+    stage: usize,
+    stages: usize,
+    /// The stage owning each parameter (a tied embedding: stage 0).
+    owner: HashMap<ParamId, usize>,
+    /// What this stage holds: its units' parameters, plus the tied copy on
+    /// the last stage.
+    held: HashSet<ParamId>,
+    /// Parameters held by both the first and the last stage.
+    tied: HashSet<ParamId>,
+    /// Every parameter with its whole shape (this rank's TP block), in the
+    /// model's visiting order (the same on every rank).
+    order: Vec<(ParamId, Vec<usize>)>,
+    pp: Arc<dyn Communicator>,
+    /// The first and the last stage (for the tied gradients; every stage
+    /// has one, the middle ones a group they never use).
+    ends: Arc<dyn Communicator>,
+}
+
+/// The ids of the parameters a visit reaches.
+fn ids(visit: impl FnOnce(&mut Infos)) -> HashSet<ParamId> {
+    let mut infos = Infos(Vec::new());
+    visit(&mut infos);
+    infos.0.into_iter().map(|(id, _, _)| id).collect()
+}
+
+impl Placement {
+    /// The placement of `model` (whole) on this rank's stage, the PP
+    /// group's rank. Collective over `pp` (it splits off the group of the
+    /// first and last stage).
+    pub(crate) fn new<B: Backend, M: LmUnits<B>>(
+        model: &M,
+        layout: &StageLayout,
+        pp: Arc<dyn Communicator>,
+    ) -> Result<Self, CommError> {
+        let (stage, stages) = (pp.rank(), pp.world_size());
+        let mut owner = HashMap::new();
+        for unit in LmUnit::all(model.num_blocks()) {
+            let s = layout.owner(unit);
+            for id in ids(|v| model.visit_unit(unit, v)) {
+                owner.insert(id, s);
+            }
+        }
+        let tied = ids(|v| model.visit_tied(v));
+        let mut held: HashSet<ParamId> = owner
+            .iter()
+            .filter(|&(_, &s)| s == stage)
+            .map(|(&id, _)| id)
+            .collect();
+        if stage + 1 == stages {
+            held.extend(tied.iter().copied());
+        }
+        let mut infos = Infos(Vec::new());
+        model.visit(&mut infos);
+        let order = infos.0.into_iter().map(|(id, shape, _)| (id, shape)).collect();
+        let end = stage == 0 || stage + 1 == stages;
+        let ends = pp.split(usize::from(!end), stage)?;
+        Ok(Self {
+            stage,
+            stages,
+            owner,
+            held,
+            tied,
+            order,
+            pp,
+            ends,
+        })
+    }
+
+    /// `model` (whole) with the parameters this stage does not hold
+    /// replaced by placeholders.
+    pub(crate) fn place<B: Backend, M: Module<B>>(&self, model: M, device: &B::Device) -> M {
+        let others: HashSet<ParamId> = self
+            .order
+            .iter()
+            .map(|(id, _)| *id)
+            .filter(|id| !self.held.contains(id))
+            .collect();
+        model.map(&mut Release {
+            ids: &others,
+            device: device.clone(),
+        })
+    }
+
+    /// Whether this stage holds parameter `id`.
+    pub(crate) fn holds(&self, id: ParamId) -> bool {
+        self.held.contains(&id)
+    }
+
+    /// Whether `id` is the last stage's copy of a tied parameter (its
+    /// gradient is the first stage's: it must not count twice in the norm).
+    pub(crate) fn is_tied_copy(&self, id: ParamId) -> bool {
+        self.stages > 1 && self.stage + 1 == self.stages && self.tied.contains(&id)
+    }
+
+    /// The tied parameters this stage holds (first and last stage; none
+    /// on one stage, where nothing is copied).
+    pub(crate) fn tied_here(&self) -> HashSet<ParamId> {
+        let end = self.stage == 0 || self.stage + 1 == self.stages;
+        if self.stages > 1 && end {
+            self.tied.clone()
+        } else {
+            HashSet::new()
+        }
+    }
+
+    /// [`Placement::tied_here`] with their element counts, in the model's
+    /// visiting order (the same on every rank).
+    pub(crate) fn tied_in_order(&self) -> Vec<(ParamId, usize)> {
+        let here = self.tied_here();
+        self.order
+            .iter()
+            .filter(|(id, _)| here.contains(id))
+            .map(|(id, shape)| (*id, shape.iter().product()))
+            .collect()
+    }
+
+    /// Sums the gradients of the tied parameters, `values` flat in
+    /// visiting order, over the first and last stage.
+    pub(crate) fn sum_tied(&self, values: &mut [f32]) -> Result<(), CommError> {
+        self.ends.all_reduce_sum(values)
+    }
+
+    /// The whole model on every stage: each parameter broadcast over the
+    /// PP group from the stage that owns it. Collective over the PP group.
+    pub(crate) fn join<B: Backend, M: Module<B>>(
+        &self,
+        model: M,
+        device: &B::Device,
+    ) -> Result<M, CommError> {
+        let mut own = OwnValues {
+            want: self
+                .owner
+                .iter()
+                .filter(|&(_, &s)| s == self.stage)
+                .map(|(&id, _)| id)
+                .collect(),
+            out: HashMap::new(),
+        };
+        model.visit(&mut own);
+        let mut values = HashMap::new();
+        for (id, shape) in &self.order {
+            let owner = self.owner[id];
+            let mut buf = match own.out.remove(id) {
+                Some(v) => v,
+                None => vec![0.0; shape.iter().product()],
+            };
+            self.pp.broadcast(&mut buf, owner)?;
+            if !self.held.contains(id) {
+                values.insert(*id, TensorData::new(buf, shape.clone()));
+            }
+        }
+        Ok(model.map(&mut Assign {
+            values,
+            device: device.clone(),
+            require_grad: false,
+        }))
+    }
+
+    /// `moments` of this stage's parameters completed with every other
+    /// stage's: each parameter's broadcast over the PP group from its
+    /// owner. Collective over the PP group.
+    pub(crate) fn join_moments(&self, mut moments: WholeMoments) -> Result<WholeMoments, CommError> {
+        let mut joined = WholeMoments::new();
+        for (id, shape) in &self.order {
+            let n: usize = shape.iter().product();
+            let owner = self.owner[id];
+            let mut buf = match moments.remove(id) {
+                Some((m, v)) if owner == self.stage => [m, v].concat(),
+                _ => vec![0.0; 2 * n],
+            };
+            self.pp.broadcast(&mut buf, owner)?;
+            let v = buf.split_off(n);
+            joined.insert(*id, (buf, v));
+        }
+        Ok(joined)
+    }
+}
+
+/// Host values of the parameters in `want`.
+struct OwnValues {
+    want: HashSet<ParamId>,
+    out: HashMap<ParamId, Vec<f32>>,
+}
+
+impl<B: Backend> ModuleVisitor<B> for OwnValues {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if self.want.contains(&param.id) {
+            self.out.insert(param.id, host_f32(param.val()));
+        }
+    }
+}
