@@ -4,7 +4,8 @@
 //! and the process groups split along it ([`groups`]), the communicators
 //! ([`comm`]), the one flat layout of parameters and gradients ([`flat`]),
 //! data parallelism ([`data`]) and ZeRO ([`zero`]) as gradient-sync
-//! strategies, tensor parallelism ([`tensor`]), the training step and loop
+//! strategies, tensor parallelism ([`tensor`]), pipeline schedules and their
+//! simulator ([`pipeline`]), the training step and loop
 //! ([`train`]), and the planner that picks a layout before a job runs
 //! ([`plan`]). A single-device
 //! run is the parallel code with every degree set to 1 (DESIGN.md).
@@ -15,6 +16,7 @@ pub mod flat;
 pub mod groups;
 pub mod launch;
 pub mod mesh;
+pub mod pipeline;
 pub mod plan;
 pub mod tensor;
 pub mod train;

@@ -10,5 +10,7 @@
 pub mod schedule;
 pub mod simulate;
 
-pub use schedule::{stage_actions, Action, Payload, PipeShape, ScheduleError, ScheduleKind, Transfer};
-pub use simulate::{simulate, Deadlock, Timeline};
+pub use schedule::{
+    stage_actions, Action, Payload, PipeShape, ScheduleError, ScheduleKind, Transfer,
+};
+pub use simulate::{simulate, simulate_lists, SimError, Stuck, Timeline};

@@ -9,10 +9,11 @@
 //! `min(2 (p - s - 1) + (v - 1) p, m v)` forwards (all of them when
 //! `m = p`), then runs forward-backward pairs, then the backwards left.
 //!
-//! Megatron-LM runs the step as iterations, each one exchange with the
-//! neighbours after its computes (one forward in the warm-up, a forward and a
+//! Megatron-LM runs the step as iterations, each followed by one exchange
+//! with the neighbours (one forward in the warm-up, a forward and a
 //! backward in the steady state, one backward in the cool-down); the
-//! transfers are placed on that grid ([`super::transfers::lockstep`]).
+//! transfers are placed on these iterations by
+//! [`super::transfers::lockstep`].
 
 use super::{Action, PipeShape};
 

@@ -11,14 +11,21 @@
 //!   `send_forward_recv_backward` / `send_backward_recv_forward` pattern of
 //!   1F1B, and of GPipe);
 //! - [`lockstep`]: the computes are grouped into iterations with one
-//!   exchange after each; iteration `k` of stage `s` is at tick `k + s`
-//!   (the exchange before its first iteration at tick `s - 1`), and a
-//!   send is received by the neighbour in its exchange of the same tick
+//!   exchange after each, and every iteration gets a tick: one more than
+//!   the iteration before it on its stage and than every iteration of
+//!   another stage it receives from (the iterations in unit time, as soon
+//!   as they can run). A send is received by the neighbour in its exchange
+//!   of the send's tick, after its last iteration at or before that tick
 //!   (Megatron-LM's interleaved schedule, which batches the sends and
-//!   receives of an iteration into one `batch_isend_irecv`). Exchanges of
-//!   one tick only wait on each other, and every tick's exchanges can be
-//!   posted once the ticks before it are done, so no cycle of waiting
-//!   sends can form.
+//!   receives of an iteration into one `batch_isend_irecv` and receives
+//!   what the neighbours send in the same iteration). The exchange after an
+//!   iteration holds the transfers of the ticks from that iteration's up
+//!   to the next one's, so once every transfer of the ticks before `t` has
+//!   completed, each stage reaches the exchange that holds its tick-`t`
+//!   transfers, and these complete: no cycle of waiting sends can form,
+//!   whatever the compute times. Receiving just in time instead deadlocks
+//!   the interleaved schedule (at `p = 2, m = 4, v = 2` both stages block
+//!   in a gradient send that the other receives only later).
 
 use std::collections::HashMap;
 use std::mem;
