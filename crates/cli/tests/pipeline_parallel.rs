@@ -35,6 +35,14 @@ use mpirun::{mpi_built, train, train_within};
 /// the stages' squared norms).
 const PP_TOLERANCE: f32 = 1e-5;
 
+/// With DP in the mesh, per tensor: data parallelism adds the
+/// micro-batches' gradients in another order (each rank its own, then the
+/// all-reduce), and AdamW divides each element's update by that element's
+/// own gradient scale. Measured: 1.24e-5 for gpt-mini pp2 x dp2 ZeRO-1,
+/// exactly what a plain `mpirun -np 2 --zero 1` run of the same global
+/// batch gives, so it is DP's, not the pipeline's.
+const DP_TENSOR_TOLERANCE: f32 = 2e-5;
+
 /// With TP in the mesh, the tensor-parallel tolerances of
 /// `tensor_parallel.rs` apply (row-parallel partial sums are added in
 /// another order; measured and explained there).
@@ -139,7 +147,13 @@ fn pp_matches_single_rank(model: &str, layouts: &[Layout]) -> (PathBuf, PathBuf)
             );
         } else {
             check_steps(&label, &out, &single, f64::from(PP_TOLERANCE));
-            check_weights(&label, &out, &single, PP_TOLERANCE, PP_TOLERANCE);
+            // With --pp 2, ranks beyond 2 are DP replicas.
+            let tensor = if ranks > 2 {
+                DP_TENSOR_TOLERANCE
+            } else {
+                PP_TOLERANCE
+            };
+            check_weights(&label, &out, &single, PP_TOLERANCE, tensor);
         }
     }
     (dir, single)
@@ -154,8 +168,18 @@ fn gpt_pipelines_equal_single_rank_and_the_checkpoint_loads_on_one_rank() {
         return;
     }
     let mut layouts = LAYOUTS.to_vec();
-    layouts.push(("pp2-gpipe", 2, "4", &["--pp", "2", "--pp-schedule", "gpipe"]));
-    layouts.push(("pp2-layers-3-1", 2, "4", &["--pp", "2", "--pp-layers", "3,1"]));
+    layouts.push((
+        "pp2-gpipe",
+        2,
+        "4",
+        &["--pp", "2", "--pp-schedule", "gpipe"],
+    ));
+    layouts.push((
+        "pp2-layers-3-1",
+        2,
+        "4",
+        &["--pp", "2", "--pp-layers", "3,1"],
+    ));
     let (dir, single) = pp_matches_single_rank("gpt-mini", &layouts);
     let pp2 = dir.join("pp2");
     let resumed = dir.join("resumed");
@@ -224,15 +248,39 @@ fn a_pipeline_that_cannot_run_exits_2_before_writing() {
     }
     let dir = scratch("pp-bad");
     let cases: [(&[&str], &str); 5] = [
-        (&["--pp", "2", "--pp-layers", "3,2"], "--pp-layers adds up to 5 blocks; the model has 4"),
-        (&["--pp", "2", "--pp-layers", "1,1,2"], "--pp-layers has 3 entries"),
+        (
+            &["--pp", "2", "--pp-layers", "3,2"],
+            "--pp-layers adds up to 5 blocks; the model has 4",
+        ),
+        (
+            &["--pp", "2", "--pp-layers", "1,1,2"],
+            "--pp-layers has 3 entries",
+        ),
         (&["--pp", "2", "--zero", "3"], "--zero 3 with --pp 2"),
         (
-            &["--pp", "2", "--pp-schedule", "interleaved", "--pp-virtual", "3"],
+            &[
+                "--pp",
+                "2",
+                "--pp-schedule",
+                "interleaved",
+                "--pp-virtual",
+                "3",
+                "--grad-accum",
+                "2",
+            ],
             "stages need at least as many blocks",
         ),
         (
-            &["--pp", "2", "--pp-schedule", "interleaved", "--pp-virtual", "2", "--grad-accum", "3"],
+            &[
+                "--pp",
+                "2",
+                "--pp-schedule",
+                "interleaved",
+                "--pp-virtual",
+                "2",
+                "--grad-accum",
+                "3",
+            ],
             "multiple of --pp 2",
         ),
     ];

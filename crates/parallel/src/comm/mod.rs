@@ -120,7 +120,8 @@ pub trait Communicator: Send + Sync {
     /// or one NCCL group): two ranks that send to each other in one
     /// exchange cannot deadlock, as they would with blocking
     /// [`Communicator::send`]s. Each receive takes exactly its length.
-    fn exchange(&self, sends: &[Outgoing<'_>], recvs: &mut [Incoming<'_>]) -> Result<(), CommError>;
+    fn exchange(&self, sends: &[Outgoing<'_>], recvs: &mut [Incoming<'_>])
+        -> Result<(), CommError>;
     /// Returns once every rank has called `barrier`.
     fn barrier(&self) -> Result<(), CommError>;
     /// Ends the whole job with exit code `code` (every rank of every group).

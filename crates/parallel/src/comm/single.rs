@@ -57,7 +57,11 @@ impl Communicator for SingleProcess {
         ))
     }
 
-    fn exchange(&self, sends: &[Outgoing<'_>], recvs: &mut [Incoming<'_>]) -> Result<(), CommError> {
+    fn exchange(
+        &self,
+        sends: &[Outgoing<'_>],
+        recvs: &mut [Incoming<'_>],
+    ) -> Result<(), CommError> {
         if sends.is_empty() && recvs.is_empty() {
             return Ok(());
         }

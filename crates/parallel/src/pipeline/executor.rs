@@ -147,10 +147,13 @@ impl StageStep<'_> {
                         }
                     };
                     if let Some(leaf) = input {
-                        let g = leaf.grad(&grads).expect("a stage's output depends on its input");
+                        let g = leaf
+                            .grad(&grads)
+                            .expect("a stage's output depends on its input");
                         outbox.insert((Payload::Gradient, micro_batch, chunk), host_f32(g));
                     }
-                    let mut grads = partial.sum(&model, GradientsParams::from_grads(grads, &model))?;
+                    let mut grads =
+                        partial.sum(&model, GradientsParams::from_grads(grads, &model))?;
                     let mut take = TakeTied::<B> {
                         ids: &tied,
                         grads: &mut grads,
@@ -215,7 +218,10 @@ impl StageStep<'_> {
             .collect();
         self.pp.exchange(&sends, &mut recvs)?;
         for (slot, _, _, values) in wanted {
-            inbox.insert(slot, Tensor::from_data(TensorData::new(values, dims), device));
+            inbox.insert(
+                slot,
+                Tensor::from_data(TensorData::new(values, dims), device),
+            );
         }
         Ok(())
     }
@@ -289,7 +295,8 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for PutTied {
         if let Some(values) = self.values.remove(&param.id) {
             let shape: [usize; D] = param.val().dims();
             let device = param.val().device();
-            let g = Tensor::<B::InnerBackend, D>::from_data(TensorData::new(values, shape), &device);
+            let g =
+                Tensor::<B::InnerBackend, D>::from_data(TensorData::new(values, shape), &device);
             self.grads.register(param.id, g);
         }
     }

@@ -27,7 +27,9 @@ pub enum LayoutError {
         blocks: usize,
     },
     /// `--pp-layers` with another number of entries than virtual stages.
-    #[error("--pp-layers has {got} entries; it needs one per stage (--pp x --pp-virtual = {want})")]
+    #[error(
+        "--pp-layers has {got} entries; it needs one per stage (--pp x --pp-virtual = {want})"
+    )]
     Length {
         /// Entries given.
         got: usize,

@@ -3,6 +3,9 @@
 //!
 //! - [`schedule`]: schedules as pure data (GPipe, 1F1B, interleaved 1F1B):
 //!   for each stage, the ordered list of [`Action`]s it runs in one step;
+//! - [`simulate`]: runs the lists of every stage in unit time without
+//!   ranks, proving that sends match receives (no deadlock) and measuring
+//!   the bubble;
 //! - [`layout`]: which blocks each (virtual) stage runs;
 //! - `placement`: which parameters a stage holds, the tied embedding's
 //!   copy, and joining the stages back into the whole model;
@@ -13,6 +16,7 @@ mod executor;
 pub mod layout;
 mod placement;
 pub mod schedule;
+pub mod simulate;
 
 use std::sync::Arc;
 
@@ -25,6 +29,7 @@ pub use layout::{LayoutError, StageLayout};
 pub use schedule::{
     stage_actions, Action, Payload, PipeShape, ScheduleError, ScheduleKind, Transfer,
 };
+pub use simulate::{simulate, simulate_lists, SimError, Stuck, Timeline};
 
 use self::executor::StageStep;
 use self::placement::Placement;

@@ -85,7 +85,11 @@ impl Placement {
         }
         let mut infos = Infos(Vec::new());
         model.visit(&mut infos);
-        let order = infos.0.into_iter().map(|(id, shape, _)| (id, shape)).collect();
+        let order = infos
+            .0
+            .into_iter()
+            .map(|(id, shape, _)| (id, shape))
+            .collect();
         let end = stage == 0 || stage + 1 == stages;
         let ends = pp.split(usize::from(!end), stage)?;
         Ok(Self {
@@ -193,7 +197,10 @@ impl Placement {
     /// `moments` of this stage's parameters completed with every other
     /// stage's: each parameter's broadcast over the PP group from its
     /// owner. Collective over the PP group.
-    pub(crate) fn join_moments(&self, mut moments: WholeMoments) -> Result<WholeMoments, CommError> {
+    pub(crate) fn join_moments(
+        &self,
+        mut moments: WholeMoments,
+    ) -> Result<WholeMoments, CommError> {
         let mut joined = WholeMoments::new();
         for (id, shape) in &self.order {
             let n: usize = shape.iter().product();

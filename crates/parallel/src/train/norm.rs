@@ -24,9 +24,8 @@ pub type NormShares = HashMap<ParamId, f64>;
 /// `local` summed over `group` in `f64`, the same on every rank (`local`
 /// itself on one rank). The transport carries `f32`, so each rank's value
 /// travels as two `f32` (its rounding and the remainder, 48 bits
-/// together), all-gathered and added in rank order: a sum in `f32` would
-/// round the global norm to 1e-7 relative, which AdamW amplifies in the
-/// elements whose gradient is near zero.
+/// together), all-gathered and added in rank order, where a sum in `f32`
+/// would round the global norm and the clipping factor to 1e-7 relative.
 pub fn group_sum(local: f64, group: &dyn Communicator) -> Result<f64, CommError> {
     if group.world_size() == 1 {
         return Ok(local);

@@ -356,7 +356,11 @@ impl Communicator for MpiCommunicator {
         Ok(())
     }
 
-    fn exchange(&self, sends: &[Outgoing<'_>], recvs: &mut [Incoming<'_>]) -> Result<(), CommError> {
+    fn exchange(
+        &self,
+        sends: &[Outgoing<'_>],
+        recvs: &mut [Incoming<'_>],
+    ) -> Result<(), CommError> {
         for s in sends {
             check_rank("exchange", s.to, self.world_size())?;
         }
@@ -392,7 +396,10 @@ impl Communicator for MpiCommunicator {
                 // SAFETY: one view of the buffer, used only by this request.
                 let view = unsafe { lent.view_mut() };
                 let from = self.comm.process_at_rank(r.from as i32);
-                (from.immediate_receive_into_with_tag(StaticScope, view, r.tag), r.from)
+                (
+                    from.immediate_receive_into_with_tag(StaticScope, view, r.tag),
+                    r.from,
+                )
             })
             .collect();
         for (req, to) in sent {

@@ -247,7 +247,11 @@ impl Communicator for NcclCommunicator {
         })
     }
 
-    fn exchange(&self, sends: &[Outgoing<'_>], recvs: &mut [Incoming<'_>]) -> Result<(), CommError> {
+    fn exchange(
+        &self,
+        sends: &[Outgoing<'_>],
+        recvs: &mut [Incoming<'_>],
+    ) -> Result<(), CommError> {
         for s in sends {
             check_rank("exchange", s.to, self.world_size())?;
         }
@@ -266,7 +270,15 @@ impl Communicator for NcclCommunicator {
             for s in &sends {
                 // SAFETY: the slice is valid for the whole call (the group
                 // completes before `run` returns).
-                unsafe { c.send(input(s.values), s.values.len(), NcclDataType::F32, s.to, STREAM)? };
+                unsafe {
+                    c.send(
+                        input(s.values),
+                        s.values.len(),
+                        NcclDataType::F32,
+                        s.to,
+                        STREAM,
+                    )?
+                };
             }
             for r in &mut recvs {
                 let n = r.values.len();
