@@ -35,7 +35,8 @@ pub enum Command {
     Export(ExportArgs),
     /// Rank the parallel layouts (dp, tp, pp, sp, ZeRO, micro-batch, recompute) of a model on N GPUs by estimated memory and step time.
     Plan(Box<PlanArgs>),
-    /// Micro-benchmarks (`bench kernels`: fused CubeCL kernels vs the Burn reference).
+    /// Benchmarks (`bench train`: training-step throughput per backend; `bench kernels`:
+    /// fused CubeCL kernels vs the Burn reference).
     Bench(BenchArgs),
     /// Data preparation (`data prepare`: tokenize text into token shards for `train --data`).
     Data(DataArgs),
@@ -213,6 +214,10 @@ pub enum BenchCommand {
     /// backward, over a sweep of shapes, on every compiled backend (needs the
     /// `kernels-bench` feature).
     Kernels(KernelsBenchArgs),
+    /// Training-step throughput (forward + backward + clipping + AdamW) of one model shape
+    /// on every compiled backend with a device: tokens/s, TFLOP/s, MFU, peak memory; or,
+    /// with --compare, a merged table and chart of result files.
+    Train(Box<crate::bench::train::TrainBenchArgs>),
 }
 
 /// `ferrotron bench kernels` flags.

@@ -1,6 +1,7 @@
-//! `ferrotron bench`: micro-benchmarks. `bench kernels` compares the fused
-//! CubeCL kernels with the plain Burn reference on each compiled backend
-//! (needs the `kernels-bench` cargo feature).
+//! `ferrotron bench`: `bench train` measures the training step end to end
+//! on each compiled backend (every build); `bench kernels` compares the
+//! fused CubeCL kernels with the plain Burn reference on each compiled
+//! backend (needs the `kernels-bench` cargo feature).
 
 #[cfg(feature = "kernels-bench")]
 mod alloc;
@@ -18,6 +19,7 @@ mod reference;
 mod report;
 #[cfg(feature = "kernels-bench")]
 mod target;
+pub mod train;
 
 use anyhow::Result;
 
@@ -27,6 +29,7 @@ use crate::args::{BenchArgs, BenchCommand};
 pub fn bench(args: BenchArgs) -> Result<()> {
     match args.command {
         BenchCommand::Kernels(a) => run_kernels(a),
+        BenchCommand::Train(a) => train::bench(*a),
     }
 }
 

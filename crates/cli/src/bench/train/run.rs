@@ -1,0 +1,265 @@
+//! One `bench train` measurement: the backends to run, and the timed
+//! steps on each.
+
+use std::time::Instant;
+
+use ferrotron_engine::backend::{BackendKind, ALL_BACKENDS};
+use ferrotron_engine::data::Batch;
+use ferrotron_engine::metrics::{device_spec, measure_matmul_flops};
+use ferrotron_engine::optim::{AdamWConfig, LrSchedule};
+use ferrotron_models::ops::TrainBackend;
+use ferrotron_models::{Decoder, DecoderConfig};
+use ferrotron_parallel::train::{StepConfig, Trainer};
+
+use super::args::TrainBenchArgs;
+use super::record::{Record, ResultFile, Skipped, SCHEMA};
+use super::{host, model, table, write_outputs};
+use crate::dispatch::{dispatch, BackendTask};
+use crate::error::usage;
+
+/// Side of the square f32 matmul whose measured rate is a CPU's peak.
+const GEMM_N: usize = 1024;
+
+/// Measures every selected backend, prints the table, writes the outputs.
+pub fn run(args: &TrainBenchArgs) -> anyhow::Result<()> {
+    for (flag, v) in [
+        ("--batch", args.batch),
+        ("--seq", args.seq),
+        ("--steps", args.steps),
+    ] {
+        if v == 0 {
+            return Err(usage(format!("{flag} must be at least 1")));
+        }
+    }
+    if let Some(t) = args.peak_tflops {
+        if !(t.is_finite() && t > 0.0) {
+            return Err(usage(format!("--peak-tflops {t}: must be positive")));
+        }
+    }
+    let gpu_peak = match &args.device_type {
+        None => None,
+        Some(name) => match device_spec(name).filter(|d| d.fp32_flops > 0.0) {
+            Some(d) => Some((d.fp32_flops, d.name)),
+            None => {
+                return Err(usage(format!(
+                    "--device-type {name}: not a GPU type of the table (a100-40gb, a100-80gb, h100-80gb, h200, mi250x-gcd, mi300x)"
+                )))
+            }
+        },
+    };
+    let config = model::resolve(args)?;
+    let (kinds, skipped) = select(args.backends.as_deref())?;
+    let mut results = Vec::new();
+    for kind in kinds {
+        let task = StepBench {
+            config: config.clone(),
+            args,
+            gpu_peak,
+        };
+        results.push(dispatch(kind, 0, task)?);
+    }
+    let file = ResultFile {
+        schema: SCHEMA.into(),
+        results,
+        skipped,
+    };
+    print!("{}", table::render(&file.results, &file.skipped));
+    write_outputs(args, &file)
+}
+
+/// The backends to run, in the order of [`ALL_BACKENDS`], and those left
+/// out with the reason. A backend named in `--backends` that cannot run
+/// is an error; one left to the default is skipped.
+fn select(names: Option<&[String]>) -> anyhow::Result<(Vec<BackendKind>, Vec<Skipped>)> {
+    if let Some(names) = names {
+        for name in names {
+            if name == "wgpu" {
+                return Err(usage(
+                    "--backends wgpu: not a training backend yet (`bench kernels` measures the kernels on it)",
+                ));
+            }
+            name.parse::<BackendKind>()
+                .map_err(|e| usage(format!("--backends {name}: {e}")))?;
+        }
+    }
+    let mut kinds = Vec::new();
+    let mut skipped = Vec::new();
+    for kind in ALL_BACKENDS {
+        let explicit = match names {
+            Some(n) if !n.iter().any(|n| n == kind.name()) => continue,
+            Some(_) => true,
+            None => false,
+        };
+        let why = if !kind.is_compiled() {
+            Some(format!(
+                "not compiled into this build (cargo feature {kind})"
+            ))
+        } else {
+            kind.check_runtime().err().map(|e| e.to_string())
+        };
+        match why {
+            None => kinds.push(kind),
+            Some(reason) if explicit => return Err(usage(format!("--backends {kind}: {reason}"))),
+            Some(reason) => skipped.push(Skipped {
+                backend: kind.name().into(),
+                reason,
+            }),
+        }
+    }
+    if names.is_none() {
+        skipped.push(Skipped {
+            backend: "wgpu".into(),
+            reason: "not a training backend yet (`bench kernels` measures the kernels on it)"
+                .into(),
+        });
+    }
+    if kinds.is_empty() {
+        return Err(usage("bench train: no backend of this build can run here"));
+    }
+    Ok((kinds, skipped))
+}
+
+/// The measurement on one backend.
+struct StepBench<'a> {
+    config: DecoderConfig,
+    args: &'a TrainBenchArgs,
+    /// `--device-type`'s fp32 peak, FLOP/s, and its name.
+    gpu_peak: Option<(f64, &'static str)>,
+}
+
+impl BackendTask for StepBench<'_> {
+    type Output = Record;
+
+    fn run<B: TrainBackend>(self, kind: BackendKind, device: B::Device) -> anyhow::Result<Record> {
+        let a = self.args;
+        let cpu = kind.is_cpu();
+        let (peak_tflops, peak_source) = match (a.peak_tflops, cpu, self.gpu_peak) {
+            (Some(t), _, _) => (Some(t), "--peak-tflops".to_string()),
+            (None, true, _) => {
+                let f = measure_matmul_flops::<B::InnerBackend>(&device, GEMM_N, 3);
+                (
+                    Some(f / 1e12),
+                    format!("the measured f32 GEMM rate of {kind} ({GEMM_N}^3, best of 3)"),
+                )
+            }
+            (None, false, Some((f, name))) => (
+                Some(f / 1e12),
+                format!("the fp32 data-sheet peak of {name}"),
+            ),
+            (None, false, None) => (
+                None,
+                "nothing: peak unknown (give --device-type or --peak-tflops)".to_string(),
+            ),
+        };
+        let rss_reset = cpu && host::reset_peak_rss();
+        let model = Decoder::<B>::new(&self.config, a.seed, &device)?;
+        let total = a.warmup + a.steps;
+        let step_config = StepConfig {
+            adamw: AdamWConfig::default(),
+            schedule: LrSchedule {
+                max_lr: 3e-4,
+                min_lr: 3e-4,
+                warmup_steps: 0,
+                total_steps: total,
+            },
+            grad_clip: 1.0,
+        };
+        let mut trainer = Trainer::new(model, step_config, device.clone());
+        let mut tokens = TokenStream(a.seed ^ 0x9e37_79b9_7f4a_7c15);
+        let mut times = Vec::with_capacity(a.steps);
+        let mut last_loss = f64::NAN;
+        for i in 0..total {
+            let batch = tokens.batch(a.batch, a.seq, self.config.vocab_size);
+            let t = Instant::now();
+            let out = trainer.step(std::slice::from_ref(&batch))?;
+            B::sync(&device).map_err(|e| anyhow::anyhow!("{kind}: device sync: {e:?}"))?;
+            let s = t.elapsed().as_secs_f64();
+            let phase = if i < a.warmup { "warm-up" } else { "timed" };
+            eprintln!(
+                "bench train: {kind} step {}/{total} ({phase}): {s:.3} s, loss {:.4}",
+                i + 1,
+                out.loss
+            );
+            if i >= a.warmup {
+                times.push(s);
+            }
+            last_loss = out.loss;
+        }
+        let (peak_memory_bytes, memory_source) = match cpu {
+            true => (
+                host::peak_rss_bytes(),
+                if rss_reset {
+                    "VmHWM, the process's peak resident memory from building the model to the last step"
+                } else {
+                    "VmHWM, the process's peak resident memory since it started (clear_refs not writable)"
+                }
+                .to_string(),
+            ),
+            false => (None, "device memory not measured on GPU backends".to_string()),
+        };
+        times.sort_by(f64::total_cmp);
+        let step_s_median = times[times.len() / 2];
+        let tokens_per_s = (a.batch * a.seq) as f64 / step_s_median;
+        let flops_per_token = self.config.train_flops_per_token(a.seq);
+        let tflops = flops_per_token * tokens_per_s / 1e12;
+        Ok(Record {
+            framework: format!("ferrotron {}", env!("CARGO_PKG_VERSION")),
+            commit: option_env!("FERROTRON_COMMIT").map(str::to_string),
+            backend: kind.name().into(),
+            device: match (cpu, self.gpu_peak) {
+                (true, _) => host::cpu_name(),
+                (false, Some((_, name))) => format!("{name} ({kind} GPU 0)"),
+                (false, None) => format!("{kind} GPU 0"),
+            },
+            threads: cpu.then(host::cpu_threads),
+            shape: model::shape(&self.config),
+            batch: a.batch,
+            seq: a.seq,
+            warmup: a.warmup,
+            steps: a.steps,
+            step_s_median,
+            tokens_per_s,
+            flops_per_token,
+            tflops,
+            mfu: peak_tflops.map(|p| tflops / p),
+            peak_tflops,
+            peak_source,
+            peak_memory_bytes,
+            memory_source,
+            last_loss,
+        })
+    }
+}
+
+/// Seeded token ids (splitmix64), uniform over the vocabulary.
+struct TokenStream(u64);
+
+impl TokenStream {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A `[batch, seq]` batch whose targets are the inputs shifted by one
+    /// (each row a window of `seq + 1` ids).
+    fn batch(&mut self, batch: usize, seq: usize, vocab: usize) -> Batch {
+        let mut inputs = Vec::with_capacity(batch * seq);
+        let mut targets = Vec::with_capacity(batch * seq);
+        for _ in 0..batch {
+            let row: Vec<i64> = (0..=seq)
+                .map(|_| (self.next() % vocab as u64) as i64)
+                .collect();
+            inputs.extend_from_slice(&row[..seq]);
+            targets.extend_from_slice(&row[1..]);
+        }
+        Batch {
+            inputs,
+            targets,
+            batch,
+            seq_len: seq,
+        }
+    }
+}
