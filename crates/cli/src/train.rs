@@ -560,7 +560,7 @@ impl BackendTask for TrainTask {
             zero: s.zero,
             bucket_mb: s.bucket_mb,
             shards,
-            pipeline: pipeline_config(&s),
+            pipeline: pipeline_config(s),
         };
         let mut trainer = Trainer::parallel(model, step_config, device.clone(), groups, parallel)?;
         if let Some((state, moments, dir)) = self.restore {
