@@ -9,15 +9,15 @@
 //! stage before it, a backward the gradient of the one after it.
 //!
 //! [`stage_actions`] gives one stage's list for one optimizer step: the
-//! compute order of the schedule ([`gpipe`], [`one_f_one_b`],
-//! [`interleaved`]) with the transfers derived from it ([`transfers`]):
+//! compute order of the schedule (files `gpipe.rs`, `one_f_one_b.rs`,
+//! `interleaved.rs`) with the transfers derived from it (`transfers.rs`):
 //!
 //! - a send sits in the first [`Action::Exchange`] after the compute that
 //!   produced it, a receive in an `Exchange` before the compute that
 //!   consumes it;
 //! - sends are taken to block until the receiver has posted the receive
 //!   (MPI's rendezvous protocol for large messages), so the grouping is what
-//!   makes a schedule deadlock-free; [`super::simulate`] runs the lists of
+//!   makes a schedule deadlock-free; [`super::simulate()`] runs the lists of
 //!   every stage together and is the proof, in the unit tests, for every
 //!   shape they cover;
 //! - a transfer is named the same way on both ends by its payload, its

@@ -66,7 +66,7 @@ fn every_schedule_runs_to_the_end_without_deadlock() {
 }
 
 #[test]
-fn every_forward_precedes_its_backward_and_its_send() {
+fn every_forward_precedes_its_backward() {
     for (kind, shape) in cases() {
         for (s, list) in lists(kind, shape).iter().enumerate() {
             let position = |want: &Action| list.iter().position(|a| a == want).unwrap();
