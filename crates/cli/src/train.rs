@@ -718,8 +718,15 @@ struct Bar<'a>(&'a ProgressBar);
 impl Progress for Bar<'_> {
     fn step(&mut self, r: &StepRecord) {
         self.0.set_position(r.step as u64);
+        let bubble = r.pipeline.as_ref().map_or(String::new(), |p| {
+            format!(
+                " | bubble {:.0}% (formula {:.0}%)",
+                100.0 * p.bubble,
+                100.0 * p.bubble_formula
+            )
+        });
         self.0.set_message(format!(
-            "loss {:.4} | {:.0} tokens/s | MFU {:.1}%",
+            "loss {:.4} | {:.0} tokens/s | MFU {:.1}%{bubble}",
             r.loss,
             r.tokens_per_s,
             100.0 * r.mfu

@@ -100,6 +100,49 @@ fn run(label: &str, ranks: usize, args: Vec<String>, extra: &[&str]) {
     );
 }
 
+/// The stage times of every step of the pipelined run `out` (`stages`
+/// stages, `chunks` model chunks each, `micro_batches` per step): each
+/// stage computed, its compute and waits fit in the schedule's time, and
+/// the formula's bubble is `(p - 1) / (v m)`.
+fn check_stage_times(label: &str, out: &Path, stages: usize, chunks: usize, micro_batches: usize) {
+    let text = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    let steps: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v.get("loss").is_some())
+        .collect();
+    assert_eq!(steps.len(), 5, "{label}: step records");
+    let formula = (stages - 1) as f64 / (chunks * micro_batches) as f64;
+    for v in steps {
+        let p = &v["pipeline"];
+        let list = |k: &str| -> Vec<f64> {
+            p[k].as_array()
+                .unwrap_or_else(|| panic!("{label}: no pipeline.{k} in {v}"))
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect()
+        };
+        let (compute, wait) = (list("compute_s"), list("wait_s"));
+        let schedule = p["schedule_s"].as_f64().unwrap();
+        assert_eq!(compute.len(), stages, "{label}: {v}");
+        for (c, w) in compute.iter().zip(&wait) {
+            assert!(*c > 0.0 && *w >= 0.0, "{label}: {v}");
+            // Times travel as f32.
+            assert!(c + w <= schedule * (1.0 + 1e-5), "{label}: {v}");
+        }
+        let busiest = compute.iter().copied().fold(0.0, f64::max);
+        let bubble = p["bubble"].as_f64().unwrap();
+        assert!(
+            (bubble - (schedule - busiest) / busiest).abs() < 1e-9,
+            "{label}: {v}"
+        );
+        assert!(
+            (p["bubble_formula"].as_f64().unwrap() - formula).abs() < 1e-12,
+            "{label}: {v}"
+        );
+    }
+}
+
 /// One pipelined layout: name, ranks, grad-accum, extra flags.
 type Layout = (&'static str, usize, &'static str, &'static [&'static str]);
 
@@ -132,10 +175,17 @@ fn pp_matches_single_rank(model: &str, layouts: &[Layout]) -> (PathBuf, PathBuf)
     let single = dir.join("single");
     run(model, 1, args(model, &corpus, &single, "4"), &[]);
     assert_eq!(step_losses(&single).len(), 5);
+    let metrics = std::fs::read_to_string(single.join("metrics.jsonl")).unwrap();
+    assert!(
+        !metrics.contains("pipeline"),
+        "one stage has no stage times"
+    );
     for &(name, ranks, accum, extra) in layouts {
         let label = format!("{model} {name}");
         let out = dir.join(name);
         run(&label, ranks, args(model, &corpus, &out, accum), extra);
+        let chunks = if extra.contains(&"interleaved") { 2 } else { 1 };
+        check_stage_times(&label, &out, 2, chunks, accum.parse().unwrap());
         if extra.contains(&"--tp") {
             check_steps(&label, &out, &single, 1e-5);
             check_weights(

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::MemoryBytes;
+use super::{MemoryBytes, PipelineTimes};
 
 /// What one optimizer step measured.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -44,6 +44,10 @@ pub struct StepRecord {
     /// applied (`--on-nonfinite skip`).
     #[serde(default)]
     pub skipped: bool,
+    /// Stage times and the measured bubble of a pipeline-parallel step
+    /// (`--pp` > 1); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline: Option<PipelineTimes>,
 }
 
 /// A validation measurement.

@@ -1,11 +1,12 @@
 //! Training metrics: per-step records as JSON lines, the loss plot, FLOP/s and MFU, memory by class,
-//! energy counters and the device table.
+//! pipeline stage times, energy counters and the device table.
 
 mod device;
 pub mod energy;
 mod jsonl;
 mod memory;
 mod peak;
+mod pipeline;
 mod plot;
 
 pub use device::{device_spec, DeviceSpec, DEVICES};
@@ -13,4 +14,5 @@ pub use energy::{EnergyMeter, EnergyProbe};
 pub use jsonl::{MetricsWriter, StepRecord, ValRecord};
 pub use memory::{machine_memory_bytes, MemoryBytes};
 pub use peak::{measure_matmul_flops, peak_flops_for, PEAK_FLOPS_TABLE};
+pub use pipeline::PipelineTimes;
 pub use plot::write_loss_svg;

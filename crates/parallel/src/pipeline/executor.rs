@@ -12,6 +12,7 @@
 //! and summed over the first and last stage once, after the schedule.
 
 use std::collections::HashMap;
+use std::time::Instant;
 
 use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
@@ -47,6 +48,18 @@ struct InFlight<B: AutodiffBackend> {
 /// The key of a transfer's values: payload, micro-batch, chunk of this stage.
 type Slot = (Payload, usize, usize);
 
+/// Where one stage's time went in a step, seconds.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct StageClock {
+    /// In forward and backward actions (with the TP all-reduces inside
+    /// the blocks and the hand-off of gradients to the DP strategy).
+    pub(crate) compute_s: f64,
+    /// In exchanges.
+    pub(crate) wait_s: f64,
+    /// The whole schedule, from the first action to the loss broadcast.
+    pub(crate) total_s: f64,
+}
+
 /// One stage's step: the stage's place in the pipeline and its actions.
 pub(crate) struct StageStep<'a> {
     /// Blocks of every virtual stage.
@@ -77,9 +90,9 @@ impl StageStep<'_> {
     }
 
     /// Runs the actions on `micro_batches` (this DP rank's, the same on
-    /// every stage), handing gradients to `sync`. Returns the model and the
+    /// every stage), handing gradients to `sync`. Returns the model, the
     /// sum of the micro-batches' mean losses (every stage gets it from the
-    /// last), nats/token.
+    /// last), nats/token, and where this stage's time went.
     pub(crate) fn run<B, M>(
         &self,
         sync: &mut dyn GradSync<B, M>,
@@ -87,11 +100,13 @@ impl StageStep<'_> {
         model: M,
         micro_batches: &[Batch],
         device: &B::Device,
-    ) -> Result<(M, f64), CommError>
+    ) -> Result<(M, f64, StageClock), CommError>
     where
         B: AutodiffBackend,
         M: AutodiffModule<B> + LmUnits<B>,
     {
+        let start = Instant::now();
+        let mut clock = StageClock::default();
         let stage = self.pp.rank();
         let m = micro_batches.len();
         let first = &micro_batches[0];
@@ -104,6 +119,7 @@ impl StageStep<'_> {
         let mut outbox: HashMap<Slot, Vec<f32>> = HashMap::new();
         let mut loss_sum = 0.0;
         for action in self.actions {
+            let t = Instant::now();
             match *action {
                 Action::Forward { micro_batch, chunk } => {
                     let w = self.layout.virtual_stage(stage, chunk);
@@ -166,6 +182,11 @@ impl StageStep<'_> {
                     self.exchange(transfers, m, dims, &mut outbox, &mut inbox, device)?;
                 }
             }
+            let spent = t.elapsed().as_secs_f64();
+            match action {
+                Action::Exchange(_) => clock.wait_s += spent,
+                _ => clock.compute_s += spent,
+            }
         }
         if !tied.is_empty() {
             let grads = self.summed_tied::<B, M>(&model, tied_sum)?;
@@ -173,7 +194,8 @@ impl StageStep<'_> {
         }
         let mut loss = [loss_sum as f32];
         self.pp.broadcast(&mut loss, self.pp.world_size() - 1)?;
-        Ok((model, f64::from(loss[0])))
+        clock.total_s = start.elapsed().as_secs_f64();
+        Ok((model, f64::from(loss[0]), clock))
     }
 
     /// Posts `transfers` together: sends from `outbox`, receives into `inbox`.

@@ -10,7 +10,8 @@
 //! - `placement`: which parameters a stage holds, the tied embedding's
 //!   copy, and joining the stages back into the whole model;
 //! - `executor`: runs a stage's actions, sending activations and
-//!   gradients point to point over the PP group.
+//!   gradients point to point over the PP group, and times them (the
+//!   measured bubble in [`PipelineTimes`]).
 
 mod executor;
 pub mod layout;
@@ -24,6 +25,7 @@ use burn::module::{AutodiffModule, ParamId};
 use burn::tensor::backend::AutodiffBackend;
 use ferrotron_engine::data::Batch;
 use ferrotron_engine::lm::LmUnits;
+use ferrotron_engine::metrics::PipelineTimes;
 
 pub use layout::{LayoutError, StageLayout};
 pub use schedule::{
@@ -31,7 +33,7 @@ pub use schedule::{
 };
 pub use simulate::{simulate, simulate_lists, SimError, Stuck, Timeline};
 
-use self::executor::StageStep;
+use self::executor::{StageClock, StageStep};
 use self::placement::Placement;
 use crate::comm::{CommError, Communicator};
 use crate::tensor::PartialGrads;
@@ -155,8 +157,9 @@ impl Pipeline {
     }
 
     /// Forward and backward of `micro_batches` through this stage on the
-    /// schedule; gradients go to `sync`. Returns the model and the sum of
-    /// the micro-batches' mean losses, nats/token.
+    /// schedule; gradients go to `sync`. Returns the model, the sum of the
+    /// micro-batches' mean losses, nats/token, and every stage's times
+    /// (the same on every stage: collective over the PP group).
     pub(crate) fn step<B, M>(
         &self,
         sync: &mut dyn GradSync<B, M>,
@@ -164,7 +167,7 @@ impl Pipeline {
         model: M,
         micro_batches: &[Batch],
         device: &B::Device,
-    ) -> Result<(M, f64), CommError>
+    ) -> Result<(M, f64, PipelineTimes), CommError>
     where
         B: AutodiffBackend,
         M: AutodiffModule<B> + LmUnits<B>,
@@ -176,12 +179,33 @@ impl Pipeline {
         };
         let actions = stage_actions(self.schedule, shape, self.pp.rank())
             .map_err(|e| CommError::Transport(format!("pipeline schedule: {e}")))?;
-        StageStep {
+        let (model, losses, clock) = StageStep {
             layout: &self.layout,
             placement: &self.placement,
             pp: &*self.pp,
             actions: &actions,
         }
-        .run(sync, partial, model, micro_batches, device)
+        .run(sync, partial, model, micro_batches, device)?;
+        let times = self.gather_times(clock, shape)?;
+        Ok((model, losses, times))
+    }
+
+    /// Every stage's `clock` of a step of `shape` (collective over the PP group).
+    fn gather_times(
+        &self,
+        clock: StageClock,
+        shape: PipeShape,
+    ) -> Result<PipelineTimes, CommError> {
+        let own = [clock.compute_s, clock.wait_s, clock.total_s].map(|t| t as f32);
+        let mut all = vec![0.0; 3 * shape.stages];
+        self.pp.all_gather(&own, &mut all)?;
+        let column = |i: usize| -> Vec<f64> { all.chunks(3).map(|c| f64::from(c[i])).collect() };
+        Ok(PipelineTimes::new(
+            column(0),
+            column(1),
+            &column(2),
+            shape.micro_batches,
+            shape.chunks,
+        ))
     }
 }

@@ -393,6 +393,7 @@ where
             energy_j,
             tokens_per_joule: energy_j.filter(|&j| j > 0.0).map(|j| covered_tokens / j),
             skipped: o.skipped,
+            pipeline: o.pipeline,
         };
         if let Some(w) = writer.as_mut() {
             w.record(&record)?;

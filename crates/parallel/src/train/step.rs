@@ -8,7 +8,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, TensorData};
 use ferrotron_engine::data::Batch;
 use ferrotron_engine::lm::{CausalLm, LmUnit, LmUnits};
-use ferrotron_engine::metrics::MemoryBytes;
+use ferrotron_engine::metrics::{MemoryBytes, PipelineTimes};
 use ferrotron_engine::optim::{clip_factor, AdamW, AdamWConfig, LrSchedule};
 use ferrotron_engine::params::{named_tensors, param_names};
 use serde::{Deserialize, Serialize};
@@ -72,7 +72,7 @@ pub enum BuildError {
 }
 
 /// What one optimizer step did.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct StepOutput {
     /// Mean loss over the step's micro-batches (of every DP rank), nats/token.
     pub loss: f64,
@@ -85,6 +85,8 @@ pub struct StepOutput {
     /// The loss or the gradient norm was not finite, so the update was not
     /// applied (the model and optimizer state are those before the step).
     pub skipped: bool,
+    /// Stage times and the measured bubble (pipeline parallelism only).
+    pub pipeline: Option<PipelineTimes>,
 }
 
 /// What a checkpoint holds of a trainer, by parameter name (the names of
@@ -281,8 +283,9 @@ where
             model = self.sync.acquire(unit, model, true)?;
         }
         let mut loss_sum = 0.0;
+        let mut pipeline = None;
         if self.pipeline.stages() > 1 {
-            let (m, losses) = self.pipeline.step(
+            let (m, losses, times) = self.pipeline.step(
                 &mut *self.sync,
                 &self.partial,
                 model,
@@ -291,6 +294,7 @@ where
             )?;
             model = m;
             loss_sum = losses;
+            pipeline = Some(times);
         } else {
             let run = if self.sync.unit_by_unit() {
                 unit_by_unit::<B, M>
@@ -352,6 +356,7 @@ where
             grad_norm,
             tokens: tokens * dp.world_size(),
             skipped,
+            pipeline,
         })
     }
 
