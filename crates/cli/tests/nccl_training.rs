@@ -1,10 +1,13 @@
 //! `ferrotron train --comm nccl`: the CPU training path through the NCCL
 //! communicator and the real binding, on the NCCL test double
 //! (`crates/nccl-double`, loaded through `FERROTRON_NCCL_LIBRARY`). Data
-//! parallelism on 2 ranks, with ZeRO 0, 1 and 3, and tensor parallelism
-//! (`--tp 2`) equal the one-rank run on the same global batch (the
-//! tolerances of `data_parallel.rs` and `tensor_parallel.rs`); `--comm
-//! nccl` without a usable library is refused before anything is written.
+//! parallelism on 2 ranks, with ZeRO 0, 1 and 3, tensor parallelism
+//! (`--tp 2`) and pipeline parallelism (`--pp 2`, 1F1B: activations and
+//! their gradients as grouped `ncclSend`/`ncclRecv`, the GPT mini's tied
+//! embedding summed over the first and last stage) equal the one-rank run
+//! on the same global batch (the tolerances of `data_parallel.rs`,
+//! `tensor_parallel.rs` and `pipeline_parallel.rs`); `--comm nccl` without
+//! a usable library is refused before anything is written.
 //!
 //! The multi-rank tests need the `mpi` feature (which also builds the
 //! double) and Open MPI's `mpirun`; without the feature they are skipped
@@ -63,7 +66,8 @@ fn text(o: &Output) -> String {
 
 /// Trains `model` on one rank (MPI's default transport, grad-accum 2), then
 /// on 2 ranks through NCCL with ZeRO 0, 1 and 3 (grad-accum 1: the same
-/// global batch of 4 sequences), and compares losses and weights.
+/// global batch of 4 sequences), `--tp 2` and `--pp 2` (grad-accum 2), and
+/// compares losses and weights.
 fn dp2_through_nccl_matches_single_rank(model: &str) {
     if !cfg!(feature = "mpi") {
         eprintln!("SKIPPED: ferrotron was built without the `mpi` feature; run `cargo test -p ferrotron-cli --features mpi`");
@@ -72,10 +76,10 @@ fn dp2_through_nccl_matches_single_rank(model: &str) {
     let lib = nccl_double::library();
     let dir = scratch(&format!("nccl-{model}"));
     let corpus = corpus(&dir);
-    let run = |ranks: usize, zero: u64, tp: &str| -> PathBuf {
-        let out = dir.join(format!("np{ranks}-zero{zero}-tp{tp}"));
+    let run = |ranks: usize, zero: u64, tp: &str, pp: &str| -> PathBuf {
+        let out = dir.join(format!("np{ranks}-zero{zero}-tp{tp}-pp{pp}"));
         // The same global batch of 4 sequences: 2 x grad-accum over dp ranks.
-        let dp = ranks / tp.parse::<usize>().unwrap();
+        let dp = ranks / tp.parse::<usize>().unwrap() / pp.parse::<usize>().unwrap();
         let accum = (2 / dp).to_string();
         let zero = zero.to_string();
         let mut args = vec![
@@ -105,6 +109,8 @@ fn dp2_through_nccl_matches_single_rank(model: &str) {
             &zero,
             "--tp",
             tp,
+            "--pp",
+            pp,
             "--out",
             out.to_str().unwrap(),
         ];
@@ -119,45 +125,49 @@ fn dp2_through_nccl_matches_single_rank(model: &str) {
         );
         out
     };
-    let single = run(1, 0, "1");
+    let single = run(1, 0, "1", "1");
     let want: Vec<f64> = step_losses(&single).into_iter().map(|(_, l)| l).collect();
     assert_eq!(want.len(), 5);
-    // The tolerances of data_parallel.rs, and for tp2 the whole-model
-    // weight tolerance of tensor_parallel.rs (TP reorders sums; see there).
-    for (zero, tp, weights) in [
-        (0, "1", 1e-5),
-        (1, "1", 1e-5),
-        (3, "1", 1e-5),
-        (0, "2", 1e-4),
+    // The tolerances of data_parallel.rs, for tp2 the whole-model weight
+    // tolerance of tensor_parallel.rs (TP reorders sums; see there) and
+    // for pp2 pipeline_parallel.rs's.
+    for (zero, tp, pp, weights) in [
+        (0, "1", "1", 1e-5),
+        (1, "1", "1", 1e-5),
+        (3, "1", "1", 1e-5),
+        (0, "2", "1", 1e-4),
+        (0, "1", "2", 1e-5),
     ] {
-        let out = run(2, zero, tp);
+        let out = run(2, zero, tp, pp);
         let got: Vec<f64> = step_losses(&out).into_iter().map(|(_, l)| l).collect();
         assert_eq!(got.len(), want.len());
         for (step, (g, w)) in got.iter().zip(&want).enumerate() {
             let rel = (g - w).abs() / w.abs();
             assert!(
                 rel <= 1e-5,
-                "{model} nccl np2 zero {zero} tp {tp} step {}: loss {g} vs {w} (rel {rel:e})",
+                "{model} nccl np2 zero {zero} tp {tp} pp {pp} step {}: loss {g} vs {w} (rel {rel:e})",
                 step + 1
             );
         }
         let rel = max_weight_rel_err(&out, &single);
-        eprintln!("{model} nccl np2 zero {zero} tp {tp}: max relative weight error {rel:e}");
+        eprintln!(
+            "{model} nccl np2 zero {zero} tp {tp} pp {pp}: max relative weight error {rel:e}"
+        );
         assert!(
             rel <= weights,
-            "{model} nccl np2 zero {zero} tp {tp}: weights differ, relative error {rel:e}"
+            "{model} nccl np2 zero {zero} tp {tp} pp {pp}: weights differ, relative error {rel:e}"
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
-fn gpt_dp2_zero_1_3_and_tp2_through_nccl_equal_single_rank() {
+fn gpt_dp2_zero_1_3_tp2_and_pp2_through_nccl_equal_single_rank() {
     dp2_through_nccl_matches_single_rank("gpt-mini");
 }
 
 #[test]
-fn llama_dp2_zero_1_3_and_tp2_through_nccl_equal_single_rank() {
+fn llama_dp2_zero_1_3_tp2_and_pp2_through_nccl_equal_single_rank() {
     dp2_through_nccl_matches_single_rank("llama-mini");
 }
 
