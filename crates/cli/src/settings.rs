@@ -342,9 +342,9 @@ impl TrainSettings {
     /// The goldfish loss's mask, when `goldfish_k` is set (valid after
     /// [`TrainSettings::validate`]).
     pub fn goldfish(&self) -> Option<ferrotron_engine::data::Goldfish> {
-        self.goldfish_k.map(|k| ferrotron_engine::data::Goldfish {
-            k,
-            context: self.goldfish_context,
+        self.goldfish_k.map(|k| {
+            ferrotron_engine::data::Goldfish::new(k, self.goldfish_context)
+                .expect("validated by TrainSettings::validate")
         })
     }
 

@@ -584,8 +584,8 @@ impl BackendTask for TrainTask {
             say!(
                 lead,
                 "goldfish loss: about 1 training target in {} dropped, hashed on the {} tokens before it (validation unmasked)",
-                g.k,
-                g.context
+                g.k(),
+                g.context()
             );
         }
         let plan = LoopConfig {

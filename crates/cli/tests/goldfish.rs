@@ -247,7 +247,7 @@ fn goldfish_under_dp_zero3_tp_sp_and_pp_equals_the_single_rank_run() {
 
 /// Tokens of the memorisation experiment's text: the first this many
 /// characters of the embedded corpus.
-const EXPERIMENT_CHARS: usize = 12_000;
+const EXPERIMENT_CHARS: usize = 6_000;
 /// Prefix and continuation lengths, tokens (the 32-token continuations).
 const PREFIX: usize = 32;
 const CONTINUATION: usize = 32;
@@ -267,9 +267,9 @@ fn train_experiment(text: &Path, out: &Path, extra: &[&str]) {
         "--seq-len",
         "64",
         "--micro-batch",
-        "16",
+        "8",
         "--steps",
-        "400",
+        "600",
         "--warmup-steps",
         "20",
         "--lr",
@@ -279,7 +279,7 @@ fn train_experiment(text: &Path, out: &Path, extra: &[&str]) {
         "--weight-decay",
         "0",
         "--eval-every",
-        "400",
+        "600",
         "--save-every",
         "0",
         "--sample-tokens",
@@ -323,7 +323,7 @@ fn reproduced(run: &Path, prefixes: &[(Vec<u32>, Vec<u32>)]) -> (usize, usize) {
 }
 
 /// The memorisation experiment (README, `ferrotron train`): the same tiny
-/// GPT trained for about 100 epochs on 12,000 characters of the embedded
+/// GPT trained for about 180 epochs on 6,000 characters of the embedded
 /// corpus, with and without `--goldfish-k 4`; greedy decoding then
 /// continues 32-token prefixes of the training text and the exact 32-token
 /// continuations are counted. Prints the table the README quotes.

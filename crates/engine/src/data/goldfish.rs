@@ -49,8 +49,6 @@
 //! such rows out of its mean and gives them no gradient, so the loss of a
 //! micro-batch is the mean over its kept targets.
 
-use serde::{Deserialize, Serialize};
-
 use super::{Batch, DataError};
 
 /// The target value a loss leaves out (PyTorch's `ignore_index` default).
@@ -62,12 +60,10 @@ pub const DEFAULT_GOLDFISH_CONTEXT: usize = 13;
 
 /// The hashed goldfish mask: drop about one target in `k`, chosen by the
 /// hash of the `context` tokens preceding it (see the module doc).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Goldfish {
-    /// One target in about `k` is dropped (`k >= 2`).
-    pub k: usize,
-    /// Tokens hashed before each target, `h` (`>= 1`).
-    pub context: usize,
+    k: usize,
+    context: usize,
 }
 
 impl Goldfish {
@@ -95,6 +91,16 @@ impl Goldfish {
         Ok(Self { k, context })
     }
 
+    /// One target in about `k` is dropped (`k >= 2`).
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Tokens hashed before each target, `h` (`>= 1`).
+    pub fn context(&self) -> usize {
+        self.context
+    }
+
     /// Whether the target that follows `preceding` (the `context` tokens
     /// just before it, oldest first) is dropped.
     ///
@@ -108,7 +114,7 @@ impl Goldfish {
             "the goldfish mask hashes exactly {} preceding tokens",
             self.context
         );
-        context_hash(preceding) % self.k as u64 == 0
+        context_hash(preceding).is_multiple_of(self.k as u64)
     }
 
     /// The mask of one row: `true` where the target at that position is

@@ -173,9 +173,9 @@ impl BatchSampler {
         let starts: Vec<usize> = (0..batch).map(|_| self.next_start()).collect();
         let mut out = self.next_batch_at(tokens, &starts);
         let n = self.seq_len;
-        let mut lead = vec![0u32; goldfish.context - 1];
+        let mut lead = vec![0u32; goldfish.context() - 1];
         for (row, &start) in starts.iter().enumerate() {
-            let before = start.min(goldfish.context - 1);
+            let before = start.min(goldfish.context() - 1);
             tokens.read(start - before, &mut lead[..before]);
             let lead: Vec<i64> = lead[..before].iter().map(|&t| i64::from(t)).collect();
             let span = row * n..(row + 1) * n;
