@@ -323,10 +323,11 @@ fn reproduced(run: &Path, prefixes: &[(Vec<u32>, Vec<u32>)]) -> (usize, usize) {
 }
 
 /// The memorisation experiment (README, `ferrotron train`): the same tiny
-/// GPT trained for about 180 epochs on 6,000 characters of the embedded
-/// corpus, with and without `--goldfish-k 4`; greedy decoding then
-/// continues 32-token prefixes of the training text and the exact 32-token
-/// continuations are counted. Prints the table the README quotes.
+/// GPT trained for about 117 epochs on the first 6,000 characters of the
+/// embedded corpus (2,631 training tokens), with and without
+/// `--goldfish-k 4`; greedy decoding then continues 64 prefixes of 32
+/// training tokens and the exact 32-token continuations are counted.
+/// Prints the figures the README quotes.
 #[test]
 #[ignore = "the memorisation experiment: minutes of CPU; run with --ignored --nocapture"]
 fn goldfish_reproduces_fewer_training_continuations() {
