@@ -409,6 +409,15 @@ pub struct TrainArgs {
     /// With --on-nonfinite skip: stop after this many skipped steps in a row (default 5).
     #[arg(long)]
     pub max_skipped: Option<usize>,
+    /// Goldfish loss (Hans et al. 2024): drop about one target token in K (K >= 2) from the
+    /// training loss, chosen by hashing the --goldfish-context tokens before it, so the same
+    /// text always drops the same tokens (default: off). Validation is not masked.
+    #[arg(long, value_name = "K")]
+    pub goldfish_k: Option<usize>,
+    /// Goldfish loss: tokens hashed before each target (the paper's h; default 13), read from
+    /// the token stream, also before a sequence's first token.
+    #[arg(long, value_name = "H")]
+    pub goldfish_context: Option<usize>,
     /// Continue a run from its latest checkpoint (a run directory) or from a
     /// RUN/checkpoints/step-N directory, with the run's own settings; --steps may extend it.
     #[arg(long, value_name = "RUN_DIR")]
@@ -453,7 +462,8 @@ impl TrainArgs {
             zero,
             keep_checkpoints,
             on_nonfinite,
-            max_skipped
+            max_skipped,
+            goldfish_context
         );
         if self.sp {
             s.sp = true;
@@ -476,7 +486,8 @@ impl TrainArgs {
             hf_out,
             dp,
             kernels,
-            save_every
+            save_every,
+            goldfish_k
         );
     }
 }

@@ -50,10 +50,10 @@ impl Resume {
     }
 
     /// Refuses settings `s` (the run's, with the flags given) that would
-    /// change the model or the data the run trains on, naming the flag. The
-    /// step count, cadences, the DP and TP sizes and the ZeRO stage may
-    /// change (checkpoints hold whole tensors); the global batch (`dp x
-    /// micro-batch x grad-accum`) may not.
+    /// change the model, the data the run trains on or its goldfish mask,
+    /// naming the flag. The step count, cadences, the DP and TP sizes and
+    /// the ZeRO stage may change (checkpoints hold whole tensors); the
+    /// global batch (`dp x micro-batch x grad-accum`) may not.
     pub fn check(&self, s: &TrainSettings, world_size: usize) -> anyhow::Result<()> {
         let was = &self.config.train;
         macro_rules! same {
@@ -76,6 +76,8 @@ impl Resume {
             val_fraction => "--val-fraction",
             hf_dir => "--hf-dir",
             kernels => "--kernels",
+            goldfish_k => "--goldfish-k",
+            goldfish_context => "--goldfish-context",
         );
         let rows = |t: &TrainSettings, dp: usize| dp * t.micro_batch * t.grad_accum;
         let dp_now = s.dp.unwrap_or(world_size / (s.tp * s.pp));

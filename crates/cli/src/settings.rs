@@ -118,6 +118,11 @@ pub struct TrainSettings {
     pub on_nonfinite: OnNonFinite,
     /// With `skip`: stop after this many skipped steps in a row.
     pub max_skipped: usize,
+    /// Goldfish loss: drop about one training target in this many (`>= 2`)
+    /// from the loss; unset = off.
+    pub goldfish_k: Option<usize>,
+    /// Goldfish loss: tokens hashed before each target (the paper's `h`).
+    pub goldfish_context: usize,
 }
 
 /// Warm-up steps when `warmup_steps` is not set (and the run is at least
@@ -184,6 +189,8 @@ impl Default for TrainSettings {
             keep_checkpoints: 2,
             on_nonfinite: OnNonFinite::Stop,
             max_skipped: 5,
+            goldfish_k: None,
+            goldfish_context: ferrotron_engine::data::DEFAULT_GOLDFISH_CONTEXT,
         }
     }
 }
@@ -255,6 +262,7 @@ impl TrainSettings {
             ("--pp-virtual", self.pp_virtual),
             ("--keep-checkpoints", self.keep_checkpoints),
             ("--max-skipped", self.max_skipped),
+            ("--goldfish-context", self.goldfish_context),
         ] {
             if v == 0 {
                 return Err(usage(format!("{flag} must be positive, got 0")));
@@ -303,6 +311,13 @@ impl TrainSettings {
                 )));
             }
         }
+        if let Some(k) = self.goldfish_k {
+            if k < 2 {
+                return Err(usage(format!(
+                    "--goldfish-k must be at least 2 (one token in K is dropped from the loss), got {k}"
+                )));
+            }
+        }
         if let Some(p) = self.peak_tflops {
             if p.is_nan() || p <= 0.0 {
                 return Err(usage(format!("--peak-tflops must be positive, got {p}")));
@@ -322,6 +337,15 @@ impl TrainSettings {
     /// Steps between complete checkpoints (0: none).
     pub fn save_every(&self) -> usize {
         self.save_every.unwrap_or(self.eval_every)
+    }
+
+    /// The goldfish loss's mask, when `goldfish_k` is set (valid after
+    /// [`TrainSettings::validate`]).
+    pub fn goldfish(&self) -> Option<ferrotron_engine::data::Goldfish> {
+        self.goldfish_k.map(|k| {
+            ferrotron_engine::data::Goldfish::new(k, self.goldfish_context)
+                .expect("validated by TrainSettings::validate")
+        })
     }
 
     /// The communicator timeout (valid after [`TrainSettings::validate`]).

@@ -580,6 +580,14 @@ impl BackendTask for TrainTask {
             s.zero,
             trainer.planned_memory().describe()
         );
+        if let Some(g) = s.goldfish() {
+            say!(
+                lead,
+                "goldfish loss: about 1 training target in {} dropped, hashed on the {} tokens before it (validation unmasked)",
+                g.k(),
+                g.context()
+            );
+        }
         let plan = LoopConfig {
             steps: s.steps,
             micro_batch: s.micro_batch,
@@ -601,6 +609,7 @@ impl BackendTask for TrainTask {
                 },
             },
             stop: Some(self.stop.clone()),
+            goldfish: s.goldfish(),
             energy: if lead {
                 open_energy(kind, self.gpu)
             } else {

@@ -206,6 +206,44 @@ fn fused_cached_decoding_equals_the_fused_full_forward() {
     }
 }
 
+/// Goldfish's dropped tokens reach the fused kernel as negative ids: the
+/// fused cross-entropy on the GPU backend gives the loss and the logits'
+/// gradient of the reference one (which leaves them out), zero rows
+/// included.
+#[test]
+fn fused_cross_entropy_ignores_negative_targets_like_the_reference() {
+    fn run<B: TrainBackend>(kernels: Kernels, device: &B::Device) -> (f32, Vec<f32>) {
+        let (rows, vocab) = (7, 33);
+        let values: Vec<f32> = (0..rows * vocab)
+            .map(|i| ((i * 29 % 41) as f32 - 20.0) / 7.0)
+            .collect();
+        let targets = vec![3i64, -100, 32, 0, -100, -100, 17];
+        let logits = Tensor::<B, 3>::from_data(TensorData::new(values, [1, rows, vocab]), device)
+            .require_grad();
+        let loss = ferrotron_models::ops::cross_entropy(
+            kernels,
+            logits.clone(),
+            Tensor::from_data(TensorData::new(targets, [1, rows]), device),
+        );
+        let value = host(loss.clone())[0];
+        let grad = logits.grad(&loss.backward()).unwrap();
+        (value, host(grad))
+    }
+    let (fused, fused_grad) = run::<Gpu>(Kernels::Fused, &default_device());
+    let (reference, reference_grad) = run::<Cpu>(Kernels::Reference, &Default::default());
+    assert!(
+        (fused - reference).abs() <= TOLERANCE * reference.abs(),
+        "{fused} vs {reference}"
+    );
+    let err = relative_error(&fused_grad, &reference_grad);
+    assert!(err < TOLERANCE, "gradients differ by {err}");
+    for row in [1, 4, 5] {
+        assert!(fused_grad[row * 33..(row + 1) * 33]
+            .iter()
+            .all(|&g| g == 0.0));
+    }
+}
+
 #[test]
 fn fused_kernels_are_refused_on_a_cpu_backend() {
     let err =

@@ -163,6 +163,66 @@ fn cross_entropy_is_the_mean_negative_log_likelihood() {
     assert!((got as f64 - want).abs() < 1e-6, "{got} vs {want}");
 }
 
+/// Goldfish's dropped tokens: negative targets are left out of the mean,
+/// and the gradient of the loss with respect to their logits is zero; kept
+/// rows get `(softmax - onehot) / kept`, computed here in f64.
+#[test]
+fn cross_entropy_ignores_negative_targets_in_the_mean_and_the_gradient() {
+    type A = burn::backend::Autodiff<Flex>;
+    let (t, v) = (6, 5);
+    let logits = pseudo_random(t * v, 9);
+    let targets = [4i64, -100, 0, -1, 2, 2];
+    let device = Default::default();
+    let x = Tensor::<A, 3>::from_data(TensorData::new(logits.clone(), [2, 3, v]), &device)
+        .require_grad();
+    let loss = cross_entropy(
+        Kernels::Reference,
+        x.clone(),
+        Tensor::<A, 2, Int>::from_data(TensorData::new(targets.to_vec(), [2, 3]), &device),
+    );
+    let got = f64::from(loss.clone().into_scalar());
+    let grad: Vec<f32> = x
+        .grad(&loss.backward())
+        .unwrap()
+        .into_data()
+        .to_vec()
+        .unwrap();
+    let kept = targets.iter().filter(|&&t| t >= 0).count() as f64;
+    let mut want = 0.0;
+    for (p, &target) in targets.iter().enumerate() {
+        let row: Vec<f64> = logits[p * v..(p + 1) * v]
+            .iter()
+            .map(|&x| x as f64)
+            .collect();
+        let sum: f64 = row.iter().map(|x| x.exp()).sum();
+        for (j, &r) in row.iter().enumerate() {
+            let expected = if target < 0 {
+                0.0
+            } else {
+                (r.exp() / sum - if j as i64 == target { 1.0 } else { 0.0 }) / kept
+            };
+            let g = f64::from(grad[p * v + j]);
+            assert!(
+                (g - expected).abs() < 1e-6,
+                "row {p} column {j}: {g} vs {expected}"
+            );
+        }
+        if target >= 0 {
+            want += sum.ln() - row[target as usize];
+        }
+    }
+    want /= kept;
+    assert!((got - want).abs() < 1e-6, "{got} vs {want}");
+    // Every target ignored: the loss is 0 (not NaN).
+    let none: f32 = cross_entropy(
+        Kernels::Reference,
+        tensor3(logits, [2, 3, v]),
+        Tensor::<B, 2, Int>::from_data(TensorData::new(vec![-100i64; 6], [2, 3]), &device),
+    )
+    .into_scalar();
+    assert_eq!(none, 0.0);
+}
+
 #[test]
 fn gelu_tanh_matches_the_tanh_formula() {
     let x = pseudo_random(64, 4)

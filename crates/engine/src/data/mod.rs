@@ -17,10 +17,13 @@
 //!   writes a shard set ([`ShardWriter`]: `shard-NNNNN.bin` files in the
 //!   [`shard_format`] layout, `tokenizer.json`, `index.json` =
 //!   [`ShardIndex`]) atomically; [`ShardSet`] opens one for training.
+//! - [`Goldfish`]: the goldfish loss's hashed mask, which turns about one
+//!   target in `k` of a training [`Batch`] into [`IGNORED_TARGET`].
 
 mod corpus;
 mod documents;
 mod error;
+mod goldfish;
 mod prepare;
 mod sampler;
 pub mod shard_format;
@@ -34,6 +37,7 @@ mod tokens;
 pub use corpus::{embedded_corpus, read_corpus, EMBEDDED_CORPUS_GZ};
 pub use documents::for_each_document;
 pub use error::DataError;
+pub use goldfish::{context_hash, Goldfish, DEFAULT_GOLDFISH_CONTEXT, IGNORED_TARGET};
 pub use prepare::{
     expand_inputs, prepare, PrepareConfig, PrepareProgress, TokenizerSource, ENCODE_BATCH_BYTES,
 };

@@ -5,7 +5,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use super::{DataError, TokenSource};
+use super::{DataError, Goldfish, TokenSource};
 
 /// A batch of next-token-prediction examples.
 ///
@@ -17,7 +17,9 @@ use super::{DataError, TokenSource};
 pub struct Batch {
     /// Token ids, row-major with shape `[batch, seq_len]`.
     pub inputs: Vec<i64>,
-    /// Next-token ids, row-major with shape `[batch, seq_len]`.
+    /// Next-token ids, row-major with shape `[batch, seq_len]`; a negative
+    /// id ([`super::IGNORED_TARGET`], set by [`super::Goldfish`]) is left
+    /// out of the loss.
     pub targets: Vec<i64>,
     /// Number of rows (windows).
     pub batch: usize,
@@ -149,6 +151,42 @@ impl BatchSampler {
     /// If `tokens.len()` differs from the `tokens_len` the sampler was made
     /// for (a programming error: pass the same stream every time).
     pub fn next_batch<T: TokenSource + ?Sized>(&mut self, tokens: &T, batch: usize) -> Batch {
+        let starts: Vec<usize> = (0..batch).map(|_| self.next_start()).collect();
+        self.next_batch_at(tokens, &starts)
+    }
+
+    /// Draws the same windows as [`BatchSampler::next_batch`] (the same
+    /// random sequence, so a goldfish run sees the data of a plain one) and
+    /// masks them with `goldfish`, reading the up to `context - 1` tokens
+    /// before each window from `tokens` as its context (see
+    /// [`Goldfish`](super::Goldfish)).
+    ///
+    /// # Panics
+    ///
+    /// As [`BatchSampler::next_batch`].
+    pub fn next_goldfish_batch<T: TokenSource + ?Sized>(
+        &mut self,
+        tokens: &T,
+        batch: usize,
+        goldfish: &Goldfish,
+    ) -> Batch {
+        let starts: Vec<usize> = (0..batch).map(|_| self.next_start()).collect();
+        let mut out = self.next_batch_at(tokens, &starts);
+        let n = self.seq_len;
+        let mut lead = vec![0u32; goldfish.context() - 1];
+        for (row, &start) in starts.iter().enumerate() {
+            let before = start.min(goldfish.context() - 1);
+            tokens.read(start - before, &mut lead[..before]);
+            let lead: Vec<i64> = lead[..before].iter().map(|&t| i64::from(t)).collect();
+            let span = row * n..(row + 1) * n;
+            goldfish.mask_row(&lead, &out.inputs[span.clone()], &mut out.targets[span]);
+        }
+        out
+    }
+
+    /// The windows at `starts` from `tokens` (checked to be the stream the
+    /// sampler was made for).
+    fn next_batch_at<T: TokenSource + ?Sized>(&self, tokens: &T, starts: &[usize]) -> Batch {
         assert_eq!(
             tokens.len(),
             self.tokens_len,
@@ -156,8 +194,7 @@ impl BatchSampler {
             self.tokens_len,
             tokens.len()
         );
-        let starts: Vec<usize> = (0..batch).map(|_| self.next_start()).collect();
-        Batch::from_starts(tokens, self.seq_len, starts.into_iter())
+        Batch::from_starts(tokens, self.seq_len, starts.iter().copied())
     }
 
     /// Draws one window start in `0..=tokens_len - seq_len - 1`.

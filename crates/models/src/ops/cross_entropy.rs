@@ -1,4 +1,5 @@
-//! Mean softmax cross-entropy over the vocabulary.
+//! Mean softmax cross-entropy over the vocabulary, leaving out ignored
+//! targets.
 
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor, TensorPrimitive};
@@ -7,8 +8,13 @@ use super::fused::KernelBackend;
 use crate::config::Kernels;
 
 /// Mean cross-entropy of `logits` `[batch, seq, vocab]` against `targets`
-/// `[batch, seq]`, in nats per token; shape `[1]`. The fused kernel never
-/// forms the probabilities; it writes the logits' gradient over them.
+/// `[batch, seq]`, in nats per kept token; shape `[1]`. A negative target
+/// (`ferrotron_engine::data::IGNORED_TARGET`, the goldfish loss's dropped
+/// tokens) is ignored: it adds nothing to the sum, is not counted in the
+/// mean and its row of the logits gets no gradient; when every target is
+/// ignored the loss is 0. The fused kernel never forms the probabilities;
+/// it writes the logits' gradient over them (it reads the ids as u32, where
+/// a negative id is `>= vocab`, which it ignores the same way).
 pub fn cross_entropy<B: KernelBackend>(
     kernels: Kernels,
     logits: Tensor<B, 3>,
@@ -22,8 +28,14 @@ pub fn cross_entropy<B: KernelBackend>(
             targets.into_primitive(),
         ))),
         Kernels::Reference => {
-            let logp = log_softmax(logits, 1);
-            logp.gather(1, targets.reshape([b * t, 1])).mean().neg()
+            let kept = targets.clone().greater_equal_elem(0).float();
+            let picked = targets.clamp_min(0).reshape([b * t, 1]);
+            let nll = log_softmax(logits, 1)
+                .gather(1, picked)
+                .reshape([b * t])
+                .neg();
+            let count = kept.clone().sum().clamp_min(1.0);
+            (nll * kept).sum() / count
         }
     }
 }

@@ -94,11 +94,14 @@ pub fn embedding_part<B: TpOps>(
     table.select(0, local) * mask
 }
 
-/// Mean softmax cross-entropy (nats per token, shape `[1]`) of logits whose
-/// vocabulary is split over `group`: this rank's `logits` `[rows,
+/// Mean softmax cross-entropy (nats per kept token, shape `[1]`) of logits
+/// whose vocabulary is split over `group`: this rank's `logits` `[rows,
 /// shard.len]` against `targets` `[rows]`. The row maxima and the sums of
 /// exponentials are combined over the group (Megatron's
-/// `vocab_parallel_cross_entropy`), never the logits themselves.
+/// `vocab_parallel_cross_entropy`), never the logits themselves. A negative
+/// target (the goldfish loss's dropped tokens) is ignored as by the
+/// one-rank loss: no loss, not counted in the mean, no gradient; 0 when
+/// every target is ignored.
 pub fn vocab_parallel_cross_entropy<B: TpOps>(
     logits: Tensor<B, 2>,
     targets: Tensor<B, 1, Int>,
@@ -127,10 +130,12 @@ pub fn vocab_parallel_cross_entropy<B: TpOps>(
     let row_max = group_max(local_max, group).reshape([rows, 1]);
     let shifted = logits - row_max;
     let sum_exp = reduce_from_tp(shifted.clone().exp().sum_dim(1), group);
+    let kept = targets.clone().greater_equal_elem(0).float();
     let (local, inside) = local_ids(targets, shard);
     let picked = shifted.gather(1, local.reshape([rows, 1])) * inside.float().reshape([rows, 1]);
     let target_logit = reduce_from_tp(picked, group);
-    (sum_exp.log() - target_logit).mean()
+    let count = kept.clone().sum().clamp_min(1.0);
+    ((sum_exp.log() - target_logit).reshape([rows]) * kept).sum() / count
 }
 
 /// The element-wise maximum of `x` `[n]` over `group` (no gradient).
@@ -149,6 +154,71 @@ fn group_max<B: TpOps>(x: Tensor<B, 1>, group: &TpGroup) -> Tensor<B, 1> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use burn::backend::{Autodiff, Flex};
+
+    /// On one rank with padding columns and ignored targets, the loss is the
+    /// plain mean over the kept rows and the logits' gradient is
+    /// `(softmax - onehot) / kept` on kept rows, 0 on ignored rows and on
+    /// padding columns.
+    #[test]
+    fn ignored_targets_are_left_out_of_the_mean_and_get_no_gradient() {
+        type B = Autodiff<Flex>;
+        let (rows, len, vocab) = (5, 8, 6);
+        let shard = VocabShard {
+            vocab,
+            padded: len,
+            start: 0,
+            len,
+        };
+        let values: Vec<f32> = (0..rows * len)
+            .map(|i| ((i * 37 % 23) as f32 - 11.0) / 4.0)
+            .collect();
+        let targets = [3i64, -100, 0, 5, -100];
+        let device = Default::default();
+        let logits =
+            Tensor::<B, 2>::from_data(TensorData::new(values.clone(), [rows, len]), &device)
+                .require_grad();
+        let loss = vocab_parallel_cross_entropy(
+            logits.clone(),
+            Tensor::from_data(TensorData::new(targets.to_vec(), [rows]), &device),
+            &shard,
+            &TpGroup::single(),
+        );
+        let got = loss.clone().into_scalar() as f64;
+        let grad: Vec<f32> = logits
+            .grad(&loss.backward())
+            .unwrap()
+            .into_data()
+            .to_vec()
+            .unwrap();
+        let kept = targets.iter().filter(|&&t| t >= 0).count() as f64;
+        let mut want = 0.0;
+        for (r, &target) in targets.iter().enumerate() {
+            let row: Vec<f64> = values[r * len..r * len + vocab]
+                .iter()
+                .map(|&x| f64::from(x))
+                .collect();
+            let sum: f64 = row.iter().map(|x| x.exp()).sum();
+            for j in 0..len {
+                let g = f64::from(grad[r * len + j]);
+                let expected = if target < 0 || j >= vocab {
+                    0.0
+                } else {
+                    let onehot = if j as i64 == target { 1.0 } else { 0.0 };
+                    (row[j].exp() / sum - onehot) / kept
+                };
+                assert!(
+                    (g - expected).abs() < 1e-6,
+                    "row {r} column {j}: {g} vs {expected}"
+                );
+            }
+            if target >= 0 {
+                want += sum.ln() - row[target as usize];
+            }
+        }
+        want /= kept;
+        assert!((got - want).abs() < 1e-5, "{got} vs {want}");
+    }
 
     #[test]
     fn padding_makes_equal_blocks_and_only_on_several_ranks() {

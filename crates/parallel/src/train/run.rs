@@ -8,6 +8,19 @@
 //! ranks is the one-rank run's batch. Rank 0 alone writes the run
 //! directory and reports progress.
 //!
+//! With [`LoopConfig::goldfish`] every training micro-batch is masked on
+//! the host as it is drawn (its dropped targets become
+//! [`IGNORED_TARGET`](ferrotron_engine::data::IGNORED_TARGET); the hashed
+//! context reaches back before each window, see
+//! [`Goldfish`](ferrotron_engine::data::Goldfish)), so every
+//! path that computes the loss (whole graph, ZeRO-3 unit by unit, tensor
+//! and pipeline parallelism) trains on the same kept tokens. The loss of a
+//! micro-batch is the mean over its kept tokens; the step's loss and
+//! gradient are the mean over the micro-batches and DP ranks of those
+//! means (Megatron-LM's default: one mean per micro-batch, not one over
+//! every kept token of the global batch). Validation is never masked: it
+//! measures the model on every token.
+//!
 //! A trainer restored from a checkpoint ([`super::checkpoint`]) continues
 //! where it stopped: the loop starts at its next step and appends to
 //! `metrics.jsonl`. A step whose loss or gradient norm is not finite is
@@ -23,7 +36,7 @@ use std::time::Instant;
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use ferrotron_engine::checkpoint::{save_safetensors, write_atomic, CheckpointError};
-use ferrotron_engine::data::{Batch, BatchSampler, SamplerState, TokenSource};
+use ferrotron_engine::data::{Batch, BatchSampler, Goldfish, SamplerState, TokenSource};
 use ferrotron_engine::lm::{CausalLm, LmUnits};
 use ferrotron_engine::metrics::energy::Coverage;
 use ferrotron_engine::metrics::{
@@ -39,6 +52,15 @@ use crate::tensor::ShardError;
 pub trait BatchSource {
     /// The next micro-batch of `rows` sequences.
     fn next_batch(&mut self, rows: usize) -> Batch;
+    /// The next micro-batch of `rows` sequences with `goldfish`'s dropped
+    /// targets replaced by the ignored value. By default the rows are
+    /// masked without context before them ([`Goldfish::apply`]); a source
+    /// that knows the stream around its windows passes it.
+    fn next_goldfish_batch(&mut self, rows: usize, goldfish: &Goldfish) -> Batch {
+        let mut batch = self.next_batch(rows);
+        goldfish.apply(&mut batch);
+        batch
+    }
     /// Where the source stands, for a checkpoint (`None`: not resumable).
     fn state(&self) -> Option<SamplerState> {
         None
@@ -58,6 +80,11 @@ pub struct TokenWindows<'a> {
 impl BatchSource for TokenWindows<'_> {
     fn next_batch(&mut self, rows: usize) -> Batch {
         self.sampler.next_batch(self.tokens, rows)
+    }
+
+    fn next_goldfish_batch(&mut self, rows: usize, goldfish: &Goldfish) -> Batch {
+        self.sampler
+            .next_goldfish_batch(self.tokens, rows, goldfish)
     }
 
     fn state(&self) -> Option<SamplerState> {
@@ -114,12 +141,15 @@ pub struct LoopConfig {
     /// Rank 0's energy counter: each step's `energy_j` and
     /// `tokens_per_joule` (`None`: not measured).
     pub energy: Option<EnergyMeter>,
+    /// The goldfish loss's mask applied to every training micro-batch
+    /// (`None`: every target counts); see the module doc.
+    pub goldfish: Option<Goldfish>,
 }
 
 impl Default for LoopConfig {
     /// 250 steps of one micro-batch of 8, validation every 50 steps, no
     /// FLOP count (`flops_per_token` 0, so TFLOP/s and MFU read 0), nothing
-    /// written, non-finite steps stop the run.
+    /// written, non-finite steps stop the run, no goldfish mask.
     fn default() -> Self {
         Self {
             steps: 250,
@@ -135,6 +165,7 @@ impl Default for LoopConfig {
             on_nonfinite: NonFinite::Stop,
             stop: None,
             energy: None,
+            goldfish: None,
         }
     }
 }
@@ -364,7 +395,10 @@ where
     let mut skipped_in_a_row = 0;
     for step in trainer.steps_done() + 1..=config.steps {
         let micro: Vec<Batch> = (0..config.grad_accum * dp_size)
-            .map(|_| batches.next_batch(config.micro_batch))
+            .map(|_| match &config.goldfish {
+                Some(goldfish) => batches.next_goldfish_batch(config.micro_batch, goldfish),
+                None => batches.next_batch(config.micro_batch),
+            })
             .skip(dp_rank)
             .step_by(dp_size)
             .collect();
