@@ -18,6 +18,7 @@ pub mod launch;
 pub mod mesh;
 pub mod pipeline;
 pub mod plan;
+pub mod recompute;
 pub mod tensor;
 pub mod train;
 pub mod zero;

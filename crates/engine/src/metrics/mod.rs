@@ -1,8 +1,9 @@
 //! Training metrics: per-step records as JSON lines, the loss plot, FLOP/s and MFU, memory by class,
-//! energy counters and the device table.
+//! the heap's peak per step (a counting allocator), energy counters and the device table.
 
 mod device;
 pub mod energy;
+mod heap;
 mod jsonl;
 mod memory;
 mod peak;
@@ -10,6 +11,7 @@ mod plot;
 
 pub use device::{device_spec, DeviceSpec, DEVICES};
 pub use energy::{EnergyMeter, EnergyProbe};
+pub use heap::{heap_bytes, CountingAllocator, HeapWindow};
 pub use jsonl::{MetricsWriter, StepRecord, ValRecord};
 pub use memory::{machine_memory_bytes, MemoryBytes};
 pub use peak::{measure_matmul_flops, peak_flops_for, PEAK_FLOPS_TABLE};

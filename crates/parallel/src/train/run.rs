@@ -24,10 +24,10 @@ use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use ferrotron_engine::checkpoint::{save_safetensors, write_atomic, CheckpointError};
 use ferrotron_engine::data::{Batch, BatchSampler, SamplerState, TokenSource};
-use ferrotron_engine::lm::{CausalLm, LmUnits};
+use ferrotron_engine::lm::LmUnits;
 use ferrotron_engine::metrics::energy::Coverage;
 use ferrotron_engine::metrics::{
-    write_loss_svg, EnergyMeter, MetricsWriter, StepRecord, ValRecord,
+    write_loss_svg, EnergyMeter, HeapWindow, MetricsWriter, StepRecord, ValRecord,
 };
 
 use super::checkpoint;
@@ -114,6 +114,10 @@ pub struct LoopConfig {
     /// Rank 0's energy counter: each step's `energy_j` and
     /// `tokens_per_joule` (`None`: not measured).
     pub energy: Option<EnergyMeter>,
+    /// Measure each step's `peak_activation_bytes` on the host heap (CPU
+    /// backends; needs [`ferrotron_engine::metrics::CountingAllocator`] as
+    /// the global allocator, otherwise nothing is measured).
+    pub measure_heap: bool,
 }
 
 impl Default for LoopConfig {
@@ -135,6 +139,7 @@ impl Default for LoopConfig {
             on_nonfinite: NonFinite::Stop,
             stop: None,
             energy: None,
+            measure_heap: false,
         }
     }
 }
@@ -292,7 +297,7 @@ pub fn run<B, M>(
 where
     B: AutodiffBackend,
     M: AutodiffModule<B> + LmUnits<B> + 'static,
-    M::InnerModule: CausalLm<B::InnerBackend>,
+    M::InnerModule: LmUnits<B::InnerBackend>,
 {
     let world = trainer.groups().world().clone();
     let lead = world.rank() == 0;
@@ -370,9 +375,11 @@ where
             .collect();
         let meter = config.energy.as_ref().filter(|_| lead);
         let before = meter.and_then(|m| m.read().ok());
+        let heap = (config.measure_heap && lead).then(HeapWindow::open).flatten();
         let t = Instant::now();
         let o = trainer.step(&micro)?;
         let dt = t.elapsed().as_secs_f64();
+        let peak_activation_bytes = heap.map(|w| w.peak_above_start() as u64);
         let energy_j = meter.zip(before).and_then(|(m, b)| m.joules_since(&b).ok());
         // A GPU counter covers one rank's share of the step's tokens.
         let covered_tokens = match meter.map(EnergyMeter::coverage) {
@@ -390,6 +397,7 @@ where
             mfu: flops / config.peak_flops,
             step_time_s: dt,
             memory: trainer.memory(),
+            peak_activation_bytes,
             energy_j,
             tokens_per_joule: energy_j.filter(|&j| j > 0.0).map(|j| covered_tokens / j),
             skipped: o.skipped,

@@ -9,6 +9,7 @@ use ferrotron_engine::metrics::{device_spec, measure_matmul_flops};
 use ferrotron_engine::optim::{AdamWConfig, LrSchedule};
 use ferrotron_models::ops::TrainBackend;
 use ferrotron_models::{Decoder, DecoderConfig};
+use ferrotron_parallel::recompute::Recompute;
 use ferrotron_parallel::train::{StepConfig, Trainer};
 
 use super::args::TrainBenchArgs;
@@ -200,7 +201,7 @@ impl BackendTask for StepBench<'_> {
         times.sort_by(f64::total_cmp);
         let step_s_median = times[times.len() / 2];
         let tokens_per_s = (a.batch * a.seq) as f64 / step_s_median;
-        let flops_per_token = self.config.train_flops_per_token(a.seq);
+        let flops_per_token = self.config.train_flops_per_token(a.seq, Recompute::None);
         let tflops = flops_per_token * tokens_per_s / 1e12;
         Ok(Record {
             framework: format!("ferrotron {}", env!("CARGO_PKG_VERSION")),
