@@ -61,7 +61,11 @@ fn leaf(shape: [usize; 4], seed: u32) -> Tensor<B, 4> {
 /// `max |a - b|` over `max |b|`.
 fn relative_gap(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    let gap = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+    let gap = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max);
     let scale = b.iter().map(|y| y.abs()).fold(0.0, f32::max);
     gap / scale
 }
@@ -109,7 +113,10 @@ fn recomputed_attention_node_has_the_reference_gradients() {
             let g = (out * weight.clone()).sum().backward();
             grads.push([q, k, v].map(|t| values(t.grad(&g).unwrap())));
         }
-        for (name, (got, want)) in ["dq", "dk", "dv"].iter().zip(grads[1].iter().zip(&grads[0])) {
+        for (name, (got, want)) in ["dq", "dk", "dv"]
+            .iter()
+            .zip(grads[1].iter().zip(&grads[0]))
+        {
             let gap = relative_gap(got, want);
             println!("{position:?} {name}: relative gap {gap:e}");
             assert!(gap < 1e-5, "{position:?} {name}: relative gap {gap}");
@@ -118,7 +125,11 @@ fn recomputed_attention_node_has_the_reference_gradients() {
 }
 
 /// Gradients of every parameter, by id.
-fn gradients(model: &Decoder<B>, inputs: Tensor<B, 2, Int>, targets: Tensor<B, 2, Int>) -> GradientsParams {
+fn gradients(
+    model: &Decoder<B>,
+    inputs: Tensor<B, 2, Int>,
+    targets: Tensor<B, 2, Int>,
+) -> GradientsParams {
     GradientsParams::from_grads(model.loss(inputs, targets).backward(), model)
 }
 
@@ -148,13 +159,19 @@ fn selective_recompute_gradients_equal_plain_autodiff_for_every_family() {
             // (the key biases' gradient is analytically zero: rounding only).
             if !name.contains("k.bias") {
                 let tensor_gap = relative_gap(&g, &w);
-                assert!(tensor_gap < 1e-4, "{family} {name}: relative gap {tensor_gap}");
+                assert!(
+                    tensor_gap < 1e-4,
+                    "{family} {name}: relative gap {tensor_gap}"
+                );
             }
             checked += 1;
         }
         assert!(checked > 10, "{family}: only {checked} parameters");
         println!("{family} selective: gradients differ by {gap:e} (largest {scale:e})");
-        assert!(gap <= 1e-5 * scale, "{family}: gradients differ by {gap} (largest {scale})");
+        assert!(
+            gap <= 1e-5 * scale,
+            "{family}: gradients differ by {gap} (largest {scale})"
+        );
     }
 }
 
@@ -189,7 +206,11 @@ fn grad_of(grads: &GradientsParams, id: ParamId, model: &Decoder<B>) -> Vec<f32>
 /// update is `lr m / (sqrt(v) + eps)` with `m = g`, `sqrt(v) = |g|`; with
 /// `eps = lr = 1e6` it is `g / (1 + |g| 1e-6)`, and no weight decay or
 /// clipping. Returns each parameter's `before - after`, by name.
-fn gradient_step(config: &DecoderConfig, recompute: Recompute, batches: &[Batch]) -> Vec<(String, Vec<f32>)> {
+fn gradient_step(
+    config: &DecoderConfig,
+    recompute: Recompute,
+    batches: &[Batch],
+) -> Vec<(String, Vec<f32>)> {
     let device = Default::default();
     let model = Decoder::<B>::new(config, 3, &device).unwrap();
     let before = named_tensors(&model.valid());
@@ -233,7 +254,10 @@ fn gradient_step(config: &DecoderConfig, recompute: Recompute, batches: &[Batch]
 fn every_recompute_mode_gives_the_plain_gradients_for_every_family() {
     let tokens: Vec<u32> = (0..3_000u32).map(|i| (i * 7 + i / 13) % 64).collect();
     let mut sampler = BatchSampler::new(tokens.len(), 16, 5).unwrap();
-    let batches = [sampler.next_batch(&tokens, 2), sampler.next_batch(&tokens, 2)];
+    let batches = [
+        sampler.next_batch(&tokens, 2),
+        sampler.next_batch(&tokens, 2),
+    ];
     for family in FAMILIES {
         let config = tiny(family);
         let want = gradient_step(&config, Recompute::None, &batches);

@@ -125,6 +125,9 @@ mod tests {
             assert_eq!(r.to_string().parse::<Recompute>(), Ok(r));
             assert_eq!(r.name().parse::<Recompute>(), Ok(r));
         }
-        assert!("partial".parse::<Recompute>().unwrap_err().contains("'partial'"));
+        assert!("partial"
+            .parse::<Recompute>()
+            .unwrap_err()
+            .contains("'partial'"));
     }
 }

@@ -56,14 +56,14 @@ pub fn attention<B: KernelBackend>(
 ) -> Tensor<B, 4> {
     match bias {
         AttentionBias::Matrix(matrix) => attention_reference(q, k, v, matrix),
-        AttentionBias::Recomputed(matrix) => Tensor::from_primitive(TensorPrimitive::Float(
-            B::recomputed_attention(
+        AttentionBias::Recomputed(matrix) => {
+            Tensor::from_primitive(TensorPrimitive::Float(B::recomputed_attention(
                 q.into_primitive().tensor(),
                 k.into_primitive().tensor(),
                 v.into_primitive().tensor(),
                 matrix.clone().into_primitive().tensor(),
-            ),
-        )),
+            )))
+        }
         AttentionBias::Fused { slopes } => {
             let options = AttentionOptions {
                 causal: true,
@@ -116,7 +116,10 @@ pub fn attention_reference_backward<B: Backend>(
     let rep = n_heads / k.dims()[1];
     let scale = 1.0 / (head_dim as f64).sqrt();
     let (k, v) = (repeat_kv(k, rep), repeat_kv(v, rep));
-    let scores = q.clone().matmul(k.clone().swap_dims(2, 3)).mul_scalar(scale);
+    let scores = q
+        .clone()
+        .matmul(k.clone().swap_dims(2, 3))
+        .mul_scalar(scale);
     let p = softmax(add_bias(scores, bias), 3);
     let dv = p.clone().swap_dims(2, 3).matmul(d_out.clone());
     let dp = d_out.matmul(v.swap_dims(2, 3));

@@ -27,7 +27,12 @@ struct RecomputedAttentionBackward;
 
 impl<B: Backend> Backward<B, 3> for RecomputedAttentionBackward {
     /// `q`, `k`, `v`, the bias.
-    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>);
+    type State = (
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+    );
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let d_out = grads.consume::<B>(&ops.node);
@@ -71,6 +76,8 @@ pub(super) fn attention_node<B: Backend, C: CheckpointStrategy>(
             );
             prep.finish((q.primitive, k.primitive, v.primitive, bias), out)
         }
-        OpsKind::UnTracked(prep) => prep.finish(forward(q.primitive, k.primitive, v.primitive, &bias)),
+        OpsKind::UnTracked(prep) => {
+            prep.finish(forward(q.primitive, k.primitive, v.primitive, &bias))
+        }
     }
 }

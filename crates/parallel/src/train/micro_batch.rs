@@ -109,8 +109,9 @@ where
     let head = GradientsParams::from_grads(grads, &model);
     for i in (0..model.num_blocks()).rev() {
         model = sync.acquire(LmUnit::Block(i), model, true)?;
-        let input = Tensor::<B, 3>::from_inner(block_inputs.pop().expect("one saved input per block"))
-            .require_grad();
+        let input =
+            Tensor::<B, 3>::from_inner(block_inputs.pop().expect("one saved input per block"))
+                .require_grad();
         let out = model.block(i, input.clone(), &context);
         grads = (out * Tensor::from_inner(upstream)).sum().backward();
         upstream = input

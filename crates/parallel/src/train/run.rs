@@ -375,7 +375,9 @@ where
             .collect();
         let meter = config.energy.as_ref().filter(|_| lead);
         let before = meter.and_then(|m| m.read().ok());
-        let heap = (config.measure_heap && lead).then(HeapWindow::open).flatten();
+        let heap = (config.measure_heap && lead)
+            .then(HeapWindow::open)
+            .flatten();
         let t = Instant::now();
         let o = trainer.step(&micro)?;
         let dt = t.elapsed().as_secs_f64();

@@ -217,7 +217,9 @@ impl BackendTask for StepBench<'_> {
         times.sort_by(f64::total_cmp);
         let step_s_median = times[times.len() / 2];
         let tokens_per_s = (a.batch * a.seq) as f64 / step_s_median;
-        let flops_per_token = self.config.train_flops_per_token(a.seq, trainer.recompute());
+        let flops_per_token = self
+            .config
+            .train_flops_per_token(a.seq, trainer.recompute());
         let tflops = flops_per_token * tokens_per_s / 1e12;
         Ok(Record {
             framework: format!("ferrotron {}", env!("CARGO_PKG_VERSION")),
