@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use ferrotron_engine::checkpoint::FloatDtype;
 use ferrotron_models::hf::shards::parse_size;
 use ferrotron_models::Kernels;
+use ferrotron_parallel::recompute::Recompute;
 use ferrotron_parallel::zero::ZeroStage;
 
 use crate::comm::CommChoice;
@@ -172,7 +173,7 @@ pub struct PlanArgs {
     /// ZeRO stages tried, comma-separated.
     #[arg(long, default_value = "0,1,2,3")]
     pub zero: String,
-    /// Recomputation tried, comma-separated: none, sel (selective), full.
+    /// Recomputation tried, comma-separated: none, sel (or selective), full.
     #[arg(long, default_value = "none,sel,full")]
     pub recompute: String,
     /// Do not try sequence parallelism.
@@ -391,6 +392,11 @@ pub struct TrainArgs {
     /// ZeRO stage: 0 off, 1 shard optimizer state, 2 + gradients, 3 + parameters (FSDP).
     #[arg(long)]
     pub zero: Option<ZeroStage>,
+    /// Activation recomputation in backward: none, selective (the attention core: scores,
+    /// softmax, weighted values) or full (each block from its input); default none, full
+    /// under --zero 3 (which always recomputes blocks). full is refused with --pp > 1.
+    #[arg(long, value_name = "none|selective|full")]
+    pub recompute: Option<Recompute>,
     /// Hot operations: fused (CubeCL kernels; cuda, rocm) or reference (plain Burn ops);
     /// default fused where the backend has them.
     #[arg(long)]
@@ -485,6 +491,7 @@ impl TrainArgs {
             hf_dir,
             hf_out,
             dp,
+            recompute,
             kernels,
             save_every,
             goldfish_k

@@ -22,9 +22,15 @@ mod train_data;
 use std::process::ExitCode;
 
 use clap::Parser;
+use ferrotron_engine::metrics::CountingAllocator;
 
 use crate::args::{Cli, Command};
 use crate::error::{Interrupted, UsageError, INTERRUPTED_EXIT};
+
+/// Counts the heap in use, for each training step's `peak_activation_bytes`
+/// on CPU backends (see `ferrotron_engine::metrics::CountingAllocator`).
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use ferrotron_models::Kernels;
+use ferrotron_parallel::recompute::Recompute;
 use ferrotron_parallel::zero::ZeroStage;
 
 use crate::comm::CommChoice;
@@ -105,6 +106,9 @@ pub struct TrainSettings {
     pub bucket_mb: f64,
     /// ZeRO stage over the DP ranks (0 = off).
     pub zero: ZeroStage,
+    /// What backward recomputes (`--recompute`); unset = `none`, or `full`
+    /// under ZeRO-3 (see [`TrainSettings::recompute`]).
+    pub recompute: Option<Recompute>,
     /// Implementation of the model's hot operations (`--kernels`): fused
     /// CubeCL kernels or the reference Burn ops; unset = fused where the
     /// backend has them (cuda, rocm), reference on the CPU backends.
@@ -184,6 +188,7 @@ impl Default for TrainSettings {
             pp_layers: None,
             bucket_mb: ferrotron_parallel::data::DEFAULT_BUCKET_MB,
             zero: ZeroStage::Off,
+            recompute: None,
             kernels: None,
             save_every: None,
             keep_checkpoints: 2,
@@ -323,7 +328,31 @@ impl TrainSettings {
                 return Err(usage(format!("--peak-tflops must be positive, got {p}")));
             }
         }
+        self.recompute()?;
         Ok(())
+    }
+
+    /// What backward recomputes: `--recompute`, or when unset `none`, and
+    /// `full` under ZeRO-3 (which frees each block's parameters after its
+    /// forward, so it always recomputes the block in backward). Refuses
+    /// `none` and `selective` with `--zero 3`, and `full` with `--pp` above
+    /// 1 (the pipeline keeps each micro-batch's graph from its forward to
+    /// its backward; selective runs there).
+    pub fn recompute(&self) -> anyhow::Result<Recompute> {
+        match (self.recompute, self.zero) {
+            (Some(r @ (Recompute::None | Recompute::Selective)), ZeroStage::Three) => {
+                Err(usage(format!(
+                    "--recompute {r} with --zero 3: ZeRO-3 frees each block's parameters after its forward and recomputes the block in backward, which is --recompute full; leave --recompute unset or give full"
+                )))
+            }
+            (Some(Recompute::Full), _) if self.pp > 1 => Err(usage(format!(
+                "--recompute full with --pp {}: the pipeline keeps each micro-batch's autodiff graph from its forward to its backward; use --recompute none or selective",
+                self.pp
+            ))),
+            (Some(r), _) => Ok(r),
+            (None, ZeroStage::Three) => Ok(Recompute::Full),
+            (None, _) => Ok(Recompute::None),
+        }
     }
 
     /// Linear warm-up steps: `warmup_steps`, or

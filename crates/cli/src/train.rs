@@ -561,6 +561,7 @@ impl BackendTask for TrainTask {
             bucket_mb: s.bucket_mb,
             shards,
             pipeline: pipeline_config(s),
+            recompute: s.recompute()?,
         };
         let mut trainer = Trainer::parallel(model, step_config, device.clone(), groups, parallel)?;
         if let Some((state, moments, dir)) = self.restore {
@@ -576,8 +577,9 @@ impl BackendTask for TrainTask {
         }
         say!(
             lead,
-            "ZeRO stage {}; memory per rank: {}",
+            "ZeRO stage {}; recompute {}; memory per rank: {}",
             s.zero,
+            trainer.recompute(),
             trainer.planned_memory().describe()
         );
         if let Some(g) = s.goldfish() {
@@ -593,7 +595,7 @@ impl BackendTask for TrainTask {
             micro_batch: s.micro_batch,
             grad_accum: s.grad_accum,
             eval_every: s.eval_every,
-            flops_per_token: mc.train_flops_per_token(s.seq_len),
+            flops_per_token: mc.train_flops_per_token(s.seq_len, trainer.recompute()),
             peak_flops: peak,
             run_dir: Some(out.clone()),
             save_every: s.save_every(),
@@ -615,6 +617,8 @@ impl BackendTask for TrainTask {
             } else {
                 None
             },
+            // The host heap holds the activations on the CPU backends only.
+            measure_heap: kind.is_cpu(),
         };
         let bar = if lead {
             ProgressBar::new(s.steps as u64)

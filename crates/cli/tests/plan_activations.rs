@@ -4,44 +4,18 @@
 //! with a counting allocator, against `ferrotron plan --explain`'s
 //! activations for the same shape (f32, no dropout, no recomputation).
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::{Int, Tensor, TensorData};
 use ferrotron_engine::lm::CausalLm;
+use ferrotron_engine::metrics::{heap_bytes, CountingAllocator};
 use ferrotron_models::presets::preset;
 use ferrotron_models::Decoder;
 
-/// The system allocator, counting the bytes currently allocated.
-struct Counting;
-
-static CURRENT: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every call is forwarded to the system allocator unchanged.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        CURRENT.fetch_add(layout.size(), Ordering::SeqCst);
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        CURRENT.fetch_sub(layout.size(), Ordering::SeqCst);
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        CURRENT.fetch_add(layout.size(), Ordering::SeqCst);
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new: usize) -> *mut u8 {
-        CURRENT.fetch_add(new, Ordering::SeqCst);
-        CURRENT.fetch_sub(layout.size(), Ordering::SeqCst);
-        unsafe { System.realloc(ptr, layout, new) }
-    }
-}
-
+/// The heap in use, counted (the allocator `ferrotron train` installs).
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
+static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 type B = Autodiff<Flex>;
 
@@ -70,10 +44,10 @@ fn stored_by_forward(model: &str, batch: usize, seq: usize) -> f64 {
     };
     // A first forward and backward, so that lazily built state is in place.
     let _ = decoder.loss(ids(0), ids(1)).backward();
-    let before = CURRENT.load(Ordering::SeqCst);
+    let before = heap_bytes();
     let loss = decoder.loss(ids(0), ids(1));
     let _ = loss.clone().into_data();
-    let after = CURRENT.load(Ordering::SeqCst);
+    let after = heap_bytes();
     drop(loss);
     after.saturating_sub(before) as f64
 }

@@ -86,6 +86,15 @@ pub trait LmUnits<B: Backend>: CausalLm<B> {
     /// parameters, and a tied embedding).
     fn head_loss(&self, x: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1>;
 
+    /// The model with its attention core (`softmax(q k^T / sqrt(d) + bias)
+    /// v`: scores, softmax, weighted sum of the values) recomputed in
+    /// backward from `q`, `k` and `v` when `on`, instead of keeping its
+    /// `[batch, heads, seq, seq]` intermediates: selective recomputation
+    /// (Korthikanti et al. 2022, Sec. 5). The forward values are the same,
+    /// the gradients the same up to the order of floating-point sums.
+    /// Without autodiff it changes nothing.
+    fn with_attention_recompute(self, on: bool) -> Self;
+
     /// Visits the parameters of `unit` only; every parameter of the model
     /// belongs to exactly one unit.
     fn visit_unit<V: ModuleVisitor<B>>(&self, unit: LmUnit, visitor: &mut V);

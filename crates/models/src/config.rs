@@ -1,5 +1,6 @@
 //! The decoder's configuration: the switches that tell the families apart.
 
+use ferrotron_parallel::recompute::Recompute;
 use serde::{Deserialize, Serialize};
 
 use crate::rope_scaling::RopeScaling;
@@ -232,14 +233,20 @@ impl DecoderConfig {
         n
     }
 
-    /// Model FLOPs per token of one training step (forward + backward, no
-    /// recomputation) at sequence length `seq_len`.
+    /// FLOPs per token of one training step (forward + backward, and the
+    /// forward work that `recompute` repeats in backward) at sequence length
+    /// `seq_len`.
     ///
     /// `6 x` the weights used in matmuls (blocks and head) plus
-    /// `12 x n_layers x seq_len x hidden` for the attention scores and values.
-    /// For GPT shapes this is Megatron's `72 B s l h^2 (1 + s/6h + V/12lh)`
-    /// divided by the `B s` tokens of the batch.
-    pub fn train_flops_per_token(&self, seq_len: usize) -> f64 {
+    /// `12 x n_layers x seq_len x hidden` for the attention scores and
+    /// values, plus per block [`Recompute::extra_flops_per_token`] (selective:
+    /// the attention core's forward again; full: the block's forward again,
+    /// not the head's). For GPT shapes this is Megatron's `72 B s l h^2 (1 +
+    /// s/6h + V/12lh)` without recomputation and `96 B s l h^2 (1 + s/6h +
+    /// V/16lh)` with full recomputation, divided by the `B s` tokens of the
+    /// batch. The recomputation counts as work done, as in Megatron's
+    /// formula, so the TFLOP/s and MFU of a recomputing run include it.
+    pub fn train_flops_per_token(&self, seq_len: usize, recompute: Recompute) -> f64 {
         let h = self.hidden_size as f64;
         let kv = (self.n_kv_heads * self.head_dim()) as f64;
         let f = self.ffn_size as f64;
@@ -248,13 +255,19 @@ impl DecoderConfig {
             MlpKind::Swiglu => 3.0,
         };
         let per_layer = 2.0 * h * h + 2.0 * h * kv + mlp_mats * h * f;
-        let matmul_weights = self.n_layers as f64 * per_layer + h * self.vocab_size as f64;
-        6.0 * matmul_weights + 12.0 * self.n_layers as f64 * seq_len as f64 * h
+        let layers = self.n_layers as f64;
+        let s = seq_len as f64;
+        let matmul_weights = layers * per_layer + h * self.vocab_size as f64;
+        6.0 * matmul_weights
+            + 12.0 * layers * s * h
+            + layers * recompute.extra_flops_per_token(per_layer, s, h)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use ferrotron_parallel::recompute::Recompute;
+
     use crate::presets;
 
     #[test]
@@ -262,11 +275,30 @@ mod tests {
         let c = presets::preset("gpt2").unwrap();
         let (s, l, h, v) = (1024.0, 12.0, 768.0, 50257.0);
         let megatron = 72.0 * s * l * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * l * h));
-        let ours = c.train_flops_per_token(1024) * s;
+        let ours = c.train_flops_per_token(1024, Recompute::None) * s;
         assert!(
             (ours - megatron).abs() / megatron < 1e-12,
             "{ours} vs {megatron}"
         );
+    }
+
+    #[test]
+    fn full_recompute_flops_equal_megatron_96_formula() {
+        // Narayanan et al. 2021, Sec. 5.1: 96 B s l h^2 (1 + s/6h + V/16lh)
+        // FLOPs per iteration with full activation recomputation.
+        let c = presets::preset("gpt2").unwrap();
+        let (s, l, h, v) = (1024.0, 12.0, 768.0, 50257.0);
+        let megatron = 96.0 * s * l * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * l * h));
+        let ours = c.train_flops_per_token(1024, Recompute::Full) * s;
+        assert!(
+            (ours - megatron).abs() / megatron < 1e-12,
+            "{ours} vs {megatron}"
+        );
+        // Selective: the attention core's forward (2 matmuls of 2 s h
+        // FLOPs per token) once more in every layer.
+        let selective = c.train_flops_per_token(1024, Recompute::Selective);
+        let none = c.train_flops_per_token(1024, Recompute::None);
+        assert!((selective - none - l * 4.0 * s * h).abs() < 1e-6 * none);
     }
 
     #[test]

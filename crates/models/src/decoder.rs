@@ -97,6 +97,10 @@ pub struct Decoder<B: Backend> {
     /// This rank's block of the vocabulary (all of it on one rank).
     #[module(skip)]
     vocab: VocabShard,
+    /// Selective recomputation of the reference attention core (see
+    /// [`LmUnits::with_attention_recompute`]).
+    #[module(skip)]
+    recompute_attention: bool,
 }
 
 impl<B: KernelBackend> Decoder<B> {
@@ -139,6 +143,7 @@ impl<B: KernelBackend> Decoder<B> {
             kernels,
             tp: TpGroup::single(),
             vocab: VocabShard::new(c.vocab_size, 1, 0, 1),
+            recompute_attention: false,
         })
     }
 
@@ -190,7 +195,10 @@ impl<B: KernelBackend> Decoder<B> {
             total: c.n_heads,
             range: first..first + per_rank,
         };
-        PositionContext::new(&c.position, &heads, c.head_dim(), start, len, fused, device)
+        let mut pos =
+            PositionContext::new(&c.position, &heads, c.head_dim(), start, len, fused, device);
+        pos.attn_bias = pos.attn_bias.recomputed(self.recompute_attention);
+        pos
     }
 
     /// Logits `[batch, seq, vocab]` for token ids `[batch, seq]` (under
@@ -346,6 +354,13 @@ impl<B: KernelBackend> LmUnits<B> for Decoder<B> {
 
     fn head_loss(&self, x: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
         self.loss_of(self.head_logits(x), targets)
+    }
+
+    fn with_attention_recompute(self, on: bool) -> Self {
+        Self {
+            recompute_attention: on,
+            ..self
+        }
     }
 
     fn visit_unit<V: ModuleVisitor<B>>(&self, unit: LmUnit, visitor: &mut V) {

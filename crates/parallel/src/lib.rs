@@ -5,7 +5,8 @@
 //! ([`comm`]), the one flat layout of parameters and gradients ([`flat`]),
 //! data parallelism ([`data`]) and ZeRO ([`zero`]) as gradient-sync
 //! strategies, tensor parallelism ([`tensor`]), pipeline parallelism and
-//! its schedules ([`pipeline`]), the training step and loop
+//! its schedules ([`pipeline`]), activation recomputation ([`recompute`]),
+//! the training step and loop
 //! ([`train`]), and the planner that picks a layout before a job runs
 //! ([`plan`]). A single-device
 //! run is the parallel code with every degree set to 1 (DESIGN.md).
@@ -18,6 +19,7 @@ pub mod launch;
 pub mod mesh;
 pub mod pipeline;
 pub mod plan;
+pub mod recompute;
 pub mod tensor;
 pub mod train;
 pub mod zero;

@@ -31,6 +31,18 @@ pub struct StepRecord {
     /// (`param_bytes`, `grad_bytes`, `optimizer_bytes` in the JSON).
     #[serde(flatten)]
     pub memory: MemoryBytes,
+    /// Peak activation memory of the step on rank 0, bytes: the highest
+    /// heap in use during the step above the heap in use when it began,
+    /// counted by [`super::CountingAllocator`] over every thread of the
+    /// process. That is what forward keeps for backward (activations, the
+    /// autodiff graph) plus the step's transient buffers alive at the
+    /// moment of the peak (a micro-batch's gradients, communication
+    /// buffers, the optimizer's temporaries); parameters, gradients and
+    /// optimizer state held across steps are in the heap at the start and
+    /// are not counted. Absent on GPU backends (their activations are not
+    /// on the host heap) and when the allocator is not installed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_activation_bytes: Option<u64>,
     /// Energy the step used by rank 0's counter (RAPL: the CPU packages of
     /// its node; NVML or ROCm SMI: its GPU), joules; absent without a counter.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,8 +1,10 @@
 //! Training metrics: per-step records as JSON lines, the loss plot, FLOP/s and MFU, memory by class,
-//! pipeline stage times, energy counters and the device table.
+//! pipeline stage times, the heap's peak per step (a counting allocator), energy counters and
+//! the device table.
 
 mod device;
 pub mod energy;
+mod heap;
 mod jsonl;
 mod memory;
 mod peak;
@@ -11,6 +13,7 @@ mod plot;
 
 pub use device::{device_spec, DeviceSpec, DEVICES};
 pub use energy::{EnergyMeter, EnergyProbe};
+pub use heap::{heap_bytes, CountingAllocator, HeapWindow};
 pub use jsonl::{MetricsWriter, StepRecord, ValRecord};
 pub use memory::{machine_memory_bytes, MemoryBytes};
 pub use peak::{measure_matmul_flops, peak_flops_for, PEAK_FLOPS_TABLE};

@@ -16,6 +16,11 @@ pub enum AttentionBias<B: KernelBackend> {
     /// Reference path: additive bias `[1, 1 or n_heads, len, keys]` holding
     /// the causal mask (`-inf`) and ALiBi's `slope_h * key_position`.
     Matrix(Tensor<B, 4>),
+    /// Reference path with selective recomputation: the same bias, and the
+    /// attention core is one autodiff node that keeps only `q`, `k`, `v`
+    /// and recomputes the scores and softmax in backward
+    /// ([`attention_reference_backward`]).
+    Recomputed(Tensor<B, 4>),
     /// Fused path (queries and keys are the same `len` positions): the
     /// kernel applies the causal mask itself, and ALiBi from its slopes
     /// `[n_heads]` (bias `slope_h * (key - query)`, which differs from the
@@ -24,6 +29,20 @@ pub enum AttentionBias<B: KernelBackend> {
         /// ALiBi slopes, when the family uses ALiBi.
         slopes: Option<Tensor<B, 1>>,
     },
+}
+
+impl<B: KernelBackend> AttentionBias<B> {
+    /// The same bias with the reference attention core recomputed in
+    /// backward (selective recomputation) when `on`; the fused form is
+    /// unchanged (FlashAttention keeps only its output and log-sum-exp and
+    /// recomputes the rest already).
+    pub fn recomputed(self, on: bool) -> Self {
+        match self {
+            AttentionBias::Matrix(m) if on => AttentionBias::Recomputed(m),
+            AttentionBias::Recomputed(m) if !on => AttentionBias::Matrix(m),
+            other => other,
+        }
+    }
 }
 
 /// Attention of `q` `[batch, n_heads, len, head_dim]` over `k`, `v`
@@ -37,6 +56,14 @@ pub fn attention<B: KernelBackend>(
 ) -> Tensor<B, 4> {
     match bias {
         AttentionBias::Matrix(matrix) => attention_reference(q, k, v, matrix),
+        AttentionBias::Recomputed(matrix) => {
+            Tensor::from_primitive(TensorPrimitive::Float(B::recomputed_attention(
+                q.into_primitive().tensor(),
+                k.into_primitive().tensor(),
+                v.into_primitive().tensor(),
+                matrix.clone().into_primitive().tensor(),
+            )))
+        }
         AttentionBias::Fused { slopes } => {
             let options = AttentionOptions {
                 causal: true,
@@ -68,6 +95,52 @@ pub fn attention_reference<B: Backend>(
         .matmul(k.swap_dims(2, 3))
         .mul_scalar(1.0 / (head_dim as f64).sqrt());
     softmax(add_bias(scores, bias), 3).matmul(v)
+}
+
+/// The gradients `[dq, dk, dv]` of [`attention_reference`] for the output
+/// gradient `d_out` `[batch, n_heads, len, head_dim]`, recomputing the
+/// probabilities `p = softmax(q k^T / sqrt(d) + bias)` from the inputs:
+/// `dv = p^T d_out`, `ds = p * (d_out v^T - rowsum(d_out v^T * p))`,
+/// `dq = ds k / sqrt(d)`, `dk = ds^T q / sqrt(d)`, and `dk`, `dv` summed over
+/// the query heads of each key/value head. What autodiff of the reference
+/// computes, with the softmax's gradient in closed form (so its sums run in
+/// another order).
+pub fn attention_reference_backward<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    bias: &Tensor<B, 4>,
+    d_out: Tensor<B, 4>,
+) -> [Tensor<B, 4>; 3] {
+    let [_, n_heads, _, head_dim] = q.dims();
+    let rep = n_heads / k.dims()[1];
+    let scale = 1.0 / (head_dim as f64).sqrt();
+    let (k, v) = (repeat_kv(k, rep), repeat_kv(v, rep));
+    let scores = q
+        .clone()
+        .matmul(k.clone().swap_dims(2, 3))
+        .mul_scalar(scale);
+    let p = softmax(add_bias(scores, bias), 3);
+    let dv = p.clone().swap_dims(2, 3).matmul(d_out.clone());
+    let dp = d_out.matmul(v.swap_dims(2, 3));
+    let row = (dp.clone() * p.clone()).sum_dim(3);
+    let ds = (p * (dp - row)).mul_scalar(scale);
+    let dq = ds.clone().matmul(k);
+    let dk = ds.swap_dims(2, 3).matmul(q);
+    [dq, sum_kv(dk, rep), sum_kv(dv, rep)]
+}
+
+/// `[batch, kv_heads * rep, keys, hd]` to `[batch, kv_heads, keys, hd]`,
+/// summing the `rep` query heads of each key/value head (the gradient of
+/// [`repeat_kv`]).
+fn sum_kv<B: Backend>(x: Tensor<B, 4>, rep: usize) -> Tensor<B, 4> {
+    if rep == 1 {
+        return x;
+    }
+    let [b, heads, s, hd] = x.dims();
+    x.reshape([b, heads / rep, rep, s, hd])
+        .sum_dim(2)
+        .reshape([b, heads / rep, s, hd])
 }
 
 /// `[batch, kv_heads, keys, hd]` to `[batch, kv_heads * rep, keys, hd]`, query

@@ -135,6 +135,15 @@ impl<B: FusedKernels, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
         true
     }
 
+    fn recomputed_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        super::recompute::attention_node::<B, C>(q, k, v, bias)
+    }
+
     fn fused_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,

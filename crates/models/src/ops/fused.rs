@@ -4,8 +4,11 @@
 
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::{Tensor, TensorPrimitive};
 use ferrotron_kernels::attention::AttentionOptions;
 use ferrotron_parallel::tensor::TpOps;
+
+use super::attention::attention_reference;
 
 /// The fused kernels on a backend's own tensors, without autodiff. Every
 /// forward returns what its backward needs. All tensors are `f32`.
@@ -117,6 +120,25 @@ pub trait KernelBackend: Backend + TpOps {
         false
     }
 
+    /// The reference attention ([`super::attention_reference`]) of `q`
+    /// `[batch, n_heads, len, head_dim]`, `k`, `v` `[batch, n_kv_heads, keys,
+    /// head_dim]` and `bias` `[1, 1 or n_heads, len, keys]`, as one autodiff
+    /// node that keeps only its inputs and recomputes the scores and
+    /// softmax in backward (selective recomputation). Without autodiff this
+    /// default is the reference itself; the autodiff backends override it
+    /// (`ops::recompute`).
+    fn recomputed_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let t = |p| Tensor::<Self, 4>::from_primitive(TensorPrimitive::Float(p));
+        attention_reference(t(q), t(k), t(v), &t(bias))
+            .into_primitive()
+            .tensor()
+    }
+
     /// Fused attention output (see [`FusedKernels::attention_forward`]).
     fn fused_attention(
         _q: FloatTensor<Self>,
@@ -194,6 +216,14 @@ impl KernelBackend for burn::backend::Flex {}
 impl<C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy> KernelBackend
     for burn::backend::Autodiff<burn::backend::Flex, C>
 {
+    fn recomputed_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        super::recompute::attention_node::<burn::backend::Flex, C>(q, k, v, bias)
+    }
 }
 
 #[cfg(feature = "ndarray")]
@@ -203,4 +233,12 @@ impl KernelBackend for burn::backend::NdArray {}
 impl<C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy> KernelBackend
     for burn::backend::Autodiff<burn::backend::NdArray, C>
 {
+    fn recomputed_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        super::recompute::attention_node::<burn::backend::NdArray, C>(q, k, v, bias)
+    }
 }

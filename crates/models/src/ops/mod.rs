@@ -21,10 +21,11 @@ mod cross_entropy;
 mod cube;
 mod fused;
 mod norm;
+mod recompute;
 mod rope;
 mod swiglu;
 
-pub use attention::{attention, attention_reference, AttentionBias};
+pub use attention::{attention, attention_reference, attention_reference_backward, AttentionBias};
 #[cfg(feature = "cuda")]
 pub use backends::Cuda;
 #[cfg(feature = "rocm")]

@@ -21,35 +21,8 @@
 //! `p (1 + (p - 1)/(p v))` under the interleaved schedule of `v` model
 //! chunks per stage (Korthikanti et al. 2022, Sec. 4.2.3, Eq. 5).
 
-use serde::Serialize;
-
 use super::model::ModelShape;
-
-/// What is recomputed in backward.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Recompute {
-    /// Nothing: every activation backward needs is stored.
-    None,
-    /// The attention scores, softmax and its dropout (Korthikanti Sec. 5).
-    Selective,
-    /// Each layer's forward from its stored input (activation checkpointing).
-    Full,
-}
-
-impl Recompute {
-    /// Every choice.
-    pub const ALL: [Recompute; 3] = [Recompute::None, Recompute::Selective, Recompute::Full];
-
-    /// The name used in choice labels.
-    pub fn name(self) -> &'static str {
-        match self {
-            Recompute::None => "none",
-            Recompute::Selective => "sel",
-            Recompute::Full => "full",
-        }
-    }
-}
+pub use crate::recompute::Recompute;
 
 /// One micro-batch's activations as the layer counts them.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -70,8 +70,8 @@ pub struct Estimate {
     /// Time per optimizer step and what follows from it.
     pub time: TimeEstimate,
     /// Whether Ferrotron runs this layout today: no pipeline (pp = 1; TP
-    /// and SP run), f32, and no recomputation except ZeRO-3's own
-    /// block-by-block recomputation (so ZeRO-3 means `full`).
+    /// and SP run), f32, any recomputation (`--recompute`) except that
+    /// ZeRO-3 always recomputes whole blocks (so ZeRO-3 means `full`).
     pub runs_today: bool,
 }
 
@@ -172,8 +172,10 @@ pub fn estimate(input: &PlanInput, c: &Choice) -> Estimate {
     let runs_today = c.pp == 1
         && input.precision == super::Precision::Fp32
         && match c.zero {
+            // ZeRO-3 always recomputes whole blocks; the other stages run
+            // every recomputation (`--recompute`).
             ZeroStage::Three => c.recompute == Recompute::Full,
-            _ => c.recompute == Recompute::None,
+            _ => true,
         };
     Estimate {
         choice: *c,

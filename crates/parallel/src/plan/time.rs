@@ -87,11 +87,9 @@ pub fn step_time(
     let h = m.hidden as f64;
     let e = input.precision.activation_bytes() as f64;
     let blocks = blocks_per_stage(m.layers, c.pp) as f64;
-    let recompute_flops = match c.recompute {
-        Recompute::None => 0.0,
-        Recompute::Selective => 4.0 * s * h,
-        Recompute::Full => 2.0 * m.block_matmul_params() + 4.0 * s * h,
-    };
+    let recompute_flops = c
+        .recompute
+        .extra_flops_per_token(m.block_matmul_params(), s, h);
     let stage_flops = b
         * s
         * (blocks * (m.block_flops_per_token(input.seq) + recompute_flops)

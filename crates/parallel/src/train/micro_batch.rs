@@ -2,18 +2,23 @@
 //!
 //! - [`whole_graph`]: the model's loss and one backward pass (every
 //!   activation kept until backward);
-//! - [`unit_by_unit`]: FSDP's order. Forward runs the blocks one at a time
-//!   without autodiff, each between an [`acquire`](GradSync::acquire) and a
-//!   [`release`](GradSync::release), keeping only each block's input; then
-//!   the head's loss is back-propagated, and each block in reverse is
-//!   acquired again, recomputed with autodiff and back-propagated from the
-//!   incoming gradient `g` through `sum(block(x) * g)`, its gradients handed
-//!   to [`accumulate`](GradSync::accumulate) and the block released. The
+//! - [`unit_by_unit`]: full recomputation, in FSDP's order. Forward runs the
+//!   blocks one at a time without autodiff (on the inner backend, through
+//!   [`AutodiffModule::valid`], so no graph is built whether or not the
+//!   parameters require gradients), each between an
+//!   [`acquire`](GradSync::acquire) and a [`release`](GradSync::release),
+//!   keeping only each block's input; then the head's loss is
+//!   back-propagated, and each block in reverse is acquired again,
+//!   recomputed with autodiff and back-propagated from the incoming
+//!   gradient `g` through `sum(block(x) * g)`, its gradients handed to
+//!   [`accumulate`](GradSync::accumulate) and the block released. The
 //!   embedding and head units stay acquired for the whole step.
 //!
 //! The [`GradSync`] hooks decide what acquiring, releasing and
-//! accumulating mean (ZeRO-3: all-gather, free, reduce-scatter); these
-//! functions never look at the stage.
+//! accumulating mean (ZeRO-3: all-gather, free, reduce-scatter; the other
+//! strategies: nothing, nothing, keep); these functions never look at the
+//! stage. The trainer picks [`unit_by_unit`] for full recomputation, which
+//! ZeRO-3 always is.
 
 use burn::module::AutodiffModule;
 use burn::optim::{GradientsAccumulator, GradientsParams};
@@ -79,18 +84,22 @@ pub fn unit_by_unit<B, M>(
 where
     B: AutodiffBackend,
     M: AutodiffModule<B> + LmUnits<B>,
+    M::InnerModule: LmUnits<B::InnerBackend>,
 {
     let (inputs, targets) = batch_tensors::<B>(batch, device);
     let (embedded, context) = model.embed(inputs);
-    let mut x = embedded.clone().detach();
+    // The forward without autodiff: the blocks' inputs are plain tensors.
+    let mut x = embedded.clone().inner();
+    let no_grad_context = model.valid().block_context(batch.seq_len, device);
     let mut block_inputs = Vec::with_capacity(model.num_blocks());
     for i in 0..model.num_blocks() {
         model = sync.acquire(LmUnit::Block(i), model, false)?;
         block_inputs.push(x.clone());
-        x = model.block(i, x, &context);
+        x = model.valid().block(i, x, &no_grad_context);
         model = sync.release(LmUnit::Block(i), model);
     }
-    let last = x.detach().require_grad();
+    drop(no_grad_context);
+    let last = Tensor::<B, 3>::from_inner(x).require_grad();
     let loss = model.head_loss(last.clone(), targets);
     let value = loss.clone().into_scalar().elem::<f64>();
     let mut grads = loss.div_scalar(micro_batches as f64).backward();
@@ -100,10 +109,9 @@ where
     let head = GradientsParams::from_grads(grads, &model);
     for i in (0..model.num_blocks()).rev() {
         model = sync.acquire(LmUnit::Block(i), model, true)?;
-        let input = block_inputs
-            .pop()
-            .expect("one saved input per block")
-            .require_grad();
+        let input =
+            Tensor::<B, 3>::from_inner(block_inputs.pop().expect("one saved input per block"))
+                .require_grad();
         let out = model.block(i, input.clone(), &context);
         grads = (out * Tensor::from_inner(upstream)).sum().backward();
         upstream = input

@@ -37,10 +37,10 @@ use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use ferrotron_engine::checkpoint::{save_safetensors, write_atomic, CheckpointError};
 use ferrotron_engine::data::{Batch, BatchSampler, Goldfish, SamplerState, TokenSource};
-use ferrotron_engine::lm::{CausalLm, LmUnits};
+use ferrotron_engine::lm::LmUnits;
 use ferrotron_engine::metrics::energy::Coverage;
 use ferrotron_engine::metrics::{
-    write_loss_svg, EnergyMeter, MetricsWriter, StepRecord, ValRecord,
+    write_loss_svg, EnergyMeter, HeapWindow, MetricsWriter, StepRecord, ValRecord,
 };
 
 use super::checkpoint;
@@ -144,6 +144,10 @@ pub struct LoopConfig {
     /// The goldfish loss's mask applied to every training micro-batch
     /// (`None`: every target counts); see the module doc.
     pub goldfish: Option<Goldfish>,
+    /// Measure each step's `peak_activation_bytes` on the host heap (CPU
+    /// backends; needs [`ferrotron_engine::metrics::CountingAllocator`] as
+    /// the global allocator, otherwise nothing is measured).
+    pub measure_heap: bool,
 }
 
 impl Default for LoopConfig {
@@ -166,6 +170,7 @@ impl Default for LoopConfig {
             stop: None,
             energy: None,
             goldfish: None,
+            measure_heap: false,
         }
     }
 }
@@ -323,7 +328,7 @@ pub fn run<B, M>(
 where
     B: AutodiffBackend,
     M: AutodiffModule<B> + LmUnits<B> + 'static,
-    M::InnerModule: CausalLm<B::InnerBackend>,
+    M::InnerModule: LmUnits<B::InnerBackend>,
 {
     let world = trainer.groups().world().clone();
     let lead = world.rank() == 0;
@@ -404,9 +409,13 @@ where
             .collect();
         let meter = config.energy.as_ref().filter(|_| lead);
         let before = meter.and_then(|m| m.read().ok());
+        let heap = (config.measure_heap && lead)
+            .then(HeapWindow::open)
+            .flatten();
         let t = Instant::now();
         let o = trainer.step(&micro)?;
         let dt = t.elapsed().as_secs_f64();
+        let peak_activation_bytes = heap.map(|w| w.peak_above_start() as u64);
         let energy_j = meter.zip(before).and_then(|(m, b)| m.joules_since(&b).ok());
         // A GPU counter covers one rank's share of the step's tokens.
         let covered_tokens = match meter.map(EnergyMeter::coverage) {
@@ -424,6 +433,7 @@ where
             mfu: flops / config.peak_flops,
             step_time_s: dt,
             memory: trainer.memory(),
+            peak_activation_bytes,
             energy_j,
             tokens_per_joule: energy_j.filter(|&j| j > 0.0).map(|j| covered_tokens / j),
             skipped: o.skipped,

@@ -21,6 +21,7 @@ use crate::data::{bucket_elems, Ddp, DEFAULT_BUCKET_MB};
 use crate::flat::param_infos;
 use crate::groups::ProcessGroups;
 use crate::pipeline::{Pipeline, PipelineConfig, PipelineError};
+use crate::recompute::{Recompute, RecomputeError};
 use crate::tensor::{PartialGrads, ShardError, ShardPlan, TpGroup};
 use crate::zero::{Zero, ZeroStage};
 
@@ -47,6 +48,10 @@ pub struct ParallelConfig {
     pub shards: ShardPlan,
     /// How the model is split over the PP group (unused on one stage).
     pub pipeline: PipelineConfig,
+    /// What backward recomputes (applied after TP, before ZeRO). ZeRO-3
+    /// always recomputes whole blocks, so `None` under it runs as `Full`;
+    /// `Selective` under ZeRO-3 and `Full` on a pipeline are refused.
+    pub recompute: Recompute,
 }
 
 impl Default for ParallelConfig {
@@ -56,6 +61,7 @@ impl Default for ParallelConfig {
             bucket_mb: DEFAULT_BUCKET_MB,
             shards: ShardPlan::none(),
             pipeline: PipelineConfig::default(),
+            recompute: Recompute::None,
         }
     }
 }
@@ -69,6 +75,9 @@ pub enum BuildError {
     /// The pipeline does not fit the model or the ZeRO stage.
     #[error(transparent)]
     Pipeline(#[from] PipelineError),
+    /// The recomputation does not fit the pipeline or the ZeRO stage.
+    #[error(transparent)]
+    Recompute(#[from] RecomputeError),
 }
 
 /// What one optimizer step did.
@@ -129,13 +138,14 @@ pub struct Trainer<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> {
     norm_shares: NormShares,
     partial: PartialGrads,
     memory: MemoryBytes,
+    recompute: Recompute,
 }
 
 impl<B, M> Trainer<B, M>
 where
     B: AutodiffBackend,
     M: AutodiffModule<B> + LmUnits<B> + 'static,
-    M::InnerModule: CausalLm<B::InnerBackend>,
+    M::InnerModule: LmUnits<B::InnerBackend>,
 {
     /// A one-rank trainer for `model` on `device`, with fresh optimizer state.
     pub fn new(model: M, config: StepConfig, device: B::Device) -> Self {
@@ -162,7 +172,8 @@ where
     ///
     /// # Errors
     /// A parameter of `model` that `parallel.shards` does not name; a
-    /// pipeline that does not fit the model, or ZeRO-3 with one.
+    /// pipeline that does not fit the model, or ZeRO-3 with one; full
+    /// recomputation on a pipeline, selective under ZeRO-3.
     pub fn parallel(
         model: M,
         config: StepConfig,
@@ -174,6 +185,20 @@ where
         if pp.world_size() > 1 && parallel.zero == ZeroStage::Three {
             return Err(PipelineError::Zero3(pp.world_size()).into());
         }
+        let recompute = match (parallel.recompute, parallel.zero) {
+            (Recompute::Full, _) if pp.world_size() > 1 => {
+                return Err(RecomputeError::Pipeline {
+                    stages: pp.world_size(),
+                }
+                .into())
+            }
+            (Recompute::Selective, ZeroStage::Three) => return Err(RecomputeError::Zero3.into()),
+            (_, ZeroStage::Three) => Recompute::Full,
+            (r, _) => r,
+        };
+        // Recomputation comes after TP (the model is already split) and
+        // before ZeRO: the model's part of it is selective.
+        let model = model.with_attention_recompute(recompute == Recompute::Selective);
         let pipeline = Pipeline::new(&model, &parallel.pipeline, pp)?;
         let model = pipeline.place(model, &device);
         let mut norm_shares = NormShares::new();
@@ -219,7 +244,13 @@ where
             norm_shares,
             partial,
             memory: MemoryBytes::default(),
+            recompute,
         })
+    }
+
+    /// What backward recomputes: the configured choice, `Full` under ZeRO-3.
+    pub fn recompute(&self) -> Recompute {
+        self.recompute
     }
 
     /// The ZeRO stage in use.
@@ -296,7 +327,7 @@ where
             loss_sum = losses;
             pipeline = Some(times);
         } else {
-            let run = if self.sync.unit_by_unit() {
+            let run = if self.recompute == Recompute::Full {
                 unit_by_unit::<B, M>
             } else {
                 whole_graph::<B, M>

@@ -36,12 +36,6 @@ pub type WholeMoments = HashMap<ParamId, (Vec<f32>, Vec<f32>)>;
 /// Every rank of the group calls the same hooks in the same order (they
 /// may be collectives).
 pub trait GradSync<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> {
-    /// Whether a micro-batch must run one unit at a time, each unit's
-    /// parameters existing only around their use (ZeRO-3).
-    fn unit_by_unit(&self) -> bool {
-        false
-    }
-
     /// `model` with the parameters of `unit` whole, before the unit runs
     /// (ZeRO-3 all-gathers them); `require_grad` when the run is recorded
     /// for backward.

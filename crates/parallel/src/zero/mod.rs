@@ -17,7 +17,8 @@
 //!   sums). The update is stage 1's.
 //! - Stage 3: between steps a rank holds only its chunk of the parameters
 //!   (the model's tensors are one-element placeholders). A step runs unit
-//!   by unit ([`crate::train::micro_batch::unit_by_unit`]): a block is
+//!   by unit ([`crate::train::micro_batch::unit_by_unit`]: the trainer
+//!   always runs ZeRO-3 with full recomputation): a block is
 //!   all-gathered just before it runs and freed after, and gathered again
 //!   for its recomputation in backward, after which its gradients are
 //!   reduce-scattered; the embedding and head units stay gathered for the
@@ -396,10 +397,6 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
 }
 
 impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> GradSync<B, M> for Zero<B, M> {
-    fn unit_by_unit(&self) -> bool {
-        self.stage == ZeroStage::Three
-    }
-
     fn acquire(&self, unit: LmUnit, model: M, require_grad: bool) -> Result<M, CommError> {
         match self.stage {
             ZeroStage::Three => self.gather(unit.index(self.blocks), model, require_grad),

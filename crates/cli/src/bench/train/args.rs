@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
+use ferrotron_parallel::recompute::Recompute;
 
 /// A model family for the shape flags: the switches of Ferrotron's presets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -47,6 +48,10 @@ pub struct TrainBenchArgs {
     /// Vocabulary size.
     #[arg(long)]
     pub vocab: Option<usize>,
+    /// Activation recomputation in backward: none, selective (the attention core) or full
+    /// (each block from its input), as `ferrotron train --recompute`.
+    #[arg(long, default_value_t = Recompute::None, value_name = "none|selective|full")]
+    pub recompute: Recompute,
     /// Sequences per step.
     #[arg(long, default_value_t = 8)]
     pub batch: usize,

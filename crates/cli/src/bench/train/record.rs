@@ -7,6 +7,7 @@
 
 use std::path::Path;
 
+use ferrotron_parallel::recompute::Recompute;
 use serde::{Deserialize, Serialize};
 
 use crate::error::usage;
@@ -93,6 +94,9 @@ pub struct Record {
     pub threads: Option<usize>,
     /// The model.
     pub shape: Shape,
+    /// What backward recomputed (absent in older files: none).
+    #[serde(default)]
+    pub recompute: Recompute,
     /// Sequences per step.
     pub batch: usize,
     /// Tokens per sequence.
@@ -105,7 +109,8 @@ pub struct Record {
     pub step_s_median: f64,
     /// `batch x seq / step_s_median`.
     pub tokens_per_s: f64,
-    /// Model FLOPs of one token, forward + backward (Megatron's count, no recomputation).
+    /// FLOPs of one token, forward + backward and the recomputation
+    /// (`DecoderConfig::train_flops_per_token`, Megatron's count).
     pub flops_per_token: f64,
     /// `flops_per_token x tokens_per_s / 1e12`.
     pub tflops: f64,
@@ -119,6 +124,11 @@ pub struct Record {
     pub peak_memory_bytes: Option<u64>,
     /// What `peak_memory_bytes` counts.
     pub memory_source: String,
+    /// The largest over the timed steps of the heap's peak during a step
+    /// above the heap at its start (`peak_activation_bytes` of `ferrotron
+    /// train`'s metrics), bytes; CPU backends only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_activation_bytes: Option<u64>,
     /// Loss of the last timed step, nats/token.
     pub last_loss: f64,
 }

@@ -5,11 +5,12 @@ use std::time::Instant;
 
 use ferrotron_engine::backend::{BackendKind, ALL_BACKENDS};
 use ferrotron_engine::data::Batch;
-use ferrotron_engine::metrics::{device_spec, measure_matmul_flops};
+use ferrotron_engine::metrics::{device_spec, measure_matmul_flops, HeapWindow};
 use ferrotron_engine::optim::{AdamWConfig, LrSchedule};
 use ferrotron_models::ops::TrainBackend;
 use ferrotron_models::{Decoder, DecoderConfig};
-use ferrotron_parallel::train::{StepConfig, Trainer};
+use ferrotron_parallel::groups::ProcessGroups;
+use ferrotron_parallel::train::{ParallelConfig, StepConfig, Trainer};
 
 use super::args::TrainBenchArgs;
 use super::record::{Record, ResultFile, Skipped, SCHEMA};
@@ -164,16 +165,32 @@ impl BackendTask for StepBench<'_> {
             },
             grad_clip: 1.0,
         };
-        let mut trainer = Trainer::new(model, step_config, device.clone());
+        let parallel = ParallelConfig {
+            recompute: a.recompute,
+            ..ParallelConfig::default()
+        };
+        let mut trainer = Trainer::parallel(
+            model,
+            step_config,
+            device.clone(),
+            ProcessGroups::single(),
+            parallel,
+        )?;
+        let mut peak_activation_bytes = None;
         let mut tokens = TokenStream(a.seed ^ 0x9e37_79b9_7f4a_7c15);
         let mut times = Vec::with_capacity(a.steps);
         let mut last_loss = f64::NAN;
         for i in 0..total {
             let batch = tokens.batch(a.batch, a.seq, self.config.vocab_size);
+            let heap = cpu.then(HeapWindow::open).flatten();
             let t = Instant::now();
             let out = trainer.step(std::slice::from_ref(&batch))?;
             B::sync(&device).map_err(|e| anyhow::anyhow!("{kind}: device sync: {e:?}"))?;
             let s = t.elapsed().as_secs_f64();
+            if let (Some(w), true) = (heap, i >= a.warmup) {
+                let peak = w.peak_above_start() as u64;
+                peak_activation_bytes = Some(peak_activation_bytes.unwrap_or(0).max(peak));
+            }
             let phase = if i < a.warmup { "warm-up" } else { "timed" };
             eprintln!(
                 "bench train: {kind} step {}/{total} ({phase}): {s:.3} s, loss {:.4}",
@@ -200,7 +217,9 @@ impl BackendTask for StepBench<'_> {
         times.sort_by(f64::total_cmp);
         let step_s_median = times[times.len() / 2];
         let tokens_per_s = (a.batch * a.seq) as f64 / step_s_median;
-        let flops_per_token = self.config.train_flops_per_token(a.seq);
+        let flops_per_token = self
+            .config
+            .train_flops_per_token(a.seq, trainer.recompute());
         let tflops = flops_per_token * tokens_per_s / 1e12;
         Ok(Record {
             framework: format!("ferrotron {}", env!("CARGO_PKG_VERSION")),
@@ -213,6 +232,7 @@ impl BackendTask for StepBench<'_> {
             },
             threads: cpu.then(host::cpu_threads),
             shape: model::shape(&self.config),
+            recompute: trainer.recompute(),
             batch: a.batch,
             seq: a.seq,
             warmup: a.warmup,
@@ -226,6 +246,7 @@ impl BackendTask for StepBench<'_> {
             peak_source,
             peak_memory_bytes,
             memory_source,
+            peak_activation_bytes,
             last_loss,
         })
     }

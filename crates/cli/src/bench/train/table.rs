@@ -2,6 +2,8 @@
 
 use std::fmt::Write as _;
 
+use ferrotron_parallel::recompute::Recompute;
+
 use super::record::{Record, Skipped};
 
 /// One row per record; `vs first` divides tokens/s by that of the first
@@ -17,9 +19,10 @@ pub fn render(records: &[Record], skipped: &[Skipped]) -> String {
         "TFLOP/s",
         "MFU",
         "peak MiB",
+        "step act. MiB",
         "vs first",
     ];
-    let rows: Vec<[String; 10]> = records
+    let rows: Vec<[String; 11]> = records
         .iter()
         .map(|r| {
             let first = records
@@ -33,13 +36,19 @@ pub fn render(records: &[Record], skipped: &[Skipped]) -> String {
                     Some(t) => format!("{} ({t} threads)", r.device),
                     None => r.device.clone(),
                 },
-                r.shape.label(),
+                match r.recompute {
+                    Recompute::None => r.shape.label(),
+                    other => format!("{}, recompute {other}", r.shape.label()),
+                },
                 format!("{} x {}", r.batch, r.seq),
                 format!("{:.0}", r.tokens_per_s),
                 format!("{:.4}", r.tflops),
                 r.mfu.map_or("-".into(), |m| format!("{:.1}%", 100.0 * m)),
                 r.peak_memory_bytes.map_or("-".into(), |b| {
                     format!("{:.0}", b as f64 / (1 << 20) as f64)
+                }),
+                r.peak_activation_bytes.map_or("-".into(), |b| {
+                    format!("{:.1}", b as f64 / (1 << 20) as f64)
                 }),
                 format!("{:.2}", r.tokens_per_s / first.tokens_per_s),
             ]

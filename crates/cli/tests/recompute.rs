@@ -1,0 +1,162 @@
+//! `ferrotron train --recompute`: the refused combinations, and the
+//! metrics of each mode (peak activation bytes, FLOPs counting the
+//! recomputation).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn ferrotron(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ferrotron"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("ferrotron-recompute-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A corpus of a few thousand words (a tokenizer of 300 trains in well
+/// under a second).
+fn corpus(dir: &Path) -> PathBuf {
+    let words = [
+        "the", "cat", "sat", "on", "a", "mat", "while", "dogs", "ran", "under", "bright", "stars",
+        "and", "quiet", "rivers", "sang", "of", "old", "kings",
+    ];
+    let text: String = (0..8000u64)
+        .map(|i| {
+            let w = words[((i * 2654435761) >> 7) as usize % words.len()];
+            if i % 11 == 10 {
+                format!("{w}.\n")
+            } else {
+                format!("{w} ")
+            }
+        })
+        .collect();
+    let path = dir.join("corpus.txt");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn refused_combinations_name_the_flags_and_write_nothing() {
+    let dir = scratch("refused");
+    let out = dir.join("run");
+    let o = out.to_str().unwrap();
+    for (args, needles) in [
+        (
+            vec!["--recompute", "none", "--zero", "3"],
+            vec!["--recompute none", "--zero 3", "--recompute full"],
+        ),
+        (
+            vec!["--recompute", "selective", "--zero", "3"],
+            vec!["--recompute selective", "--zero 3"],
+        ),
+        (
+            vec!["--recompute", "full", "--pp", "2"],
+            vec!["--recompute full", "--pp 2", "none or selective"],
+        ),
+    ] {
+        let mut all = vec!["train", "--out", o];
+        all.extend(&args);
+        let r = ferrotron(&all);
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert_eq!(r.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        for n in needles {
+            assert!(err.contains(n), "{args:?}: '{err}' lacks '{n}'");
+        }
+        assert!(!out.exists(), "{args:?} wrote {}", out.display());
+    }
+}
+
+/// FLOPs per token of gpt-mini (hidden 192, 4 layers, GELU 4h, tied head)
+/// with vocabulary `v` at sequence `s`, written out from Megatron's
+/// counting: `3x` the forward (`2` FLOPs per weight, `4 s h` for the
+/// attention per layer), plus the recomputed forward.
+fn gpt_mini_flops(v: f64, s: f64, mode: &str) -> f64 {
+    let (h, l) = (192.0, 4.0);
+    let block = 12.0 * h * h;
+    let forward_block = 2.0 * block + 4.0 * s * h;
+    let base = 3.0 * (l * forward_block + 2.0 * h * v);
+    match mode {
+        "none" => base,
+        "selective" => base + l * 4.0 * s * h,
+        "full" => base + l * forward_block,
+        _ => unreachable!(),
+    }
+}
+
+#[test]
+fn each_mode_records_its_peak_activation_bytes_and_counts_its_flops() {
+    let dir = scratch("modes");
+    let corpus = corpus(&dir);
+    let mut peaks = Vec::new();
+    for mode in ["none", "selective", "full"] {
+        let out = dir.join(mode);
+        let r = ferrotron(&[
+            "train",
+            "--model",
+            "gpt-mini",
+            "--corpus",
+            corpus.to_str().unwrap(),
+            "--vocab-size",
+            "300",
+            "--seq-len",
+            "128",
+            "--micro-batch",
+            "4",
+            "--steps",
+            "2",
+            "--eval-every",
+            "2",
+            "--eval-batches",
+            "1",
+            "--sample-tokens",
+            "0",
+            "--peak-tflops",
+            "1",
+            "--recompute",
+            mode,
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        let stdout = String::from_utf8_lossy(&r.stdout);
+        assert!(
+            r.status.success(),
+            "{mode}: {stdout}\n{}",
+            String::from_utf8_lossy(&r.stderr)
+        );
+        assert!(stdout.contains(&format!("recompute {mode}")), "{stdout}");
+        let steps: Vec<serde_json::Value> = std::fs::read_to_string(out.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|v| v.get("loss").is_some())
+            .collect();
+        assert_eq!(steps.len(), 2);
+        let last = &steps[1];
+        let peak = last["peak_activation_bytes"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{mode}: no peak_activation_bytes in {last}"));
+        let flops = last["tflops_per_device"].as_f64().unwrap() * 1e12
+            / last["tokens_per_s"].as_f64().unwrap();
+        let want = gpt_mini_flops(300.0, 128.0, mode);
+        assert!(
+            (flops / want - 1.0).abs() < 1e-6,
+            "{mode}: {flops} FLOPs per token, want {want}"
+        );
+        println!("{mode}: peak activation {peak} bytes");
+        peaks.push(peak);
+    }
+    // Selective drops the [4, 6, 128, 128] score matrices of every layer;
+    // full keeps one block's input per block (plus one block rebuilt).
+    assert!(
+        peaks[2] < peaks[1] && peaks[1] < peaks[0],
+        "none, selective, full: {peaks:?}"
+    );
+}
