@@ -28,8 +28,10 @@ fn swiglu_forward_kernel<F: Float, N: Size>(
 ) {
     if ABSOLUTE_POS < out.len() {
         let g = load_vector::<F, N>(gate[ABSOLUTE_POS], round_bf16);
-        let u = load_vector::<F, N>(up[ABSOLUTE_POS], round_bf16);
-        out[ABSOLUTE_POS] = store_vector::<F, N>(g * sigmoid::<N>(g) * u, round_bf16);
+        out[ABSOLUTE_POS] = store_vector::<F, N>(
+            g * sigmoid::<N>(g) * load_vector::<F, N>(up[ABSOLUTE_POS], round_bf16),
+            round_bf16,
+        );
     }
 }
 

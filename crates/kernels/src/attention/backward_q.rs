@@ -109,8 +109,11 @@ pub(crate) fn attention_backward_q_kernel<F: Float>(
             let mut grad = dq_row[d];
             #[unroll]
             for j in 0..KEYS_PER_STEP {
-                let at = kv_base + min(first_key + j, seq - 1) * head_dim + d;
-                grad += scores[j] * load::<F>(k[at], round_bf16);
+                grad += scores[j]
+                    * load::<F>(
+                        k[kv_base + min(first_key + j, seq - 1) * head_dim + d],
+                        round_bf16,
+                    );
             }
             dq_row[d] = grad;
         }

@@ -84,8 +84,11 @@ pub(crate) fn attention_forward_kernel<F: Float>(
             let q_d = q_row[d];
             #[unroll]
             for j in 0..KEYS_PER_STEP {
-                let at = kv_base + min(first_key + j, seq - 1) * head_dim + d;
-                scores[j] += q_d * load::<F>(k[at], round_bf16);
+                scores[j] += q_d
+                    * load::<F>(
+                        k[kv_base + min(first_key + j, seq - 1) * head_dim + d],
+                        round_bf16,
+                    );
             }
         }
 
@@ -124,8 +127,11 @@ pub(crate) fn attention_forward_kernel<F: Float>(
             let mut value = acc[d] * correction;
             #[unroll]
             for j in 0..KEYS_PER_STEP {
-                let at = kv_base + min(first_key + j, seq - 1) * head_dim + d;
-                value += scores[j] * load::<F>(v[at], round_bf16);
+                value += scores[j]
+                    * load::<F>(
+                        v[kv_base + min(first_key + j, seq - 1) * head_dim + d],
+                        round_bf16,
+                    );
             }
             acc[d] = value;
         }

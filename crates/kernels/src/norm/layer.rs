@@ -54,10 +54,11 @@ fn layer_norm_forward_kernel<F: Float>(
     if live {
         let mut j = UNIT_POS_X as usize;
         while j < hidden {
-            let v =
+            y[base + j] = store::<F>(
                 (load::<F>(x[base + j], round_bf16) - mu) * r * load::<F>(weight[j], round_bf16)
-                    + load::<F>(bias[j], round_bf16);
-            y[base + j] = store::<F>(v, round_bf16);
+                    + load::<F>(bias[j], round_bf16),
+                round_bf16,
+            );
             j += CUBE_DIM_X as usize;
         }
         if UNIT_POS_X == 0 {

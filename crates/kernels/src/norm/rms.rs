@@ -41,8 +41,10 @@ fn rms_norm_forward_kernel<F: Float>(
     if live {
         let mut j = UNIT_POS_X as usize;
         while j < hidden {
-            let v = load::<F>(x[base + j], round_bf16) * r * load::<F>(weight[j], round_bf16);
-            y[base + j] = store::<F>(v, round_bf16);
+            y[base + j] = store::<F>(
+                load::<F>(x[base + j], round_bf16) * r * load::<F>(weight[j], round_bf16),
+                round_bf16,
+            );
             j += CUBE_DIM_X as usize;
         }
         if UNIT_POS_X == 0 {
@@ -88,9 +90,11 @@ fn rms_norm_backward_dx_kernel<F: Float>(
     if live {
         let mut j = UNIT_POS_X as usize;
         while j < hidden {
-            let v = r * load::<F>(dy[base + j], round_bf16) * load::<F>(weight[j], round_bf16)
-                - c * load::<F>(x[base + j], round_bf16);
-            dx[base + j] = store::<F>(v, round_bf16);
+            dx[base + j] = store::<F>(
+                r * load::<F>(dy[base + j], round_bf16) * load::<F>(weight[j], round_bf16)
+                    - c * load::<F>(x[base + j], round_bf16),
+                round_bf16,
+            );
             j += CUBE_DIM_X as usize;
         }
     }
