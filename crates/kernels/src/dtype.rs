@@ -68,6 +68,18 @@ impl FloatDtype {
         }
     }
 
+    /// The storage type of a tensor of CubeCL element type `elem`: `F32`,
+    /// `F16` or `Bf16`; `None` for any other type. A Burn `CubeTensor`
+    /// gives its element type as `ElemType::from(tensor.dtype)`.
+    pub fn from_elem_type(elem: ElemType) -> Option<FloatDtype> {
+        match elem {
+            ElemType::Float(FloatKind::F32) => Some(FloatDtype::F32),
+            ElemType::Float(FloatKind::F16) => Some(FloatDtype::F16),
+            ElemType::Float(FloatKind::BF16) => Some(FloatDtype::Bf16),
+            _ => None,
+        }
+    }
+
     /// The CubeCL element type the kernels are instantiated with.
     fn elem_type(self) -> ElemType {
         match self {
@@ -90,14 +102,17 @@ impl FloatDtype {
         client: &ComputeClient<R>,
     ) -> Result<(), String> {
         if self.is_supported(client) {
-            Ok(())
-        } else {
-            Err(format!(
-                "dtype {} is not supported by this runtime ({}); on wgpu use bf16-in-f32 for bf16",
-                self.name(),
-                R::name(client)
-            ))
+            return Ok(());
         }
+        let hint = match self {
+            FloatDtype::Bf16 => "; bf16-in-f32 (FloatDtype::Bf16InF32) runs bf16 on it",
+            _ => "",
+        };
+        Err(format!(
+            "dtype {} is not supported by this runtime ({}){hint}",
+            self.name(),
+            R::name(client)
+        ))
     }
 }
 
@@ -201,5 +216,38 @@ pub(crate) fn store_vector<F: Float, N: Size>(
         Vector::<F, N>::cast_from(round_vector_to_bf16::<N>(value))
     } else {
         Vector::<F, N>::cast_from(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unit_roundoff_is_half_the_machine_epsilon() {
+        assert_eq!(
+            FloatDtype::F32.unit_roundoff(),
+            f64::from(f32::EPSILON) / 2.0
+        );
+        assert_eq!(
+            FloatDtype::F16.unit_roundoff(),
+            half::f16::EPSILON.to_f64() / 2.0
+        );
+        for bf16 in [FloatDtype::Bf16, FloatDtype::Bf16InF32] {
+            assert_eq!(bf16.unit_roundoff(), half::bf16::EPSILON.to_f64() / 2.0);
+        }
+    }
+
+    #[test]
+    fn element_types_map_to_storage_types() {
+        for dtype in [FloatDtype::F32, FloatDtype::F16, FloatDtype::Bf16] {
+            assert_eq!(FloatDtype::from_elem_type(dtype.elem_type()), Some(dtype));
+        }
+        assert_eq!(
+            FloatDtype::from_elem_type(ElemType::Float(FloatKind::F64)),
+            None
+        );
+        assert_eq!(FloatDtype::Bf16.size_bytes(), 2);
+        assert_eq!(FloatDtype::Bf16InF32.size_bytes(), 4);
     }
 }

@@ -28,9 +28,9 @@ pub struct AttentionForward {
     pub out: Handle,
     /// Natural-log log-sum-exp of each query row's scaled, biased, masked
     /// scores, `[batch, n_heads, seq]`, always `f32` (the backward pass
-    /// recomputes `exp(score - lse)` from it: at 16 bits an error of one
-    /// unit in the last place of a log-sum-exp near 10 would scale every
-    /// probability by up to 4% in bf16).
+    /// recomputes `exp(score - lse)` from it: rounded to bf16, whose values
+    /// near 10 are 1/16 apart, an `lse` would scale every probability of its
+    /// row by up to 3%).
     pub lse: Handle,
 }
 
