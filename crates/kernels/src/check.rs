@@ -1,7 +1,9 @@
 //! Launcher-side checks shared by the fused ops: every launcher validates
 //! its shapes against the byte sizes of the handles it is given before it
-//! launches anything, and reports a mismatch as a [`ShapeError`].
+//! launches anything, and reports a mismatch (or an element type the
+//! runtime cannot run) as a [`ShapeError`].
 
+use crate::dtype::FloatDtype;
 use cubecl::server::Handle;
 use std::fmt;
 
@@ -36,24 +38,47 @@ pub(crate) fn nonzero(op: &'static str, name: &str, value: usize) -> Result<(), 
     Ok(())
 }
 
+/// Fails unless `handle` holds exactly `elems` elements of `elem_bytes`
+/// bytes each.
+pub(crate) fn elems(
+    op: &'static str,
+    name: &str,
+    handle: &Handle,
+    elems: usize,
+    elem_bytes: usize,
+) -> Result<(), ShapeError> {
+    let bytes = handle.size_in_used();
+    if bytes != (elems * elem_bytes) as u64 {
+        return Err(ShapeError {
+            op,
+            message: format!(
+                "{name} holds {bytes} bytes, expected {elems} elements of {elem_bytes} bytes = {} bytes",
+                elems * elem_bytes
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Fails unless `handle` holds exactly `elems` 4-byte elements (f32, u32).
 pub(crate) fn elems_4b(
     op: &'static str,
     name: &str,
     handle: &Handle,
-    elems: usize,
+    count: usize,
 ) -> Result<(), ShapeError> {
-    let bytes = handle.size_in_used();
-    if bytes != (elems as u64) * 4 {
-        return Err(ShapeError {
-            op,
-            message: format!(
-                "{name} holds {bytes} bytes, expected {elems} elements of 4 bytes = {} bytes",
-                elems * 4
-            ),
-        });
-    }
-    Ok(())
+    elems(op, name, handle, count, 4)
+}
+
+/// Fails unless `client`'s runtime supports `dtype`.
+pub(crate) fn dtype<R: cubecl::Runtime>(
+    op: &'static str,
+    client: &cubecl::prelude::ComputeClient<R>,
+    dtype: FloatDtype,
+) -> Result<(), ShapeError> {
+    dtype
+        .check_supported(client)
+        .map_err(|message| ShapeError { op, message })
 }
 
 /// Fails unless `value` fits the `u32` scalars the kernels take.

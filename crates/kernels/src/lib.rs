@@ -1,10 +1,14 @@
 //! Ferrotron's CubeCL kernels: one `#[cube]` source per fused op, generic
 //! over the CubeCL runtime, so the same code compiles for CUDA, HIP/ROCm and
 //! wgpu. Tests launch them on the wgpu runtime over Mesa's lavapipe.
+//!
+//! Each kernel reads and writes f32, f16 or bf16 ([`FloatDtype`]) and
+//! computes in f32 (see [`dtype`]).
 
 pub mod attention;
 mod check;
 pub mod cross_entropy;
+pub mod dtype;
 pub mod norm;
 mod reduce;
 pub mod rope;
@@ -13,3 +17,4 @@ pub mod swiglu;
 pub mod wgpu_setup;
 
 pub use check::ShapeError;
+pub use dtype::FloatDtype;

@@ -1,10 +1,12 @@
 //! Fused SwiGLU: `out = silu(gate) * up`, with `silu(g) = g * sigmoid(g)`,
 //! and its backward. Elementwise over two tensors of the same shape (in a
-//! Llama MLP, `[tokens, ffn_dim]`), f32, contiguous; the layout beyond that
-//! does not matter. Loads and stores are vectorized by 4 or 2 elements when
-//! the length allows.
+//! Llama MLP, `[tokens, ffn_dim]`), contiguous; the layout beyond that
+//! does not matter. Storage f32, f16 or bf16 ([`FloatDtype`]), arithmetic
+//! f32, each output rounded once to the storage type. Loads and stores are
+//! vectorized by 4 or 2 elements when the length allows.
 
 use crate::check::{self, ShapeError};
+use crate::dtype::{load_vector, store_vector, with_storage, FloatDtype};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
@@ -12,9 +14,9 @@ use cubecl::server::Handle;
 const CUBE_DIM: u32 = 256;
 
 #[cube]
-fn sigmoid<F: Float, N: Size>(g: Vector<F, N>) -> Vector<F, N> {
-    let one = Vector::new(F::new(1.0));
-    one / (one + Vector::exp(Vector::new(F::new(0.0)) - g))
+fn sigmoid<N: Size>(g: Vector<f32, N>) -> Vector<f32, N> {
+    let one = Vector::new(1.0f32);
+    one / (one + Vector::exp(Vector::new(0.0f32) - g))
 }
 
 #[cube(launch_unchecked)]
@@ -22,10 +24,14 @@ fn swiglu_forward_kernel<F: Float, N: Size>(
     gate: &Array<Vector<F, N>>,
     up: &Array<Vector<F, N>>,
     out: &mut Array<Vector<F, N>>,
+    #[comptime] round_bf16: bool,
 ) {
     if ABSOLUTE_POS < out.len() {
-        let g = gate[ABSOLUTE_POS];
-        out[ABSOLUTE_POS] = g * sigmoid::<F, N>(g) * up[ABSOLUTE_POS];
+        let g = load_vector::<F, N>(gate[ABSOLUTE_POS], round_bf16);
+        out[ABSOLUTE_POS] = store_vector::<F, N>(
+            g * sigmoid::<N>(g) * load_vector::<F, N>(up[ABSOLUTE_POS], round_bf16),
+            round_bf16,
+        );
     }
 }
 
@@ -36,20 +42,21 @@ fn swiglu_backward_kernel<F: Float, N: Size>(
     d_out: &Array<Vector<F, N>>,
     d_gate: &mut Array<Vector<F, N>>,
     d_up: &mut Array<Vector<F, N>>,
+    #[comptime] round_bf16: bool,
 ) {
     if ABSOLUTE_POS < d_gate.len() {
-        let g = gate[ABSOLUTE_POS];
-        let u = up[ABSOLUTE_POS];
-        let dy = d_out[ABSOLUTE_POS];
-        let s = sigmoid::<F, N>(g);
-        let one = Vector::new(F::new(1.0));
+        let g = load_vector::<F, N>(gate[ABSOLUTE_POS], round_bf16);
+        let u = load_vector::<F, N>(up[ABSOLUTE_POS], round_bf16);
+        let dy = load_vector::<F, N>(d_out[ABSOLUTE_POS], round_bf16);
+        let s = sigmoid::<N>(g);
+        let one = Vector::new(1.0f32);
         // d silu(g) / dg = s * (1 + g * (1 - s))
-        d_gate[ABSOLUTE_POS] = dy * u * s * (one + g * (one - s));
-        d_up[ABSOLUTE_POS] = dy * g * s;
+        d_gate[ABSOLUTE_POS] = store_vector::<F, N>(dy * u * s * (one + g * (one - s)), round_bf16);
+        d_up[ABSOLUTE_POS] = store_vector::<F, N>(dy * g * s, round_bf16);
     }
 }
 
-/// Largest vector width (4, 2 or 1 f32) that divides `len`.
+/// Largest vector width (4, 2 or 1 elements) that divides `len`.
 fn vector_size(len: usize) -> usize {
     [4, 2, 1]
         .into_iter()
@@ -57,11 +64,8 @@ fn vector_size(len: usize) -> usize {
         .unwrap_or(1)
 }
 
-/// Computes `out[i] = silu(gate[i]) * up[i]` for `i < len`.
-///
-/// `gate`, `up` and `out` are f32 buffers of `len` elements (any shape,
-/// contiguous; typically `[tokens, ffn_dim]`). `out` must not alias the
-/// inputs.
+/// Computes `out[i] = silu(gate[i]) * up[i]` for `i < len`, on f32
+/// buffers: [`swiglu_forward_typed`] with [`FloatDtype::F32`].
 pub fn swiglu_forward<R: Runtime>(
     client: &ComputeClient<R>,
     gate: &Handle,
@@ -69,37 +73,54 @@ pub fn swiglu_forward<R: Runtime>(
     out: &Handle,
     len: usize,
 ) -> Result<(), ShapeError> {
+    swiglu_forward_typed(client, FloatDtype::F32, gate, up, out, len)
+}
+
+/// Computes `out[i] = silu(gate[i]) * up[i]` for `i < len`.
+///
+/// `gate`, `up` and `out` hold `len` elements of `dtype` (any shape,
+/// contiguous; typically `[tokens, ffn_dim]`); the arithmetic is f32 and
+/// `out` is rounded once to `dtype`. `out` must not alias the inputs.
+pub fn swiglu_forward_typed<R: Runtime>(
+    client: &ComputeClient<R>,
+    dtype: FloatDtype,
+    gate: &Handle,
+    up: &Handle,
+    out: &Handle,
+    len: usize,
+) -> Result<(), ShapeError> {
     const OP: &str = "swiglu_forward";
+    check::dtype(OP, client, dtype)?;
     check::nonzero(OP, "len", len)?;
-    check::elems_4b(OP, "gate", gate, len)?;
-    check::elems_4b(OP, "up", up, len)?;
-    check::elems_4b(OP, "out", out, len)?;
+    let size = dtype.size_bytes();
+    check::elems(OP, "gate", gate, len, size)?;
+    check::elems(OP, "up", up, len, size)?;
+    check::elems(OP, "out", out, len, size)?;
     let vec = vector_size(len);
     let units = len / vec;
     let cube_dim = CubeDim::new_1d(CUBE_DIM);
-    // SAFETY: the three buffers hold `len` f32 (checked above); the array
-    // length is given in scalars, so the kernel sees `units` vectors of `vec`
-    // and guards `ABSOLUTE_POS < units`.
-    unsafe {
-        swiglu_forward_kernel::launch_unchecked::<f32, R>(
-            client,
-            cubecl::calculate_cube_count_elemwise(client, units, cube_dim),
-            cube_dim,
-            vec,
-            ArrayArg::from_raw_parts(gate.clone(), len),
-            ArrayArg::from_raw_parts(up.clone(), len),
-            ArrayArg::from_raw_parts(out.clone(), len),
-        );
-    }
+    with_storage!(dtype, F, round_bf16, {
+        // SAFETY: the three buffers hold `len` elements of `F` (checked
+        // above); the array length is given in scalars, so the kernel sees
+        // `units` vectors of `vec` and guards `ABSOLUTE_POS < units`.
+        unsafe {
+            swiglu_forward_kernel::launch_unchecked::<F, R>(
+                client,
+                cubecl::calculate_cube_count_elemwise(client, units, cube_dim),
+                cube_dim,
+                vec,
+                ArrayArg::from_raw_parts(gate.clone(), len),
+                ArrayArg::from_raw_parts(up.clone(), len),
+                ArrayArg::from_raw_parts(out.clone(), len),
+                round_bf16,
+            );
+        }
+    });
     Ok(())
 }
 
-/// Backward of [`swiglu_forward`]: given `d_out`, writes
-/// `d_gate[i] = d_out[i] * up[i] * s * (1 + gate[i] * (1 - s))` and
-/// `d_up[i] = d_out[i] * silu(gate[i])`, where `s = sigmoid(gate[i])`.
-///
-/// All five buffers are f32 with `len` elements; `d_gate` and `d_up` must
-/// not alias each other or the inputs.
+/// Backward of [`swiglu_forward`] on f32 buffers: [`swiglu_backward_typed`]
+/// with [`FloatDtype::F32`].
 pub fn swiglu_backward<R: Runtime>(
     client: &ComputeClient<R>,
     gate: &Handle,
@@ -109,30 +130,56 @@ pub fn swiglu_backward<R: Runtime>(
     d_up: &Handle,
     len: usize,
 ) -> Result<(), ShapeError> {
+    swiglu_backward_typed(client, FloatDtype::F32, gate, up, d_out, d_gate, d_up, len)
+}
+
+/// Backward of [`swiglu_forward_typed`]: given `d_out`, writes
+/// `d_gate[i] = d_out[i] * up[i] * s * (1 + gate[i] * (1 - s))` and
+/// `d_up[i] = d_out[i] * silu(gate[i])`, where `s = sigmoid(gate[i])`.
+///
+/// All five buffers hold `len` elements of `dtype`; the arithmetic is f32,
+/// each gradient rounded once to `dtype`. `d_gate` and `d_up` must not
+/// alias each other or the inputs.
+#[allow(clippy::too_many_arguments)]
+pub fn swiglu_backward_typed<R: Runtime>(
+    client: &ComputeClient<R>,
+    dtype: FloatDtype,
+    gate: &Handle,
+    up: &Handle,
+    d_out: &Handle,
+    d_gate: &Handle,
+    d_up: &Handle,
+    len: usize,
+) -> Result<(), ShapeError> {
     const OP: &str = "swiglu_backward";
+    check::dtype(OP, client, dtype)?;
     check::nonzero(OP, "len", len)?;
-    check::elems_4b(OP, "gate", gate, len)?;
-    check::elems_4b(OP, "up", up, len)?;
-    check::elems_4b(OP, "d_out", d_out, len)?;
-    check::elems_4b(OP, "d_gate", d_gate, len)?;
-    check::elems_4b(OP, "d_up", d_up, len)?;
+    let size = dtype.size_bytes();
+    check::elems(OP, "gate", gate, len, size)?;
+    check::elems(OP, "up", up, len, size)?;
+    check::elems(OP, "d_out", d_out, len, size)?;
+    check::elems(OP, "d_gate", d_gate, len, size)?;
+    check::elems(OP, "d_up", d_up, len, size)?;
     let vec = vector_size(len);
     let units = len / vec;
     let cube_dim = CubeDim::new_1d(CUBE_DIM);
-    // SAFETY: as in `swiglu_forward`, every buffer holds `len` f32 and the
-    // kernel guards its vector index.
-    unsafe {
-        swiglu_backward_kernel::launch_unchecked::<f32, R>(
-            client,
-            cubecl::calculate_cube_count_elemwise(client, units, cube_dim),
-            cube_dim,
-            vec,
-            ArrayArg::from_raw_parts(gate.clone(), len),
-            ArrayArg::from_raw_parts(up.clone(), len),
-            ArrayArg::from_raw_parts(d_out.clone(), len),
-            ArrayArg::from_raw_parts(d_gate.clone(), len),
-            ArrayArg::from_raw_parts(d_up.clone(), len),
-        );
-    }
+    with_storage!(dtype, F, round_bf16, {
+        // SAFETY: as in `swiglu_forward_typed`, every buffer holds `len`
+        // elements of `F` and the kernel guards its vector index.
+        unsafe {
+            swiglu_backward_kernel::launch_unchecked::<F, R>(
+                client,
+                cubecl::calculate_cube_count_elemwise(client, units, cube_dim),
+                cube_dim,
+                vec,
+                ArrayArg::from_raw_parts(gate.clone(), len),
+                ArrayArg::from_raw_parts(up.clone(), len),
+                ArrayArg::from_raw_parts(d_out.clone(), len),
+                ArrayArg::from_raw_parts(d_gate.clone(), len),
+                ArrayArg::from_raw_parts(d_up.clone(), len),
+                round_bf16,
+            );
+        }
+    });
     Ok(())
 }

@@ -1,5 +1,5 @@
-//! FlashAttention kernels (forward and FlashAttention-2 backward) against a
-//! naive host reference, on the wgpu runtime (lavapipe on machines without a
+//! FlashAttention kernels (forward and FlashAttention-2 backward, f32, f16
+//! and bf16 storage) against a naive host reference, on the wgpu runtime (lavapipe on machines without a
 //! GPU). The reference's own gradients are checked against central finite
 //! differences first.
 
@@ -7,11 +7,12 @@ mod attention_support;
 mod common;
 
 use attention_support::reference::Problem;
-use common::{client, download, upload, Rng};
+use common::{client, download, download_as, round_to, upload, upload_as, Rng};
 use ferrotron_kernels::attention::{
-    attention_backward, attention_forward, AttentionError, AttentionInputs, AttentionOptions,
-    AttentionShape,
+    attention_backward, attention_backward_typed, attention_forward, attention_forward_typed,
+    AttentionError, AttentionInputs, AttentionOptions, AttentionShape,
 };
+use ferrotron_kernels::FloatDtype;
 
 /// Largest error allowed, relative to the largest magnitude of the
 /// reference tensor.
@@ -77,6 +78,17 @@ fn relative_error(got: &[f32], want: &[f64]) -> f64 {
 /// asserts every output within [`TOLERANCE`] and returns the largest
 /// relative error.
 fn check_case(case: Case, seed: u64) -> f64 {
+    check_case_as(FloatDtype::F32, case, seed)
+}
+
+/// [`check_case`] with `q`, `k`, `v`, `d_out`, the output and the gradients
+/// stored as `dtype` (the log-sum-exp and the slopes f32). The reference
+/// gets the same rounded inputs; its backward takes the kernel's stored
+/// output for `delta = rowsum(dO * out)`, as the backward kernel does (the
+/// forward output is checked on its own). Outputs of `dtype` must be within
+/// [`common::tolerance`] of [`TOLERANCE`], the log-sum-exp within
+/// [`TOLERANCE`].
+fn check_case_as(dtype: FloatDtype, case: Case, seed: u64) -> f64 {
     let s = case.shape;
     let mut rng = Rng::new(seed);
     // Queries scaled up so the softmax is far from uniform.
@@ -85,9 +97,10 @@ fn check_case(case: Case, seed: u64) -> f64 {
         .iter()
         .map(|x| 4.0 * x)
         .collect();
-    let k = rng.vec(s.kv_elems(), -1.0, 1.0);
-    let v = rng.vec(s.kv_elems(), -1.0, 1.0);
-    let d_out = rng.vec(s.q_elems(), -1.0, 1.0);
+    let q = round_to(dtype, &q);
+    let k = round_to(dtype, &rng.vec(s.kv_elems(), -1.0, 1.0));
+    let v = round_to(dtype, &rng.vec(s.kv_elems(), -1.0, 1.0));
+    let d_out = round_to(dtype, &rng.vec(s.q_elems(), -1.0, 1.0));
     let slopes = case.alibi.then(|| alibi_slopes(s.n_heads));
     let options = AttentionOptions {
         causal: case.causal,
@@ -104,14 +117,13 @@ fn check_case(case: Case, seed: u64) -> f64 {
         v: to_f64(&v),
     };
     let want = problem.forward();
-    let want_grads = problem.backward(&to_f64(&d_out));
 
     let client = client();
     let (q_h, k_h, v_h, do_h) = (
-        upload(&client, &q),
-        upload(&client, &k),
-        upload(&client, &v),
-        upload(&client, &d_out),
+        upload_as(&client, dtype, &q),
+        upload_as(&client, dtype, &k),
+        upload_as(&client, dtype, &v),
+        upload_as(&client, dtype, &d_out),
     );
     let slopes_h = slopes.as_deref().map(|x| upload(&client, x));
     let inputs = AttentionInputs {
@@ -120,40 +132,61 @@ fn check_case(case: Case, seed: u64) -> f64 {
         v: &v_h,
         alibi_slopes: slopes_h.as_ref(),
     };
-    let fwd = attention_forward(&client, s, options, inputs).expect("forward launch");
-    let grads = attention_backward(&client, s, options, inputs, &fwd.out, &fwd.lse, &do_h)
-        .expect("backward launch");
+    let fwd = attention_forward_typed(&client, dtype, s, options, inputs).expect("forward launch");
+    let grads = attention_backward_typed(
+        &client, dtype, s, options, inputs, &fwd.out, &fwd.lse, &do_h,
+    )
+    .expect("backward launch");
 
+    let out = download_as(&client, dtype, &fwd.out);
+    let want_grads = if dtype == FloatDtype::F32 {
+        problem.backward(&to_f64(&d_out))
+    } else {
+        problem.backward_given_out(&to_f64(&d_out), &to_f64(&out))
+    };
+    let stored_tol = common::tolerance(dtype, TOLERANCE as f32) as f64;
     let errors = [
-        (
-            "out",
-            relative_error(&download(&client, &fwd.out), &want.out),
-        ),
+        ("out", relative_error(&out, &want.out), stored_tol),
         (
             "lse",
             relative_error(&download(&client, &fwd.lse), &want.lse),
+            TOLERANCE,
         ),
         (
             "dq",
-            relative_error(&download(&client, &grads.dq), &want_grads.dq),
+            relative_error(&download_as(&client, dtype, &grads.dq), &want_grads.dq),
+            stored_tol,
         ),
         (
             "dk",
-            relative_error(&download(&client, &grads.dk), &want_grads.dk),
+            relative_error(&download_as(&client, dtype, &grads.dk), &want_grads.dk),
+            stored_tol,
         ),
         (
             "dv",
-            relative_error(&download(&client, &grads.dv), &want_grads.dv),
+            relative_error(&download_as(&client, dtype, &grads.dv), &want_grads.dv),
+            stored_tol,
         ),
     ];
-    eprintln!("{case:?}: relative errors {errors:?}");
-    for (name, error) in errors {
+    eprintln!("{} {case:?}: relative errors {errors:?}", dtype.name());
+    for (name, error, tol) in errors {
         assert!(
-            error <= TOLERANCE,
-            "{name} off by {error:e} (relative to its largest magnitude) for {case:?}"
+            error <= tol,
+            "{} {name} off by {error:e} > {tol:e} (relative to its largest magnitude) for {case:?}",
+            dtype.name()
         );
     }
     errors.iter().map(|e| e.1).fold(0.0, f64::max)
+}
+
+#[test]
+fn f16_and_bf16_kernels_match_reference() {
+    // One case per type covers GQA, the causal mask, ALiBi and a ragged
+    // last tile; each new type compiles the four shaders again (slow on
+    // lavapipe).
+    for dtype in common::low_precision_dtypes(&client()) {
+        check_case_as(dtype, case(1, 8, 2, 65, 64, true, true), 400);
+    }
 }
 
 /// The input tensor `name` (`q`, `k` or `v`) of `problem`.

@@ -1,13 +1,17 @@
 //! Fused cross-entropy against a host reference (including the GPT-2 and
-//! Llama 3 vocabulary sizes), and the reference's gradient against central
+//! Llama 3 vocabulary sizes; logits in f32, f16 and bf16), and the reference's gradient against central
 //! finite differences.
 
 mod common;
 
 use common::{
-    assert_close, assert_close_f64, download, finite_diff, upload, upload_u32, zeros, Rng,
+    assert_close, assert_close_f64, download, download_as, finite_diff, round_to, upload,
+    upload_as, upload_u32, zeros, Rng,
 };
-use ferrotron_kernels::cross_entropy::{cross_entropy_forward_backward, IGNORE_INDEX};
+use ferrotron_kernels::cross_entropy::{
+    cross_entropy_forward_backward, cross_entropy_forward_backward_typed, IGNORE_INDEX,
+};
+use ferrotron_kernels::FloatDtype;
 
 /// Returns `(row_loss, mean_loss, d_logits)` for `grad_scale * mean_loss`.
 fn reference(
@@ -42,10 +46,14 @@ fn to_f32(v: &[f64]) -> Vec<f32> {
     v.iter().map(|&x| x as f32).collect()
 }
 
-fn check(rows: usize, vocab: usize, ignore_every: usize, seed: u64) {
+/// Runs the kernel with `dtype` logits on seeded inputs and compares it
+/// with the f64 reference on the same (rounded) logits: the f32 losses
+/// within the f32 bound, the gradient (stored as `dtype`) within
+/// [`common::tolerance`] of it.
+fn check(dtype: FloatDtype, rows: usize, vocab: usize, ignore_every: usize, seed: u64) {
     let client = common::client();
     let mut rng = Rng::new(seed);
-    let logits = rng.vec(rows * vocab, -8.0, 8.0);
+    let logits = round_to(dtype, &rng.vec(rows * vocab, -8.0, 8.0));
     let targets: Vec<u32> = (0..rows)
         .map(|r| {
             if r % ignore_every == 1 {
@@ -56,11 +64,12 @@ fn check(rows: usize, vocab: usize, ignore_every: usize, seed: u64) {
         })
         .collect();
     let grad_scale = 0.5;
-    let lh = upload(&client, &logits);
+    let lh = upload_as(&client, dtype, &logits);
     let th = upload_u32(&client, &targets);
     let (row_loss, mean) = (zeros(&client, rows), zeros(&client, 1));
-    cross_entropy_forward_backward(
+    cross_entropy_forward_backward_typed(
         &client,
+        dtype,
         &lh,
         &th,
         &row_loss,
@@ -71,7 +80,7 @@ fn check(rows: usize, vocab: usize, ignore_every: usize, seed: u64) {
     )
     .unwrap();
     let (el, em, eg) = reference(&to_f64(&logits), &targets, vocab, grad_scale);
-    let tag = format!("cross-entropy [{rows}, {vocab}]");
+    let tag = format!("cross-entropy {} [{rows}, {vocab}]", dtype.name());
     assert_close(
         &format!("{tag} row loss"),
         &download(&client, &row_loss),
@@ -86,9 +95,9 @@ fn check(rows: usize, vocab: usize, ignore_every: usize, seed: u64) {
     );
     assert_close(
         &format!("{tag} d_logits"),
-        &download(&client, &lh),
+        &download_as(&client, dtype, &lh),
         &to_f32(&eg),
-        1e-5,
+        common::tolerance(dtype, 1e-5),
     );
 }
 
@@ -100,18 +109,30 @@ fn cross_entropy_small_vocabularies_match_reference() {
         .into_iter()
         .enumerate()
     {
-        check(rows, vocab, 3, 23 + i as u64);
+        check(FloatDtype::F32, rows, vocab, 3, 23 + i as u64);
+    }
+}
+
+#[test]
+fn cross_entropy_f16_and_bf16_match_reference() {
+    for dtype in common::low_precision_dtypes(&common::client()) {
+        for (i, (rows, vocab)) in [(1, 1), (4, 7), (7, 1001), (3, 50_257)]
+            .into_iter()
+            .enumerate()
+        {
+            check(dtype, rows, vocab, 3, 31 + i as u64);
+        }
     }
 }
 
 #[test]
 fn cross_entropy_gpt2_vocabulary_matches_reference() {
-    check(3, 50_257, 3, 29);
+    check(FloatDtype::F32, 3, 50_257, 3, 29);
 }
 
 #[test]
 fn cross_entropy_llama3_vocabulary_matches_reference() {
-    check(2, 128_256, 5, 31);
+    check(FloatDtype::F32, 2, 128_256, 5, 31);
 }
 
 #[test]

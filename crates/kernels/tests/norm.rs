@@ -1,11 +1,18 @@
-//! RMSNorm and LayerNorm kernels against host references, and the
-//! references' backward against central finite differences.
+//! RMSNorm and LayerNorm kernels against host references in f32, f16 and
+//! bf16 storage, and the references' backward against central finite
+//! differences.
 
 mod common;
 
-use common::{assert_close, assert_close_f64, download, finite_diff, upload, zeros, Rng};
-use ferrotron_kernels::norm::layer::{layer_norm_backward, layer_norm_forward};
-use ferrotron_kernels::norm::rms::{rms_norm_backward, rms_norm_forward};
+use common::{
+    assert_close, assert_close_f64, download, download_as, finite_diff, round_to, upload_as, zeros,
+    zeros_as, Rng,
+};
+use ferrotron_kernels::norm::layer::{layer_norm_backward_typed, layer_norm_forward_typed};
+use ferrotron_kernels::norm::rms::{
+    rms_norm_backward_typed, rms_norm_forward, rms_norm_forward_typed,
+};
+use ferrotron_kernels::FloatDtype;
 
 const EPS: f64 = 1e-5;
 
@@ -94,31 +101,38 @@ fn layer_backward(
     (dx, dw, db)
 }
 
-#[test]
-fn rms_norm_forward_and_backward_match_reference() {
+/// RMSNorm forward and backward with `dtype` storage against the f64
+/// reference on the same (rounded) inputs. Outputs of `dtype` within
+/// [`common::tolerance`] of the f32 bounds; the f32 statistics within the
+/// f32 bounds.
+fn check_rms_norm(dtype: FloatDtype) {
     let client = common::client();
+    let tol = |f32_tol: f32| common::tolerance(dtype, f32_tol);
     let mut rng = Rng::new(3);
     for (rows, hidden) in SHAPES {
         let n = rows * hidden;
         let (x, w, dy) = (
-            rng.vec(n, -2.0, 2.0),
-            rng.vec(hidden, 0.5, 1.5),
-            rng.vec(n, -1.0, 1.0),
+            round_to(dtype, &rng.vec(n, -2.0, 2.0)),
+            round_to(dtype, &rng.vec(hidden, 0.5, 1.5)),
+            round_to(dtype, &rng.vec(n, -1.0, 1.0)),
         );
         let (xh, wh, dyh) = (
-            upload(&client, &x),
-            upload(&client, &w),
-            upload(&client, &dy),
+            upload_as(&client, dtype, &x),
+            upload_as(&client, dtype, &w),
+            upload_as(&client, dtype, &dy),
         );
-        let (y, rstd) = (zeros(&client, n), zeros(&client, rows));
-        rms_norm_forward(&client, &xh, &wh, &y, &rstd, rows, hidden, EPS as f32).unwrap();
+        let (y, rstd) = (zeros_as(&client, dtype, n), zeros(&client, rows));
+        rms_norm_forward_typed(
+            &client, dtype, &xh, &wh, &y, &rstd, rows, hidden, EPS as f32,
+        )
+        .unwrap();
         let (ey, er) = rms_forward(&to_f64(&x), &to_f64(&w), hidden);
-        let tag = format!("rms [{rows}, {hidden}]");
+        let tag = format!("rms {} [{rows}, {hidden}]", dtype.name());
         assert_close(
             &format!("{tag} y"),
-            &download(&client, &y),
+            &download_as(&client, dtype, &y),
             &to_f32(&ey),
-            1e-5,
+            tol(1e-5),
         );
         assert_close(
             &format!("{tag} rstd"),
@@ -127,59 +141,67 @@ fn rms_norm_forward_and_backward_match_reference() {
             1e-5,
         );
 
-        let (dx, dw) = (zeros(&client, n), zeros(&client, hidden));
-        rms_norm_backward(&client, &xh, &wh, &rstd, &dyh, &dx, &dw, rows, hidden).unwrap();
+        let (dx, dw) = (
+            zeros_as(&client, dtype, n),
+            zeros_as(&client, dtype, hidden),
+        );
+        rms_norm_backward_typed(
+            &client, dtype, &xh, &wh, &rstd, &dyh, &dx, &dw, rows, hidden,
+        )
+        .unwrap();
         let (edx, edw) = rms_backward(&to_f64(&x), &to_f64(&w), &to_f64(&dy), hidden);
         assert_close(
             &format!("{tag} dx"),
-            &download(&client, &dx),
+            &download_as(&client, dtype, &dx),
             &to_f32(&edx),
-            1e-4,
+            tol(1e-4),
         );
         assert_close(
             &format!("{tag} d_weight"),
-            &download(&client, &dw),
+            &download_as(&client, dtype, &dw),
             &to_f32(&edw),
-            1e-5,
+            tol(1e-5),
         );
     }
 }
 
-#[test]
-fn layer_norm_forward_and_backward_match_reference() {
+/// LayerNorm forward and backward with `dtype` storage, as
+/// [`check_rms_norm`].
+fn check_layer_norm(dtype: FloatDtype) {
     let client = common::client();
+    let tol = |f32_tol: f32| common::tolerance(dtype, f32_tol);
     let mut rng = Rng::new(5);
     for (rows, hidden) in SHAPES {
         let n = rows * hidden;
         // An offset mean checks the two-pass variance.
-        let x = rng.vec(n, 1.0, 5.0);
+        let x = round_to(dtype, &rng.vec(n, 1.0, 5.0));
         let (w, b, dy) = (
-            rng.vec(hidden, 0.5, 1.5),
-            rng.vec(hidden, -1.0, 1.0),
-            rng.vec(n, -1.0, 1.0),
+            round_to(dtype, &rng.vec(hidden, 0.5, 1.5)),
+            round_to(dtype, &rng.vec(hidden, -1.0, 1.0)),
+            round_to(dtype, &rng.vec(n, -1.0, 1.0)),
         );
         let (xh, wh, bh, dyh) = (
-            upload(&client, &x),
-            upload(&client, &w),
-            upload(&client, &b),
-            upload(&client, &dy),
+            upload_as(&client, dtype, &x),
+            upload_as(&client, dtype, &w),
+            upload_as(&client, dtype, &b),
+            upload_as(&client, dtype, &dy),
         );
         let (y, mean, rstd) = (
-            zeros(&client, n),
+            zeros_as(&client, dtype, n),
             zeros(&client, rows),
             zeros(&client, rows),
         );
-        layer_norm_forward(
-            &client, &xh, &wh, &bh, &y, &mean, &rstd, rows, hidden, EPS as f32,
+        layer_norm_forward_typed(
+            &client, dtype, &xh, &wh, &bh, &y, &mean, &rstd, rows, hidden, EPS as f32,
         )
         .unwrap();
         let (ey, em, er) = layer_forward(&to_f64(&x), &to_f64(&w), &to_f64(&b), hidden);
-        let tag = format!("layer [{rows}, {hidden}]");
+        let tag = format!("layer {} [{rows}, {hidden}]", dtype.name());
         assert_close(
             &format!("{tag} y"),
-            &download(&client, &y),
+            &download_as(&client, dtype, &y),
             &to_f32(&ey),
-            1e-4,
+            tol(1e-4),
         );
         assert_close(
             &format!("{tag} mean"),
@@ -195,33 +217,57 @@ fn layer_norm_forward_and_backward_match_reference() {
         );
 
         let (dx, dw, db) = (
-            zeros(&client, n),
-            zeros(&client, hidden),
-            zeros(&client, hidden),
+            zeros_as(&client, dtype, n),
+            zeros_as(&client, dtype, hidden),
+            zeros_as(&client, dtype, hidden),
         );
-        layer_norm_backward(
-            &client, &xh, &wh, &mean, &rstd, &dyh, &dx, &dw, &db, rows, hidden,
+        layer_norm_backward_typed(
+            &client, dtype, &xh, &wh, &mean, &rstd, &dyh, &dx, &dw, &db, rows, hidden,
         )
         .unwrap();
         let (edx, edw, edb) = layer_backward(&to_f64(&x), &to_f64(&w), &to_f64(&dy), hidden);
         assert_close(
             &format!("{tag} dx"),
-            &download(&client, &dx),
+            &download_as(&client, dtype, &dx),
             &to_f32(&edx),
-            1e-4,
+            tol(1e-4),
         );
         assert_close(
             &format!("{tag} d_weight"),
-            &download(&client, &dw),
+            &download_as(&client, dtype, &dw),
             &to_f32(&edw),
-            1e-4,
+            tol(1e-4),
         );
         assert_close(
             &format!("{tag} d_bias"),
-            &download(&client, &db),
+            &download_as(&client, dtype, &db),
             &to_f32(&edb),
-            1e-5,
+            tol(1e-5),
         );
+    }
+}
+
+#[test]
+fn rms_norm_forward_and_backward_match_reference() {
+    check_rms_norm(FloatDtype::F32);
+}
+
+#[test]
+fn rms_norm_f16_and_bf16_match_reference() {
+    for dtype in common::low_precision_dtypes(&common::client()) {
+        check_rms_norm(dtype);
+    }
+}
+
+#[test]
+fn layer_norm_forward_and_backward_match_reference() {
+    check_layer_norm(FloatDtype::F32);
+}
+
+#[test]
+fn layer_norm_f16_and_bf16_match_reference() {
+    for dtype in common::low_precision_dtypes(&common::client()) {
+        check_layer_norm(dtype);
     }
 }
 

@@ -1,10 +1,13 @@
-//! RoPE kernels against a host reference, and the reference's backward
-//! against central finite differences.
+//! RoPE kernels against a host reference in f32, f16 and bf16 storage, and
+//! the reference's backward against central finite differences.
 
 mod common;
 
-use common::{assert_close, assert_close_f64, download, finite_diff, upload, Rng};
-use ferrotron_kernels::rope::{rope_backward, rope_forward, RopeShape};
+use common::{
+    assert_close, assert_close_f64, download_as, finite_diff, round_to, upload, upload_as, Rng,
+};
+use ferrotron_kernels::rope::{rope_backward_typed, rope_forward, rope_forward_typed, RopeShape};
+use ferrotron_kernels::FloatDtype;
 
 /// Rotates `x: [batch, heads, seq, head_dim]` by RoPE (rotate_half pairs)
 /// at angles `sign * pos * inv_freq[i]`.
@@ -38,9 +41,12 @@ fn to_f32(v: &[f64]) -> Vec<f32> {
     v.iter().map(|&x| x as f32).collect()
 }
 
-#[test]
-fn rope_forward_and_backward_match_reference() {
+/// RoPE forward and backward with `dtype` storage (frequencies f32)
+/// against the f64 reference on the same (rounded) inputs, within
+/// [`common::tolerance`] of the f32 bound.
+fn check_rope(dtype: FloatDtype) {
     let client = common::client();
+    let tol = common::tolerance(dtype, 1e-5);
     let mut rng = Rng::new(17);
     let cases = [
         (
@@ -87,7 +93,7 @@ fn rope_forward_and_backward_match_reference() {
     ];
     for (index, (shape, offset, theta)) in cases.into_iter().enumerate() {
         let n = shape.batch * shape.heads * shape.seq * shape.head_dim;
-        let x = rng.vec(n, -2.0, 2.0);
+        let x = round_to(dtype, &rng.vec(n, -2.0, 2.0));
         // Odd cases: arbitrary frequencies (as a scaled RoPE gives), not
         // powers of theta, so the kernel cannot be recomputing them itself.
         let freqs = if index % 2 == 1 {
@@ -95,28 +101,43 @@ fn rope_forward_and_backward_match_reference() {
         } else {
             default_freqs(theta, shape.head_dim)
         };
-        let tag = format!("rope {shape:?} offset {offset} theta {theta} freqs {freqs:?}");
+        let tag = format!(
+            "rope {} {shape:?} offset {offset} theta {theta} freqs {freqs:?}",
+            dtype.name()
+        );
         let f = upload(&client, &freqs);
 
-        let h = upload(&client, &x);
-        rope_forward(&client, &h, &f, shape, offset).unwrap();
+        let h = upload_as(&client, dtype, &x);
+        rope_forward_typed(&client, dtype, &h, &f, shape, offset).unwrap();
         let expected = reference(&to_f64(&x), shape, offset, &to_f64(&freqs), 1.0);
         assert_close(
             &format!("{tag} forward"),
-            &download(&client, &h),
+            &download_as(&client, dtype, &h),
             &to_f32(&expected),
-            1e-5,
+            tol,
         );
 
-        let h = upload(&client, &x);
-        rope_backward(&client, &h, &f, shape, offset).unwrap();
+        let h = upload_as(&client, dtype, &x);
+        rope_backward_typed(&client, dtype, &h, &f, shape, offset).unwrap();
         let expected = reference(&to_f64(&x), shape, offset, &to_f64(&freqs), -1.0);
         assert_close(
             &format!("{tag} backward"),
-            &download(&client, &h),
+            &download_as(&client, dtype, &h),
             &to_f32(&expected),
-            1e-5,
+            tol,
         );
+    }
+}
+
+#[test]
+fn rope_forward_and_backward_match_reference() {
+    check_rope(FloatDtype::F32);
+}
+
+#[test]
+fn rope_f16_and_bf16_match_reference() {
+    for dtype in common::low_precision_dtypes(&common::client()) {
+        check_rope(dtype);
     }
 }
 

@@ -3,6 +3,8 @@
 
 use cubecl::prelude::*;
 
+use crate::dtype::{load, store};
+
 use super::tiles::{alibi_bias, visible, KEYS_PER_STEP};
 
 /// Each unit computes `dk` and `dv` for one key row of one `(batch,
@@ -26,10 +28,10 @@ pub(crate) fn attention_backward_kv_kernel<F: Float>(
     q: &Array<F>,
     k: &Array<F>,
     v: &Array<F>,
-    slopes: &Array<F>,
+    slopes: &Array<f32>,
     d_out: &Array<F>,
-    lse: &Array<F>,
-    delta: &Array<F>,
+    lse: &Array<f32>,
+    delta: &Array<f32>,
     dk: &mut Array<F>,
     dv: &mut Array<F>,
     seq: u32,
@@ -39,9 +41,9 @@ pub(crate) fn attention_backward_kv_kernel<F: Float>(
     #[comptime] head_dim: usize,
     #[comptime] causal: bool,
     #[comptime] alibi: bool,
+    #[comptime] round_bf16: bool,
 ) {
     let seq = seq as usize;
-    let scale = F::cast_from(scale);
     let n_heads = n_heads as usize;
     let group = group as usize;
     let kv_bh = CUBE_POS_Y as usize;
@@ -53,18 +55,18 @@ pub(crate) fn attention_backward_kv_kernel<F: Float>(
     // Rows past `seq` compute on a copy of the last row and are not written.
     let key_base = (kv_bh * seq + min(key, seq - 1)) * head_dim;
 
-    let mut k_row = Array::<F>::new(head_dim);
-    let mut v_row = Array::<F>::new(head_dim);
-    let mut dk_row = Array::<F>::new(head_dim);
-    let mut dv_row = Array::<F>::new(head_dim);
+    let mut k_row = Array::<f32>::new(head_dim);
+    let mut v_row = Array::<f32>::new(head_dim);
+    let mut dk_row = Array::<f32>::new(head_dim);
+    let mut dv_row = Array::<f32>::new(head_dim);
     for d in 0..head_dim {
-        k_row[d] = k[key_base + d];
-        v_row[d] = v[key_base + d];
-        dk_row[d] = F::new(0.0);
-        dv_row[d] = F::new(0.0);
+        k_row[d] = load::<F>(k[key_base + d], round_bf16);
+        v_row[d] = load::<F>(v[key_base + d], round_bf16);
+        dk_row[d] = 0.0f32;
+        dv_row[d] = 0.0f32;
     }
-    let mut probs = Array::<F>::new(KEYS_PER_STEP);
-    let mut dss = Array::<F>::new(KEYS_PER_STEP);
+    let mut probs = Array::<f32>::new(KEYS_PER_STEP);
+    let mut dss = Array::<f32>::new(KEYS_PER_STEP);
 
     // With a causal mask, queries before the cube's first key see none of
     // its keys. The same start for the whole cube keeps the Q/dO reads
@@ -78,7 +80,7 @@ pub(crate) fn attention_backward_kv_kernel<F: Float>(
         let head = kv_head * group + g;
         let bh = batch * n_heads + head;
         let q_base = bh * seq * head_dim;
-        let mut slope = F::new(0.0);
+        let mut slope = 0.0f32;
         if alibi {
             slope = slopes[head];
         }
@@ -87,8 +89,8 @@ pub(crate) fn attention_backward_kv_kernel<F: Float>(
         while first_query < seq {
             #[unroll]
             for i in 0..KEYS_PER_STEP {
-                probs[i] = F::new(0.0);
-                dss[i] = F::new(0.0);
+                probs[i] = 0.0f32;
+                dss[i] = 0.0f32;
             }
             for d in 0..head_dim {
                 let k_d = k_row[d];
@@ -96,8 +98,8 @@ pub(crate) fn attention_backward_kv_kernel<F: Float>(
                 #[unroll]
                 for i in 0..KEYS_PER_STEP {
                     let at = q_base + min(first_query + i, seq - 1) * head_dim + d;
-                    probs[i] += k_d * q[at];
-                    dss[i] += v_d * d_out[at];
+                    probs[i] += k_d * load::<F>(q[at], round_bf16);
+                    dss[i] += v_d * load::<F>(d_out[at], round_bf16);
                 }
             }
 
@@ -108,13 +110,13 @@ pub(crate) fn attention_backward_kv_kernel<F: Float>(
                 let row = bh * seq + min(query, seq - 1);
                 let mut score = probs[i] * scale;
                 if alibi {
-                    score += alibi_bias::<F>(slope, query, key);
+                    score += alibi_bias(slope, query, key);
                 }
-                let p = F::exp(score - lse[row]);
+                let p = f32::exp(score - lse[row]);
                 let ds = p * (dss[i] - delta[row]);
                 let seen = visible(query, key, seq, causal);
-                probs[i] = select(seen, p, F::new(0.0));
-                dss[i] = select(seen, ds, F::new(0.0));
+                probs[i] = select(seen, p, 0.0f32);
+                dss[i] = select(seen, ds, 0.0f32);
             }
             for d in 0..head_dim {
                 let mut grad_v = dv_row[d];
@@ -122,8 +124,8 @@ pub(crate) fn attention_backward_kv_kernel<F: Float>(
                 #[unroll]
                 for i in 0..KEYS_PER_STEP {
                     let at = q_base + min(first_query + i, seq - 1) * head_dim + d;
-                    grad_v += probs[i] * d_out[at];
-                    grad_k += dss[i] * q[at];
+                    grad_v += probs[i] * load::<F>(d_out[at], round_bf16);
+                    grad_k += dss[i] * load::<F>(q[at], round_bf16);
                 }
                 dv_row[d] = grad_v;
                 dk_row[d] = grad_k;
@@ -134,8 +136,8 @@ pub(crate) fn attention_backward_kv_kernel<F: Float>(
 
     if key < seq {
         for d in 0..head_dim {
-            dk[key_base + d] = dk_row[d] * scale;
-            dv[key_base + d] = dv_row[d];
+            dk[key_base + d] = store::<F>(dk_row[d] * scale, round_bf16);
+            dv[key_base + d] = store::<F>(dv_row[d], round_bf16);
         }
     }
 }

@@ -3,6 +3,8 @@
 
 use cubecl::prelude::*;
 
+use crate::dtype::{load, store};
+
 use super::tiles::{alibi_bias, visible, KEYS_PER_STEP};
 
 /// Each unit computes `dq` for one query row of one `(batch, head)`; its
@@ -23,10 +25,10 @@ pub(crate) fn attention_backward_q_kernel<F: Float>(
     q: &Array<F>,
     k: &Array<F>,
     v: &Array<F>,
-    slopes: &Array<F>,
+    slopes: &Array<f32>,
     d_out: &Array<F>,
-    lse: &Array<F>,
-    delta: &Array<F>,
+    lse: &Array<f32>,
+    delta: &Array<f32>,
     dq: &mut Array<F>,
     seq: u32,
     n_heads: u32,
@@ -35,9 +37,9 @@ pub(crate) fn attention_backward_q_kernel<F: Float>(
     #[comptime] head_dim: usize,
     #[comptime] causal: bool,
     #[comptime] alibi: bool,
+    #[comptime] round_bf16: bool,
 ) {
     let seq = seq as usize;
-    let scale = F::cast_from(scale);
     let n_heads = n_heads as usize;
     let group = group as usize;
     let bh = CUBE_POS_Y as usize;
@@ -47,7 +49,7 @@ pub(crate) fn attention_backward_q_kernel<F: Float>(
     let query = first_query + UNIT_POS_X as usize;
     let kv_base = kv_bh * seq * head_dim;
 
-    let mut slope = F::new(0.0);
+    let mut slope = 0.0f32;
     if alibi {
         slope = slopes[head];
     }
@@ -58,16 +60,16 @@ pub(crate) fn attention_backward_q_kernel<F: Float>(
     let row_lse = lse[row];
     let row_delta = delta[row];
     // The query row is pre-multiplied by the softmax scale.
-    let mut q_row = Array::<F>::new(head_dim);
-    let mut do_row = Array::<F>::new(head_dim);
-    let mut dq_row = Array::<F>::new(head_dim);
+    let mut q_row = Array::<f32>::new(head_dim);
+    let mut do_row = Array::<f32>::new(head_dim);
+    let mut dq_row = Array::<f32>::new(head_dim);
     for d in 0..head_dim {
-        q_row[d] = q[row_base + d] * scale;
-        do_row[d] = d_out[row_base + d];
-        dq_row[d] = F::new(0.0);
+        q_row[d] = load::<F>(q[row_base + d], round_bf16) * scale;
+        do_row[d] = load::<F>(d_out[row_base + d], round_bf16);
+        dq_row[d] = 0.0f32;
     }
-    let mut scores = Array::<F>::new(KEYS_PER_STEP);
-    let mut dps = Array::<F>::new(KEYS_PER_STEP);
+    let mut scores = Array::<f32>::new(KEYS_PER_STEP);
+    let mut dps = Array::<f32>::new(KEYS_PER_STEP);
 
     // Same key range for the whole cube, as in the forward kernel.
     let mut key_end = seq;
@@ -78,8 +80,8 @@ pub(crate) fn attention_backward_q_kernel<F: Float>(
     while first_key < key_end {
         #[unroll]
         for j in 0..KEYS_PER_STEP {
-            scores[j] = F::new(0.0);
-            dps[j] = F::new(0.0);
+            scores[j] = 0.0f32;
+            dps[j] = 0.0f32;
         }
         for d in 0..head_dim {
             let q_d = q_row[d];
@@ -87,8 +89,8 @@ pub(crate) fn attention_backward_q_kernel<F: Float>(
             #[unroll]
             for j in 0..KEYS_PER_STEP {
                 let at = kv_base + min(first_key + j, seq - 1) * head_dim + d;
-                scores[j] += q_d * k[at];
-                dps[j] += do_d * v[at];
+                scores[j] += q_d * load::<F>(k[at], round_bf16);
+                dps[j] += do_d * load::<F>(v[at], round_bf16);
             }
         }
 
@@ -98,16 +100,20 @@ pub(crate) fn attention_backward_q_kernel<F: Float>(
             let key = first_key + j;
             let mut score = scores[j];
             if alibi {
-                score += alibi_bias::<F>(slope, query, key);
+                score += alibi_bias(slope, query, key);
             }
-            let ds = F::exp(score - row_lse) * (dps[j] - row_delta);
-            scores[j] = select(visible(query, key, seq, causal), ds, F::new(0.0));
+            let ds = f32::exp(score - row_lse) * (dps[j] - row_delta);
+            scores[j] = select(visible(query, key, seq, causal), ds, 0.0f32);
         }
         for d in 0..head_dim {
             let mut grad = dq_row[d];
             #[unroll]
             for j in 0..KEYS_PER_STEP {
-                grad += scores[j] * k[kv_base + min(first_key + j, seq - 1) * head_dim + d];
+                grad += scores[j]
+                    * load::<F>(
+                        k[kv_base + min(first_key + j, seq - 1) * head_dim + d],
+                        round_bf16,
+                    );
             }
             dq_row[d] = grad;
         }
@@ -116,7 +122,7 @@ pub(crate) fn attention_backward_q_kernel<F: Float>(
 
     if query < seq {
         for d in 0..head_dim {
-            dq[row_base + d] = dq_row[d] * scale;
+            dq[row_base + d] = store::<F>(dq_row[d] * scale, round_bf16);
         }
     }
 }

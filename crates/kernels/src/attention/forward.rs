@@ -3,6 +3,8 @@
 
 use cubecl::prelude::*;
 
+use crate::dtype::{load, store};
+
 use super::tiles::{alibi_bias, visible, KEYS_PER_STEP, NEG_LARGE};
 
 /// Each unit owns one query row of one `(batch, head)` (its scaled query and
@@ -25,9 +27,9 @@ pub(crate) fn attention_forward_kernel<F: Float>(
     q: &Array<F>,
     k: &Array<F>,
     v: &Array<F>,
-    slopes: &Array<F>,
+    slopes: &Array<f32>,
     out: &mut Array<F>,
-    lse: &mut Array<F>,
+    lse: &mut Array<f32>,
     seq: u32,
     n_heads: u32,
     group: u32,
@@ -35,9 +37,9 @@ pub(crate) fn attention_forward_kernel<F: Float>(
     #[comptime] head_dim: usize,
     #[comptime] causal: bool,
     #[comptime] alibi: bool,
+    #[comptime] round_bf16: bool,
 ) {
     let seq = seq as usize;
-    let scale = F::cast_from(scale);
     let n_heads = n_heads as usize;
     let group = group as usize;
     let bh = CUBE_POS_Y as usize;
@@ -47,7 +49,7 @@ pub(crate) fn attention_forward_kernel<F: Float>(
     let query = first_query + UNIT_POS_X as usize;
     let kv_base = kv_bh * seq * head_dim;
 
-    let mut slope = F::new(0.0);
+    let mut slope = 0.0f32;
     if alibi {
         slope = slopes[head];
     }
@@ -55,13 +57,13 @@ pub(crate) fn attention_forward_kernel<F: Float>(
     // Rows past `seq` compute on a copy of the last row and are not written.
     let row_base = (bh * seq + min(query, seq - 1)) * head_dim;
     // The query row is pre-multiplied by the softmax scale.
-    let mut q_row = Array::<F>::new(head_dim);
-    let mut acc = Array::<F>::new(head_dim);
+    let mut q_row = Array::<f32>::new(head_dim);
+    let mut acc = Array::<f32>::new(head_dim);
     for d in 0..head_dim {
-        q_row[d] = q[row_base + d] * scale;
-        acc[d] = F::new(0.0);
+        q_row[d] = load::<F>(q[row_base + d], round_bf16) * scale;
+        acc[d] = 0.0f32;
     }
-    let mut scores = Array::<F>::new(KEYS_PER_STEP);
+    let mut scores = Array::<f32>::new(KEYS_PER_STEP);
 
     // The same key range for every unit of the cube keeps the K/V reads
     // uniform; with a causal mask it ends after the cube's last query.
@@ -69,47 +71,51 @@ pub(crate) fn attention_forward_kernel<F: Float>(
     if causal {
         key_end = min(first_query + CUBE_DIM_X as usize, seq);
     }
-    let mut row_max = F::new(NEG_LARGE);
-    let mut row_sum = F::new(0.0);
+    let mut row_max = f32::new(NEG_LARGE);
+    let mut row_sum = 0.0f32;
 
     let mut first_key = 0usize;
     while first_key < key_end {
         #[unroll]
         for j in 0..KEYS_PER_STEP {
-            scores[j] = F::new(0.0);
+            scores[j] = 0.0f32;
         }
         for d in 0..head_dim {
             let q_d = q_row[d];
             #[unroll]
             for j in 0..KEYS_PER_STEP {
-                scores[j] += q_d * k[kv_base + min(first_key + j, seq - 1) * head_dim + d];
+                scores[j] += q_d
+                    * load::<F>(
+                        k[kv_base + min(first_key + j, seq - 1) * head_dim + d],
+                        round_bf16,
+                    );
             }
         }
 
         // Masked keys score `NEG_LARGE`. Key 0 is visible to every row, so
         // `row_max` is a real score after the first step and masked keys
         // get probability 0.
-        let mut step_max = F::new(NEG_LARGE);
+        let mut step_max = f32::new(NEG_LARGE);
         #[unroll]
         for j in 0..KEYS_PER_STEP {
             let key = first_key + j;
             let mut score = scores[j];
             if alibi {
-                score += alibi_bias::<F>(slope, query, key);
+                score += alibi_bias(slope, query, key);
             }
-            score = select(visible(query, key, seq, causal), score, F::new(NEG_LARGE));
+            score = select(visible(query, key, seq, causal), score, f32::new(NEG_LARGE));
             scores[j] = score;
             step_max = max(step_max, score);
         }
         let new_max = max(row_max, step_max);
-        let correction = F::exp(row_max - new_max);
+        let correction = f32::exp(row_max - new_max);
         row_sum *= correction;
         #[unroll]
         for j in 0..KEYS_PER_STEP {
             let p = select(
                 visible(query, first_key + j, seq, causal),
-                F::exp(scores[j] - new_max),
-                F::new(0.0),
+                f32::exp(scores[j] - new_max),
+                0.0f32,
             );
             row_sum += p;
             scores[j] = p;
@@ -121,7 +127,11 @@ pub(crate) fn attention_forward_kernel<F: Float>(
             let mut value = acc[d] * correction;
             #[unroll]
             for j in 0..KEYS_PER_STEP {
-                value += scores[j] * v[kv_base + min(first_key + j, seq - 1) * head_dim + d];
+                value += scores[j]
+                    * load::<F>(
+                        v[kv_base + min(first_key + j, seq - 1) * head_dim + d],
+                        round_bf16,
+                    );
             }
             acc[d] = value;
         }
@@ -130,10 +140,10 @@ pub(crate) fn attention_forward_kernel<F: Float>(
     }
 
     if query < seq {
-        let inv_sum = F::new(1.0) / row_sum;
+        let inv_sum = 1.0f32 / row_sum;
         for d in 0..head_dim {
-            out[row_base + d] = acc[d] * inv_sum;
+            out[row_base + d] = store::<F>(acc[d] * inv_sum, round_bf16);
         }
-        lse[bh * seq + query] = row_max + F::ln(row_sum);
+        lse[bh * seq + query] = row_max + f32::ln(row_sum);
     }
 }

@@ -18,27 +18,42 @@ use super::shape::{
     check_buffer, AttentionError, AttentionInputs, AttentionOptions, AttentionShape,
 };
 use super::tiles::ROWS_PER_CUBE;
+use crate::dtype::{with_storage, FloatDtype};
 
-/// Result of [`attention_forward`].
+/// Result of [`attention_forward_typed`].
 #[derive(Debug)]
 pub struct AttentionForward {
-    /// Attention output, `[batch, n_heads, seq, head_dim]` `f32`.
+    /// Attention output, `[batch, n_heads, seq, head_dim]`, in the launch's
+    /// [`FloatDtype`].
     pub out: Handle,
     /// Natural-log log-sum-exp of each query row's scaled, biased, masked
-    /// scores, `[batch, n_heads, seq]` `f32`; the backward pass needs it.
+    /// scores, `[batch, n_heads, seq]`, always `f32` (the backward pass
+    /// recomputes `exp(score - lse)` from it: rounded to bf16, whose values
+    /// near 10 are 1/16 apart, an `lse` would scale every probability of its
+    /// row by up to 3%).
     pub lse: Handle,
 }
 
-/// Result of [`attention_backward`].
+/// Result of [`attention_backward_typed`], in the launch's [`FloatDtype`].
 #[derive(Debug)]
 pub struct AttentionGradients {
-    /// Gradient of the queries, `[batch, n_heads, seq, head_dim]` `f32`.
+    /// Gradient of the queries, `[batch, n_heads, seq, head_dim]`.
     pub dq: Handle,
-    /// Gradient of the keys, `[batch, n_kv_heads, seq, head_dim]` `f32`,
-    /// summed over the query heads that share each key/value head.
+    /// Gradient of the keys, `[batch, n_kv_heads, seq, head_dim]`, summed
+    /// over the query heads that share each key/value head.
     pub dk: Handle,
-    /// Gradient of the values, `[batch, n_kv_heads, seq, head_dim]` `f32`.
+    /// Gradient of the values, `[batch, n_kv_heads, seq, head_dim]`.
     pub dv: Handle,
+}
+
+/// [`attention_forward_typed`] on f32 tensors ([`FloatDtype::F32`]).
+pub fn attention_forward<R: Runtime>(
+    client: &ComputeClient<R>,
+    shape: AttentionShape,
+    options: AttentionOptions,
+    inputs: AttentionInputs<'_>,
+) -> Result<AttentionForward, AttentionError> {
+    attention_forward_typed(client, FloatDtype::F32, shape, options, inputs)
 }
 
 /// FlashAttention forward: `out = softmax(scale * q k^T + bias + mask) v`
@@ -46,46 +61,78 @@ pub struct AttentionGradients {
 /// the per-row log-sum-exp. See [`AttentionShape`] for the layouts and
 /// [`AttentionInputs::alibi_slopes`] for the bias convention.
 ///
-/// Errors when the shape is unsupported or a buffer size does not match it.
-/// The kernels run asynchronously; read the outputs through `client`.
-pub fn attention_forward<R: Runtime>(
+/// `q`, `k`, `v` and the output hold `dtype`; scores, the softmax and the
+/// output accumulator are f32, the output rounded once to `dtype`; the
+/// log-sum-exp is f32.
+///
+/// Errors when the shape is unsupported, a buffer size does not match it or
+/// the runtime cannot run `dtype`. The kernels run asynchronously; read the
+/// outputs through `client`.
+pub fn attention_forward_typed<R: Runtime>(
     client: &ComputeClient<R>,
+    dtype: FloatDtype,
     shape: AttentionShape,
     options: AttentionOptions,
     inputs: AttentionInputs<'_>,
 ) -> Result<AttentionForward, AttentionError> {
+    check_dtype(client, dtype)?;
     shape.validate()?;
-    inputs.check(&shape)?;
+    inputs.check(&shape, dtype)?;
     let query_tiles = grid_axis(client, shape.seq.div_ceil(ROWS_PER_CUBE), 0)?;
     let heads = grid_axis(client, shape.batch * shape.n_heads, 1)?;
 
-    let out = client.empty(shape.q_elems() * size_of::<f32>());
+    let out = client.empty(shape.q_elems() * dtype.size_bytes());
     let lse = client.empty(shape.rows() * size_of::<f32>());
     let (slopes, alibi) = slopes_arg(client, &inputs, &shape);
-    // SAFETY: every buffer holds the elements its `array` argument states
-    // (checked above); the kernel clamps the rows it reads to `seq - 1` and
-    // writes only rows below `seq`.
-    unsafe {
-        attention_forward_kernel::launch_unchecked::<f32, R>(
-            client,
-            CubeCount::Static(query_tiles, heads, 1),
-            CubeDim::new_1d(ROWS_PER_CUBE as u32),
-            array(inputs.q, shape.q_elems()),
-            array(inputs.k, shape.kv_elems()),
-            array(inputs.v, shape.kv_elems()),
-            slopes,
-            array(&out, shape.q_elems()),
-            array(&lse, shape.rows()),
-            shape.seq as u32,
-            shape.n_heads as u32,
-            shape.group() as u32,
-            options.scale_for(shape.head_dim),
-            shape.head_dim,
-            options.causal,
-            alibi,
-        );
-    }
+    with_storage!(dtype, F, round_bf16, {
+        // SAFETY: every buffer holds the elements its `array` argument
+        // states (checked above); the kernel clamps the rows it reads to
+        // `seq - 1` and writes only rows below `seq`.
+        unsafe {
+            attention_forward_kernel::launch_unchecked::<F, R>(
+                client,
+                CubeCount::Static(query_tiles, heads, 1),
+                CubeDim::new_1d(ROWS_PER_CUBE as u32),
+                array(inputs.q, shape.q_elems()),
+                array(inputs.k, shape.kv_elems()),
+                array(inputs.v, shape.kv_elems()),
+                slopes,
+                array(&out, shape.q_elems()),
+                array(&lse, shape.rows()),
+                shape.seq as u32,
+                shape.n_heads as u32,
+                shape.group() as u32,
+                options.scale_for(shape.head_dim),
+                shape.head_dim,
+                options.causal,
+                alibi,
+                round_bf16,
+            );
+        }
+    });
     Ok(AttentionForward { out, lse })
+}
+
+/// [`attention_backward_typed`] on f32 tensors ([`FloatDtype::F32`]).
+pub fn attention_backward<R: Runtime>(
+    client: &ComputeClient<R>,
+    shape: AttentionShape,
+    options: AttentionOptions,
+    inputs: AttentionInputs<'_>,
+    out: &Handle,
+    lse: &Handle,
+    d_out: &Handle,
+) -> Result<AttentionGradients, AttentionError> {
+    attention_backward_typed(
+        client,
+        FloatDtype::F32,
+        shape,
+        options,
+        inputs,
+        out,
+        lse,
+        d_out,
+    )
 }
 
 /// FlashAttention-2 backward: from the forward's inputs, its `out` and
@@ -96,9 +143,16 @@ pub fn attention_forward<R: Runtime>(
 /// The probabilities are recomputed from `lse`; no atomics, so the result is
 /// deterministic.
 ///
-/// Errors when the shape is unsupported or a buffer size does not match it.
-pub fn attention_backward<R: Runtime>(
+/// `q`, `k`, `v`, `out`, `d_out` and the gradients hold `dtype`, `lse` is
+/// f32 (as the forward wrote it); `delta` and every sum are f32, each
+/// gradient rounded once to `dtype`.
+///
+/// Errors when the shape is unsupported, a buffer size does not match it or
+/// the runtime cannot run `dtype`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward_typed<R: Runtime>(
     client: &ComputeClient<R>,
+    dtype: FloatDtype,
     shape: AttentionShape,
     options: AttentionOptions,
     inputs: AttentionInputs<'_>,
@@ -106,11 +160,13 @@ pub fn attention_backward<R: Runtime>(
     lse: &Handle,
     d_out: &Handle,
 ) -> Result<AttentionGradients, AttentionError> {
+    check_dtype(client, dtype)?;
     shape.validate()?;
-    inputs.check(&shape)?;
-    check_buffer("out", out, shape.q_elems())?;
-    check_buffer("lse", lse, shape.rows())?;
-    check_buffer("d_out", d_out, shape.q_elems())?;
+    inputs.check(&shape, dtype)?;
+    let size = dtype.size_bytes();
+    check_buffer("out", out, shape.q_elems(), size)?;
+    check_buffer("lse", lse, shape.rows(), size_of::<f32>())?;
+    check_buffer("d_out", d_out, shape.q_elems(), size)?;
     let tiles = grid_axis(client, shape.seq.div_ceil(ROWS_PER_CUBE), 0)?;
     let heads = grid_axis(client, shape.batch * shape.n_heads, 1)?;
     let kv_heads = grid_axis(client, shape.batch * shape.n_kv_heads, 1)?;
@@ -118,80 +174,95 @@ pub fn attention_backward<R: Runtime>(
     let cube_dim = CubeDim::new_1d(ROWS_PER_CUBE as u32);
 
     let delta = client.empty(shape.rows() * size_of::<f32>());
-    attention_delta_kernel::launch::<f32, R>(
-        client,
-        CubeCount::Static(tiles, heads, 1),
-        cube_dim,
-        array(out, shape.q_elems()),
-        array(d_out, shape.q_elems()),
-        array(&delta, shape.rows()),
-        shape.seq as u32,
-        shape.head_dim,
-    );
-
-    let dk = client.empty(shape.kv_elems() * size_of::<f32>());
-    let dv = client.empty(shape.kv_elems() * size_of::<f32>());
-    let (slopes, alibi) = slopes_arg(client, &inputs, &shape);
-    // SAFETY: as in `attention_forward`: sizes checked above, rows read
-    // clamped to `seq - 1`, only rows below `seq` written.
-    unsafe {
-        attention_backward_kv_kernel::launch_unchecked::<f32, R>(
-            client,
-            CubeCount::Static(tiles, kv_heads, 1),
-            cube_dim,
-            array(inputs.q, shape.q_elems()),
-            array(inputs.k, shape.kv_elems()),
-            array(inputs.v, shape.kv_elems()),
-            slopes,
-            array(d_out, shape.q_elems()),
-            array(lse, shape.rows()),
-            array(&delta, shape.rows()),
-            array(&dk, shape.kv_elems()),
-            array(&dv, shape.kv_elems()),
-            shape.seq as u32,
-            shape.n_heads as u32,
-            shape.group() as u32,
-            scale,
-            shape.head_dim,
-            options.causal,
-            alibi,
-        );
-    }
-
-    let dq = client.empty(shape.q_elems() * size_of::<f32>());
-    let (slopes, alibi) = slopes_arg(client, &inputs, &shape);
-    // SAFETY: as in `attention_forward`: sizes checked above, rows read
-    // clamped to `seq - 1`, only rows below `seq` written.
-    unsafe {
-        attention_backward_q_kernel::launch_unchecked::<f32, R>(
+    let dk = client.empty(shape.kv_elems() * size);
+    let dv = client.empty(shape.kv_elems() * size);
+    let dq = client.empty(shape.q_elems() * size);
+    with_storage!(dtype, F, round_bf16, {
+        attention_delta_kernel::launch::<F, R>(
             client,
             CubeCount::Static(tiles, heads, 1),
             cube_dim,
-            array(inputs.q, shape.q_elems()),
-            array(inputs.k, shape.kv_elems()),
-            array(inputs.v, shape.kv_elems()),
-            slopes,
+            array(out, shape.q_elems()),
             array(d_out, shape.q_elems()),
-            array(lse, shape.rows()),
             array(&delta, shape.rows()),
-            array(&dq, shape.q_elems()),
             shape.seq as u32,
-            shape.n_heads as u32,
-            shape.group() as u32,
-            scale,
             shape.head_dim,
-            options.causal,
-            alibi,
+            round_bf16,
         );
-    }
+
+        let (slopes, alibi) = slopes_arg(client, &inputs, &shape);
+        // SAFETY: as in `attention_forward_typed`: sizes checked above, rows
+        // read clamped to `seq - 1`, only rows below `seq` written.
+        unsafe {
+            attention_backward_kv_kernel::launch_unchecked::<F, R>(
+                client,
+                CubeCount::Static(tiles, kv_heads, 1),
+                cube_dim,
+                array(inputs.q, shape.q_elems()),
+                array(inputs.k, shape.kv_elems()),
+                array(inputs.v, shape.kv_elems()),
+                slopes,
+                array(d_out, shape.q_elems()),
+                array(lse, shape.rows()),
+                array(&delta, shape.rows()),
+                array(&dk, shape.kv_elems()),
+                array(&dv, shape.kv_elems()),
+                shape.seq as u32,
+                shape.n_heads as u32,
+                shape.group() as u32,
+                scale,
+                shape.head_dim,
+                options.causal,
+                alibi,
+                round_bf16,
+            );
+        }
+
+        let (slopes, alibi) = slopes_arg(client, &inputs, &shape);
+        // SAFETY: as in `attention_forward_typed`: sizes checked above, rows
+        // read clamped to `seq - 1`, only rows below `seq` written.
+        unsafe {
+            attention_backward_q_kernel::launch_unchecked::<F, R>(
+                client,
+                CubeCount::Static(tiles, heads, 1),
+                cube_dim,
+                array(inputs.q, shape.q_elems()),
+                array(inputs.k, shape.kv_elems()),
+                array(inputs.v, shape.kv_elems()),
+                slopes,
+                array(d_out, shape.q_elems()),
+                array(lse, shape.rows()),
+                array(&delta, shape.rows()),
+                array(&dq, shape.q_elems()),
+                shape.seq as u32,
+                shape.n_heads as u32,
+                shape.group() as u32,
+                scale,
+                shape.head_dim,
+                options.causal,
+                alibi,
+                round_bf16,
+            );
+        }
+    });
     Ok(AttentionGradients { dq, dk, dv })
+}
+
+/// Fails unless `client`'s runtime supports `dtype`.
+fn check_dtype<R: Runtime>(
+    client: &ComputeClient<R>,
+    dtype: FloatDtype,
+) -> Result<(), AttentionError> {
+    dtype
+        .check_supported(client)
+        .map_err(|message| AttentionError::UnsupportedDtype { message })
 }
 
 /// An array argument over `handle` holding `elems` values. The launchers
 /// checked every size against the shape before calling this.
 fn array<R: Runtime>(handle: &Handle, elems: usize) -> ArrayArg<R> {
-    // SAFETY: `elems` is the number of `f32` values the handle holds
-    // (checked by the launchers), so the binding does not overrun it.
+    // SAFETY: `elems` is the number of values the handle holds (checked by
+    // the launchers), so the binding does not overrun it.
     unsafe { ArrayArg::from_raw_parts(handle.clone(), elems) }
 }
 

@@ -12,7 +12,10 @@
 //!
 //! Supported: causal masking, grouped-query attention (`n_kv_heads` divides
 //! `n_heads`, K/V never repeated in memory), ALiBi slopes, any sequence
-//! length (ragged last tiles), head dimensions up to 256, `f32`.
+//! length (ragged last tiles), head dimensions up to 256; `q`, `k`, `v`, the
+//! output and the gradients in f32, f16 or bf16 ([`crate::FloatDtype`]),
+//! every score, softmax statistic and sum in f32, the log-sum-exp kept in
+//! f32.
 
 mod backward_kv;
 mod backward_q;
@@ -22,5 +25,8 @@ mod launch;
 mod shape;
 mod tiles;
 
-pub use launch::{attention_backward, attention_forward, AttentionForward, AttentionGradients};
+pub use launch::{
+    attention_backward, attention_backward_typed, attention_forward, attention_forward_typed,
+    AttentionForward, AttentionGradients,
+};
 pub use shape::{AttentionError, AttentionInputs, AttentionOptions, AttentionShape};

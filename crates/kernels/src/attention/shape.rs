@@ -3,11 +3,13 @@
 use cubecl::server::Handle;
 
 use super::tiles::MAX_HEAD_DIM;
+use crate::dtype::FloatDtype;
 
 /// Dimensions of one attention call. `q`, the output and `dO` are `[batch,
 /// n_heads, seq, head_dim]`; `k`, `v` (and their gradients) are `[batch,
 /// n_kv_heads, seq, head_dim]`; the log-sum-exp is `[batch, n_heads, seq]`.
-/// All contiguous row-major `f32`.
+/// All contiguous row-major, in the launch's [`FloatDtype`] (the log-sum-exp
+/// always f32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttentionShape {
     /// Batch size.
@@ -107,7 +109,7 @@ pub struct AttentionInputs<'a> {
     pub k: &'a Handle,
     /// Values, `[batch, n_kv_heads, seq, head_dim]`.
     pub v: &'a Handle,
-    /// Optional ALiBi slopes, `[n_heads]`: the score of query `i` and key
+    /// Optional ALiBi slopes, `[n_heads]`, always f32: the score of query `i` and key
     /// `j` in head `h` gets `slopes[h] * (j - i)` added (BLOOM / Hugging Face
     /// convention; with the causal mask `j - i <= 0`, so positive slopes
     /// penalise distant keys).
@@ -146,12 +148,18 @@ pub enum AttentionError {
         /// Elements of the largest buffer.
         elems: usize,
     },
+    /// The runtime cannot run the kernels on this element type.
+    #[error("attention: {message}")]
+    UnsupportedDtype {
+        /// Which type and runtime.
+        message: String,
+    },
     /// A buffer's size does not match the shape.
     #[error("attention buffer `{name}`: expected {expected_bytes} bytes for the given shape, got {actual_bytes}")]
     BufferSize {
         /// Which buffer (`q`, `k`, `v`, `alibi_slopes`, `out`, `lse`, `d_out`).
         name: &'static str,
-        /// Bytes the shape implies (`f32` elements * 4).
+        /// Bytes the shape implies (elements * bytes per element).
         expected_bytes: u64,
         /// Bytes of the handle.
         actual_bytes: u64,
@@ -166,13 +174,14 @@ pub enum AttentionError {
     },
 }
 
-/// Checks that `handle` holds exactly `elems` `f32` values.
+/// Checks that `handle` holds exactly `elems` values of `elem_bytes` bytes.
 pub(crate) fn check_buffer(
     name: &'static str,
     handle: &Handle,
     elems: usize,
+    elem_bytes: usize,
 ) -> Result<(), AttentionError> {
-    let expected_bytes = (elems * size_of::<f32>()) as u64;
+    let expected_bytes = (elems * elem_bytes) as u64;
     let actual_bytes = handle.size_in_used();
     if expected_bytes == actual_bytes {
         Ok(())
@@ -186,13 +195,19 @@ pub(crate) fn check_buffer(
 }
 
 impl AttentionInputs<'_> {
-    /// Checks the sizes of `q`, `k`, `v` and the slopes against `shape`.
-    pub(crate) fn check(&self, shape: &AttentionShape) -> Result<(), AttentionError> {
-        check_buffer("q", self.q, shape.q_elems())?;
-        check_buffer("k", self.k, shape.kv_elems())?;
-        check_buffer("v", self.v, shape.kv_elems())?;
+    /// Checks the sizes of `q`, `k`, `v` (elements of `dtype`) and the
+    /// slopes (f32) against `shape`.
+    pub(crate) fn check(
+        &self,
+        shape: &AttentionShape,
+        dtype: FloatDtype,
+    ) -> Result<(), AttentionError> {
+        let size = dtype.size_bytes();
+        check_buffer("q", self.q, shape.q_elems(), size)?;
+        check_buffer("k", self.k, shape.kv_elems(), size)?;
+        check_buffer("v", self.v, shape.kv_elems(), size)?;
         if let Some(slopes) = self.alibi_slopes {
-            check_buffer("alibi_slopes", slopes, shape.n_heads)?;
+            check_buffer("alibi_slopes", slopes, shape.n_heads, 4)?;
         }
         Ok(())
     }

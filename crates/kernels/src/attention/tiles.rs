@@ -32,6 +32,6 @@ pub(crate) fn visible(query: usize, key: usize, seq: usize, #[comptime] causal: 
 
 /// The ALiBi bias `slope * (key - query)` added to the score of `(query, key)`.
 #[cube]
-pub(crate) fn alibi_bias<F: Float>(slope: F, query: usize, key: usize) -> F {
-    slope * (F::cast_from(key as u32) - F::cast_from(query as u32))
+pub(crate) fn alibi_bias(slope: f32, query: usize, key: usize) -> f32 {
+    slope * (f32::cast_from(key as u32) - f32::cast_from(query as u32))
 }

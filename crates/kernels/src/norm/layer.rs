@@ -2,8 +2,9 @@
 //! last axis of `x: [rows, hidden]`, with the biased variance
 //! (`var = mean((x - mean)^2)`, as PyTorch), `weight, bias: [hidden]`.
 
-use super::check_buffers;
+use super::{check_buffers, row_cubes};
 use crate::check::ShapeError;
+use crate::dtype::{load, store, with_storage, FloatDtype};
 use crate::reduce::{row_sum, NORM_ROWS_PER_CUBE, NORM_UNITS_PER_ROW};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
@@ -15,13 +16,13 @@ fn layer_norm_forward_kernel<F: Float>(
     weight: &Array<F>,
     bias: &Array<F>,
     y: &mut Array<F>,
-    mean: &mut Array<F>,
-    rstd: &mut Array<F>,
+    mean: &mut Array<f32>,
+    rstd: &mut Array<f32>,
     rows: u32,
     hidden: u32,
     eps: f32,
+    #[comptime] round_bf16: bool,
 ) {
-    let eps = F::cast_from(eps);
     // Rows past `rows` in the last cube compute on a copy of the last row
     // and write nothing (every unit must reach the barriers).
     let row = CUBE_POS * CUBE_DIM_Y as usize + UNIT_POS_Y as usize;
@@ -29,31 +30,35 @@ fn layer_norm_forward_kernel<F: Float>(
     let row = min(row, rows as usize - 1);
     let hidden = hidden as usize;
     let base = row * hidden;
-    let n = F::cast_from(hidden);
-    let mut scratch = SharedMemory::<F>::new((NORM_UNITS_PER_ROW * NORM_ROWS_PER_CUBE) as usize);
+    let n = f32::cast_from(hidden);
+    let mut scratch = SharedMemory::<f32>::new((NORM_UNITS_PER_ROW * NORM_ROWS_PER_CUBE) as usize);
 
     // Two passes over the row (mean, then centred squares) for accuracy.
-    let mut sum = F::new(0.0);
+    let mut sum = 0.0f32;
     let mut j = UNIT_POS_X as usize;
     while j < hidden {
-        sum += x[base + j];
+        sum += load::<F>(x[base + j], round_bf16);
         j += CUBE_DIM_X as usize;
     }
-    let mu = row_sum::<F>(&mut scratch, sum) / n;
+    let mu = row_sum::<f32>(&mut scratch, sum) / n;
 
-    let mut sum_sq = F::new(0.0);
+    let mut sum_sq = 0.0f32;
     let mut j = UNIT_POS_X as usize;
     while j < hidden {
-        let d = x[base + j] - mu;
+        let d = load::<F>(x[base + j], round_bf16) - mu;
         sum_sq += d * d;
         j += CUBE_DIM_X as usize;
     }
-    let r = F::new(1.0) / (row_sum::<F>(&mut scratch, sum_sq) / n + eps).sqrt();
+    let r = 1.0f32 / (row_sum::<f32>(&mut scratch, sum_sq) / n + eps).sqrt();
 
     if live {
         let mut j = UNIT_POS_X as usize;
         while j < hidden {
-            y[base + j] = (x[base + j] - mu) * r * weight[j] + bias[j];
+            y[base + j] = store::<F>(
+                (load::<F>(x[base + j], round_bf16) - mu) * r * load::<F>(weight[j], round_bf16)
+                    + load::<F>(bias[j], round_bf16),
+                round_bf16,
+            );
             j += CUBE_DIM_X as usize;
         }
         if UNIT_POS_X == 0 {
@@ -68,12 +73,13 @@ fn layer_norm_forward_kernel<F: Float>(
 fn layer_norm_backward_dx_kernel<F: Float>(
     x: &Array<F>,
     weight: &Array<F>,
-    mean: &Array<F>,
-    rstd: &Array<F>,
+    mean: &Array<f32>,
+    rstd: &Array<f32>,
     dy: &Array<F>,
     dx: &mut Array<F>,
     rows: u32,
     hidden: u32,
+    #[comptime] round_bf16: bool,
 ) {
     // Rows past `rows` in the last cube compute on a copy of the last row
     // and write nothing (every unit must reach the barriers).
@@ -82,31 +88,31 @@ fn layer_norm_backward_dx_kernel<F: Float>(
     let row = min(row, rows as usize - 1);
     let hidden = hidden as usize;
     let base = row * hidden;
-    let n = F::cast_from(hidden);
+    let n = f32::cast_from(hidden);
     let mu = mean[row];
     let r = rstd[row];
-    let mut scratch = SharedMemory::<F>::new((NORM_UNITS_PER_ROW * NORM_ROWS_PER_CUBE) as usize);
+    let mut scratch = SharedMemory::<f32>::new((NORM_UNITS_PER_ROW * NORM_ROWS_PER_CUBE) as usize);
 
     // With g = dy * w and xhat = (x - mean) * rstd:
     // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
-    let mut sum_g = F::new(0.0);
-    let mut sum_g_xhat = F::new(0.0);
+    let mut sum_g = 0.0f32;
+    let mut sum_g_xhat = 0.0f32;
     let mut j = UNIT_POS_X as usize;
     while j < hidden {
-        let g = dy[base + j] * weight[j];
+        let g = load::<F>(dy[base + j], round_bf16) * load::<F>(weight[j], round_bf16);
         sum_g += g;
-        sum_g_xhat += g * (x[base + j] - mu) * r;
+        sum_g_xhat += g * (load::<F>(x[base + j], round_bf16) - mu) * r;
         j += CUBE_DIM_X as usize;
     }
-    let mean_g = row_sum::<F>(&mut scratch, sum_g) / n;
-    let mean_g_xhat = row_sum::<F>(&mut scratch, sum_g_xhat) / n;
+    let mean_g = row_sum::<f32>(&mut scratch, sum_g) / n;
+    let mean_g_xhat = row_sum::<f32>(&mut scratch, sum_g_xhat) / n;
 
     if live {
         let mut j = UNIT_POS_X as usize;
         while j < hidden {
-            let g = dy[base + j] * weight[j];
-            let xhat = (x[base + j] - mu) * r;
-            dx[base + j] = r * (g - mean_g - xhat * mean_g_xhat);
+            let g = load::<F>(dy[base + j], round_bf16) * load::<F>(weight[j], round_bf16);
+            let xhat = (load::<F>(x[base + j], round_bf16) - mu) * r;
+            dx[base + j] = store::<F>(r * (g - mean_g - xhat * mean_g_xhat), round_bf16);
             j += CUBE_DIM_X as usize;
         }
     }
@@ -116,34 +122,33 @@ fn layer_norm_backward_dx_kernel<F: Float>(
 #[allow(clippy::too_many_arguments)]
 fn layer_norm_backward_params_kernel<F: Float>(
     x: &Array<F>,
-    mean: &Array<F>,
-    rstd: &Array<F>,
+    mean: &Array<f32>,
+    rstd: &Array<f32>,
     dy: &Array<F>,
     d_weight: &mut Array<F>,
     d_bias: &mut Array<F>,
     rows: u32,
     hidden: u32,
+    #[comptime] round_bf16: bool,
 ) {
     let col = ABSOLUTE_POS;
     let hidden = hidden as usize;
     if col < hidden {
-        let mut acc_w = F::new(0.0);
-        let mut acc_b = F::new(0.0);
+        let mut acc_w = 0.0f32;
+        let mut acc_b = 0.0f32;
         for row in 0..rows as usize {
             let i = row * hidden + col;
-            acc_w += dy[i] * (x[i] - mean[row]) * rstd[row];
-            acc_b += dy[i];
+            let g = load::<F>(dy[i], round_bf16);
+            acc_w += g * (load::<F>(x[i], round_bf16) - mean[row]) * rstd[row];
+            acc_b += g;
         }
-        d_weight[col] = acc_w;
-        d_bias[col] = acc_b;
+        d_weight[col] = store::<F>(acc_w, round_bf16);
+        d_bias[col] = store::<F>(acc_b, round_bf16);
     }
 }
 
-/// LayerNorm forward over the rows of `x: [rows, hidden]` (row-major f32).
-///
-/// Writes `y: [rows, hidden]`, and per row `mean: [rows]` and
-/// `rstd: [rows]` = `1 / sqrt(var + eps)` for [`layer_norm_backward`].
-/// `weight, bias: [hidden]`. `y` must not alias `x`.
+/// LayerNorm forward on f32 buffers: [`layer_norm_forward_typed`] with
+/// [`FloatDtype::F32`].
 #[allow(clippy::too_many_arguments)]
 pub fn layer_norm_forward<R: Runtime>(
     client: &ComputeClient<R>,
@@ -157,9 +162,49 @@ pub fn layer_norm_forward<R: Runtime>(
     hidden: usize,
     eps: f32,
 ) -> Result<(), ShapeError> {
+    layer_norm_forward_typed(
+        client,
+        FloatDtype::F32,
+        x,
+        weight,
+        bias,
+        y,
+        mean,
+        rstd,
+        rows,
+        hidden,
+        eps,
+    )
+}
+
+/// LayerNorm forward over the rows of `x: [rows, hidden]` (row-major).
+///
+/// Writes `y: [rows, hidden]`, and per row `mean: [rows]` and
+/// `rstd: [rows]` = `1 / sqrt(var + eps)` for [`layer_norm_backward_typed`].
+/// `weight, bias: [hidden]`. `x`, `weight`, `bias` and `y` hold `dtype`;
+/// `mean` and `rstd` are always f32 (statistics, kept at the precision they
+/// are computed in). Sums in f32; `y` is rounded once to `dtype`. `y` must
+/// not alias `x`.
+#[allow(clippy::too_many_arguments)]
+pub fn layer_norm_forward_typed<R: Runtime>(
+    client: &ComputeClient<R>,
+    dtype: FloatDtype,
+    x: &Handle,
+    weight: &Handle,
+    bias: &Handle,
+    y: &Handle,
+    mean: &Handle,
+    rstd: &Handle,
+    rows: usize,
+    hidden: usize,
+    eps: f32,
+) -> Result<(), ShapeError> {
+    const OP: &str = "layer_norm_forward";
     let n = rows * hidden;
     check_buffers(
-        "layer_norm_forward",
+        OP,
+        client,
+        dtype,
         rows,
         hidden,
         &[
@@ -167,39 +212,35 @@ pub fn layer_norm_forward<R: Runtime>(
             ("weight", weight, hidden),
             ("bias", bias, hidden),
             ("y", y, n),
-            ("mean", mean, rows),
-            ("rstd", rstd, rows),
         ],
+        &[("mean", mean, rows), ("rstd", rstd, rows)],
     )?;
-    // SAFETY: buffer sizes checked above; the kernel guards rows and columns.
-    unsafe {
-        layer_norm_forward_kernel::launch_unchecked::<f32, R>(
-            client,
-            cubecl::calculate_cube_count_elemwise(
+    with_storage!(dtype, F, round_bf16, {
+        // SAFETY: buffer sizes checked above; the kernel guards rows and
+        // columns.
+        unsafe {
+            layer_norm_forward_kernel::launch_unchecked::<F, R>(
                 client,
-                rows.div_ceil(NORM_ROWS_PER_CUBE as usize),
-                CubeDim::new_1d(1),
-            ),
-            CubeDim::new_2d(NORM_UNITS_PER_ROW, NORM_ROWS_PER_CUBE),
-            ArrayArg::from_raw_parts(x.clone(), n),
-            ArrayArg::from_raw_parts(weight.clone(), hidden),
-            ArrayArg::from_raw_parts(bias.clone(), hidden),
-            ArrayArg::from_raw_parts(y.clone(), n),
-            ArrayArg::from_raw_parts(mean.clone(), rows),
-            ArrayArg::from_raw_parts(rstd.clone(), rows),
-            rows as u32,
-            hidden as u32,
-            eps,
-        );
-    }
+                row_cubes(client, rows),
+                CubeDim::new_2d(NORM_UNITS_PER_ROW, NORM_ROWS_PER_CUBE),
+                ArrayArg::from_raw_parts(x.clone(), n),
+                ArrayArg::from_raw_parts(weight.clone(), hidden),
+                ArrayArg::from_raw_parts(bias.clone(), hidden),
+                ArrayArg::from_raw_parts(y.clone(), n),
+                ArrayArg::from_raw_parts(mean.clone(), rows),
+                ArrayArg::from_raw_parts(rstd.clone(), rows),
+                rows as u32,
+                hidden as u32,
+                eps,
+                round_bf16,
+            );
+        }
+    });
     Ok(())
 }
 
-/// LayerNorm backward: from `dy: [rows, hidden]` and the forward's `x`,
-/// `weight`, `mean` and `rstd`, writes `dx: [rows, hidden]` and
-/// `d_weight, d_bias: [hidden]` (summed over rows, in row order).
-///
-/// The outputs must not alias the inputs.
+/// LayerNorm backward on f32 buffers: [`layer_norm_backward_typed`] with
+/// [`FloatDtype::F32`].
 #[allow(clippy::too_many_arguments)]
 pub fn layer_norm_backward<R: Runtime>(
     client: &ComputeClient<R>,
@@ -214,55 +255,96 @@ pub fn layer_norm_backward<R: Runtime>(
     rows: usize,
     hidden: usize,
 ) -> Result<(), ShapeError> {
+    layer_norm_backward_typed(
+        client,
+        FloatDtype::F32,
+        x,
+        weight,
+        mean,
+        rstd,
+        dy,
+        dx,
+        d_weight,
+        d_bias,
+        rows,
+        hidden,
+    )
+}
+
+/// LayerNorm backward: from `dy: [rows, hidden]` and the forward's `x`,
+/// `weight`, `mean` and `rstd`, writes `dx: [rows, hidden]` and
+/// `d_weight, d_bias: [hidden]` (summed over rows, in row order).
+///
+/// Every buffer holds `dtype` except `mean` and `rstd` (f32, as the forward
+/// wrote them). Sums in f32; the gradients are rounded once to `dtype`. The
+/// outputs must not alias the inputs.
+#[allow(clippy::too_many_arguments)]
+pub fn layer_norm_backward_typed<R: Runtime>(
+    client: &ComputeClient<R>,
+    dtype: FloatDtype,
+    x: &Handle,
+    weight: &Handle,
+    mean: &Handle,
+    rstd: &Handle,
+    dy: &Handle,
+    dx: &Handle,
+    d_weight: &Handle,
+    d_bias: &Handle,
+    rows: usize,
+    hidden: usize,
+) -> Result<(), ShapeError> {
+    const OP: &str = "layer_norm_backward";
     let n = rows * hidden;
     check_buffers(
-        "layer_norm_backward",
+        OP,
+        client,
+        dtype,
         rows,
         hidden,
         &[
             ("x", x, n),
             ("weight", weight, hidden),
-            ("mean", mean, rows),
-            ("rstd", rstd, rows),
             ("dy", dy, n),
             ("dx", dx, n),
             ("d_weight", d_weight, hidden),
             ("d_bias", d_bias, hidden),
         ],
+        &[("mean", mean, rows), ("rstd", rstd, rows)],
     )?;
     let col_dim = CubeDim::new_1d(NORM_UNITS_PER_ROW * NORM_ROWS_PER_CUBE);
-    // SAFETY: buffer sizes checked above; the kernels guard rows and columns.
-    unsafe {
-        layer_norm_backward_dx_kernel::launch_unchecked::<f32, R>(
-            client,
-            cubecl::calculate_cube_count_elemwise(
+    with_storage!(dtype, F, round_bf16, {
+        // SAFETY: buffer sizes checked above; the kernels guard rows and
+        // columns.
+        unsafe {
+            layer_norm_backward_dx_kernel::launch_unchecked::<F, R>(
                 client,
-                rows.div_ceil(NORM_ROWS_PER_CUBE as usize),
-                CubeDim::new_1d(1),
-            ),
-            CubeDim::new_2d(NORM_UNITS_PER_ROW, NORM_ROWS_PER_CUBE),
-            ArrayArg::from_raw_parts(x.clone(), n),
-            ArrayArg::from_raw_parts(weight.clone(), hidden),
-            ArrayArg::from_raw_parts(mean.clone(), rows),
-            ArrayArg::from_raw_parts(rstd.clone(), rows),
-            ArrayArg::from_raw_parts(dy.clone(), n),
-            ArrayArg::from_raw_parts(dx.clone(), n),
-            rows as u32,
-            hidden as u32,
-        );
-        layer_norm_backward_params_kernel::launch_unchecked::<f32, R>(
-            client,
-            cubecl::calculate_cube_count_elemwise(client, hidden, col_dim),
-            col_dim,
-            ArrayArg::from_raw_parts(x.clone(), n),
-            ArrayArg::from_raw_parts(mean.clone(), rows),
-            ArrayArg::from_raw_parts(rstd.clone(), rows),
-            ArrayArg::from_raw_parts(dy.clone(), n),
-            ArrayArg::from_raw_parts(d_weight.clone(), hidden),
-            ArrayArg::from_raw_parts(d_bias.clone(), hidden),
-            rows as u32,
-            hidden as u32,
-        );
-    }
+                row_cubes(client, rows),
+                CubeDim::new_2d(NORM_UNITS_PER_ROW, NORM_ROWS_PER_CUBE),
+                ArrayArg::from_raw_parts(x.clone(), n),
+                ArrayArg::from_raw_parts(weight.clone(), hidden),
+                ArrayArg::from_raw_parts(mean.clone(), rows),
+                ArrayArg::from_raw_parts(rstd.clone(), rows),
+                ArrayArg::from_raw_parts(dy.clone(), n),
+                ArrayArg::from_raw_parts(dx.clone(), n),
+                rows as u32,
+                hidden as u32,
+                round_bf16,
+            );
+            layer_norm_backward_params_kernel::launch_unchecked::<F, R>(
+                client,
+                cubecl::calculate_cube_count_elemwise(client, hidden, col_dim),
+                col_dim,
+                ArrayArg::from_raw_parts(x.clone(), n),
+                ArrayArg::from_raw_parts(mean.clone(), rows),
+                ArrayArg::from_raw_parts(rstd.clone(), rows),
+                ArrayArg::from_raw_parts(dy.clone(), n),
+                ArrayArg::from_raw_parts(d_weight.clone(), hidden),
+                ArrayArg::from_raw_parts(d_bias.clone(), hidden),
+                rows as u32,
+                hidden as u32,
+                round_bf16,
+            );
+        }
+    });
     Ok(())
 }

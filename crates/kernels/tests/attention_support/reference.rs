@@ -125,6 +125,18 @@ impl Problem {
     /// `dP = dO v^T`, `dS = P * (dP - rowsum(P * dP))`, `dQ = scale dS k`,
     /// `dK = scale dS^T q`, `dV = P^T dO`.
     pub fn backward(&self, d_out: &[f64]) -> Gradients {
+        self.backward_with_delta(d_out, None)
+    }
+
+    /// The FlashAttention-2 backward given the forward output `out` as the
+    /// kernel receives it (for example rounded to 16 bits): as
+    /// [`Problem::backward`] with `rowsum(P * dP)` replaced by
+    /// `delta = rowsum(dO * out)`, which equals it when `out` is exact.
+    pub fn backward_given_out(&self, d_out: &[f64], out: &[f64]) -> Gradients {
+        self.backward_with_delta(d_out, Some(out))
+    }
+
+    fn backward_with_delta(&self, d_out: &[f64], out: Option<&[f64]>) -> Gradients {
         let s = self.shape;
         let mut dq = vec![0.0; s.q_elems()];
         let mut dk = vec![0.0; s.kv_elems()];
@@ -135,7 +147,10 @@ impl Problem {
             let dp: Vec<f64> = (0..s.seq)
                 .map(|j| self.dot(d_out, qi, &self.v, self.kv_row(b, h, j)))
                 .collect();
-            let weighted: f64 = probs.iter().zip(&dp).map(|(p, g)| p * g).sum();
+            let weighted: f64 = match out {
+                Some(out) => self.dot(d_out, qi, out, qi),
+                None => probs.iter().zip(&dp).map(|(p, g)| p * g).sum(),
+            };
             for j in 0..s.seq {
                 let ds = probs[j] * (dp[j] - weighted);
                 let kj = self.kv_row(b, h, j);

@@ -1,11 +1,13 @@
 //! Shared test helpers: a wgpu client over lavapipe, a seeded generator,
-//! buffer upload/download and error measures.
+//! buffer upload/download (f32, and every [`FloatDtype`]) and error
+//! measures.
 #![allow(dead_code)] // each test binary uses a different subset
 
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 use cubecl::wgpu::WgpuRuntime;
-use ferrotron_kernels::wgpu_setup;
+use ferrotron_kernels::{wgpu_setup, FloatDtype};
+use half::{bf16, f16};
 
 /// The runtime the tests launch on.
 pub type R = WgpuRuntime;
@@ -121,4 +123,99 @@ pub fn assert_close_f64(what: &str, actual: &[f64], expected: &[f64], tol: f64) 
         "{what}: relative error {:.2e} > {tol:.0e}",
         diff / scale
     );
+}
+
+/// The 16-bit element types the low-precision tests run on this runtime:
+/// f16 (panics, failing the test, when the adapter has no shader f16),
+/// bf16 carried in 32-bit words (runs on every runtime), and native bf16
+/// where the runtime has it. Says on stderr what runs and what does not.
+pub fn low_precision_dtypes(client: &ComputeClient<R>) -> Vec<FloatDtype> {
+    assert!(
+        FloatDtype::F16.is_supported(client),
+        "this wgpu adapter has no shader f16 (wgpu feature SHADER_F16): the f16 kernel \
+         tests cannot run here (Mesa's lavapipe 25 has it)"
+    );
+    let mut dtypes = vec![FloatDtype::F16, FloatDtype::Bf16InF32];
+    if FloatDtype::Bf16.is_supported(client) {
+        dtypes.push(FloatDtype::Bf16);
+    } else {
+        eprintln!(
+            "native bf16 storage: not supported by this runtime (WGSL has no bf16), not run; \
+             bf16 numerics tested as bf16-in-f32 (same in-kernel rounding)"
+        );
+    }
+    dtypes
+}
+
+/// Tolerance, relative to the reference's largest magnitude, of an output
+/// stored as `dtype`: `f32_tol` (the f32 arithmetic, bounded as in the f32
+/// tests of the same shapes and reduction lengths; it already covers the
+/// f32 store) plus, for a 16-bit type, its unit roundoff `u` (each output
+/// is rounded once to its storage type, and `|fl(y) - y| <= u |y| <= u max
+/// |y|`). Inputs add nothing: the reference is given the same rounded
+/// values as the kernel.
+pub fn tolerance(dtype: FloatDtype, f32_tol: f32) -> f32 {
+    match dtype {
+        FloatDtype::F32 => f32_tol,
+        _ => f32_tol + dtype.unit_roundoff() as f32,
+    }
+}
+
+/// `values` rounded to the nearest value of `dtype` (ties to even).
+pub fn round_to(dtype: FloatDtype, values: &[f32]) -> Vec<f32> {
+    match dtype {
+        FloatDtype::F32 => values.to_vec(),
+        FloatDtype::F16 => values.iter().map(|&v| f16::from_f32(v).to_f32()).collect(),
+        FloatDtype::Bf16 | FloatDtype::Bf16InF32 => {
+            values.iter().map(|&v| bf16::from_f32(v).to_f32()).collect()
+        }
+    }
+}
+
+/// Uploads `data` rounded to `dtype`, in `dtype`'s layout.
+pub fn upload_as(client: &ComputeClient<R>, dtype: FloatDtype, data: &[f32]) -> Handle {
+    let bytes: Vec<u8> = match dtype {
+        FloatDtype::F32 | FloatDtype::Bf16InF32 => f32::as_bytes(&round_to(dtype, data)).to_vec(),
+        FloatDtype::F16 => data
+            .iter()
+            .flat_map(|&v| f16::from_f32(v).to_bits().to_le_bytes())
+            .collect(),
+        FloatDtype::Bf16 => data
+            .iter()
+            .flat_map(|&v| bf16::from_f32(v).to_bits().to_le_bytes())
+            .collect(),
+    };
+    client.create_from_slice(&bytes)
+}
+
+/// `n` zeros of `dtype`.
+pub fn zeros_as(client: &ComputeClient<R>, dtype: FloatDtype, n: usize) -> Handle {
+    upload_as(client, dtype, &vec![0.0; n])
+}
+
+/// Reads a buffer of `dtype` back as f32. For bf16 in 32-bit words it
+/// checks that every value is a bf16 (low 16 bits zero, or a NaN), that is,
+/// that the kernel rounded what it stored.
+pub fn download_as(client: &ComputeClient<R>, dtype: FloatDtype, handle: &Handle) -> Vec<f32> {
+    let bytes = client.read_one(handle.clone()).expect("read back a buffer");
+    let halves = || {
+        bytes
+            .chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+    };
+    match dtype {
+        FloatDtype::F32 => f32::from_bytes(&bytes).to_vec(),
+        FloatDtype::Bf16InF32 => {
+            let values = f32::from_bytes(&bytes).to_vec();
+            for (i, v) in values.iter().enumerate() {
+                assert!(
+                    v.is_nan() || v.to_bits() & 0xFFFF == 0,
+                    "bf16-in-f32 output {i} = {v:e} is not a bf16 value: the kernel did not round it"
+                );
+            }
+            values
+        }
+        FloatDtype::F16 => halves().map(|b| f16::from_bits(b).to_f32()).collect(),
+        FloatDtype::Bf16 => halves().map(|b| bf16::from_bits(b).to_f32()).collect(),
+    }
 }
