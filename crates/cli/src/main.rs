@@ -11,6 +11,7 @@ mod export;
 mod generate;
 mod memory_check;
 mod pipeline_check;
+mod precision_check;
 mod plan;
 mod resume;
 mod run_config;
