@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use ferrotron_engine::checkpoint::FloatDtype;
-use ferrotron_models::hf::shards::parse_size;
 use ferrotron_engine::precision::Precision;
+use ferrotron_models::hf::shards::parse_size;
 use ferrotron_models::Kernels;
 use ferrotron_parallel::zero::ZeroStage;
 

@@ -275,8 +275,8 @@ impl<B: KernelBackend> Decoder<B> {
             embedding_part(self.embed.val(), flat, &self.vocab)
         };
         // The residual stream runs in the compute precision from here on.
-        let mut x = row_output(rows.reshape([b, t, c.hidden_size]), &self.tp)
-            .cast(c.precision.dtype());
+        let mut x =
+            row_output(rows.reshape([b, t, c.hidden_size]), &self.tp).cast(c.precision.dtype());
         let len = x.dims()[1];
         if let Some(pe) = &self.pos_embed {
             // This rank's positions: all of them, or its block under SP.
@@ -286,7 +286,11 @@ impl<B: KernelBackend> Decoder<B> {
                 0
             };
             let first = start + block;
-            x = x.clone() + pe.val().narrow(0, first, len).cast(x.dtype()).unsqueeze::<3>();
+            x = x.clone()
+                + pe.val()
+                    .narrow(0, first, len)
+                    .cast(x.dtype())
+                    .unsqueeze::<3>();
         }
         if let Some(n) = &self.embed_norm {
             x = n.forward(x);

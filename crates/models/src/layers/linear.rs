@@ -40,7 +40,8 @@ impl<B: Backend> Linear<B> {
     fn matmul(&self, x: Tensor<B, 3>) -> Tensor<B, 2> {
         let [b, t, d_in] = x.dims();
         let dtype = x.dtype();
-        x.reshape([b * t, d_in]).matmul(self.weight.val().cast(dtype))
+        x.reshape([b * t, d_in])
+            .matmul(self.weight.val().cast(dtype))
     }
 
     fn add_bias(&self, y: Tensor<B, 2>) -> Tensor<B, 2> {

@@ -46,13 +46,14 @@ pub fn attention<B: KernelBackend>(
             // output comes back down.
             let dtype = q.dtype();
             let f32_primitive = |x: Tensor<B, 4>| x.cast(FloatDType::F32).into_primitive().tensor();
-            let out: Tensor<B, 4> = Tensor::from_primitive(TensorPrimitive::Float(B::fused_attention(
-                f32_primitive(q),
-                f32_primitive(k),
-                f32_primitive(v),
-                slopes.clone().map(|s| s.into_primitive().tensor()),
-                options,
-            )));
+            let out: Tensor<B, 4> =
+                Tensor::from_primitive(TensorPrimitive::Float(B::fused_attention(
+                    f32_primitive(q),
+                    f32_primitive(k),
+                    f32_primitive(v),
+                    slopes.clone().map(|s| s.into_primitive().tensor()),
+                    options,
+                )));
             out.cast(dtype)
         }
     }

@@ -17,10 +17,11 @@ pub fn swiglu<B: KernelBackend, const D: usize>(
     match kernels {
         Kernels::Fused => {
             let dtype = gate.dtype();
-            let out: Tensor<B, D> = Tensor::from_primitive(TensorPrimitive::Float(B::fused_swiglu(
-                gate.cast(FloatDType::F32).into_primitive().tensor(),
-                up.cast(FloatDType::F32).into_primitive().tensor(),
-            )));
+            let out: Tensor<B, D> =
+                Tensor::from_primitive(TensorPrimitive::Float(B::fused_swiglu(
+                    gate.cast(FloatDType::F32).into_primitive().tensor(),
+                    up.cast(FloatDType::F32).into_primitive().tensor(),
+                )));
             out.cast(dtype)
         }
         Kernels::Reference => silu(gate) * up,

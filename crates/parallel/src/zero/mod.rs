@@ -436,9 +436,10 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> GradSync<B, M> for Z
 
     fn reduce(&mut self, model: &M, shares: &NormShares) -> Result<f64, CommError> {
         match self.stage {
-            ZeroStage::One => self
-                .replicated
-                .reduce(model, &*self.comm, &self.layout, shares, self.reduce),
+            ZeroStage::One => {
+                self.replicated
+                    .reduce(model, &*self.comm, &self.layout, shares, self.reduce)
+            }
             _ => {
                 self.reduced_bytes = self.piece_grad_bytes();
                 self.piece_squares(shares)
