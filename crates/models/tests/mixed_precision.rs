@@ -248,9 +248,10 @@ impl ModuleVisitor<AB> for Grads<'_> {
 fn loss_and_grads(family: &str, precision: Precision) -> (f32, BTreeMap<String, Vec<f32>>) {
     let config = DecoderConfig {
         vocab_size: 96,
-        hidden_size: 64,
+        // Divisible by the presets' 4 (GPT, Llama) and 6 (BLOOM) heads.
+        hidden_size: 96,
         n_layers: 2,
-        ffn_size: 128,
+        ffn_size: 192,
         max_seq_len: 32,
         kernels: Some(Kernels::Reference),
         precision,
