@@ -280,12 +280,15 @@ fn loss_and_grads(family: &str, precision: Precision) -> (f32, BTreeMap<String, 
     (value, visitor.out)
 }
 
-/// The decoder in bf16 and fp16: the loss within 1% of the f32 model's and
-/// every f32 master gradient within 5% (relative L2) of the f32 model's,
-/// for the three families. bf16 keeps 8 significant bits (relative
-/// rounding 2^-9 per op), so per-op errors of ~0.4% that partly cancel
-/// over a 2-layer model land well inside these bounds, while a layer
-/// computed wrongly (or a gradient lost at a cast) does not.
+/// The decoder in bf16 and fp16: the loss within 1e-3 of the f32 model's
+/// and every f32 master gradient within 5% (relative L2) of the f32
+/// model's, for the three families. bf16 keeps 8 significant bits
+/// (relative rounding up to 2^-9 per op): the loss, a mean over 32 tokens
+/// of f32 cross-entropies of rounded logits, moves by far less (measured
+/// 7e-5 at most), a gradient by a few roundings (measured 1.2e-2 relative
+/// L2 at most in bf16; fp16, unscaled here, loses its smallest gradients
+/// to underflow: 2.2e-2). A layer computed wrongly, or a gradient lost at
+/// a cast, is off by order one.
 #[test]
 fn low_precision_decoder_follows_the_f32_loss_and_gradients() {
     for family in ["gpt-mini", "llama-mini", "bloom-mini"] {
@@ -295,7 +298,7 @@ fn low_precision_decoder_follows_the_f32_loss_and_gradients() {
             let rel = (loss - want_loss).abs() / want_loss;
             eprintln!("{family} {precision}: loss {loss} vs f32 {want_loss} (rel {rel:e})");
             assert!(
-                rel < 0.01,
+                rel < 1e-3,
                 "{family} {precision}: loss {loss} vs {want_loss}"
             );
             assert_ne!(loss, want_loss, "{family} {precision}: computed in f32?");
