@@ -216,6 +216,55 @@ fn fp16_loss_scaling_skips_overflows_and_recovers() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// An fp16 run resumed from its step-4 checkpoint repeats steps 5-8 bit
+/// for bit, loss scale included: the scaler (scale, clean steps, skipped
+/// steps) travels in `state.json`. From 2^20 with a window of 2 the scale
+/// both falls and grows within the 8 steps.
+#[test]
+fn fp16_resume_continues_the_loss_scaler() {
+    let dir = scratch("mixed-resume");
+    let flags = [
+        "--precision",
+        "fp16",
+        "--loss-scale-init",
+        "1048576",
+        "--loss-scale-window",
+        "2",
+        "--save-every",
+        "4",
+    ];
+    let whole = run(&dir, "whole", "gpt-mini", "8", &flags);
+    let want = steps(&whole);
+    let state = std::fs::read_to_string(whole.join("checkpoints/step-4/state.json")).unwrap();
+    assert!(state.contains("loss_scaler"), "{state}");
+    let resumed = dir.join("resumed");
+    common::copy_dir(&whole, &resumed);
+    let from = resumed.join("checkpoints").join("step-4");
+    let o = train(1, &["--resume", from.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let got = steps(&resumed);
+    assert_eq!(got.len(), 12, "8 steps, then 4 again");
+    for key in [
+        "loss",
+        "grad_norm",
+        "loss_scale",
+        "skipped",
+        "skipped_steps",
+    ] {
+        let pick = |r: &[Value]| r.iter().map(|v| v[key].clone()).collect::<Vec<_>>();
+        assert_eq!(pick(&got[8..]), pick(&want[4..]), "{key} of steps 5-8");
+    }
+    let scales: Vec<f64> = want
+        .iter()
+        .map(|r| r["loss_scale"].as_f64().unwrap())
+        .collect();
+    assert!(
+        scales.windows(2).any(|w| w[1] < w[0]) && scales.windows(2).any(|w| w[1] > w[0]),
+        "the scale should both fall and grow: {scales:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// bf16 under data parallelism: dp2 with ZeRO 0, 1, 2 and 3 (gradients
 /// reduced in f32, the default), and dp2 with `--reduce-dtype bf16` (ZeRO
 /// 0 and 2), against the one-rank bf16 run of the same global batch
