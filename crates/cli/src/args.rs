@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use ferrotron_engine::checkpoint::FloatDtype;
+use ferrotron_engine::precision::Precision;
 use ferrotron_models::hf::shards::parse_size;
 use ferrotron_models::Kernels;
 use ferrotron_parallel::recompute::Recompute;
@@ -401,6 +402,20 @@ pub struct TrainArgs {
     /// default fused where the backend has them.
     #[arg(long)]
     pub kernels: Option<Kernels>,
+    /// Compute precision: fp32, bf16 or fp16 (master weights, gradients and AdamW state stay
+    /// fp32; fp16 adds dynamic loss scaling); default fp32 on CPUs, bf16 on cuda/rocm.
+    #[arg(long)]
+    pub precision: Option<Precision>,
+    /// Precision of the DP gradient reduction (all-reduce, ZeRO reduce-scatter): fp32
+    /// (default) or bf16.
+    #[arg(long, value_name = "DTYPE")]
+    pub reduce_dtype: Option<Precision>,
+    /// fp16: loss scale of the first step (default 65536 = 2^16).
+    #[arg(long, value_name = "SCALE")]
+    pub loss_scale_init: Option<f64>,
+    /// fp16: clean steps after which the loss scale doubles (default 2000).
+    #[arg(long, value_name = "STEPS")]
+    pub loss_scale_window: Option<usize>,
     /// Write a complete checkpoint (model, optimizer, sampler, step) every N steps and after
     /// the last (default: --eval-every; 0 = never).
     #[arg(long)]
@@ -469,7 +484,10 @@ impl TrainArgs {
             keep_checkpoints,
             on_nonfinite,
             max_skipped,
-            goldfish_context
+            goldfish_context,
+            reduce_dtype,
+            loss_scale_init,
+            loss_scale_window
         );
         if self.sp {
             s.sp = true;
@@ -494,7 +512,8 @@ impl TrainArgs {
             recompute,
             kernels,
             save_every,
-            goldfish_k
+            goldfish_k,
+            precision
         );
     }
 }

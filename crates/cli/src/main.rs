@@ -12,6 +12,7 @@ mod generate;
 mod memory_check;
 mod pipeline_check;
 mod plan;
+mod precision_check;
 mod resume;
 mod run_config;
 mod settings;

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use ferrotron_engine::precision::Precision;
 use ferrotron_models::Kernels;
 use ferrotron_parallel::recompute::Recompute;
 use ferrotron_parallel::zero::ZeroStage;
@@ -113,6 +114,17 @@ pub struct TrainSettings {
     /// CubeCL kernels or the reference Burn ops; unset = fused where the
     /// backend has them (cuda, rocm), reference on the CPU backends.
     pub kernels: Option<Kernels>,
+    /// The dtype the model computes in (`--precision`); unset = fp32 on
+    /// the CPU backends, bf16 on cuda and rocm.
+    pub precision: Option<Precision>,
+    /// The precision DP gradients are reduced in (`--reduce-dtype`): fp32
+    /// or bf16.
+    pub reduce_dtype: Precision,
+    /// fp16 only: the dynamic loss scale of the first step (`--loss-scale-init`).
+    pub loss_scale_init: f64,
+    /// fp16 only: clean steps after which the loss scale doubles
+    /// (`--loss-scale-window`).
+    pub loss_scale_window: usize,
     /// Write a complete checkpoint (model, optimizer, sampler, step) every
     /// this many steps and after the last; unset = `eval_every`, 0 = never.
     pub save_every: Option<usize>,
@@ -190,6 +202,10 @@ impl Default for TrainSettings {
             zero: ZeroStage::Off,
             recompute: None,
             kernels: None,
+            precision: None,
+            reduce_dtype: Precision::Fp32,
+            loss_scale_init: ferrotron_parallel::train::loss_scale::DEFAULT_INIT_SCALE,
+            loss_scale_window: ferrotron_parallel::train::loss_scale::DEFAULT_WINDOW,
             save_every: None,
             keep_checkpoints: 2,
             on_nonfinite: OnNonFinite::Stop,
@@ -228,6 +244,7 @@ impl TrainSettings {
             ("--comm-timeout", self.comm_timeout_s),
             ("--bucket-mb", self.bucket_mb),
             ("--peak-tflops", self.peak_tflops.unwrap_or(1.0)),
+            ("--loss-scale-init", self.loss_scale_init),
         ] {
             if !v.is_finite() {
                 return Err(usage(format!("{flag} must be a finite number, got {v}")));
@@ -268,6 +285,7 @@ impl TrainSettings {
             ("--keep-checkpoints", self.keep_checkpoints),
             ("--max-skipped", self.max_skipped),
             ("--goldfish-context", self.goldfish_context),
+            ("--loss-scale-window", self.loss_scale_window),
         ] {
             if v == 0 {
                 return Err(usage(format!("{flag} must be positive, got 0")));
@@ -277,6 +295,7 @@ impl TrainSettings {
             ("--lr", self.lr),
             ("--eps", self.eps),
             ("--bucket-mb", self.bucket_mb),
+            ("--loss-scale-init", self.loss_scale_init),
         ] {
             if v.is_nan() || v <= 0.0 {
                 return Err(usage(format!("{flag} must be positive, got {v}")));
@@ -322,6 +341,11 @@ impl TrainSettings {
                     "--goldfish-k must be at least 2 (one token in K is dropped from the loss), got {k}"
                 )));
             }
+        }
+        if self.reduce_dtype == Precision::Fp16 {
+            return Err(usage(
+                "--reduce-dtype fp16: gradients are reduced in fp32 or bf16 (fp16's range cannot hold loss-scaled sums)",
+            ));
         }
         if let Some(p) = self.peak_tflops {
             if p.is_nan() || p <= 0.0 {

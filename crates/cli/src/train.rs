@@ -17,6 +17,7 @@ use ferrotron_engine::data::{self, BatchSampler, ShardSet, TokenSource, Tokenize
 use ferrotron_engine::metrics::{self, StepRecord};
 use ferrotron_engine::optim::{AdamWConfig, LrSchedule};
 use ferrotron_engine::params::{load_named_tensors, named_tensors};
+use ferrotron_engine::precision::Precision;
 use ferrotron_models::hf::{load_hf_dir, save_hf_dir, ExportOptions, Family, SpecialTokens};
 use ferrotron_models::ops::{choose_kernels, KernelBackend, TrainBackend};
 use ferrotron_models::presets::{preset, PRESET_NAMES};
@@ -29,6 +30,7 @@ use ferrotron_parallel::launch;
 use ferrotron_parallel::mesh::Mesh;
 use ferrotron_parallel::tensor::TpGroup;
 use ferrotron_parallel::train::checkpoint::CheckpointState;
+use ferrotron_parallel::train::loss_scale::LossScaleConfig;
 use ferrotron_parallel::train::{
     self, LoopConfig, LoopError, NonFinite, ParallelConfig, Progress, StepConfig, TokenWindows,
     Trainer,
@@ -43,6 +45,7 @@ use crate::error::{usage, Interrupted, UsageError};
 use crate::export::check_out_dir;
 use crate::memory_check::check_memory;
 use crate::pipeline_check::{check_pipeline, pipeline_config};
+use crate::precision_check::resolve_precision;
 use crate::resume::Resume;
 use crate::run_config::RunConfig;
 use crate::settings::{OnNonFinite, TrainSettings};
@@ -184,6 +187,7 @@ fn train_ranked(
         }
     }
     model.kernels = s.kernels;
+    model.precision = resolve_precision(&s, kind, &mesh)?;
     check_tp(&model, mesh.tp).map_err(|e| usage(format!("--tp {}: {e}", mesh.tp)))?;
     check_pipeline(&model, &s, &mesh, &mut |line| {
         if lead {
@@ -562,9 +566,33 @@ impl BackendTask for TrainTask {
             shards,
             pipeline: pipeline_config(s),
             recompute: s.recompute()?,
+            reduce: s.reduce_dtype,
         };
         let mut trainer = Trainer::parallel(model, step_config, device.clone(), groups, parallel)?;
+        if mc.precision == Precision::Fp16 {
+            trainer = trainer.with_loss_scaling(LossScaleConfig {
+                init: s.loss_scale_init,
+                window: s.loss_scale_window,
+            })?;
+        }
+        say!(
+            lead,
+            "precision {} (master weights, gradients and AdamW state f32); gradients reduced in {}{}",
+            mc.precision,
+            s.reduce_dtype,
+            if mc.precision == Precision::Fp16 {
+                format!(
+                    "; dynamic loss scale from {} (doubles after {} clean steps)",
+                    s.loss_scale_init, s.loss_scale_window
+                )
+            } else {
+                String::new()
+            }
+        );
         if let Some((state, moments, dir)) = self.restore {
+            if let Some(scaler) = state.loss_scaler {
+                trainer.restore_loss_scaler(scaler);
+            }
             trainer
                 .restore(state.step, state.optimizer_steps, moments)
                 .map_err(|e| {

@@ -10,3 +10,4 @@ pub mod lm;
 pub mod metrics;
 pub mod optim;
 pub mod params;
+pub mod precision;

@@ -1,5 +1,6 @@
 //! The decoder's configuration: the switches that tell the families apart.
 
+use ferrotron_engine::precision::Precision;
 use ferrotron_parallel::recompute::Recompute;
 use serde::{Deserialize, Serialize};
 
@@ -107,6 +108,12 @@ pub struct DecoderConfig {
     /// backend has the kernels, reference elsewhere.
     #[serde(default, skip_serializing)]
     pub kernels: Option<Kernels>,
+    /// The dtype the model computes in (`--precision`): the f32 weights
+    /// are cast to it at every forward, matmuls and elementwise
+    /// activations run in it, norms, softmax and the loss in f32. Not part
+    /// of the architecture, so never written out (default f32).
+    #[serde(default, skip_serializing)]
+    pub precision: Precision,
 }
 
 /// A configuration that cannot build a model.

@@ -2,7 +2,7 @@
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{FloatDType, Int, Tensor};
 use ferrotron_engine::lm::{CausalLm, LmUnit, LmUnits};
 use ferrotron_parallel::tensor::{
     column_input, embedding_part, gather_from_tp, row_output, vocab_parallel_cross_entropy,
@@ -201,7 +201,7 @@ impl<B: KernelBackend> Decoder<B> {
         pos
     }
 
-    /// Logits `[batch, seq, vocab]` for token ids `[batch, seq]` (under
+    /// Logits `[batch, seq, vocab]`, f32, for token ids `[batch, seq]` (under
     /// tensor parallelism gathered from every rank's vocabulary block; the
     /// loss never gathers them).
     pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
@@ -234,7 +234,7 @@ impl<B: KernelBackend> Decoder<B> {
             let kv = cache.as_mut().map(|c| &mut c.layers[i]);
             x = layer.forward(x, &pos, kv);
         }
-        self.whole_logits(self.head_logits(x))
+        self.whole_logits(self.head_logits(x).cast(FloatDType::F32))
     }
 
     /// Logits `[batch, len, vocab]` from this rank's block `[batch, len,
@@ -264,7 +264,8 @@ impl<B: KernelBackend> Decoder<B> {
 
     /// Hidden states `[batch, len, hidden]` of `tokens` `[batch, len]` at
     /// positions `start..start+len`: token (and position) embeddings, then
-    /// the embedding norm (BLOOM). Under sequence parallelism this rank's
+    /// the embedding norm (BLOOM), in the config's compute precision (every
+    /// later layer computes in the dtype of its input). Under sequence parallelism this rank's
     /// block of the positions, `[batch, len / tp, hidden]`.
     fn embed_from(&self, tokens: Tensor<B, 2, Int>, start: usize) -> Tensor<B, 3> {
         let c = &self.config;
@@ -281,7 +282,9 @@ impl<B: KernelBackend> Decoder<B> {
         } else {
             embedding_part(self.embed.val(), flat, &self.vocab)
         };
-        let mut x = row_output(rows.reshape([b, t, c.hidden_size]), &self.tp);
+        // The residual stream runs in the compute precision from here on.
+        let mut x =
+            row_output(rows.reshape([b, t, c.hidden_size]), &self.tp).cast(c.precision.dtype());
         let len = x.dims()[1];
         if let Some(pe) = &self.pos_embed {
             // This rank's positions: all of them, or its block under SP.
@@ -291,7 +294,11 @@ impl<B: KernelBackend> Decoder<B> {
                 0
             };
             let first = start + block;
-            x = x + pe.val().narrow(0, first, len).unsqueeze::<3>();
+            x = x.clone()
+                + pe.val()
+                    .narrow(0, first, len)
+                    .cast(x.dtype())
+                    .unsqueeze::<3>();
         }
         if let Some(n) = &self.embed_norm {
             x = n.forward(x);
@@ -301,7 +308,8 @@ impl<B: KernelBackend> Decoder<B> {
 
     /// This rank's block of the logits, `[batch, len, vocab block]` (all
     /// of `vocab` on one rank), of the last block's output `x` `[batch,
-    /// len, hidden]`: final norm, then the (column-parallel) head.
+    /// len, hidden]`: final norm, then the (column-parallel) head, in `x`'s
+    /// dtype (the loss casts them to f32).
     fn head_logits(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let c = &self.config;
         let x = column_input(self.final_norm.forward(x), &self.tp);
@@ -311,7 +319,8 @@ impl<B: KernelBackend> Decoder<B> {
             Some(h) => h.val(),
             None => self.embed.val().transpose(),
         };
-        x.matmul(head).reshape([b, t, self.vocab.len])
+        let dtype = x.dtype();
+        x.matmul(head.cast(dtype)).reshape([b, t, self.vocab.len])
     }
 }
 

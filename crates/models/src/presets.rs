@@ -44,6 +44,7 @@ pub(crate) fn gpt2(hidden: usize, layers: usize, heads: usize) -> DecoderConfig 
         embed_norm: false,
         init_std: 0.02,
         kernels: None,
+        precision: Default::default(),
     }
 }
 
@@ -79,6 +80,7 @@ pub(crate) fn llama(
         embed_norm: false,
         init_std: 0.02,
         kernels: None,
+        precision: Default::default(),
     }
 }
 
@@ -125,6 +127,7 @@ pub(crate) fn bloom(hidden: usize, layers: usize, heads: usize) -> DecoderConfig
         embed_norm: true,
         init_std: 0.02,
         kernels: None,
+        precision: Default::default(),
     }
 }
 

@@ -40,6 +40,7 @@ fn tiny(name: &str, kernels: Kernels) -> DecoderConfig {
         ffn_size: 112,
         max_seq_len: 32,
         kernels: Some(kernels),
+        precision: Default::default(),
         ..preset(name).unwrap()
     };
     if let Position::Rope { scaling, .. } = &mut c.position {
@@ -256,6 +257,7 @@ fn fused_kernels_are_refused_on_a_cpu_backend() {
 fn the_default_is_fused_on_cubecl_and_reference_on_the_cpu() {
     let config = DecoderConfig {
         kernels: None,
+        precision: Default::default(),
         ..tiny("gpt-mini", Kernels::Fused)
     };
     let gpu = Decoder::<Gpu>::new(&config, 0, &default_device()).unwrap();

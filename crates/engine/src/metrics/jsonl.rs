@@ -60,6 +60,14 @@ pub struct StepRecord {
     /// (`--pp` > 1); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pipeline: Option<PipelineTimes>,
+    /// Under dynamic loss scaling (fp16): the scale the step's loss was
+    /// multiplied by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<f64>,
+    /// Under dynamic loss scaling: steps skipped for overflow since the
+    /// run began (a resumed run counts from its first start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped_steps: Option<usize>,
 }
 
 /// A validation measurement.

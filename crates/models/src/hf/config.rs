@@ -244,6 +244,7 @@ fn parse(f: &Fields<'_>) -> Result<(Family, DecoderConfig), HfError> {
                 tied_head: f.bool_or("tie_word_embeddings", true)?,
                 init_std,
                 kernels: None,
+                precision: Default::default(),
                 ..presets::gpt2(hidden, f.usize("n_layer")?, heads)
             }
         }
@@ -275,6 +276,7 @@ fn parse(f: &Fields<'_>) -> Result<(Family, DecoderConfig), HfError> {
                 tied_head: f.bool_or("tie_word_embeddings", false)?,
                 init_std,
                 kernels: None,
+                precision: Default::default(),
                 ..presets::llama(
                     vocab_size,
                     hidden,
@@ -313,6 +315,7 @@ fn parse(f: &Fields<'_>) -> Result<(Family, DecoderConfig), HfError> {
                 tied_head: f.bool_or("tie_word_embeddings", true)?,
                 init_std,
                 kernels: None,
+                precision: Default::default(),
                 ..presets::bloom(hidden, layers, heads)
             }
         }

@@ -1,4 +1,6 @@
-//! A dense layer `y = x W + b`.
+//! A dense layer `y = x W + b`, computed in the dtype of its input: the
+//! f32 parameters are cast to it (mixed precision; the cast's backward
+//! brings their gradients back to f32).
 
 use burn::module::{Module, Param};
 use burn::tensor::backend::Backend;
@@ -26,7 +28,7 @@ impl<B: Backend> Linear<B> {
         }
     }
 
-    /// `[batch, seq, d_in]` to `[batch, seq, d_out]`.
+    /// `[batch, seq, d_in]` to `[batch, seq, d_out]`, in `x`'s dtype.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let [b, t, _] = x.dims();
         let y = self.add_bias(self.matmul(x));
@@ -37,12 +39,14 @@ impl<B: Backend> Linear<B> {
     /// `x W` for `x` `[batch, seq, d_in]`, as `[batch * seq, d_out]`.
     fn matmul(&self, x: Tensor<B, 3>) -> Tensor<B, 2> {
         let [b, t, d_in] = x.dims();
-        x.reshape([b * t, d_in]).matmul(self.weight.val())
+        let dtype = x.dtype();
+        x.reshape([b * t, d_in])
+            .matmul(self.weight.val().cast(dtype))
     }
 
     fn add_bias(&self, y: Tensor<B, 2>) -> Tensor<B, 2> {
         match &self.bias {
-            Some(bias) => y + bias.val().unsqueeze_dim(0),
+            Some(bias) => y.clone() + bias.val().cast(y.dtype()).unsqueeze_dim(0),
             None => y,
         }
     }

@@ -2,7 +2,7 @@
 
 use burn::module::{Module, Param};
 use burn::tensor::backend::Backend;
-use burn::tensor::Tensor;
+use burn::tensor::{FloatDType, Tensor};
 
 use crate::config::{Kernels, NormKind};
 use crate::ops::{layer_norm, rms_norm, KernelBackend};
@@ -47,10 +47,13 @@ impl<B: KernelBackend> Norm<B> {
     /// Normalises `[batch, seq, hidden]` over `hidden`.
     ///
     /// LayerNorm: `(x - mean) / sqrt(var + eps) * w + b` with the biased
-    /// variance; RMSNorm: `x / sqrt(mean(x^2) + eps) * w`.
+    /// variance; RMSNorm: `x / sqrt(mean(x^2) + eps) * w`. Computed in f32
+    /// whatever `x`'s dtype (mixed precision), the result cast back to it.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let dtype = x.dtype();
+        let x = x.cast(FloatDType::F32);
         let weight = self.weight.val();
-        match self.kind {
+        let y = match self.kind {
             NormKind::LayerNorm => {
                 let bias = match &self.bias {
                     Some(b) => b.val(),
@@ -59,6 +62,7 @@ impl<B: KernelBackend> Norm<B> {
                 layer_norm(self.kernels, x, weight, bias, self.eps)
             }
             NormKind::RmsNorm => rms_norm(self.kernels, x, weight, self.eps),
-        }
+        };
+        y.cast(dtype)
     }
 }

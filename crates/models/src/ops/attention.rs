@@ -4,7 +4,7 @@
 
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorPrimitive};
+use burn::tensor::{FloatDType, Tensor, TensorPrimitive};
 use ferrotron_kernels::attention::AttentionOptions;
 
 use super::fused::KernelBackend;
@@ -69,19 +69,32 @@ pub fn attention<B: KernelBackend>(
                 causal: true,
                 scale: None,
             };
-            Tensor::from_primitive(TensorPrimitive::Float(B::fused_attention(
-                q.into_primitive().tensor(),
-                k.into_primitive().tensor(),
-                v.into_primitive().tensor(),
-                slopes.clone().map(|s| s.into_primitive().tensor()),
-                options,
-            )))
+            // The kernels take f32: low-precision inputs go up and the
+            // output comes back down.
+            let dtype = q.dtype();
+            let f32_primitive = |x: Tensor<B, 4>| x.cast(FloatDType::F32).into_primitive().tensor();
+            let out: Tensor<B, 4> =
+                Tensor::from_primitive(TensorPrimitive::Float(B::fused_attention(
+                    f32_primitive(q),
+                    f32_primitive(k),
+                    f32_primitive(v),
+                    slopes.clone().map(|s| s.into_primitive().tensor()),
+                    options,
+                )));
+            out.cast(dtype)
         }
     }
 }
 
 /// The reference: repeats K/V over the query heads of each group, forms
 /// the `[batch, n_heads, len, keys]` scores, adds `bias` and applies softmax.
+///
+/// In mixed precision (`q`, `k`, `v` in bf16 or f16) it follows
+/// FlashAttention on tensor cores: the scores are `q k^T` of the
+/// low-precision inputs accumulated in f32 (the products of two bf16 or
+/// f16 values are exact in f32) and stay f32 through the bias and the
+/// softmax; the probabilities are rounded to `v`'s dtype for the product
+/// with `v`, whose result has that dtype.
 pub fn attention_reference<B: Backend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
@@ -91,10 +104,12 @@ pub fn attention_reference<B: Backend>(
     let [_, n_heads, _, head_dim] = q.dims();
     let rep = n_heads / k.dims()[1];
     let (k, v) = (repeat_kv(k, rep), repeat_kv(v, rep));
+    let dtype = v.dtype();
     let scores = q
-        .matmul(k.swap_dims(2, 3))
+        .cast(FloatDType::F32)
+        .matmul(k.cast(FloatDType::F32).swap_dims(2, 3))
         .mul_scalar(1.0 / (head_dim as f64).sqrt());
-    softmax(add_bias(scores, bias), 3).matmul(v)
+    softmax(add_bias(scores, bias), 3).cast(dtype).matmul(v)
 }
 
 /// The gradients `[dq, dk, dv]` of [`attention_reference`] for the output

@@ -2,26 +2,28 @@
 //! targets.
 
 use burn::tensor::activation::log_softmax;
-use burn::tensor::{Int, Tensor, TensorPrimitive};
+use burn::tensor::{FloatDType, Int, Tensor, TensorPrimitive};
 
 use super::fused::KernelBackend;
 use crate::config::Kernels;
 
 /// Mean cross-entropy of `logits` `[batch, seq, vocab]` against `targets`
-/// `[batch, seq]`, in nats per kept token; shape `[1]`. A negative target
-/// (`ferrotron_engine::data::IGNORED_TARGET`, the goldfish loss's dropped
-/// tokens) is ignored: it adds nothing to the sum, is not counted in the
-/// mean and its row of the logits gets no gradient; when every target is
-/// ignored the loss is 0. The fused kernel never forms the probabilities;
-/// it writes the logits' gradient over them (it reads the ids as u32, where
-/// a negative id is `>= vocab`, which it ignores the same way).
+/// `[batch, seq]`, in nats per kept token; shape `[1]`. Computed in f32
+/// whatever the logits' dtype (mixed precision casts them up first). A
+/// negative target (`ferrotron_engine::data::IGNORED_TARGET`, the goldfish
+/// loss's dropped tokens) is ignored: it adds nothing to the sum, is not
+/// counted in the mean and its row of the logits gets no gradient; when
+/// every target is ignored the loss is 0. The fused kernel never forms the
+/// probabilities; it writes the logits' gradient over them (it reads the ids
+/// as u32, where a negative id is `>= vocab`, which it ignores the same way).
 pub fn cross_entropy<B: KernelBackend>(
     kernels: Kernels,
     logits: Tensor<B, 3>,
     targets: Tensor<B, 2, Int>,
 ) -> Tensor<B, 1> {
     let [b, t, v] = logits.dims();
-    let (logits, targets) = (logits.reshape([b * t, v]), targets.reshape([b * t]));
+    let logits = logits.cast(FloatDType::F32).reshape([b * t, v]);
+    let targets = targets.reshape([b * t]);
     match kernels {
         Kernels::Fused => Tensor::from_primitive(TensorPrimitive::Float(B::fused_cross_entropy(
             logits.into_primitive().tensor(),

@@ -1,7 +1,7 @@
 //! Rotary position embedding (rotate-half layout, as Hugging Face Llama).
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorPrimitive};
+use burn::tensor::{FloatDType, Tensor, TensorPrimitive};
 
 use super::fused::KernelBackend;
 
@@ -21,15 +21,19 @@ pub enum Rope<B: KernelBackend> {
     },
 }
 
-/// RoPE applied to `x` `[batch, heads, len, head_dim]`.
+/// RoPE applied to `x` `[batch, heads, len, head_dim]`, computed in f32
+/// whatever `x`'s dtype (mixed precision), the result in `x`'s dtype.
 pub fn rope<B: KernelBackend>(x: Tensor<B, 4>, rope: &Rope<B>) -> Tensor<B, 4> {
-    match rope {
+    let dtype = x.dtype();
+    let x = x.cast(FloatDType::F32);
+    let y = match rope {
         Rope::Tables(cos, sin) => rope_reference(x, cos, sin),
         Rope::Fused { inv_freq } => Tensor::from_primitive(TensorPrimitive::Float(B::fused_rope(
             x.into_primitive().tensor(),
             inv_freq.clone().into_primitive().tensor(),
         ))),
-    }
+    };
+    y.cast(dtype)
 }
 
 /// `x * cos + rotate_half(x) * sin` with `rotate_half([a, b]) = [-b, a]`, for

@@ -8,6 +8,13 @@
 //! model's visiting order); each bucket's gradients are flattened into one
 //! tensor on the device, all-reduced over the DP group and cut back into
 //! tensors of their shapes. There is no overlap with the backward pass yet.
+//!
+//! With `--reduce-dtype bf16` each bucket is rounded to bf16 before the
+//! all-reduce and its average rounded again after (FSDP's
+//! `MixedPrecision(reduce_dtype=bfloat16)`); the MPI wire still carries
+//! f32, so this reproduces the numerics of a bf16 reduction, not its
+//! halved traffic. The default keeps f32 (Megatron's
+//! `--accumulate-allreduce-grads-in-fp32`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,6 +26,7 @@ use burn::tensor::Tensor;
 use ferrotron_engine::lm::{LmUnit, LmUnits};
 use ferrotron_engine::metrics::MemoryBytes;
 use ferrotron_engine::optim::{scale_grads, AdamW};
+use ferrotron_engine::precision::Precision;
 
 use crate::comm::tensor::{from_host, host_f32};
 use crate::comm::{CommError, Communicator};
@@ -61,20 +69,22 @@ impl<M> ReplicatedGrads<M> {
         self.sum.accumulate(model, grads);
     }
 
-    /// Ends the step's sum: averages it over `group`, unit by unit of
-    /// `layout` (one all-reduce per unit), keeps it for [`Self::take`] and
-    /// returns the sum of its squares, each parameter weighted by `shares`.
+    /// Ends the step's sum: averages it over `group` in precision `reduce`,
+    /// unit by unit of `layout` (one all-reduce per unit), keeps it for
+    /// [`Self::take`] and returns the sum of its squares, each parameter
+    /// weighted by `shares`.
     pub fn reduce<B: AutodiffBackend>(
         &mut self,
         model: &M,
         group: &dyn Communicator,
         layout: &FlatLayout,
         shares: &NormShares,
+        reduce: Precision,
     ) -> Result<f64, CommError>
     where
         M: AutodiffModule<B>,
     {
-        let grads = averaged::<B, M>(self.sum.grads(), model, group, layout)?;
+        let grads = averaged::<B, M>(self.sum.grads(), model, group, layout, reduce)?;
         let mut bytes = GradBytes {
             grads: &grads,
             bytes: 0,
@@ -113,12 +123,14 @@ impl<M> ReplicatedGrads<M> {
     }
 }
 
-/// `grads` averaged over `group`, unit by unit of `layout`.
+/// `grads` averaged over `group` in precision `reduce`, unit by unit of
+/// `layout`.
 fn averaged<B: AutodiffBackend, M: AutodiffModule<B>>(
     grads: GradientsParams,
     model: &M,
     group: &dyn Communicator,
     layout: &FlatLayout,
+    reduce: Precision,
 ) -> Result<GradientsParams, CommError> {
     if group.world_size() == 1 {
         return Ok(grads);
@@ -130,7 +142,7 @@ fn averaged<B: AutodiffBackend, M: AutodiffModule<B>>(
     model.visit(&mut take);
     let TakeFlat { grads, mut flat } = take;
     for unit in layout.units() {
-        average_unit(group, unit, &mut flat)?;
+        average_unit(group, unit, &mut flat, reduce)?;
     }
     let mut put = PutBack::<B> { grads, flat };
     model.visit(&mut put);
@@ -140,10 +152,12 @@ fn averaged<B: AutodiffBackend, M: AutodiffModule<B>>(
 /// Replaces the flat gradients of `unit`'s parameters in `flat` by their
 /// average over `group`: concatenated on the device, one all-reduce, cut
 /// back (parameters without a gradient are left out on every rank alike).
+/// The values sent and the average are rounded to `reduce`.
 fn average_unit<IB: Backend>(
     group: &dyn Communicator,
     unit: &Unit,
     flat: &mut HashMap<ParamId, Tensor<IB, 1>>,
+    reduce: Precision,
 ) -> Result<(), CommError> {
     let present: Vec<(ParamId, usize)> = unit
         .slots
@@ -155,7 +169,7 @@ fn average_unit<IB: Backend>(
         return Ok(());
     }
     let joined = Tensor::cat(present.iter().map(|(id, _)| flat[id].clone()).collect(), 0);
-    let averaged = group.all_reduce_avg_tensor(joined)?;
+    let averaged = reduce.round_tensor(group.all_reduce_avg_tensor(reduce.round_tensor(joined))?);
     let mut at = 0;
     for (id, n) in present {
         flat.insert(id, averaged.clone().slice(at..at + n));
@@ -201,16 +215,18 @@ pub struct Ddp<B: AutodiffBackend, M> {
     layout: FlatLayout,
     device: B::Device,
     grads: ReplicatedGrads<M>,
+    reduce: Precision,
 }
 
 impl<B: AutodiffBackend, M: AutodiffModule<B>> Ddp<B, M> {
     /// DDP over `group` (the DP group) for `model` on `device`, buckets of
-    /// at most `bucket_elems` values.
+    /// at most `bucket_elems` values reduced in precision `reduce`.
     pub fn new(
         model: &M,
         group: Arc<dyn Communicator>,
         bucket_elems: usize,
         device: B::Device,
+        reduce: Precision,
     ) -> Self {
         let units = FlatLayout::buckets(param_infos(model), bucket_elems);
         Self {
@@ -218,6 +234,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> Ddp<B, M> {
             group,
             device,
             grads: ReplicatedGrads::default(),
+            reduce,
         }
     }
 }
@@ -260,7 +277,8 @@ where
     }
 
     fn reduce(&mut self, model: &M, shares: &NormShares) -> Result<f64, CommError> {
-        self.grads.reduce(model, &*self.group, &self.layout, shares)
+        self.grads
+            .reduce(model, &*self.group, &self.layout, shares, self.reduce)
     }
 
     fn apply(

@@ -24,6 +24,7 @@ use ferrotron_engine::checkpoint::{save_safetensors, write_atomic, CheckpointErr
 use ferrotron_engine::data::SamplerState;
 use serde::{Deserialize, Serialize};
 
+use super::loss_scale::LossScaler;
 use super::step::TrainerState;
 
 /// Name of the file in `checkpoints/` that names the newest checkpoint.
@@ -40,6 +41,9 @@ pub struct CheckpointState {
     pub optimizer_steps: u64,
     /// Where the batch sampler stands, if the batches come from one.
     pub sampler: Option<SamplerState>,
+    /// The dynamic loss scaler's state, when the run scales its loss (fp16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scaler: Option<LossScaler>,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
@@ -85,6 +89,7 @@ pub fn write(
         step: state.steps_done,
         optimizer_steps: state.optimizer_steps,
         sampler,
+        loss_scaler: state.loss_scaler,
     };
     let json = serde_json::to_vec_pretty(&meta).expect("the checkpoint state serialises");
     write_atomic(&tmp.join("state.json"), &json)?;
@@ -177,6 +182,7 @@ mod tests {
             ],
             steps_done: step,
             optimizer_steps: step as u64,
+            loss_scaler: None,
         }
     }
 

@@ -44,7 +44,8 @@ pub fn batch_tensors<B: Backend>(
 }
 
 /// Forward and backward of `batch` on the whole graph; the gradients of
-/// the loss divided by `micro_batches` go to `sync` (the `partial` ones
+/// the loss times `weight` (the micro-batch's share of the step, times the
+/// loss scale) go to `sync` (the `partial` ones
 /// summed over the TP group first). Returns the model and the batch's
 /// mean loss, nats/token.
 pub fn whole_graph<B, M>(
@@ -52,7 +53,7 @@ pub fn whole_graph<B, M>(
     partial: &PartialGrads,
     model: M,
     batch: &Batch,
-    micro_batches: usize,
+    weight: f64,
     device: &B::Device,
 ) -> Result<(M, f64), CommError>
 where
@@ -62,7 +63,7 @@ where
     let (inputs, targets) = batch_tensors::<B>(batch, device);
     let loss = model.loss(inputs, targets);
     let value = loss.clone().into_scalar().elem::<f64>();
-    let grads = loss.div_scalar(micro_batches as f64).backward();
+    let grads = loss.mul_scalar(weight).backward();
     let grads = partial.sum(&model, GradientsParams::from_grads(grads, &model))?;
     sync.accumulate(&model, grads)?;
     Ok((model, value))
@@ -70,7 +71,7 @@ where
 
 /// Forward and backward of `batch` one unit at a time (see the module
 /// doc), with the embedding and head units already acquired; the gradients
-/// of the loss divided by `micro_batches` go to `sync` unit by unit (the
+/// of the loss times `weight` go to `sync` unit by unit (the
 /// `partial` ones summed over the TP group first). Returns the model and
 /// the batch's mean loss, nats/token.
 pub fn unit_by_unit<B, M>(
@@ -78,7 +79,7 @@ pub fn unit_by_unit<B, M>(
     partial: &PartialGrads,
     mut model: M,
     batch: &Batch,
-    micro_batches: usize,
+    weight: f64,
     device: &B::Device,
 ) -> Result<(M, f64), CommError>
 where
@@ -102,7 +103,7 @@ where
     let last = Tensor::<B, 3>::from_inner(x).require_grad();
     let loss = model.head_loss(last.clone(), targets);
     let value = loss.clone().into_scalar().elem::<f64>();
-    let mut grads = loss.div_scalar(micro_batches as f64).backward();
+    let mut grads = loss.mul_scalar(weight).backward();
     let mut upstream = last
         .grad(&grads)
         .expect("the loss depends on the last hidden states");

@@ -8,10 +8,12 @@
 //! - [`run`]: the loop around it (global batch split over the DP ranks,
 //!   validation and checkpoint cadence, metrics, progress).
 //! - [`norm`]: the global gradient norm over a group.
+//! - [`loss_scale`]: dynamic loss scaling for fp16 mixed precision.
 //! - [`checkpoint`]: complete checkpoints (model, optimizer, sampler, step)
 //!   written atomically, for resuming.
 
 pub mod checkpoint;
+pub mod loss_scale;
 pub mod micro_batch;
 pub mod norm;
 pub mod run;

@@ -24,7 +24,8 @@
 //! A trainer restored from a checkpoint ([`super::checkpoint`]) continues
 //! where it stopped: the loop starts at its next step and appends to
 //! `metrics.jsonl`. A step whose loss or gradient norm is not finite is
-//! never applied ([`NonFinite`] says whether the run stops or goes on), and
+//! never applied ([`NonFinite`] says whether the run stops or goes on;
+//! under loss scaling an overflow only halves the scale), and
 //! a stop request (a signal) ends the run after the current step with a
 //! checkpoint.
 
@@ -438,6 +439,8 @@ where
             tokens_per_joule: energy_j.filter(|&j| j > 0.0).map(|j| covered_tokens / j),
             skipped: o.skipped,
             pipeline: o.pipeline,
+            loss_scale: o.loss_scale,
+            skipped_steps: o.skipped_steps,
         };
         if let Some(w) = writer.as_mut() {
             w.record(&record)?;
@@ -446,7 +449,9 @@ where
             progress.step(&record);
         }
         summary.steps.push(record);
-        if o.skipped {
+        // Loss scaling's own skip (the scale was halved) is not a fault:
+        // the run goes on with its cadence.
+        if o.skipped && !o.overflow {
             skipped_in_a_row += 1;
             let allowed = match config.on_nonfinite {
                 NonFinite::Stop => 0,

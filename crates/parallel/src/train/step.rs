@@ -11,8 +11,10 @@ use ferrotron_engine::lm::{CausalLm, LmUnit, LmUnits};
 use ferrotron_engine::metrics::{MemoryBytes, PipelineTimes};
 use ferrotron_engine::optim::{clip_factor, AdamW, AdamWConfig, LrSchedule};
 use ferrotron_engine::params::{named_tensors, param_names};
+use ferrotron_engine::precision::Precision;
 use serde::{Deserialize, Serialize};
 
+use super::loss_scale::{LossScaleConfig, LossScaler, ScaleOutcome};
 use super::micro_batch::{batch_tensors, unit_by_unit, whole_graph};
 use super::norm::{global_norm, group_sum, NormShares};
 use super::sync::{GradSync, Synced, WholeMoments};
@@ -52,6 +54,10 @@ pub struct ParallelConfig {
     /// always recomputes whole blocks, so `None` under it runs as `Full`;
     /// `Selective` under ZeRO-3 and `Full` on a pipeline are refused.
     pub recompute: Recompute,
+    /// The precision gradients are reduced in over the DP group
+    /// (`--reduce-dtype`): f32, or rounded to bf16 before and after the
+    /// collective (see `crate::data`); the accumulation stays f32.
+    pub reduce: Precision,
 }
 
 impl Default for ParallelConfig {
@@ -62,6 +68,7 @@ impl Default for ParallelConfig {
             shards: ShardPlan::none(),
             pipeline: PipelineConfig::default(),
             recompute: Recompute::None,
+            reduce: Precision::Fp32,
         }
     }
 }
@@ -78,6 +85,10 @@ pub enum BuildError {
     /// The recomputation does not fit the pipeline or the ZeRO stage.
     #[error(transparent)]
     Recompute(#[from] RecomputeError),
+    /// Loss scaling asked for with pipeline parallelism, whose schedule
+    /// does not scale the loss yet.
+    #[error("loss scaling is not implemented with pipeline parallelism ({0} stages)")]
+    LossScalePipeline(usize),
 }
 
 /// What one optimizer step did.
@@ -96,6 +107,13 @@ pub struct StepOutput {
     pub skipped: bool,
     /// Stage times and the measured bubble (pipeline parallelism only).
     pub pipeline: Option<PipelineTimes>,
+    /// The step was skipped because its loss-scaled gradients overflowed
+    /// (the scale was halved): expected under fp16, not an error.
+    pub overflow: bool,
+    /// Under loss scaling: the scale this step's loss was multiplied by.
+    pub loss_scale: Option<f64>,
+    /// Under loss scaling: steps skipped for overflow since the run began.
+    pub skipped_steps: Option<usize>,
 }
 
 /// What a checkpoint holds of a trainer, by parameter name (the names of
@@ -109,6 +127,8 @@ pub struct TrainerState {
     pub steps_done: usize,
     /// Updates AdamW has applied (its bias corrections count them).
     pub optimizer_steps: u64,
+    /// The dynamic loss scaler, when the run scales its loss (fp16).
+    pub loss_scaler: Option<LossScaler>,
 }
 
 /// The shape of every parameter of `model`, by id.
@@ -139,6 +159,7 @@ pub struct Trainer<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> {
     partial: PartialGrads,
     memory: MemoryBytes,
     recompute: Recompute,
+    scaler: Option<LossScaler>,
 }
 
 impl<B, M> Trainer<B, M>
@@ -222,11 +243,18 @@ where
         let buckets = bucket_elems(parallel.bucket_mb);
         let (sync, model): (Box<dyn GradSync<B, M>>, M) = match parallel.zero {
             ZeroStage::Off => (
-                Box::new(Ddp::new(&model, dp, buckets, device.clone())),
+                Box::new(Ddp::new(
+                    &model,
+                    dp,
+                    buckets,
+                    device.clone(),
+                    parallel.reduce,
+                )),
                 model,
             ),
             stage => {
-                let (zero, model) = Zero::new(stage, model, dp, buckets, device.clone());
+                let (zero, model) =
+                    Zero::new(stage, model, dp, buckets, device.clone(), parallel.reduce);
                 (Box::new(zero), model)
             }
         };
@@ -245,12 +273,34 @@ where
             partial,
             memory: MemoryBytes::default(),
             recompute,
+            scaler: None,
         })
     }
 
     /// What backward recomputes: the configured choice, `Full` under ZeRO-3.
     pub fn recompute(&self) -> Recompute {
         self.recompute
+    }
+
+    /// The trainer with dynamic loss scaling (fp16 training; see
+    /// [`super::loss_scale`]).
+    ///
+    /// # Errors
+    /// Under pipeline parallelism, whose schedule does not scale the loss.
+    pub fn with_loss_scaling(mut self, config: LossScaleConfig) -> Result<Self, BuildError> {
+        if self.pipeline.stages() > 1 {
+            return Err(BuildError::LossScalePipeline(self.pipeline.stages()));
+        }
+        self.scaler = Some(LossScaler::new(config));
+        Ok(self)
+    }
+
+    /// Continues a checkpoint's loss scaler (ignored by a trainer without
+    /// loss scaling: its scale would be 1).
+    pub fn restore_loss_scaler(&mut self, scaler: LossScaler) {
+        if self.scaler.is_some() {
+            self.scaler = Some(scaler);
+        }
     }
 
     /// The ZeRO stage in use.
@@ -302,13 +352,17 @@ where
     /// the DP group by the ZeRO stage's strategy, clipped by their global
     /// norm and applied, so every rank ends with the identical model. The
     /// loss is the mean over all DP ranks and `tokens` counts the whole
-    /// global batch.
+    /// global batch. Under loss scaling the loss is multiplied by the scale
+    /// before backward and the gradients divided by it before clipping; a
+    /// step whose gradients overflowed is skipped and the scale halved.
     pub fn step(&mut self, micro_batches: &[Batch]) -> Result<StepOutput, CommError> {
         let mut model = self
             .model
             .take()
             .expect("the model is always present between steps");
         let n = micro_batches.len().max(1);
+        let loss_scale = self.scaler.map_or(1.0, |s| s.scale);
+        let weight = loss_scale / n as f64;
         let ends = [LmUnit::Embedding, LmUnit::Head];
         for unit in ends {
             model = self.sync.acquire(unit, model, true)?;
@@ -338,7 +392,7 @@ where
                     &self.partial,
                     model,
                     batch,
-                    n,
+                    weight,
                     &self.device,
                 )?;
                 model = m;
@@ -361,13 +415,25 @@ where
         let dp_squares = self.sync.reduce(&model, &self.norm_shares)?;
         // Each stage holds its own parameters' gradients: add the stages, then the TP blocks.
         let stage_squares = group_sum(dp_squares, &**self.groups.pp())?;
-        let grad_norm = global_norm(stage_squares, &**self.groups.tp())?;
-        let skipped = !(loss.is_finite() && grad_norm.is_finite());
+        let grad_norm = global_norm(stage_squares, &**self.groups.tp())? / loss_scale;
+        let outcome = match &mut self.scaler {
+            Some(scaler) if loss.is_finite() => scaler.update(grad_norm.is_finite()),
+            _ if loss.is_finite() && grad_norm.is_finite() => ScaleOutcome::Apply,
+            _ => ScaleOutcome::NonFinite,
+        };
+        let skipped = outcome != ScaleOutcome::Apply;
         if skipped {
             self.sync.discard();
         } else {
             let clip = self.config.grad_clip;
-            let scale = clip_factor(grad_norm, clip).filter(|_| clip > 0.0);
+            let clipping = clip_factor(grad_norm, clip).filter(|_| clip > 0.0);
+            // Unscaling (exact: the scale is a power of two) and clipping
+            // in one multiplication.
+            let scale = match (clipping, loss_scale != 1.0) {
+                (Some(c), true) => Some(c / loss_scale),
+                (None, true) => Some(1.0 / loss_scale),
+                (c, false) => c,
+            };
             let Synced {
                 model: m,
                 grad_bytes,
@@ -388,6 +454,9 @@ where
             tokens: tokens * dp.world_size(),
             skipped,
             pipeline,
+            overflow: outcome == ScaleOutcome::Overflow,
+            loss_scale: self.scaler.is_some().then_some(loss_scale),
+            skipped_steps: self.scaler.map(|s| s.skipped_steps),
         })
     }
 
@@ -438,6 +507,7 @@ where
             moments: named,
             steps_done: self.steps_done,
             optimizer_steps: self.optimizer.steps_taken(),
+            loss_scaler: self.scaler,
         })
     }
 

@@ -7,6 +7,8 @@ use std::collections::HashMap;
 use burn::module::ParamId;
 use burn::tensor::TensorData;
 
+use ferrotron_engine::precision::Precision;
+
 use crate::comm::{CommError, Communicator};
 use crate::flat::{Piece, Unit};
 
@@ -69,16 +71,23 @@ pub(crate) fn all_gather_unit(
 
 /// Sums the unit's flat vector `flat` over the ranks and returns this
 /// rank's chunk of the sum divided by the number of ranks (the average).
+/// Over more than one rank, the values sent and the average are rounded
+/// to `reduce` (a low-precision reduce-scatter over an f32 wire).
 pub(crate) fn reduce_scatter_avg(
     comm: &dyn Communicator,
     unit: &Unit,
-    flat: &[f32],
+    mut flat: Vec<f32>,
+    reduce: Precision,
 ) -> Result<Vec<f32>, CommError> {
     let mut chunk = vec![0.0; unit.chunk];
-    comm.reduce_scatter_sum(flat, &mut chunk)?;
     let w = comm.world_size() as f32;
     if w > 1.0 {
+        reduce.round_in_place(&mut flat);
+    }
+    comm.reduce_scatter_sum(&flat, &mut chunk)?;
+    if w > 1.0 {
         chunk.iter_mut().for_each(|x| *x /= w);
+        reduce.round_in_place(&mut chunk);
     }
     Ok(chunk)
 }

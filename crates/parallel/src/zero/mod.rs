@@ -25,7 +25,11 @@
 //!   whole step.
 //!
 //! Everything moves through host `f32` vectors (the [`Communicator`]
-//! contract). Burn's backward pass returns all gradients of a graph at
+//! contract). With `--reduce-dtype bf16` the gradients of a
+//! reduce-scatter (and stage 1's all-reduce) are rounded to bf16 before
+//! and after it, as FSDP's `reduce_dtype`; parameters are always gathered
+//! in f32 (the compute casts them per forward), and the accumulated pieces
+//! stay f32. Burn's backward pass returns all gradients of a graph at
 //! once, so under stage 2 a micro-batch's full gradients exist until they
 //! are reduce-scattered; under stage 3 only one block's do.
 //!
@@ -47,6 +51,7 @@ use burn::tensor::{ElementConversion, Tensor, TensorData};
 use ferrotron_engine::lm::{LmUnit, LmUnits};
 use ferrotron_engine::metrics::MemoryBytes;
 use ferrotron_engine::optim::AdamW;
+use ferrotron_engine::precision::Precision;
 use serde::{Deserialize, Serialize};
 
 use self::exchange::{
@@ -136,6 +141,8 @@ pub struct Zero<B: AutodiffBackend, M> {
     params: HashMap<ParamId, Tensor<B::InnerBackend, 1>>,
     /// Stages 2 and 3: this rank's pieces of the gradients being accumulated.
     grads: HashMap<ParamId, Tensor<B::InnerBackend, 1>>,
+    /// The precision gradients are reduced in (the accumulation is f32).
+    reduce: Precision,
 }
 
 impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
@@ -143,12 +150,14 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
     /// `comm`. Stages 1 and 2 use buckets of at most `bucket_elems` values;
     /// stage 3 uses the model's units, keeps this rank's chunk of every
     /// parameter and returns the model with placeholders in their place.
+    /// Gradients are reduced in precision `reduce`.
     pub fn new(
         stage: ZeroStage,
         model: M,
         comm: Arc<dyn Communicator>,
         bucket_elems: usize,
         device: B::Device,
+        reduce: Precision,
     ) -> (Self, M) {
         assert!(stage != ZeroStage::Off, "ZeRO stage 0 shards nothing");
         let groups = match stage {
@@ -176,6 +185,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
             reduced_bytes: 0,
             params: HashMap::new(),
             grads: HashMap::new(),
+            reduce,
         };
         let model = if stage == ZeroStage::Three {
             zero.shard_parameters(model)
@@ -296,7 +306,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
     ) -> Result<(), CommError> {
         let unit = &self.layout.units()[u];
         let flat = flat_unit(unit, self.layout.dp(), values);
-        let chunk = reduce_scatter_avg(&*self.comm, unit, &flat)?;
+        let chunk = reduce_scatter_avg(&*self.comm, unit, flat, self.reduce)?;
         for (id, v) in split_chunk(&self.pieces[u], &chunk) {
             let g = self.tensor(v);
             let sum = match self.grads.remove(&id) {
@@ -423,9 +433,10 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> GradSync<B, M> for Z
 
     fn reduce(&mut self, model: &M, shares: &NormShares) -> Result<f64, CommError> {
         match self.stage {
-            ZeroStage::One => self
-                .replicated
-                .reduce(model, &*self.comm, &self.layout, shares),
+            ZeroStage::One => {
+                self.replicated
+                    .reduce(model, &*self.comm, &self.layout, shares, self.reduce)
+            }
             _ => {
                 self.reduced_bytes = self.piece_grad_bytes();
                 self.piece_squares(shares)
