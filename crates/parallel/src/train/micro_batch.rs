@@ -3,9 +3,9 @@
 //! - [`whole_graph`]: the model's loss and one backward pass (every
 //!   activation kept until backward);
 //! - [`unit_by_unit`]: full recomputation, in FSDP's order. Forward runs the
-//!   blocks one at a time without autodiff (on the inner backend, through
-//!   [`AutodiffModule::valid`], so no graph is built whether or not the
-//!   parameters require gradients), each between an
+//!   blocks one at a time without recording anything for backward (on a
+//!   copy of the model whose parameters do not require gradients,
+//!   [`no_grad`](burn::module::Module::no_grad), from a detached input), each between an
 //!   [`acquire`](GradSync::acquire) and a [`release`](GradSync::release),
 //!   keeping only each block's input; then the head's loss is
 //!   back-propagated, and each block in reverse is acquired again,
@@ -85,22 +85,19 @@ pub fn unit_by_unit<B, M>(
 where
     B: AutodiffBackend,
     M: AutodiffModule<B> + LmUnits<B>,
-    M::InnerModule: LmUnits<B::InnerBackend>,
 {
     let (inputs, targets) = batch_tensors::<B>(batch, device);
     let (embedded, context) = model.embed(inputs);
-    // The forward without autodiff: the blocks' inputs are plain tensors.
-    let mut x = embedded.clone().inner();
-    let no_grad_context = model.valid().block_context(batch.seq_len, device);
+    let mut x = embedded.clone().detach();
     let mut block_inputs = Vec::with_capacity(model.num_blocks());
     for i in 0..model.num_blocks() {
         model = sync.acquire(LmUnit::Block(i), model, false)?;
         block_inputs.push(x.clone());
-        x = model.valid().block(i, x, &no_grad_context);
+        // Nothing requires a gradient here, so autodiff keeps nothing.
+        x = model.clone().no_grad().block(i, x, &context);
         model = sync.release(LmUnit::Block(i), model);
     }
-    drop(no_grad_context);
-    let last = Tensor::<B, 3>::from_inner(x).require_grad();
+    let last = x.detach().require_grad();
     let loss = model.head_loss(last.clone(), targets);
     let value = loss.clone().into_scalar().elem::<f64>();
     let mut grads = loss.mul_scalar(weight).backward();
@@ -110,9 +107,10 @@ where
     let head = GradientsParams::from_grads(grads, &model);
     for i in (0..model.num_blocks()).rev() {
         model = sync.acquire(LmUnit::Block(i), model, true)?;
-        let input =
-            Tensor::<B, 3>::from_inner(block_inputs.pop().expect("one saved input per block"))
-                .require_grad();
+        let input = block_inputs
+            .pop()
+            .expect("one saved input per block")
+            .require_grad();
         let out = model.block(i, input.clone(), &context);
         grads = (out * Tensor::from_inner(upstream)).sum().backward();
         upstream = input

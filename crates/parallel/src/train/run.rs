@@ -38,7 +38,7 @@ use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use ferrotron_engine::checkpoint::{save_safetensors, write_atomic, CheckpointError};
 use ferrotron_engine::data::{Batch, BatchSampler, Goldfish, SamplerState, TokenSource};
-use ferrotron_engine::lm::LmUnits;
+use ferrotron_engine::lm::{CausalLm, LmUnits};
 use ferrotron_engine::metrics::energy::Coverage;
 use ferrotron_engine::metrics::{
     write_loss_svg, EnergyMeter, HeapWindow, MetricsWriter, StepRecord, ValRecord,
@@ -329,7 +329,7 @@ pub fn run<B, M>(
 where
     B: AutodiffBackend,
     M: AutodiffModule<B> + LmUnits<B> + 'static,
-    M::InnerModule: LmUnits<B::InnerBackend>,
+    M::InnerModule: CausalLm<B::InnerBackend>,
 {
     let world = trainer.groups().world().clone();
     let lead = world.rank() == 0;

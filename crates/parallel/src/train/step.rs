@@ -166,7 +166,7 @@ impl<B, M> Trainer<B, M>
 where
     B: AutodiffBackend,
     M: AutodiffModule<B> + LmUnits<B> + 'static,
-    M::InnerModule: LmUnits<B::InnerBackend>,
+    M::InnerModule: CausalLm<B::InnerBackend>,
 {
     /// A one-rank trainer for `model` on `device`, with fresh optimizer state.
     pub fn new(model: M, config: StepConfig, device: B::Device) -> Self {
