@@ -11,7 +11,7 @@ use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, FloatDType, Int, Tensor, TensorData};
-use ferrotron_engine::lm::CausalLm;
+use ferrotron_engine::lm::{CausalLm, LmUnits};
 use ferrotron_engine::precision::Precision;
 use ferrotron_models::layers::{Linear, Norm};
 use ferrotron_models::ops::{attention_reference, cross_entropy};
@@ -244,8 +244,13 @@ impl ModuleVisitor<AB> for Grads<'_> {
     }
 }
 
-/// Loss and gradients of a small model of `family` computed in `precision`.
-fn loss_and_grads(family: &str, precision: Precision) -> (f32, BTreeMap<String, Vec<f32>>) {
+/// Loss and gradients of a small model of `family` computed in
+/// `precision`, its attention core recomputed in backward if `selective`.
+fn loss_and_grads(
+    family: &str,
+    precision: Precision,
+    selective: bool,
+) -> (f32, BTreeMap<String, Vec<f32>>) {
     let config = DecoderConfig {
         vocab_size: 96,
         // Divisible by the presets' 4 (GPT, Llama) and 6 (BLOOM) heads.
@@ -258,7 +263,9 @@ fn loss_and_grads(family: &str, precision: Precision) -> (f32, BTreeMap<String, 
         ..preset(family).unwrap()
     };
     let device = Default::default();
-    let model = Decoder::<AB>::new(&config, 11, &device).unwrap();
+    let model = Decoder::<AB>::new(&config, 11, &device)
+        .unwrap()
+        .with_attention_recompute(selective);
     let ids: Vec<i64> = (0..2 * 17).map(|i| (i * 37 + i / 5) % 96).collect();
     let at = |from: usize| {
         let rows: Vec<i64> = ids
@@ -288,13 +295,19 @@ fn loss_and_grads(family: &str, precision: Precision) -> (f32, BTreeMap<String, 
 /// 7e-5 at most), a gradient by a few roundings (measured 1.2e-2 relative
 /// L2 at most in bf16; fp16, unscaled here, loses its smallest gradients
 /// to underflow: 2.2e-2). A layer computed wrongly, or a gradient lost at
-/// a cast, is off by order one.
+/// a cast, is off by order one. bf16 with `--recompute selective` (the
+/// attention core's gradient recomputed in f32 from the bf16 q, k, v) is
+/// held to the same bounds.
 #[test]
 fn low_precision_decoder_follows_the_f32_loss_and_gradients() {
     for family in ["gpt-mini", "llama-mini", "bloom-mini"] {
-        let (want_loss, want) = loss_and_grads(family, Precision::Fp32);
-        for precision in [Precision::Bf16, Precision::Fp16] {
-            let (loss, got) = loss_and_grads(family, precision);
+        let (want_loss, want) = loss_and_grads(family, Precision::Fp32, false);
+        for (precision, selective) in [
+            (Precision::Bf16, false),
+            (Precision::Fp16, false),
+            (Precision::Bf16, true),
+        ] {
+            let (loss, got) = loss_and_grads(family, precision, selective);
             let rel = (loss - want_loss).abs() / want_loss;
             eprintln!("{family} {precision}: loss {loss} vs f32 {want_loss} (rel {rel:e})");
             assert!(

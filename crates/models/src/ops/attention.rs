@@ -130,6 +130,10 @@ pub fn attention_reference_backward<B: Backend>(
     let [_, n_heads, _, head_dim] = q.dims();
     let rep = n_heads / k.dims()[1];
     let scale = 1.0 / (head_dim as f64).sqrt();
+    // Under mixed precision the inputs are bf16/f16: the gradients are
+    // computed in f32 (the softmax's precision) and rounded once at the end.
+    let dtypes = [q.dtype(), k.dtype(), v.dtype()];
+    let [q, k, v, d_out] = [q, k, v, d_out].map(|t| t.cast(FloatDType::F32));
     let (k, v) = (repeat_kv(k, rep), repeat_kv(v, rep));
     let scores = q
         .clone()
@@ -142,7 +146,12 @@ pub fn attention_reference_backward<B: Backend>(
     let ds = (p * (dp - row)).mul_scalar(scale);
     let dq = ds.clone().matmul(k);
     let dk = ds.swap_dims(2, 3).matmul(q);
-    [dq, sum_kv(dk, rep), sum_kv(dv, rep)]
+    let [dq_t, dk_t, dv_t] = dtypes;
+    [
+        dq.cast(dq_t),
+        sum_kv(dk, rep).cast(dk_t),
+        sum_kv(dv, rep).cast(dv_t),
+    ]
 }
 
 /// `[batch, kv_heads * rep, keys, hd]` to `[batch, kv_heads, keys, hd]`,
