@@ -23,7 +23,7 @@
 //! let val = [batches.sampler.next_batch(&tokens, 8)];
 //! let plan = LoopConfig {
 //!     steps: 100, micro_batch: 8, grad_accum: 1, eval_every: 50,
-//!     flops_per_token: config.train_flops_per_token(64), peak_flops: 1e11,
+//!     flops_per_token: config.train_flops_per_token(64, trainer.recompute()), peak_flops: 1e11,
 //!     ..LoopConfig::default()
 //! };
 //! let summary = train::run(&mut trainer, &mut batches, &val, &plan, &mut Silent).unwrap();
