@@ -269,6 +269,10 @@ pub struct TrainArgs {
     /// Vocabulary size of the tokenizer and the model (default: the preset's).
     #[arg(long)]
     pub vocab_size: Option<usize>,
+    /// Longest sequence of a new model from a preset, tokens (its position table; default: the
+    /// preset's max_seq_len). Megatron's --max-position-embeddings.
+    #[arg(long)]
+    pub max_seq_len: Option<usize>,
     /// Optimizer steps.
     #[arg(long)]
     pub steps: Option<usize>,
@@ -500,6 +504,7 @@ impl TrainArgs {
         }
         set_opt!(
             vocab_size,
+            max_seq_len,
             warmup_steps,
             out,
             corpus,

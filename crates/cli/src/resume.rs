@@ -69,6 +69,7 @@ impl Resume {
         same!(
             model => "--model",
             vocab_size => "--vocab-size",
+            max_seq_len => "--max-seq-len",
             seq_len => "--seq-len",
             seed => "--seed",
             corpus => "--corpus",

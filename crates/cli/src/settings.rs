@@ -23,6 +23,10 @@ pub struct TrainSettings {
     pub model: String,
     /// Vocabulary of the tokenizer and the model; the preset's when unset.
     pub vocab_size: Option<usize>,
+    /// Longest sequence of a new model, tokens (the position table of a
+    /// learned-position model; Megatron's `--max-position-embeddings`); the
+    /// preset's when unset.
+    pub max_seq_len: Option<usize>,
     /// Optimizer steps.
     pub steps: usize,
     /// Sequences per micro-batch.
@@ -162,6 +166,7 @@ impl Default for TrainSettings {
         Self {
             model: "gpt-mini".into(),
             vocab_size: None,
+            max_seq_len: None,
             steps: 250,
             micro_batch: 8,
             seq_len: 128,
@@ -275,6 +280,7 @@ impl TrainSettings {
             ("--eval-every", self.eval_every),
             ("--eval-batches", self.eval_batches),
             ("--dp", self.dp.unwrap_or(1)),
+            ("--max-seq-len", self.max_seq_len.unwrap_or(1)),
             ("--tp", self.tp),
             (
                 "--make-vocab-size-divisible-by",

@@ -186,6 +186,15 @@ fn train_ranked(
             )));
         }
     }
+    if let Some(n) = s.max_seq_len.filter(|_| resume.is_none()) {
+        if hf.is_some() && n != model.max_seq_len {
+            return Err(usage(format!(
+                "--max-seq-len {n}: the --hf-dir model has max_seq_len {}",
+                model.max_seq_len
+            )));
+        }
+        model.max_seq_len = n;
+    }
     model.kernels = s.kernels;
     model.precision = resolve_precision(&s, kind, &mesh)?;
     check_tp(&model, mesh.tp).map_err(|e| usage(format!("--tp {}: {e}", mesh.tp)))?;
@@ -215,8 +224,8 @@ fn train_ranked(
     }
     if s.seq_len > model.max_seq_len {
         return Err(usage(format!(
-            "--seq-len {} exceeds the {} preset's max_seq_len {}",
-            s.seq_len, s.model, model.max_seq_len
+            "--seq-len {} exceeds the model's max_seq_len {} (a new model from a preset takes --max-seq-len)",
+            s.seq_len, model.max_seq_len
         )));
     }
     // Before the model is allocated and before the data is tokenized.

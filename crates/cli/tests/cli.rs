@@ -138,7 +138,12 @@ fn bad_input_is_a_one_line_error_with_exit_code_2_and_writes_nothing() {
     );
     assert_rejected(
         &["train", "--out", o, "--seq-len", "100000"],
-        &["--seq-len", "max_seq_len"],
+        &["--seq-len", "max_seq_len", "--max-seq-len"],
+        &out,
+    );
+    assert_rejected(
+        &["train", "--out", o, "--max-seq-len", "0"],
+        &["--max-seq-len must be positive"],
         &out,
     );
     // An explicit warm-up longer than the run (the default shortens itself).
@@ -270,4 +275,64 @@ fn train_writes_a_complete_run_directory_and_generate_reads_it() {
             .code(),
         Some(2)
     );
+}
+
+/// `--max-seq-len` sizes a new model's position table beyond its preset's,
+/// and a resumed run keeps it.
+#[test]
+fn max_seq_len_sizes_the_position_table_of_a_new_model() {
+    let dir = scratch("max-seq");
+    let corpus = dir.join("corpus.txt");
+    let text: String = (0..4000u64)
+        .map(|i| format!("w{} ", (i * 2654435761) % 97))
+        .collect();
+    std::fs::write(&corpus, text).unwrap();
+    let out = dir.join("run");
+    let (c, o) = (corpus.to_str().unwrap(), out.to_str().unwrap());
+    let args = [
+        "train",
+        "--out",
+        o,
+        "--corpus",
+        c,
+        "--vocab-size",
+        "300",
+        "--max-seq-len",
+        "320",
+        "--seq-len",
+        "300",
+        "--micro-batch",
+        "1",
+        "--steps",
+        "1",
+        "--eval-every",
+        "1",
+        "--eval-batches",
+        "1",
+        "--sample-tokens",
+        "0",
+    ];
+    let run = ferrotron(&args);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    // The safetensors header: its length (u64, little-endian), then JSON.
+    let weights = std::fs::read(out.join("model.safetensors")).unwrap();
+    let len = u64::from_le_bytes(weights[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&weights[8..8 + len]).unwrap();
+    assert_eq!(header["pos_embed"]["shape"], serde_json::json!([320, 192]));
+    let resumed = ferrotron(&[
+        "train",
+        "--resume",
+        o,
+        "--max-seq-len",
+        "256",
+        "--steps",
+        "2",
+    ]);
+    let err = String::from_utf8_lossy(&resumed.stderr);
+    assert_eq!(resumed.status.code(), Some(2), "{err}");
+    assert!(err.contains("--max-seq-len"), "{err}");
 }
