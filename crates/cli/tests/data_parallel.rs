@@ -20,7 +20,7 @@ mod deadline;
 #[path = "common/mpirun.rs"]
 mod mpirun;
 
-use common::{copy_dir, corpus, max_weight_rel_err, scratch, step_losses};
+use common::{copy_dir, corpus, max_weight_rel_err, scratch, step_losses, step_records};
 use mpirun::{mpi_built, train, train_within};
 
 /// Training losses of a run's metrics.jsonl, by step.
@@ -31,13 +31,7 @@ fn losses(run: &Path) -> Vec<f64> {
 /// The memory by class of the last step record, bytes:
 /// `[param_bytes, grad_bytes, optimizer_bytes]`.
 fn memory(run: &Path) -> [u64; 3] {
-    let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
-    let last = text
-        .lines()
-        .rev()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .find(|v| v.get("loss").is_some())
-        .unwrap();
+    let last = step_records(run).pop().unwrap();
     ["param_bytes", "grad_bytes", "optimizer_bytes"].map(|k| last[k].as_u64().unwrap())
 }
 

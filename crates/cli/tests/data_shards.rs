@@ -14,7 +14,7 @@ mod common;
 #[path = "../../../tests/support/deadline.rs"]
 mod deadline;
 
-use common::{copy_dir, corpus, scratch, step_losses};
+use common::{copy_dir, corpus, records, scratch, step_losses};
 
 /// Longest a command of these tests may take before it is killed and fails.
 const DEADLINE: Duration = Duration::from_secs(300);
@@ -80,10 +80,8 @@ fn run(mut args: Vec<String>, extra: &[&str]) -> Output {
 
 /// `(step, val_loss)` of every validation record of a run.
 fn val_losses(run: &Path) -> Vec<(u64, f64)> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+    records(run)
+        .iter()
         .filter_map(|v| Some((v["step"].as_u64()?, v.get("val_loss")?.as_f64()?)))
         .collect()
 }

@@ -21,9 +21,9 @@ mod equivalence;
 #[path = "common/mpirun.rs"]
 mod mpirun;
 
-use common::{corpus, scratch, step_losses};
+use common::{corpus, records, scratch, step_losses};
 use equivalence::{check_steps, check_weights};
-use mpirun::mpi_built;
+use mpirun::{equivalence_args, mpi_built};
 
 /// Longest one command may take before it is killed and fails the test.
 const DEADLINE: Duration = Duration::from_secs(1800);
@@ -78,10 +78,8 @@ fn train(corpus: &Path, out: &Path, steps: &str, extra: &[&str]) -> Output {
 }
 
 fn val_losses(run: &Path) -> Vec<f64> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+    records(run)
+        .iter()
         .filter_map(|v| v.get("val_loss")?.as_f64())
         .collect()
 }
@@ -191,48 +189,18 @@ fn goldfish_under_dp_zero3_tp_sp_and_pp_equals_the_single_rank_run() {
     let corpus = corpus(&dir);
     let run = |name: &str, ranks: usize, accum: &str, extra: &[&str]| {
         let out = dir.join(name);
-        let mut args = vec![
-            "--model",
-            "gpt-mini",
-            "--vocab-size",
-            "300",
-            "--corpus",
-            corpus.to_str().unwrap(),
-            "--seq-len",
-            "32",
-            "--micro-batch",
-            "2",
-            "--steps",
-            "4",
-            "--grad-accum",
-            accum,
-            "--eval-every",
-            "4",
-            "--eval-batches",
-            "2",
-            "--sample-tokens",
-            "0",
-            "--peak-tflops",
-            "1",
-            "--goldfish-k",
-            "3",
-            "--goldfish-context",
-            "5",
-            "--out",
-            out.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
-        let o = mpirun::train(ranks, &args);
-        assert!(
-            o.status.success(),
-            "{name} failed:\n{}\n{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
+        let goldfish = ["--goldfish-k", "3", "--goldfish-context", "5"];
+        let extra: Vec<&str> = goldfish.iter().chain(extra).copied().collect();
+        mpirun::run(
+            name,
+            ranks,
+            equivalence_args("gpt-mini", &corpus, &out, accum),
+            &extra,
         );
         out
     };
     let single = run("single", 1, "4", &[]);
-    assert_eq!(step_losses(&single).len(), 4);
+    assert_eq!(step_losses(&single).len(), 5);
     let dp = run("dp2-zero3", 2, "2", &["--zero", "3"]);
     check_steps("dp2 zero3", &dp, &single, 1e-5);
     check_weights("dp2 zero3", &dp, &single, 1e-5, 2e-5);

@@ -24,9 +24,9 @@ mod equivalence;
 #[path = "common/mpirun.rs"]
 mod mpirun;
 
-use common::{copy_dir, corpus, scratch, step_losses};
+use common::{copy_dir, corpus, scratch, step_losses, step_records};
 use equivalence::{check_steps, check_weights};
-use mpirun::{mpi_built, train, train_within};
+use mpirun::{equivalence_args as args, mpi_built, run, train_within};
 
 /// Losses, gradient norms and weights of a pipeline without TP, relative
 /// (per tensor: to the tensor's own largest magnitude). A stage runs the
@@ -50,67 +50,12 @@ const TP_MODEL_TOLERANCE: f32 = 1e-4;
 /// See [`TP_MODEL_TOLERANCE`].
 const TP_TENSOR_TOLERANCE: f32 = 5e-3;
 
-/// The training flags shared by every run of `model`: 5 steps of 2
-/// sequences x `accum` micro-batches.
-fn args(model: &str, corpus: &Path, out: &Path, accum: &str) -> Vec<String> {
-    [
-        "--model",
-        model,
-        "--vocab-size",
-        "300",
-        "--corpus",
-        corpus.to_str().unwrap(),
-        "--seq-len",
-        "32",
-        "--micro-batch",
-        "2",
-        "--steps",
-        "5",
-        "--grad-accum",
-        accum,
-        "--eval-every",
-        "5",
-        "--save-every",
-        "3",
-        "--eval-batches",
-        "2",
-        "--sample-tokens",
-        "0",
-        "--peak-tflops",
-        "1",
-        "--out",
-        out.to_str().unwrap(),
-    ]
-    .into_iter()
-    .map(String::from)
-    .collect()
-}
-
-/// Runs `ferrotron train` on `ranks` with `args` plus `extra`; fails the
-/// test if it fails.
-fn run(label: &str, ranks: usize, args: Vec<String>, extra: &[&str]) {
-    let mut all: Vec<&str> = args.iter().map(String::as_str).collect();
-    all.extend(extra);
-    let o = train(ranks, &all);
-    assert!(
-        o.status.success(),
-        "{label} failed:\n{}\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-}
-
 /// The stage times of every step of the pipelined run `out` (`stages`
 /// stages, `chunks` model chunks each, `micro_batches` per step): each
 /// stage computed, its compute and waits fit in the schedule's time, and
 /// the formula's bubble is `(p - 1) / (v m)`.
 fn check_stage_times(label: &str, out: &Path, stages: usize, chunks: usize, micro_batches: usize) {
-    let text = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
-    let steps: Vec<serde_json::Value> = text
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v.get("loss").is_some())
-        .collect();
+    let steps = step_records(out);
     assert_eq!(steps.len(), 5, "{label}: step records");
     let formula = (stages - 1) as f64 / (chunks * micro_batches) as f64;
     for v in steps {

@@ -21,7 +21,7 @@ mod common;
 #[path = "../../../tests/support/deadline.rs"]
 mod deadline;
 
-use common::{corpus, scratch};
+use common::{corpus, scratch, step_records};
 
 const DEADLINE: Duration = Duration::from_secs(900);
 
@@ -58,16 +58,6 @@ fn train(ranks: usize, args: &[String], env: &[(&str, &Path)]) -> Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
-}
-
-/// Every step record of a run's metrics.jsonl.
-fn step_records(run: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v.get("loss").is_some())
-        .collect()
 }
 
 const SEQ: usize = 32;

@@ -5,19 +5,15 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod common;
+
+use common::{scratch, step_records};
+
 fn ferrotron(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ferrotron"))
         .args(args)
         .output()
         .expect("the binary runs")
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir =
-        std::env::temp_dir().join(format!("ferrotron-recompute-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 /// A corpus of a few thousand words (a tokenizer of 300 trains in well
@@ -44,7 +40,7 @@ fn corpus(dir: &Path) -> PathBuf {
 
 #[test]
 fn refused_combinations_name_the_flags_and_write_nothing() {
-    let dir = scratch("refused");
+    let dir = scratch("recompute-refused");
     let out = dir.join("run");
     let o = out.to_str().unwrap();
     for (args, needles) in [
@@ -93,7 +89,7 @@ fn gpt_mini_flops(v: f64, s: f64, mode: &str) -> f64 {
 
 #[test]
 fn each_mode_records_its_peak_activation_bytes_and_counts_its_flops() {
-    let dir = scratch("modes");
+    let dir = scratch("recompute-modes");
     let corpus = corpus(&dir);
     let mut peaks = Vec::new();
     for mode in ["none", "selective", "full"] {
@@ -132,12 +128,7 @@ fn each_mode_records_its_peak_activation_bytes_and_counts_its_flops() {
             String::from_utf8_lossy(&r.stderr)
         );
         assert!(stdout.contains(&format!("recompute {mode}")), "{stdout}");
-        let steps: Vec<serde_json::Value> = std::fs::read_to_string(out.join("metrics.jsonl"))
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-            .filter(|v| v.get("loss").is_some())
-            .collect();
+        let steps = step_records(&out);
         assert_eq!(steps.len(), 2);
         let last = &steps[1];
         let peak = last["peak_activation_bytes"]

@@ -10,7 +10,7 @@
 //! a printed reason). A run still going after its deadline is killed and
 //! fails the test.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -24,7 +24,7 @@ mod mpirun;
 
 use common::{copy_dir, corpus, scratch, step_losses};
 use equivalence::{check_steps, check_weights};
-use mpirun::{mpi_built, train, train_within};
+use mpirun::{equivalence_args as args, mpi_built, run, train_within};
 
 /// Largest difference between the runs' weights, relative to the one-rank
 /// run's largest weight of the whole model. TP sums the partial products
@@ -43,56 +43,6 @@ const MODEL_TOLERANCE: f32 = 1e-4;
 /// projection). Adam's updates hide gradient scale errors, so the step's
 /// gradient norms are compared as well, at 1e-5.
 const TENSOR_TOLERANCE: f32 = 5e-3;
-
-/// The training flags shared by every run of `model`: 5 steps of
-/// `micro_batch` sequences x `accum`.
-fn args(model: &str, corpus: &Path, out: &Path, accum: &str) -> Vec<String> {
-    [
-        "--model",
-        model,
-        "--vocab-size",
-        "300",
-        "--corpus",
-        corpus.to_str().unwrap(),
-        "--seq-len",
-        "32",
-        "--micro-batch",
-        "2",
-        "--steps",
-        "5",
-        "--grad-accum",
-        accum,
-        "--eval-every",
-        "5",
-        "--save-every",
-        "3",
-        "--eval-batches",
-        "2",
-        "--sample-tokens",
-        "0",
-        "--peak-tflops",
-        "1",
-        "--out",
-        out.to_str().unwrap(),
-    ]
-    .into_iter()
-    .map(String::from)
-    .collect()
-}
-
-/// Runs `ferrotron train` on `ranks` with `args` plus `extra`; fails the
-/// test if it fails.
-fn run(label: &str, ranks: usize, args: Vec<String>, extra: &[&str]) {
-    let mut all: Vec<&str> = args.iter().map(String::as_str).collect();
-    all.extend(extra);
-    let o = train(ranks, &all);
-    assert!(
-        o.status.success(),
-        "{label} failed:\n{}\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-}
 
 /// Trains `model` on one rank (global batch 4 = 2 x grad-accum 2), with
 /// tp2 (2 ranks, grad-accum 2), tp2 with sequence parallelism, and with

@@ -30,14 +30,30 @@ pub fn corpus(dir: &Path) -> PathBuf {
     path
 }
 
-/// `(step, loss)` of every step record of a run's `metrics.jsonl`, in file
-/// order (a resumed run appends); empty when there is no file yet.
-pub fn step_losses(run: &Path) -> Vec<(u64, f64)> {
+/// Every record (line) of a run's `metrics.jsonl`, in file order (a resumed
+/// run appends); empty when there is no file yet.
+pub fn records(run: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(run.join("metrics.jsonl"))
         .unwrap_or_default()
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter_map(|v| Some((v["step"].as_u64()?, v.get("loss")?.as_f64()?)))
+        .collect()
+}
+
+/// The step records (those with a `loss`) of [`records`].
+pub fn step_records(run: &Path) -> Vec<serde_json::Value> {
+    records(run)
+        .into_iter()
+        .filter(|v| v.get("loss").is_some())
+        .collect()
+}
+
+/// `(step, loss)` of every step record of a run's `metrics.jsonl`
+/// ([`step_records`]).
+pub fn step_losses(run: &Path) -> Vec<(u64, f64)> {
+    step_records(run)
+        .iter()
+        .filter_map(|v| Some((v["step"].as_u64()?, v["loss"].as_f64()?)))
         .collect()
 }
 

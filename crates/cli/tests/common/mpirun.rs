@@ -2,7 +2,9 @@
 //! (oversubscribed: the tests share 2 cores), killed after a deadline.
 //! Included by the multi-rank test files (`#[path]`), whose crate root
 //! declares the `deadline` module.
+#![allow(dead_code)] // each test binary uses a different subset
 
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
@@ -48,4 +50,55 @@ pub fn train_within(ranks: usize, args: &[&str], deadline: Duration) -> Output {
             if ranks == 1 { bin } else { "mpirun" }
         )
     })
+}
+
+/// The training flags of the multi-rank equivalence runs of `model`: 5
+/// steps of 2 sequences x `accum` micro-batches of 32 tokens, `--vocab-size
+/// 300`, evaluation at step 5, a checkpoint at step 3, run directory `out`.
+pub fn equivalence_args(model: &str, corpus: &Path, out: &Path, accum: &str) -> Vec<String> {
+    [
+        "--model",
+        model,
+        "--vocab-size",
+        "300",
+        "--corpus",
+        corpus.to_str().unwrap(),
+        "--seq-len",
+        "32",
+        "--micro-batch",
+        "2",
+        "--steps",
+        "5",
+        "--grad-accum",
+        accum,
+        "--eval-every",
+        "5",
+        "--save-every",
+        "3",
+        "--eval-batches",
+        "2",
+        "--sample-tokens",
+        "0",
+        "--peak-tflops",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect()
+}
+
+/// Runs `ferrotron train` on `ranks` with `args` plus `extra`; fails the
+/// test, naming `label`, if it fails.
+pub fn run(label: &str, ranks: usize, args: Vec<String>, extra: &[&str]) {
+    let mut all: Vec<&str> = args.iter().map(String::as_str).collect();
+    all.extend(extra);
+    let o = train(ranks, &all);
+    assert!(
+        o.status.success(),
+        "{label} failed:\n{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
