@@ -23,7 +23,7 @@ use ferrotron_engine::lm::LmUnits;
 
 use super::layout::StageLayout;
 use super::placement::Placement;
-use super::schedule::{Action, Payload, Transfer};
+use super::schedule::{Action, Payload, PipeShape, Transfer};
 use crate::comm::tensor::host_f32;
 use crate::comm::{CommError, Communicator, Incoming, Outgoing};
 use crate::tensor::PartialGrads;
@@ -64,6 +64,8 @@ pub(crate) struct StageClock {
 pub(crate) struct StageStep<'a> {
     /// Blocks of every virtual stage.
     pub(crate) layout: &'a StageLayout,
+    /// Stages, micro-batches and chunks of the step.
+    pub(crate) shape: PipeShape,
     /// What this stage holds.
     pub(crate) placement: &'a Placement,
     /// The PP group (this stage is its rank).
@@ -76,17 +78,16 @@ impl StageStep<'_> {
     /// The message tag of a transfer: unique in the step, computed alike
     /// at both ends from the payload, the micro-batch and the receiving
     /// virtual stage.
-    fn tag(&self, t: &Transfer, micro_batches: usize) -> i32 {
-        let stages = self.layout.stages();
-        let own = self.layout.virtual_stage(self.pp.rank(), t.chunk);
+    fn tag(&self, t: &Transfer) -> i32 {
+        let own = self.shape.virtual_stage(self.pp.rank(), t.chunk);
         let receiver = match (t.send, t.payload) {
             (false, _) => own,
             (true, Payload::Activation) => own + 1,
             (true, Payload::Gradient) => own - 1,
         };
         let payload = usize::from(t.payload == Payload::Gradient);
-        let virtual_stages = stages * self.layout.chunks();
-        ((payload * micro_batches + t.micro_batch) * virtual_stages + receiver) as i32
+        ((payload * self.shape.micro_batches + t.micro_batch) * self.shape.virtual_stages()
+            + receiver) as i32
     }
 
     /// Runs the actions on `micro_batches` (this DP rank's, the same on
@@ -122,7 +123,7 @@ impl StageStep<'_> {
             let t = Instant::now();
             match *action {
                 Action::Forward { micro_batch, chunk } => {
-                    let w = self.layout.virtual_stage(stage, chunk);
+                    let w = self.shape.virtual_stage(stage, chunk);
                     let batch = &micro_batches[micro_batch];
                     let (mut x, input) = if w == 0 {
                         let (inputs, _) = batch_tensors::<B>(batch, device);
@@ -179,7 +180,7 @@ impl StageStep<'_> {
                     sync.accumulate(&model, grads)?;
                 }
                 Action::Exchange(ref transfers) => {
-                    self.exchange(transfers, m, dims, &mut outbox, &mut inbox, device)?;
+                    self.exchange(transfers, dims, &mut outbox, &mut inbox, device)?;
                 }
             }
             let spent = t.elapsed().as_secs_f64();
@@ -202,7 +203,6 @@ impl StageStep<'_> {
     fn exchange<IB: burn::tensor::backend::Backend>(
         &self,
         transfers: &[Transfer],
-        micro_batches: usize,
         dims: [usize; 3],
         outbox: &mut HashMap<Slot, Vec<f32>>,
         inbox: &mut HashMap<Slot, Tensor<IB, 3>>,
@@ -217,9 +217,9 @@ impl StageStep<'_> {
                 let values = outbox
                     .remove(&slot)
                     .expect("the schedule sends what a compute action produced");
-                sent.push((t.peer, self.tag(t, micro_batches), values));
+                sent.push((t.peer, self.tag(t), values));
             } else {
-                wanted.push((slot, t.peer, self.tag(t, micro_batches), vec![0.0; n]));
+                wanted.push((slot, t.peer, self.tag(t), vec![0.0; n]));
             }
         }
         let sends: Vec<Outgoing<'_>> = sent

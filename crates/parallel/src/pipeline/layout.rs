@@ -147,11 +147,6 @@ impl StageLayout {
         self.chunks
     }
 
-    /// Virtual stage of chunk `chunk` of stage `stage`: `chunk * p + stage`.
-    pub fn virtual_stage(&self, stage: usize, chunk: usize) -> usize {
-        chunk * self.stages + stage
-    }
-
     /// Whether virtual stage `w` computes the loss (it is the last).
     pub fn is_last(&self, w: usize) -> bool {
         w + 1 == self.runs.len()
@@ -205,7 +200,6 @@ mod tests {
         // Virtual stages 0..4 are stage 0, 1, 0, 1.
         let owners: Vec<usize> = (0..8).map(|i| l.owner(LmUnit::Block(i))).collect();
         assert_eq!(owners, [0, 0, 1, 1, 0, 0, 1, 1]);
-        assert_eq!(l.virtual_stage(1, 1), 3);
         assert!(l.is_last(3));
     }
 

@@ -181,6 +181,7 @@ impl Pipeline {
             .map_err(|e| CommError::Transport(format!("pipeline schedule: {e}")))?;
         let (model, losses, clock) = StageStep {
             layout: &self.layout,
+            shape,
             placement: &self.placement,
             pp: &*self.pp,
             actions: &actions,
