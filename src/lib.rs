@@ -10,6 +10,7 @@
 //! use burn::backend::{Autodiff, Flex};
 //! use ferrotron::models::{presets, Decoder};
 //! use ferrotron::engine::optim::{AdamWConfig, LrSchedule};
+//! use ferrotron::parallel::recompute::Recompute;
 //! use ferrotron::parallel::train::{self, LoopConfig, Silent, StepConfig, TokenWindows, Trainer};
 //!
 //! let config = presets::preset("llama-mini").unwrap();
@@ -23,7 +24,8 @@
 //! let val = [batches.sampler.next_batch(&tokens, 8)];
 //! let plan = LoopConfig {
 //!     steps: 100, micro_batch: 8, grad_accum: 1, eval_every: 50,
-//!     flops_per_token: config.train_flops_per_token(64, trainer.recompute()), peak_flops: 1e11,
+//!     flops_per_token: config.train_flops_per_token(64, trainer.recompute()),
+//!     model_flops_per_token: config.train_flops_per_token(64, Recompute::None), peak_flops: 1e11,
 //!     ..LoopConfig::default()
 //! };
 //! let summary = train::run(&mut trainer, &mut batches, &val, &plan, &mut Silent).unwrap();

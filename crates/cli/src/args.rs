@@ -168,6 +168,10 @@ pub struct PlanArgs {
     /// Count dropout masks (Megatron's GPT; Ferrotron's models have no dropout).
     #[arg(long)]
     pub dropout: bool,
+    /// Count an fp32 copy of the gradients under bf16/fp16 (Megatron-LM's optimizer:
+    /// 20 bytes per parameter rather than the ZeRO paper's 16).
+    #[arg(long)]
+    pub fp32_main_grads: bool,
     /// Largest micro-batch tried, sequences.
     #[arg(long, default_value_t = 16)]
     pub max_micro_batch: usize,
@@ -180,17 +184,18 @@ pub struct PlanArgs {
     /// Do not try sequence parallelism.
     #[arg(long)]
     pub no_sp: bool,
-    /// Multiply the activation counts (1: Korthikanti et al.'s, for fused
-    /// kernels; Ferrotron's CPU reference path measures about 1.9).
-    #[arg(long, default_value_t = 1.0)]
-    pub activation_factor: f64,
+    /// How activations are counted: korthikanti (Korthikanti et al. 2022: fused kernels,
+    /// Megatron-LM, Ferrotron on GPUs) or ferrotron-cpu (what Burn's autodiff keeps over
+    /// Ferrotron's reference ops, counted primitive by primitive).
+    #[arg(long, default_value = "korthikanti")]
+    pub activations: String,
     /// Rows of the ranked table.
     #[arg(long, default_value_t = 10)]
     pub top: usize,
     /// Rejected choices shown.
     #[arg(long, default_value_t = 5)]
     pub rejected: usize,
-    /// Only layouts Ferrotron runs today (DP and ZeRO, f32).
+    /// Only layouts `ferrotron train` runs today (f32; see the `today` column).
     #[arg(long)]
     pub runnable: bool,
     /// Print JSON instead of the table.

@@ -10,7 +10,7 @@ use ferrotron_parallel::plan::explain::explain;
 use ferrotron_parallel::plan::link::{default_links, link, LINKS};
 use ferrotron_parallel::plan::search::choices;
 use ferrotron_parallel::plan::{
-    estimate, plan, Choice, Link, ModelShape, PlanInput, Precision, Recompute,
+    estimate, plan, ActivationModel, Choice, Link, ModelShape, PlanInput, Precision, Recompute,
 };
 use ferrotron_parallel::zero::ZeroStage;
 
@@ -217,14 +217,15 @@ pub fn input(a: &PlanArgs) -> anyhow::Result<(String, PlanInput)> {
             a.efficiency
         )));
     }
-    if !(positive(a.reserve_gib) || a.reserve_gib == 0.0)
-        || !positive(a.bucket_mb)
-        || !positive(a.activation_factor)
-    {
+    if !(positive(a.reserve_gib) || a.reserve_gib == 0.0) || !positive(a.bucket_mb) {
         return Err(usage(
-            "--reserve-gib must not be negative, --bucket-mb and --activation-factor must be positive",
+            "--reserve-gib must not be negative and --bucket-mb must be positive",
         ));
     }
+    let activations: ActivationModel = a
+        .activations
+        .parse()
+        .map_err(|e| usage(format!("--activations: {e}")))?;
     let zero_stages = a
         .zero
         .split(',')
@@ -262,11 +263,12 @@ pub fn input(a: &PlanArgs) -> anyhow::Result<(String, PlanInput)> {
             reserve_bytes: a.reserve_gib * GIB,
             bucket_mb: a.bucket_mb,
             dropout: a.dropout,
+            fp32_main_grads: a.fp32_main_grads,
             max_micro_batch: a.max_micro_batch,
             zero_stages,
             recompute,
             sequence_parallel: !a.no_sp,
-            activation_factor: a.activation_factor,
+            activations,
         },
     ))
 }
@@ -341,18 +343,28 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         );
     } else {
         println!(
-            "{:>4}  {:<30} {:>11} {:>9} {:>11} {:>6} {:>7} {:>9} {:>5}",
-            "rank", "choice", "GiB/GPU", "step s", "tokens/s", "MFU", "bubble", "kJ/step*", "today"
+            "{:>4}  {:<30} {:>11} {:>9} {:>11} {:>6} {:>6} {:>7} {:>9} {:>5}",
+            "rank",
+            "choice",
+            "GiB/GPU",
+            "step s",
+            "tokens/s",
+            "MFU",
+            "HFU",
+            "bubble",
+            "kJ/step*",
+            "today"
         );
         for (i, e) in p.feasible.iter().enumerate() {
             println!(
-                "{:>4}  {:<30} {:>11.2} {:>9.3} {:>11.0} {:>5.1}% {:>6.1}% {:>9.1} {:>5}",
+                "{:>4}  {:<30} {:>11.2} {:>9.3} {:>11.0} {:>5.1}% {:>5.1}% {:>6.1}% {:>9.1} {:>5}",
                 i + 1,
                 e.label,
                 e.memory.total() / GIB,
                 e.time.step_s,
                 e.time.tokens_per_s,
                 100.0 * e.time.mfu,
+                100.0 * e.time.hfu,
                 100.0 * e.time.bubble_fraction,
                 e.time.energy_estimate_j / 1e3,
                 if e.runs_today { "yes" } else { "no" }

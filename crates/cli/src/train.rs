@@ -28,6 +28,7 @@ use ferrotron_parallel::comm::Communicator;
 use ferrotron_parallel::groups::ProcessGroups;
 use ferrotron_parallel::launch;
 use ferrotron_parallel::mesh::Mesh;
+use ferrotron_parallel::recompute::Recompute;
 use ferrotron_parallel::tensor::TpGroup;
 use ferrotron_parallel::train::checkpoint::CheckpointState;
 use ferrotron_parallel::train::loss_scale::LossScaleConfig;
@@ -633,6 +634,7 @@ impl BackendTask for TrainTask {
             grad_accum: s.grad_accum,
             eval_every: s.eval_every,
             flops_per_token: mc.train_flops_per_token(s.seq_len, trainer.recompute()),
+            model_flops_per_token: mc.train_flops_per_token(s.seq_len, Recompute::None),
             peak_flops: peak,
             run_dir: Some(out.clone()),
             save_every: s.save_every(),

@@ -32,8 +32,22 @@ fn ferrotron(args: &[&str]) -> Output {
         .unwrap()
 }
 
-/// `ferrotron train ARGS` on `ranks` processes (1: no mpirun), under the deadline.
+/// `ferrotron train ARGS` on `ranks` processes (1: no mpirun), under the
+/// deadline; it must succeed.
 fn train(ranks: usize, args: &[String], env: &[(&str, &Path)]) -> Output {
+    let out = train_output(ranks, args, env);
+    assert!(
+        out.status.success(),
+        "train {args:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// `ferrotron train ARGS` on `ranks` processes (1: no mpirun), under the
+/// deadline, whatever its exit status.
+fn train_output(ranks: usize, args: &[String], env: &[(&str, &Path)]) -> Output {
     let bin = env!("CARGO_BIN_EXE_ferrotron");
     let mut cmd = if ranks == 1 {
         Command::new(bin)
@@ -48,16 +62,8 @@ fn train(ranks: usize, args: &[String], env: &[(&str, &Path)]) -> Output {
         cmd.env(k, v);
     }
     cmd.arg("train").args(args);
-    let out = deadline::output_within(&mut cmd, DEADLINE).unwrap_or_else(|e| {
-        panic!("could not start {bin} or mpirun (is Open MPI installed?): {e}")
-    });
-    assert!(
-        out.status.success(),
-        "train {args:?} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    deadline::output_within(&mut cmd, DEADLINE)
+        .unwrap_or_else(|e| panic!("could not start {bin} or mpirun (is Open MPI installed?): {e}"))
 }
 
 const SEQ: usize = 32;
@@ -101,40 +107,51 @@ fn train_args(model: &str, corpus: &Path, out: &Path, zero: u8) -> Vec<String> {
 /// `ferrotron plan --explain LABEL --json` for `model` on `gpus` CPU ranks
 /// with the training runs' shape.
 fn plan_explain(model: &str, gpus: usize, label: &str) -> serde_json::Value {
+    plan_explain_with(model, gpus, label, &[])
+}
+
+/// [`plan_explain`] with `extra` flags.
+fn plan_explain_with(model: &str, gpus: usize, label: &str, extra: &[&str]) -> serde_json::Value {
     let gpus = gpus.to_string();
     let batch = (gpus.parse::<usize>().unwrap() * MICRO).to_string();
-    let out = ferrotron(&[
-        "plan",
-        "--model",
-        model,
-        "--vocab",
-        "300",
-        "--gpus",
-        &gpus,
-        "--gpu",
-        "cpu",
-        "--gpu-mem-gib",
-        "16",
-        "--peak-tflops",
-        "0.1",
-        "--intra-gbps",
-        "10",
-        "--intra-us",
-        "1",
-        "--inter-gbps",
-        "1",
-        "--inter-us",
-        "10",
-        "--global-batch",
-        &batch,
-        "--seq-len",
-        &SEQ.to_string(),
-        "--bucket-mb",
-        BUCKET_MB,
-        "--explain",
-        label,
-        "--json",
-    ]);
+    let out = ferrotron(
+        &[
+            "plan",
+            "--model",
+            model,
+            "--vocab",
+            "300",
+            "--gpus",
+            &gpus,
+            "--gpu",
+            "cpu",
+            "--gpu-mem-gib",
+            "16",
+            "--peak-tflops",
+            "0.1",
+            "--intra-gbps",
+            "10",
+            "--intra-us",
+            "1",
+            "--inter-gbps",
+            "1",
+            "--inter-us",
+            "10",
+            "--global-batch",
+            &batch,
+            "--seq-len",
+            &SEQ.to_string(),
+            "--bucket-mb",
+            BUCKET_MB,
+            "--explain",
+            label,
+            "--json",
+        ]
+        .iter()
+        .chain(extra)
+        .copied()
+        .collect::<Vec<_>>(),
+    );
     assert!(
         out.status.success(),
         "{}",
@@ -171,6 +188,97 @@ fn planned_memory_classes_equal_the_measured_ones_on_one_rank_and_dp2_zero_0_to_
                 );
                 assert_eq!(last[class], state[class], "{model} {label} {class}");
             }
+            // MFU and HFU mean the same in both: their ratio is the
+            // hardware FLOPs (recomputation included) over the model's.
+            let ratio =
+                |v: &serde_json::Value| v["hfu"].as_f64().unwrap() / v["mfu"].as_f64().unwrap();
+            let (trained, planned) = (ratio(&last), ratio(&plan["time"]));
+            println!("{model} {label}: HFU/MFU trained {trained:.6}, planned {planned:.6}");
+            assert!(
+                (trained / planned - 1.0).abs() < 1e-9,
+                "{model} {label}: HFU/MFU {trained} vs {planned}"
+            );
+            if label.ends_with("-full") {
+                assert!(
+                    planned > 1.2,
+                    "full recomputation adds a forward: {planned}"
+                );
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The `today` column against `ferrotron train`: each layout below is
+/// planned for gpt-mini on 2 CPU ranks and trained with the same flags; a
+/// layout the planner marks as running today trains, any other is refused
+/// with exit 2 before anything is written.
+#[test]
+fn the_today_column_is_what_train_accepts() {
+    if !cfg!(feature = "mpi") {
+        eprintln!("SKIPPED: ferrotron was built without the `mpi` feature (2-rank runs)");
+        return;
+    }
+    let dir = scratch("plan-today");
+    let corpus = corpus(&dir);
+    // (label, --precision, train flags beyond the layout's, runs today)
+    let cases: [(&str, &str, &[&str], bool); 5] = [
+        (
+            "dp1-tp1-pp2-z0-mb2-sel",
+            "fp32",
+            &["--pp", "2", "--recompute", "selective"],
+            true,
+        ),
+        (
+            "dp1-tp1-pp2-z0-mb2-full",
+            "fp32",
+            &["--pp", "2", "--recompute", "full"],
+            false,
+        ),
+        (
+            "dp2-tp1-pp1-z3-mb2-sel",
+            "fp32",
+            &["--recompute", "selective"],
+            false,
+        ),
+        (
+            "dp1-tp2sp-pp1-z0-mb2-none",
+            "fp32",
+            &["--tp", "2", "--sp"],
+            true,
+        ),
+        ("dp1-tp2-pp1-z0-mb2-none", "bf16", &["--tp", "2"], false),
+    ];
+    for (label, precision, flags, today) in cases {
+        let plan = plan_explain_with("gpt-mini", 2, label, &["--precision", precision]);
+        assert_eq!(
+            plan["runs_today"], today,
+            "{label} {precision}: the planner's column"
+        );
+        let out = dir.join(label);
+        let zero = label.split('-').nth(3).unwrap()[1..].parse().unwrap();
+        let mut args = train_args("gpt-mini", &corpus, &out, zero);
+        // The plan's global batch of 2 x 2 sequences, as micro-batches.
+        let accum = if label.starts_with("dp1") { "2" } else { "1" };
+        args.extend(["--grad-accum", accum, "--precision", precision].map(String::from));
+        args.extend(flags.iter().map(|f| f.to_string()));
+        let result = train_output(2, &args, &[]);
+        let stderr = String::from_utf8_lossy(&result.stderr);
+        println!(
+            "{label} {precision}: planner {today}, train exit {:?}",
+            result.status.code()
+        );
+        if today {
+            assert!(
+                result.status.success(),
+                "{label}: train refused it:\n{stderr}"
+            );
+        } else {
+            assert_eq!(result.status.code(), Some(2), "{label}: {stderr}");
+            assert!(
+                !out.join("metrics.jsonl").exists(),
+                "{label}: wrote metrics"
+            );
         }
     }
     std::fs::remove_dir_all(&dir).unwrap();

@@ -21,10 +21,17 @@ pub struct StepRecord {
     pub grad_norm: f64,
     /// Tokens processed by the step divided by its wall time, tokens/s.
     pub tokens_per_s: f64,
-    /// Achieved model FLOP/s per device, in TFLOP/s (1e12 FLOP/s).
+    /// Achieved FLOP/s per device, recomputation included, in TFLOP/s (1e12 FLOP/s).
     pub tflops_per_device: f64,
-    /// Model FLOPs utilisation: achieved FLOP/s over the device peak, 0..1.
+    /// Model FLOPs utilisation (PaLM's MFU): the model's FLOPs of the
+    /// step's tokens, recomputation not counted, per second over the device
+    /// peak, 0..1.
     pub mfu: f64,
+    /// Hardware FLOPs utilisation (PaLM's HFU): the FLOPs done, the forward
+    /// work `--recompute` repeats included (`tflops_per_device` over the
+    /// peak), 0..1; equal to `mfu` without recomputation.
+    #[serde(default)]
+    pub hfu: f64,
     /// Wall time of the step, seconds.
     pub step_time_s: f64,
     /// Training state held by the writing rank (rank 0), bytes by class

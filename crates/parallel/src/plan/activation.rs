@@ -20,9 +20,81 @@
 //! (stage `i` holds `p - i`; Narayanan et al. 2021, Sec. 2.2.1), and
 //! `p (1 + (p - 1)/(p v))` under the interleaved schedule of `v` model
 //! chunks per stage (Korthikanti et al. 2022, Sec. 4.2.3, Eq. 5).
+//!
+//! [`ActivationModel::FerrotronCpu`] counts instead what Burn 0.21's
+//! autodiff keeps when it differentiates Ferrotron's reference ops (the CPU
+//! path), primitive by primitive: a product keeps both factors, a quotient
+//! both operands, `exp`, `sqrt` and `sigmoid` their input, a matmul both
+//! inputs; sums, means, additions, scalings, reshapes, casts to the same
+//! dtype, `gather` and `select` keep no tensor. A tensor kept by several
+//! nodes (or a view of one) is one buffer. Per block, in elements, with
+//! `T = s b` tokens:
+//! - each norm (LayerNorm or RMSNorm) keeps two `[T, h]` tensors (LayerNorm
+//!   the centred input and the normalised one; RMSNorm its input and the
+//!   normalised one) and two `[T, 1]` statistics: `4 T h + 4 T`;
+//! - the inputs of the q/k/v projections and of the MLP's first
+//!   projections (the norms' outputs): `2 T h`;
+//! - q, k and v as the scores' matmul keeps them (after RoPE; k and v
+//!   repeated over the query heads' groups, so `T h` each) and the output
+//!   projection's input: `4 T h`;
+//! - the attention core: the shifted scores (`exp`'s input), their
+//!   exponentials (the quotient's numerator) and the probabilities (the
+//!   second matmul's input), `3 a s^2 b`, and the softmax's row sums `a s b`;
+//! - the MLP, `5 T f`: GELU-tanh keeps `x`, `x^2`, `2z`, `sigmoid(2z)` and
+//!   its output; SwiGLU the gate, `sigmoid(gate)`, `silu(gate)`, up and
+//!   their product.
+//!
+//! That is `10 T h + 5 T f + 3 a s^2 b` (plus the statistics), against
+//! Korthikanti's `8 T h + 2 T f + a s^2 b` elements for the same layer
+//! without dropout. Outside the blocks: BLOOM's embedding norm `2 T h`, the
+//! final norm and the head's input `3 T h`, and the cross-entropy's shifted
+//! logits `T V` (f32; `log_softmax` keeps `exp`'s input, the log-probabilities
+//! go once `gather` has picked the targets). Selective recomputation keeps
+//! q, k and v and drops the core's `3 a s^2 b`; full recomputation keeps
+//! each block's input. Under tensor parallelism the terms split as in
+//! Korthikanti's count (q, k, v, the MLP and the scores by `t`, the norms
+//! by `t` with SP); only `t = 1` is measured (`plan_activations` test).
+
+use serde::Serialize;
 
 use super::model::ModelShape;
 pub use crate::recompute::Recompute;
+
+/// Which count of activations the planner uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ActivationModel {
+    /// Korthikanti et al. 2022: one tensor per fused op, what Megatron-LM
+    /// (and Ferrotron's fused kernels on GPUs) keep.
+    #[default]
+    Korthikanti,
+    /// What Burn's autodiff keeps over Ferrotron's reference ops (the CPU
+    /// path), counted primitive by primitive (see the module doc).
+    FerrotronCpu,
+}
+
+impl ActivationModel {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Korthikanti => "korthikanti",
+            Self::FerrotronCpu => "ferrotron-cpu",
+        }
+    }
+}
+
+impl std::str::FromStr for ActivationModel {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        [Self::Korthikanti, Self::FerrotronCpu]
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| {
+                format!("'{s}' is not an activation model; use korthikanti or ferrotron-cpu")
+            })
+    }
+}
 
 /// One micro-batch's activations as the layer counts them.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -37,8 +109,11 @@ pub struct LayerActivations {
     pub sp: bool,
     /// Bytes of an activation element (2 for bf16/fp16, 4 for f32).
     pub elem_bytes: usize,
-    /// Dropout after attention, MLP and softmax (1-byte masks).
+    /// Dropout after attention, MLP and softmax (1-byte masks;
+    /// [`ActivationModel::Korthikanti`] only).
     pub dropout: bool,
+    /// The count used.
+    pub model: ActivationModel,
 }
 
 impl LayerActivations {
@@ -53,6 +128,9 @@ impl LayerActivations {
         let sp = if self.sp { t } else { 1.0 };
         if recompute == Recompute::Full {
             return e * sbh / sp;
+        }
+        if self.model == ActivationModel::FerrotronCpu {
+            return self.ferrotron_cpu_layer_bytes(m, recompute);
         }
         // Outside the TP regions: two norm inputs, the QKV and MLP inputs,
         // two dropout masks (10 sbh in the paper).
@@ -71,10 +149,40 @@ impl LayerActivations {
         replicated / sp + (split + scores) / t
     }
 
-    /// Bytes the first stage keeps for the embedding per micro-batch (its
-    /// dropout mask).
+    /// [`LayerActivations::layer_bytes`] under [`ActivationModel::FerrotronCpu`],
+    /// recomputing `none` or `selective`.
+    fn ferrotron_cpu_layer_bytes(&self, m: &ModelShape, recompute: Recompute) -> f64 {
+        let (s, b, t) = (self.seq as f64, self.micro_batch as f64, self.tp as f64);
+        let e = self.elem_bytes as f64;
+        let tokens = s * b;
+        let h = m.hidden as f64;
+        let sp = if self.sp { t } else { 1.0 };
+        // Two norms (two [T, h] tensors and two row statistics each) and
+        // the inputs of the column-parallel projections.
+        let replicated = 2.0 * (2.0 * tokens * h + 2.0 * tokens) + 2.0 * tokens * h;
+        // q, k, v (repeated to every query head) and the output projection's input.
+        let qkvo = 4.0 * tokens * h;
+        let mlp = 5.0 * tokens * m.ffn as f64;
+        let heads = m.heads as f64;
+        let core = if recompute == Recompute::Selective {
+            0.0
+        } else {
+            3.0 * heads * s * s * b + heads * s * b
+        };
+        e * (replicated / sp + (qkvo + mlp + core) / t)
+    }
+
+    /// Bytes the first stage keeps for the embedding per micro-batch: its
+    /// dropout mask (Korthikanti), or on Ferrotron's CPU path the embedding
+    /// norm's two `[T, h]` tensors and statistics (BLOOM).
     pub fn embedding_bytes(&self, m: &ModelShape) -> f64 {
         let sp = if self.sp { self.tp as f64 } else { 1.0 };
+        if self.model == ActivationModel::FerrotronCpu {
+            let tokens = (self.seq * self.micro_batch) as f64;
+            let norm = 2.0 * tokens * m.hidden as f64 + 2.0 * tokens;
+            let e = self.elem_bytes as f64;
+            return if m.embed_norm { e * norm / sp } else { 0.0 };
+        }
         let mask = if self.dropout { 1.0 } else { 0.0 };
         mask * (self.seq * self.micro_batch * m.hidden) as f64 / sp
     }
@@ -85,7 +193,15 @@ impl LayerActivations {
         let (s, b, t) = (self.seq as f64, self.micro_batch as f64, self.tp as f64);
         let sp = if self.sp { t } else { 1.0 };
         let e = self.elem_bytes as f64;
-        2.0 * e * s * b * m.hidden as f64 / sp + 4.0 * s * b * m.vocab as f64 / t
+        let logits = 4.0 * s * b * m.vocab as f64 / t;
+        if self.model == ActivationModel::FerrotronCpu {
+            // The final norm (two [T, h] tensors, two statistics), the
+            // head's input, and the cross-entropy's row sums.
+            let tokens = s * b;
+            let norm = 3.0 * tokens * m.hidden as f64 + 2.0 * tokens;
+            return e * norm / sp + logits + 4.0 * tokens;
+        }
+        2.0 * e * s * b * m.hidden as f64 / sp + logits
     }
 }
 
@@ -125,6 +241,7 @@ mod tests {
                 sp,
                 elem_bytes: 2,
                 dropout: true,
+                model: ActivationModel::Korthikanti,
             };
             let tf = t as f64;
             let want = match (t, sp) {
@@ -149,6 +266,7 @@ mod tests {
             sp: false,
             elem_bytes: 2,
             dropout: true,
+            model: ActivationModel::Korthikanti,
         };
         assert_eq!(act.layer_bytes(&m, Recompute::Full), 2.0 * sbh);
         // Output layer: 4sbh/t (1 + v/h) with SP (Sec. 4.3).

@@ -6,7 +6,8 @@ use serde::Serialize;
 
 use super::activation::{in_flight, LayerActivations, Recompute};
 use super::memory::state_bytes;
-use super::time::{step_time, TimeEstimate};
+use super::split::stage_blocks;
+use super::time::{block_flops, step_time, TimeEstimate};
 use super::{Choice, PlanInput};
 use crate::data::bucket_elems;
 use crate::zero::ZeroStage;
@@ -69,29 +70,55 @@ pub struct Estimate {
     pub memory: MemoryEstimate,
     /// Time per optimizer step and what follows from it.
     pub time: TimeEstimate,
-    /// Whether Ferrotron runs this layout today: no pipeline (pp = 1; TP
-    /// and SP run), f32, any recomputation (`--recompute`) except that
-    /// ZeRO-3 always recomputes whole blocks (so ZeRO-3 means `full`).
+    /// Blocks per pipeline stage, first to last (see [`stage_split`]):
+    /// `ferrotron train --pp-layers` for a pipeline without interleaving.
+    pub stage_layers: Vec<usize>,
+    /// Whether `ferrotron train` accepts this layout and runs it as
+    /// planned (see [`runs_today`]).
     pub runs_today: bool,
 }
 
-/// Blocks on the fullest stage of `pp` (uneven splits give some stages one more).
-pub fn blocks_per_stage(layers: usize, pp: usize) -> usize {
-    layers.div_ceil(pp)
+/// Whether `ferrotron train` accepts `c` at `precision` and runs it as the
+/// planner counts it: f32 only (its bf16 and fp16 keep f32 parameters,
+/// gradients and AdamW state, not the 2 + 2 + 12 bytes counted here, and
+/// refuse TP and PP); ZeRO-3 only with `full` recomputation (it always
+/// recomputes whole blocks) and without a pipeline; a pipeline (1F1B or
+/// interleaved, split by `--pp-layers`) with ZeRO 0-2 and `none` or `sel`
+/// recomputation (`full` is refused with `--pp`). DP, TP and SP combine
+/// with all of these.
+pub fn runs_today(c: &Choice, precision: super::Precision) -> bool {
+    let zero_ok = match c.zero {
+        ZeroStage::Three => c.recompute == Recompute::Full && c.pp == 1,
+        _ => true,
+    };
+    let pipeline_ok = c.pp == 1 || c.recompute != Recompute::Full;
+    precision == super::Precision::Fp32 && zero_ok && pipeline_ok
+}
+
+/// Blocks per pipeline stage of `c` ([`stage_blocks`] with the head's
+/// FLOPs over a block's, recomputation included).
+pub fn stage_split(input: &PlanInput, c: &Choice) -> Vec<usize> {
+    let head = input.model.head_flops_per_token() / block_flops(input, c);
+    stage_blocks(&input.model, c.pp, c.interleave, head)
 }
 
 /// The FSDP units (tensor sizes) of the first and the last stage of
-/// `choice`; the same stage twice without a pipeline.
-pub fn stage_units(input: &PlanInput, c: &Choice) -> (Vec<Vec<usize>>, Vec<Vec<usize>>) {
+/// `choice` whose stages hold `split` blocks; the same stage twice without
+/// a pipeline.
+pub fn stage_units(
+    input: &PlanInput,
+    c: &Choice,
+    split: &[usize],
+) -> (Vec<Vec<usize>>, Vec<Vec<usize>>) {
     let m = &input.model;
-    let blocks = vec![m.block_tensors(c.tp); blocks_per_stage(m.layers, c.pp)];
+    let blocks = |n: usize| vec![m.block_tensors(c.tp); n];
     let mut first = vec![m.embedding_tensors(c.tp)];
-    first.extend(blocks.iter().cloned());
+    first.extend(blocks(split[0]));
     if c.pp == 1 {
         first.push(m.head_tensors(c.tp, false));
         return (first.clone(), first);
     }
-    let mut last = blocks;
+    let mut last = blocks(split[split.len() - 1]);
     last.push(m.head_tensors(c.tp, true));
     (first, last)
 }
@@ -99,7 +126,8 @@ pub fn stage_units(input: &PlanInput, c: &Choice) -> (Vec<Vec<usize>>, Vec<Vec<u
 /// Memory and time of `c` for `input`.
 pub fn estimate(input: &PlanInput, c: &Choice) -> Estimate {
     let m = &input.model;
-    let (first, last) = stage_units(input, c);
+    let split = stage_split(input, c);
+    let (first, last) = stage_units(input, c, &split);
     let micro_batches = input.global_batch / (c.dp * c.micro_batch);
     let act = LayerActivations {
         seq: input.seq,
@@ -108,12 +136,11 @@ pub fn estimate(input: &PlanInput, c: &Choice) -> Estimate {
         sp: c.sp,
         elem_bytes: input.precision.activation_bytes(),
         dropout: input.dropout,
+        model: input.activations,
     };
-    let blocks = blocks_per_stage(m.layers, c.pp) as f64;
-    let k = input.activation_factor;
-    let per_layer = k * act.layer_bytes(m, c.recompute);
+    let per_layer = act.layer_bytes(m, c.recompute);
     let working = if c.recompute == Recompute::Full {
-        k * act.layer_bytes(m, Recompute::None)
+        act.layer_bytes(m, Recompute::None)
     } else {
         0.0
     };
@@ -133,21 +160,25 @@ pub fn estimate(input: &PlanInput, c: &Choice) -> Estimate {
             (2 * bg * bucket) as f64
         }
     };
+    let state = |units: &[Vec<usize>]| {
+        let mut st = state_bytes(units, c.dp, c.zero, input.precision, bucket);
+        if input.fp32_main_grads && input.precision != super::Precision::Fp32 {
+            // An fp32 copy of every gradient this rank holds.
+            st.grad_bytes += 4 * st.grad_bytes / bg;
+        }
+        st
+    };
     let stage = |units: &[Vec<usize>], name, acts: ActivationBytes| MemoryEstimate {
         stage: name,
-        state: state_bytes(units, c.dp, c.zero, input.precision, bucket),
+        state: state(units),
         activations: acts,
         transient: transient(units),
         reserve: input.reserve_bytes,
     };
     let first_acts = ActivationBytes {
-        layers: blocks * held * per_layer,
-        embedding: k * held * act.embedding_bytes(m),
-        output: if c.pp == 1 {
-            k * act.output_bytes(m)
-        } else {
-            0.0
-        },
+        layers: split[0] as f64 * held * per_layer,
+        embedding: held * act.embedding_bytes(m),
+        output: if c.pp == 1 { act.output_bytes(m) } else { 0.0 },
         recompute_working: working,
     };
     let memory = if c.pp == 1 {
@@ -155,9 +186,9 @@ pub fn estimate(input: &PlanInput, c: &Choice) -> Estimate {
     } else {
         let a = stage(&first, "first", first_acts);
         let last_acts = ActivationBytes {
-            layers: blocks * per_layer,
+            layers: split[split.len() - 1] as f64 * per_layer,
             embedding: 0.0,
-            output: k * act.output_bytes(m),
+            output: act.output_bytes(m),
             recompute_working: working,
         };
         let b = stage(&last, "last", last_acts);
@@ -167,21 +198,15 @@ pub fn estimate(input: &PlanInput, c: &Choice) -> Estimate {
             b
         }
     };
-    let last_elems: usize = last.iter().flatten().sum();
-    let time = step_time(input, c, last_elems, micro_batches);
-    let runs_today = c.pp == 1
-        && input.precision == super::Precision::Fp32
-        && match c.zero {
-            // ZeRO-3 always recomputes whole blocks; the other stages run
-            // every recomputation (`--recompute`).
-            ZeroStage::Three => c.recompute == Recompute::Full,
-            _ => true,
-        };
+    let elems = |units: &[Vec<usize>]| -> usize { units.iter().flatten().sum() };
+    let stage_elems = elems(&first).max(elems(&last));
+    let time = step_time(input, c, &split, stage_elems, micro_batches);
     Estimate {
         choice: *c,
         label: c.to_string(),
         memory,
         time,
-        runs_today,
+        stage_layers: split,
+        runs_today: runs_today(c, input.precision),
     }
 }

@@ -60,12 +60,26 @@ pub fn explain(input: &PlanInput, e: &Estimate) -> String {
     for (name, bytes) in rows {
         let _ = writeln!(s, "  {name:<36} {:>10.3} GiB", gib(bytes));
     }
+    if c.pp > 1 {
+        let split: Vec<String> = e.stage_layers.iter().map(usize::to_string).collect();
+        let _ = writeln!(
+            s,
+            "blocks per stage: {}{}",
+            split.join(","),
+            if c.interleave > 1 {
+                String::new()
+            } else {
+                format!(" (train --pp-layers {})", split.join(","))
+            }
+        );
+    }
     let _ = writeln!(
         s,
-        "time per step: {:.3} s ({:.0} tokens/s, MFU {:.1}%, bubble {:.1}% of the pipeline)",
+        "time per step: {:.3} s ({:.0} tokens/s, MFU {:.1}%, HFU {:.1}%, bubble {:.1}% of the pipeline)",
         t.step_s,
         t.tokens_per_s,
         100.0 * t.mfu,
+        100.0 * t.hfu,
         100.0 * t.bubble_fraction
     );
     let rows = [

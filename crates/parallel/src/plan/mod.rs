@@ -7,11 +7,14 @@
 //! choice, it estimates
 //! - the memory of one GPU ([`estimate`]): the training state of the
 //!   fullest stage by the trainer's own classes and sharding
-//!   ([`memory`]), the activations after Korthikanti et al. 2022
-//!   ([`activation`]), transient buffers and a reserve;
+//!   ([`memory`]), the activations after Korthikanti et al. 2022 or as
+//!   Ferrotron's CPU path keeps them ([`activation`]), transient buffers
+//!   and a reserve;
 //! - the time of one optimizer step ([`time`]): Megatron's FLOP count at a
-//!   fraction of the device peak, alpha-beta costs of every collective
-//!   ([`comm`]) on the links of [`link`], and the pipeline bubble;
+//!   fraction of the device peak on the slowest pipeline stage (blocks
+//!   split to balance the head, [`split`]), alpha-beta costs of every
+//!   collective ([`comm`]) on the links of [`link`], and the pipeline
+//!   bubble;
 //!
 //! and ranks the layouts that fit by step time ([`search`]). Devices come
 //! from [`ferrotron_engine::metrics::DEVICES`]. The planner is pure
@@ -26,11 +29,12 @@ pub mod link;
 pub mod memory;
 pub mod model;
 pub mod search;
+pub mod split;
 pub mod time;
 
 use ferrotron_engine::metrics::DeviceSpec;
 
-pub use activation::Recompute;
+pub use activation::{ActivationModel, Recompute};
 pub use choice::Choice;
 pub use estimate::{estimate, Estimate, MemoryEstimate};
 pub use link::Link;
@@ -68,6 +72,12 @@ pub struct PlanInput {
     pub bucket_mb: f64,
     /// Whether the model uses dropout (1-byte masks; Ferrotron has none).
     pub dropout: bool,
+    /// Mixed precision keeps an fp32 copy of the gradients besides the
+    /// 2 + 2 + 12 bytes per parameter of the ZeRO paper, as Megatron-LM's
+    /// optimizer does (20 bytes per parameter with fp16 gradients: the
+    /// Megatron Core user guide, "Distributed Optimizer"). Counted with
+    /// the gradients.
+    pub fp32_main_grads: bool,
     /// Largest micro-batch tried, sequences.
     pub max_micro_batch: usize,
     /// The ZeRO stages tried (what the framework offers).
@@ -76,10 +86,10 @@ pub struct PlanInput {
     pub recompute: Vec<Recompute>,
     /// Whether sequence parallelism is tried with TP.
     pub sequence_parallel: bool,
-    /// Multiplies every activation count: 1 for frameworks whose fused
-    /// kernels keep only what Korthikanti et al. count; Ferrotron's CPU
-    /// reference path keeps about 1.9 times that (measured, see README).
-    pub activation_factor: f64,
+    /// How activations are counted: Korthikanti et al.'s one tensor per
+    /// fused op, or what Burn's autodiff keeps over Ferrotron's reference
+    /// ops on the CPU path.
+    pub activations: ActivationModel,
 }
 
 impl PlanInput {

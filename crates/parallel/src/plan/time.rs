@@ -2,13 +2,14 @@
 //! pipeline communication per micro-batch, the pipeline bubble, and the
 //! data-parallel gradient synchronisation, none of it overlapped.
 //!
-//! - Compute: the stage's FLOPs (Megatron's count, `6 x` matmul weights
-//!   plus `12 s h` per token and layer, whose sum for GPT shapes is
-//!   `72 B s l h^2 (1 + s/6h + V/12lh)`; full recomputation adds a forward
-//!   of the layers, giving `96 B s l h^2 (1 + s/6h + V/16lh)` (Narayanan et
-//!   al. 2021, Sec. 5.1); selective recomputation adds the attention
-//!   scores' forward, `4 s h` per token and layer) over `tp` GPUs at
-//!   `efficiency x` the device peak.
+//! - Compute: the slowest stage's FLOPs (its blocks, and the head on the
+//!   last; the split is [`super::split`]'s) over `tp` GPUs at
+//!   `efficiency x` the device peak. FLOPs are Megatron's count: `6 x`
+//!   matmul weights plus `12 s h` per token and layer, whose sum for GPT
+//!   shapes is `72 B s l h^2 (1 + s/6h + V/12lh)`; full recomputation adds
+//!   a forward of the layers, giving `96 B s l h^2 (1 + s/6h + V/16lh)`
+//!   (Narayanan et al. 2021, Sec. 5.1); selective recomputation adds the
+//!   attention scores' forward, `4 s h` per token and layer.
 //! - Tensor parallelism: 4 all-reduces of `b s h` activations per layer and
 //!   micro-batch (2 forward, 2 backward; 2 more when a layer is
 //!   recomputed); with SP each is an all-gather plus a reduce-scatter.
@@ -31,7 +32,6 @@ use serde::Serialize;
 
 use super::activation::Recompute;
 use super::comm::{all_gather, all_reduce, p2p};
-use super::estimate::blocks_per_stage;
 use super::link::Link;
 use super::{Choice, PlanInput};
 use crate::zero::ZeroStage;
@@ -53,8 +53,14 @@ pub struct TimeEstimate {
     pub step_s: f64,
     /// Global batch tokens over the step time.
     pub tokens_per_s: f64,
-    /// Model FLOPs (no recomputation) per second over the peak of every GPU.
+    /// Model FLOPs utilisation (PaLM's MFU, Chowdhery et al. 2022, App. B):
+    /// model FLOPs, no recomputation, per second over the peak of every GPU.
     pub mfu: f64,
+    /// Hardware FLOPs utilisation (PaLM's HFU): the FLOPs done, recomputed
+    /// forwards included, per second over the peak of every GPU. Equal to
+    /// `mfu` without recomputation. The trainer's `mfu` and `hfu` in
+    /// `metrics.jsonl` are the same two ratios.
+    pub hfu: f64,
     /// The bubble's share of the pipeline time, `(p-1)/(v m)`.
     pub bubble_fraction: f64,
     /// An estimate, not a measurement: every GPU at its board power (TDP)
@@ -74,11 +80,23 @@ fn group_link(input: &PlanInput, stride: usize, size: usize) -> &Link {
     }
 }
 
-/// Time of one step of `c` whose last stage holds `stage_elems` parameter
-/// values, with `micro_batches` micro-batches per DP rank.
+/// FLOPs of one token in one block, forward, backward and what `c`
+/// recomputes.
+pub fn block_flops(input: &PlanInput, c: &Choice) -> f64 {
+    let m = &input.model;
+    let (s, h) = (input.seq as f64, m.hidden as f64);
+    m.block_flops_per_token(input.seq)
+        + c.recompute
+            .extra_flops_per_token(m.block_matmul_params(), s, h)
+}
+
+/// Time of one step of `c` whose stages hold `split` blocks (first to
+/// last, the head on the last) and at most `stage_elems` parameter values,
+/// with `micro_batches` micro-batches per DP rank.
 pub fn step_time(
     input: &PlanInput,
     c: &Choice,
+    split: &[usize],
     stage_elems: usize,
     micro_batches: usize,
 ) -> TimeEstimate {
@@ -86,14 +104,22 @@ pub fn step_time(
     let (s, b) = (input.seq as f64, c.micro_batch as f64);
     let h = m.hidden as f64;
     let e = input.precision.activation_bytes() as f64;
-    let blocks = blocks_per_stage(m.layers, c.pp) as f64;
-    let recompute_flops = c
-        .recompute
-        .extra_flops_per_token(m.block_matmul_params(), s, h);
-    let stage_flops = b
-        * s
-        * (blocks * (m.block_flops_per_token(input.seq) + recompute_flops)
-            + m.head_flops_per_token());
+    let per_block = block_flops(input, c);
+    // The slowest stage: its blocks, and the head on the last.
+    let (blocks, stage_flops_per_token) = split
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            let head = if i + 1 == split.len() {
+                m.head_flops_per_token()
+            } else {
+                0.0
+            };
+            (n as f64, n as f64 * per_block + head)
+        })
+        .max_by(|x, y| x.1.partial_cmp(&y.1).expect("FLOPs are finite"))
+        .expect("at least one stage");
+    let stage_flops = b * s * stage_flops_per_token;
     let peak = input.peak_flops();
     let compute_mb = stage_flops / c.tp as f64 / (peak * input.efficiency);
 
@@ -138,6 +164,9 @@ pub fn step_time(
     let tokens = (input.global_batch * input.seq) as f64;
     let gpus = (c.dp * c.tp * c.pp) as f64;
     let model_flops = m.train_flops_per_token(input.seq) * tokens;
+    let hardware_flops = (m.train_flops_per_token(input.seq)
+        + m.layers as f64 * (per_block - m.block_flops_per_token(input.seq)))
+        * tokens;
     TimeEstimate {
         compute_s: mb * compute_mb,
         tp_comm_s: mb * tp_mb,
@@ -147,6 +176,7 @@ pub fn step_time(
         step_s: step,
         tokens_per_s: tokens / step,
         mfu: model_flops / step / (gpus * peak),
+        hfu: hardware_flops / step / (gpus * peak),
         bubble_fraction: bubble_steps / mb,
         energy_estimate_j: input.device.tdp_w * gpus * step,
     }

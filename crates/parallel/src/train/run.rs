@@ -119,8 +119,12 @@ pub struct LoopConfig {
     pub grad_accum: usize,
     /// Validate (and checkpoint) every this many steps, and after the last.
     pub eval_every: usize,
-    /// Model FLOPs per trained token (TFLOP/s and MFU).
+    /// FLOPs done per trained token, the forward work recomputation
+    /// repeats included (TFLOP/s and HFU).
     pub flops_per_token: f64,
+    /// Model FLOPs per trained token, recomputation not counted (MFU);
+    /// equal to `flops_per_token` without recomputation.
+    pub model_flops_per_token: f64,
     /// The device's peak, FLOP/s (MFU's denominator).
     pub peak_flops: f64,
     /// Where rank 0 writes `metrics.jsonl`, `model.safetensors` (at every
@@ -153,7 +157,8 @@ pub struct LoopConfig {
 
 impl Default for LoopConfig {
     /// 250 steps of one micro-batch of 8, validation every 50 steps, no
-    /// FLOP count (`flops_per_token` 0, so TFLOP/s and MFU read 0), nothing
+    /// FLOP count (`flops_per_token` and `model_flops_per_token` 0, so
+    /// TFLOP/s, MFU and HFU read 0), nothing
     /// written, non-finite steps stop the run, no goldfish mask.
     fn default() -> Self {
         Self {
@@ -162,6 +167,7 @@ impl Default for LoopConfig {
             grad_accum: 1,
             eval_every: 50,
             flops_per_token: 0.0,
+            model_flops_per_token: 0.0,
             peak_flops: f64::INFINITY,
             run_dir: None,
             save_every: 0,
@@ -423,7 +429,9 @@ where
             Some(Coverage::Device) => o.tokens as f64 / world.world_size() as f64,
             _ => o.tokens as f64,
         };
-        let flops = config.flops_per_token * o.tokens as f64 / dt / dp_size as f64;
+        // Tokens per second of one model replica's devices.
+        let replica_rate = o.tokens as f64 / dt / dp_size as f64;
+        let flops = config.flops_per_token * replica_rate;
         let record = StepRecord {
             step,
             loss: o.loss,
@@ -431,7 +439,8 @@ where
             grad_norm: o.grad_norm,
             tokens_per_s: o.tokens as f64 / dt,
             tflops_per_device: flops / 1e12,
-            mfu: flops / config.peak_flops,
+            mfu: config.model_flops_per_token * replica_rate / config.peak_flops,
+            hfu: flops / config.peak_flops,
             step_time_s: dt,
             memory: trainer.memory(),
             peak_activation_bytes,
