@@ -30,9 +30,10 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
-/// Runs a tiny shape of `family` with `--json path` and returns the file.
-fn tiny_run(family: &str, kv_heads: &str, path: &Path) -> Value {
-    let out = ferrotron(&[
+/// Runs a tiny shape of `family` with `--json path` and `extra` flags and
+/// returns the file.
+fn tiny_run(family: &str, kv_heads: &str, path: &Path, extra: &[&str]) -> Value {
+    let mut args = vec![
         "bench",
         "train",
         "--family",
@@ -59,7 +60,9 @@ fn tiny_run(family: &str, kv_heads: &str, path: &Path) -> Value {
         "flex",
         "--json",
         s(path),
-    ]);
+    ];
+    args.extend(extra);
+    let out = ferrotron(&args);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench train failed: {stderr}");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -73,7 +76,7 @@ fn tiny_run(family: &str, kv_heads: &str, path: &Path) -> Value {
 #[test]
 fn tiny_run_writes_the_schema_and_compare_merges_two_files() {
     let (a, b) = (temp("run", "a.json"), temp("run", "b.json"));
-    let doc = tiny_run("gpt", "2", &a);
+    let doc = tiny_run("gpt", "2", &a, &[]);
     assert_eq!(doc["schema"], "ferrotron-bench-train/1");
     let r = &doc["results"][0];
     assert_eq!(doc["results"].as_array().unwrap().len(), 1);
@@ -112,8 +115,10 @@ fn tiny_run_writes_the_schema_and_compare_merges_two_files() {
     );
     let tflops = r["tflops"].as_f64().unwrap();
     assert!((tflops / (fpt * tps / 1e12) - 1.0).abs() < 1e-9);
+    // Without recomputation, model and hardware FLOPs are the same.
     let mfu = r["mfu"].as_f64().unwrap();
     assert!((mfu / (tflops / r["peak_tflops"].as_f64().unwrap()) - 1.0).abs() < 1e-9);
+    assert!((r["hfu"].as_f64().unwrap() / mfu - 1.0).abs() < 1e-12);
     assert!(r["peak_source"].as_str().unwrap().contains("measured"));
     assert!(r["peak_memory_bytes"].as_u64().unwrap() > 0);
     assert!(r["memory_source"].as_str().unwrap().contains("VmHWM"));
@@ -121,7 +126,24 @@ fn tiny_run_writes_the_schema_and_compare_merges_two_files() {
     // Named with --backends flex: the others are not listed as skipped.
     assert_eq!(doc["skipped"], serde_json::json!([]));
 
-    let doc_b = tiny_run("llama", "1", &b);
+    // Full recomputation repeats the forward: Megatron's 96 B s l h^2 (1 +
+    // s/6h + V/16lh) hardware FLOPs (HFU), while MFU keeps the model's 72.
+    let full = tiny_run(
+        "gpt",
+        "2",
+        &temp("run", "full.json"),
+        &["--recompute", "full"],
+    );
+    let f = &full["results"][0];
+    let hardware = 96.0 * l * h * h * (1.0 + sq / (6.0 * h) + v / (16.0 * l * h));
+    let fpt = f["flops_per_token"].as_f64().unwrap();
+    assert!((fpt / hardware - 1.0).abs() < 1e-12, "{fpt} vs {hardware}");
+    let rate = f["tokens_per_s"].as_f64().unwrap() / 1e12 / f["peak_tflops"].as_f64().unwrap();
+    let (mfu, hfu) = (f["mfu"].as_f64().unwrap(), f["hfu"].as_f64().unwrap());
+    assert!((mfu / (megatron * rate) - 1.0).abs() < 1e-9, "mfu {mfu}");
+    assert!((hfu / (hardware * rate) - 1.0).abs() < 1e-9, "hfu {hfu}");
+
+    let doc_b = tiny_run("llama", "1", &b, &[]);
     assert_eq!(doc_b["results"][0]["shape"]["family"], "llama");
     assert_eq!(doc_b["results"][0]["shape"]["tied_head"], false);
 

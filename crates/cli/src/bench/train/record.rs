@@ -118,8 +118,15 @@ pub struct Record {
     pub peak_tflops: Option<f64>,
     /// Where the peak comes from.
     pub peak_source: String,
-    /// `tflops / peak_tflops`; `None` when the peak is unknown.
+    /// Model FLOPs utilisation (PaLM's MFU): the FLOPs of the model
+    /// without recomputation x tokens/s over `peak_tflops`; `None` when the
+    /// peak is unknown.
     pub mfu: Option<f64>,
+    /// Hardware FLOPs utilisation (PaLM's HFU): `tflops / peak_tflops`, the
+    /// recomputation counted; equal to `mfu` without it. `None` when the
+    /// peak is unknown, and in files that do not report it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hfu: Option<f64>,
     /// Peak memory, bytes, as `memory_source` defines it; `None` when not measured.
     pub peak_memory_bytes: Option<u64>,
     /// What `peak_memory_bytes` counts.

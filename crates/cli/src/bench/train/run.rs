@@ -10,6 +10,7 @@ use ferrotron_engine::optim::{AdamWConfig, LrSchedule};
 use ferrotron_models::ops::TrainBackend;
 use ferrotron_models::{Decoder, DecoderConfig};
 use ferrotron_parallel::groups::ProcessGroups;
+use ferrotron_parallel::recompute::Recompute;
 use ferrotron_parallel::train::{ParallelConfig, StepConfig, Trainer};
 
 use super::args::TrainBenchArgs;
@@ -221,6 +222,8 @@ impl BackendTask for StepBench<'_> {
             .config
             .train_flops_per_token(a.seq, trainer.recompute());
         let tflops = flops_per_token * tokens_per_s / 1e12;
+        let model_tflops =
+            self.config.train_flops_per_token(a.seq, Recompute::None) * tokens_per_s / 1e12;
         Ok(Record {
             framework: format!("ferrotron {}", env!("CARGO_PKG_VERSION")),
             commit: option_env!("FERROTRON_COMMIT").map(str::to_string),
@@ -241,7 +244,8 @@ impl BackendTask for StepBench<'_> {
             tokens_per_s,
             flops_per_token,
             tflops,
-            mfu: peak_tflops.map(|p| tflops / p),
+            mfu: peak_tflops.map(|p| model_tflops / p),
+            hfu: peak_tflops.map(|p| tflops / p),
             peak_tflops,
             peak_source,
             peak_memory_bytes,
