@@ -80,7 +80,10 @@ fn forward_kernels(client: &ComputeClient<R>, head_dim: usize) -> Vec<AttentionK
 /// (most cases check these two: each kernel variant is one more shader to
 /// compile, slow on lavapipe).
 fn row_and_chosen(client: &ComputeClient<R>, head_dim: usize) -> Vec<AttentionKernel> {
-    vec![AttentionKernel::Row, AttentionKernel::choose(client, head_dim)]
+    vec![
+        AttentionKernel::Row,
+        AttentionKernel::choose(client, head_dim),
+    ]
 }
 
 fn to_f64(values: &[f32]) -> Vec<f64> {
@@ -221,7 +224,12 @@ fn f16_and_bf16_kernels_match_reference() {
     // last tile; each new type compiles the four shaders again (slow on
     // lavapipe).
     for dtype in common::low_precision_dtypes(&client()) {
-        check_case_as(dtype, case(1, 8, 2, 65, 64, true, true), 400, row_and_chosen);
+        check_case_as(
+            dtype,
+            case(1, 8, 2, 65, 64, true, true),
+            400,
+            row_and_chosen,
+        );
     }
 }
 
@@ -369,13 +377,15 @@ fn the_tiled_kernel_runs_on_this_device() {
 #[test]
 fn kernels_match_reference_at_tile_boundaries() {
     // Sequences one below, at and one above the tile sizes (16, 32) and
-    // their multiples, with GQA, causal masks and ALiBi.
+    // their multiples, with GQA, causal masks and ALiBi; and the largest
+    // head dimension (256: only 16 x 16 tiles fit 48 KiB).
     let cases = [
         case(1, 4, 2, 32, 32, true, true),
         case(1, 2, 1, 64, 64, true, false),
         case(2, 4, 2, 31, 128, false, true),
         case(1, 6, 3, 97, 32, true, true),
         case(1, 2, 2, 17, 64, false, false),
+        case(1, 4, 2, 37, 256, true, true),
     ];
     for (seed, c) in cases.into_iter().enumerate() {
         check_case_as(FloatDtype::F32, c, 500 + seed as u64, forward_kernels);
