@@ -1,6 +1,7 @@
-//! `ferrotron bench kernels`: a quick sweep writes, per kernel, a `flex` row
-//! (reference only) and a `wgpu` row (fused and reference) with positive
-//! times and memory (built with `--features kernels-bench`); a backend that
+//! `ferrotron bench kernels`: a quick sweep writes, per kernel (the row and
+//! the tiled attention among them), a `flex` row (reference only) and a
+//! `wgpu` row (fused and reference) with positive times and memory, and
+//! TFLOP/s for attention (built with `--features kernels-bench`); a backend that
 //! is not compiled in is refused by name; without the feature the
 //! subcommand exits 2 naming the feature.
 
@@ -32,6 +33,7 @@ fn quick_bench_writes_a_json_row_per_kernel_with_positive_times() {
     let rows = doc["rows"].as_array().expect("rows array");
     let kernels = [
         "attention",
+        "attention_tiled",
         "swiglu",
         "rms_norm",
         "layer_norm",
@@ -70,6 +72,26 @@ fn quick_bench_writes_a_json_row_per_kernel_with_positive_times() {
         }
         assert!(stdout.contains(kernel), "table lacks {kernel}");
     }
+    // Both attention forward kernels report their forward alone and TFLOP/s
+    // (on the fused path only), at each shape of the quick sweep.
+    for kernel in ["attention", "attention_tiled"] {
+        let attention: Vec<_> = rows
+            .iter()
+            .filter(|r| r["kernel"] == kernel && r["backend"] == "wgpu")
+            .collect();
+        assert_eq!(attention.len(), 2, "{kernel}: one wgpu row per quick shape");
+        for row in attention {
+            for key in ["fused_forward_ms", "fused_tflops", "fused_forward_tflops"] {
+                positive(row, key);
+            }
+            assert!(
+                row["fused_forward_ms"].as_f64() < row["fused_ms"].as_f64(),
+                "{kernel}: the forward alone is part of forward + backward: {row}"
+            );
+        }
+        assert!(row(kernel, "flex")["fused_tflops"].is_null());
+    }
+    assert!(row("swiglu", "wgpu")["fused_tflops"].is_null());
 }
 
 #[cfg(feature = "kernels-bench")]

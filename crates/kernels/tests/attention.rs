@@ -1,16 +1,22 @@
-//! FlashAttention kernels (forward and FlashAttention-2 backward, f32, f16
-//! and bf16 storage) against a naive host reference, on the wgpu runtime (lavapipe on machines without a
-//! GPU). The reference's own gradients are checked against central finite
-//! differences first.
+//! FlashAttention kernels (the row and the tiled forward, the
+//! FlashAttention-2 backward; f32, f16 and bf16 storage) against a naive
+//! host reference, on the wgpu runtime (lavapipe on machines without a
+//! GPU). Each case runs the row and the tiled forward kernel (the tile
+//! boundary cases: the tiled kernel at every tile size that fits the
+//! device) and the backward on the output of the kernel the launcher
+//! chooses. The reference's own
+//! gradients are checked against central finite differences first.
 
 mod attention_support;
 mod common;
 
 use attention_support::reference::Problem;
-use common::{client, download, download_as, round_to, upload, upload_as, Rng};
+use common::{client, download, download_as, round_to, upload, upload_as, Rng, R};
+use cubecl::prelude::*;
 use ferrotron_kernels::attention::{
     attention_backward, attention_backward_typed, attention_forward, attention_forward_typed,
-    AttentionError, AttentionInputs, AttentionOptions, AttentionShape,
+    attention_forward_with, AttentionError, AttentionInputs, AttentionKernel, AttentionOptions,
+    AttentionShape, TILE_SIZES,
 };
 use ferrotron_kernels::FloatDtype;
 
@@ -58,6 +64,28 @@ fn alibi_slopes(n_heads: usize) -> Vec<f32> {
         .collect()
 }
 
+/// The forward kernels the tests check on `client`'s device for
+/// `head_dim`: the row kernel and the tiled kernel at every tile size whose
+/// shared memory fits the device.
+fn forward_kernels(client: &ComputeClient<R>, head_dim: usize) -> Vec<AttentionKernel> {
+    let max_shared = client.properties().hardware.max_shared_memory_size;
+    let tiled = TILE_SIZES
+        .into_iter()
+        .map(|tile| AttentionKernel::Tiled { tile })
+        .filter(|kernel| kernel.shared_bytes(head_dim) <= max_shared);
+    std::iter::once(AttentionKernel::Row).chain(tiled).collect()
+}
+
+/// The row kernel and the tiled kernel the launcher chooses for `head_dim`
+/// (most cases check these two: each kernel variant is one more shader to
+/// compile, slow on lavapipe).
+fn row_and_chosen(client: &ComputeClient<R>, head_dim: usize) -> Vec<AttentionKernel> {
+    vec![
+        AttentionKernel::Row,
+        AttentionKernel::choose(client, head_dim),
+    ]
+}
+
 fn to_f64(values: &[f32]) -> Vec<f64> {
     values.iter().map(|&x| x as f64).collect()
 }
@@ -78,7 +106,7 @@ fn relative_error(got: &[f32], want: &[f64]) -> f64 {
 /// asserts every output within [`TOLERANCE`] and returns the largest
 /// relative error.
 fn check_case(case: Case, seed: u64) -> f64 {
-    check_case_as(FloatDtype::F32, case, seed)
+    check_case_as(FloatDtype::F32, case, seed, row_and_chosen)
 }
 
 /// [`check_case`] with `q`, `k`, `v`, `d_out`, the output and the gradients
@@ -88,7 +116,12 @@ fn check_case(case: Case, seed: u64) -> f64 {
 /// forward output is checked on its own). Outputs of `dtype` must be within
 /// [`common::tolerance`] of [`TOLERANCE`], the log-sum-exp within
 /// [`TOLERANCE`].
-fn check_case_as(dtype: FloatDtype, case: Case, seed: u64) -> f64 {
+fn check_case_as(
+    dtype: FloatDtype,
+    case: Case,
+    seed: u64,
+    kernels: fn(&ComputeClient<R>, usize) -> Vec<AttentionKernel>,
+) -> f64 {
     let s = case.shape;
     let mut rng = Rng::new(seed);
     // Queries scaled up so the softmax is far from uniform.
@@ -119,6 +152,7 @@ fn check_case_as(dtype: FloatDtype, case: Case, seed: u64) -> f64 {
     let want = problem.forward();
 
     let client = client();
+    let stored_tol = common::tolerance(dtype, TOLERANCE as f32) as f64;
     let (q_h, k_h, v_h, do_h) = (
         upload_as(&client, dtype, &q),
         upload_as(&client, dtype, &k),
@@ -132,6 +166,24 @@ fn check_case_as(dtype: FloatDtype, case: Case, seed: u64) -> f64 {
         v: &v_h,
         alibi_slopes: slopes_h.as_ref(),
     };
+    // Each forward kernel of `kernels` is checked; the backward takes the
+    // output of the one the launcher chooses.
+    let mut errors = Vec::new();
+    for kernel in kernels(&client, s.head_dim) {
+        let fwd = attention_forward_with(&client, kernel, dtype, s, options, inputs)
+            .expect("forward launch");
+        let out = download_as(&client, dtype, &fwd.out);
+        errors.push((
+            format!("out ({})", kernel.name()),
+            relative_error(&out, &want.out),
+            stored_tol,
+        ));
+        errors.push((
+            format!("lse ({})", kernel.name()),
+            relative_error(&download(&client, &fwd.lse), &want.lse),
+            TOLERANCE,
+        ));
+    }
     let fwd = attention_forward_typed(&client, dtype, s, options, inputs).expect("forward launch");
     let grads = attention_backward_typed(
         &client, dtype, s, options, inputs, &fwd.out, &fwd.lse, &do_h,
@@ -144,32 +196,19 @@ fn check_case_as(dtype: FloatDtype, case: Case, seed: u64) -> f64 {
     } else {
         problem.backward_given_out(&to_f64(&d_out), &to_f64(&out))
     };
-    let stored_tol = common::tolerance(dtype, TOLERANCE as f32) as f64;
-    let errors = [
-        ("out", relative_error(&out, &want.out), stored_tol),
-        (
-            "lse",
-            relative_error(&download(&client, &fwd.lse), &want.lse),
-            TOLERANCE,
-        ),
-        (
-            "dq",
-            relative_error(&download_as(&client, dtype, &grads.dq), &want_grads.dq),
+    for (name, got, want) in [
+        ("dq", &grads.dq, &want_grads.dq),
+        ("dk", &grads.dk, &want_grads.dk),
+        ("dv", &grads.dv, &want_grads.dv),
+    ] {
+        errors.push((
+            name.to_string(),
+            relative_error(&download_as(&client, dtype, got), want),
             stored_tol,
-        ),
-        (
-            "dk",
-            relative_error(&download_as(&client, dtype, &grads.dk), &want_grads.dk),
-            stored_tol,
-        ),
-        (
-            "dv",
-            relative_error(&download_as(&client, dtype, &grads.dv), &want_grads.dv),
-            stored_tol,
-        ),
-    ];
+        ));
+    }
     eprintln!("{} {case:?}: relative errors {errors:?}", dtype.name());
-    for (name, error, tol) in errors {
+    for &(ref name, error, tol) in &errors {
         assert!(
             error <= tol,
             "{} {name} off by {error:e} > {tol:e} (relative to its largest magnitude) for {case:?}",
@@ -185,7 +224,12 @@ fn f16_and_bf16_kernels_match_reference() {
     // last tile; each new type compiles the four shaders again (slow on
     // lavapipe).
     for dtype in common::low_precision_dtypes(&client()) {
-        check_case_as(dtype, case(1, 8, 2, 65, 64, true, true), 400);
+        check_case_as(
+            dtype,
+            case(1, 8, 2, 65, 64, true, true),
+            400,
+            row_and_chosen,
+        );
     }
 }
 
@@ -306,6 +350,50 @@ fn kernels_match_reference_other_head_dims() {
 }
 
 #[test]
+fn the_tiled_kernel_runs_on_this_device() {
+    // The tests below check the tiled kernel only where it fits the
+    // device: a device without the shared memory for it fails here rather
+    // than leaving it unchecked.
+    let client = client();
+    for head_dim in [32, 64, 128] {
+        let kernels = forward_kernels(&client, head_dim);
+        eprintln!(
+            "head_dim {head_dim}: forward kernels checked {kernels:?}, chosen {:?} ({} bytes of \
+             shared memory per cube on this device)",
+            AttentionKernel::choose(&client, head_dim),
+            client.properties().hardware.max_shared_memory_size
+        );
+        assert!(
+            kernels.len() > 1,
+            "head_dim {head_dim}: the tiled kernel does not fit this device's shared memory"
+        );
+        assert_ne!(
+            AttentionKernel::choose(&client, head_dim),
+            AttentionKernel::Row
+        );
+    }
+}
+
+#[test]
+fn kernels_match_reference_at_tile_boundaries() {
+    // Sequences one below, at and one above the tile sizes (16, 32) and
+    // their multiples, with GQA, causal masks and ALiBi; and the largest
+    // head dimension (256: 16 x 16 tiles need 33.3 KiB of shared memory, so
+    // a 32 KiB device such as lavapipe runs the row kernel only).
+    let cases = [
+        case(1, 4, 2, 32, 32, true, true),
+        case(1, 2, 1, 64, 64, true, false),
+        case(2, 4, 2, 31, 128, false, true),
+        case(1, 6, 3, 97, 32, true, true),
+        case(1, 2, 2, 17, 64, false, false),
+        case(1, 4, 2, 37, 256, true, true),
+    ];
+    for (seed, c) in cases.into_iter().enumerate() {
+        check_case_as(FloatDtype::F32, c, 500 + seed as u64, forward_kernels);
+    }
+}
+
+#[test]
 fn kernels_match_reference_on_random_shapes() {
     let mut rng = Rng::new(2024);
     for seed in 0..4 {
@@ -402,6 +490,20 @@ fn launchers_reject_bad_shapes_and_buffers() {
             actual_bytes: (s.q_elems() * 4) as u64,
         }
     );
+    for tile in [8, 64] {
+        assert_eq!(
+            attention_forward_with(
+                &client,
+                AttentionKernel::Tiled { tile },
+                FloatDtype::F32,
+                s,
+                options,
+                inputs
+            )
+            .unwrap_err(),
+            AttentionError::UnsupportedTile { tile }
+        );
+    }
     let slopes = upload(&client, &[0.5; 3]);
     let short_slopes = AttentionInputs {
         alibi_slopes: Some(&slopes),

@@ -5,7 +5,9 @@ use std::fmt;
 /// One op at one shape; every op is timed forward + backward together.
 #[derive(Clone, Copy, Debug)]
 pub enum Case {
-    /// Causal attention, q/k/v `[batch, heads, seq, head_dim]` (kv heads = heads).
+    /// Causal attention, q/k/v `[batch, heads, seq, head_dim]` (kv heads =
+    /// heads). The fused path runs the row forward kernel, or the tiled one
+    /// when `tiled`, then the one backward.
     Attention {
         /// Batch size.
         batch: usize,
@@ -15,6 +17,8 @@ pub enum Case {
         seq: usize,
         /// Values per head.
         head_dim: usize,
+        /// The tiled forward kernel instead of the row kernel.
+        tiled: bool,
     },
     /// `silu(gate) * up`, gate and up `[rows, ffn]`.
     Swiglu {
@@ -65,13 +69,47 @@ impl Case {
     /// Kernel name, as in the table and the JSON.
     pub fn kernel(&self) -> &'static str {
         match self {
-            Case::Attention { .. } => "attention",
+            Case::Attention { tiled: false, .. } => "attention",
+            Case::Attention { tiled: true, .. } => "attention_tiled",
             Case::Swiglu { .. } => "swiglu",
             Case::Norm { layer: false, .. } => "rms_norm",
             Case::Norm { layer: true, .. } => "layer_norm",
             Case::Rope { .. } => "rope",
             Case::CrossEntropy { .. } => "cross_entropy",
         }
+    }
+
+    /// The op whatever the fused kernel: `attention` for both attention
+    /// kernels (they share the reference), else [`Case::kernel`].
+    pub fn op(&self) -> &'static str {
+        match self {
+            Case::Attention { .. } => "attention",
+            _ => self.kernel(),
+        }
+    }
+
+    /// Floating-point operations of the attention forward by the
+    /// FlashAttention-2 paper's count: `4 * batch * heads * seq^2 *
+    /// head_dim` (the two matrix products), halved for the causal mask;
+    /// `None` for the other ops.
+    pub fn forward_flops(&self) -> Option<f64> {
+        match *self {
+            Case::Attention {
+                batch,
+                heads,
+                seq,
+                head_dim,
+                ..
+            } => Some(4.0 * (batch * heads) as f64 * (seq * seq) as f64 * head_dim as f64 / 2.0),
+            _ => None,
+        }
+    }
+
+    /// Floating-point operations of forward + backward by the same count:
+    /// the backward is 2.5 forwards (five matrix products instead of two),
+    /// so 3.5 times [`Case::forward_flops`].
+    pub fn flops(&self) -> Option<f64> {
+        self.forward_flops().map(|f| 3.5 * f)
     }
 
     /// Bytes the reference attention keeps in `[batch, heads, seq, seq]`
@@ -121,6 +159,7 @@ impl fmt::Display for Case {
                 heads,
                 seq,
                 head_dim,
+                ..
             }
             | Case::Rope {
                 batch,
@@ -137,20 +176,24 @@ impl fmt::Display for Case {
     }
 }
 
-/// The sweep: attention at every sequence length from `min_seq` to
-/// `max_seq`, then one shape of each other op; `quick` shrinks everything to
-/// a smoke test (attention at 64 and 128 tokens, whatever the bounds).
+/// The sweep: attention (the row kernel, then the tiled kernel) at every
+/// sequence length from `min_seq` to `max_seq`, then one shape of each other
+/// op; `quick` shrinks everything to a smoke test (attention at 64 and 128
+/// tokens, whatever the bounds).
 pub fn sweep(quick: bool, min_seq: usize, max_seq: usize) -> Vec<Case> {
     let (batch, heads, head_dim) = if quick { (1, 2, 64) } else { (4, 8, 64) };
     let seqs: &[usize] = if quick { &[64, 128] } else { &ATTENTION_SEQS };
     let mut cases: Vec<Case> = seqs
         .iter()
         .filter(|&&seq| (min_seq..=max_seq).contains(&seq) || quick)
-        .map(|&seq| Case::Attention {
-            batch,
-            heads,
-            seq,
-            head_dim,
+        .flat_map(|&seq| {
+            [false, true].map(|tiled| Case::Attention {
+                batch,
+                heads,
+                seq,
+                head_dim,
+                tiled,
+            })
         })
         .collect();
     // 512 x 50257 f32 logits are 98 MiB: 1024 rows (196 MiB) exceed the

@@ -2,18 +2,20 @@
 
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use cubecl::future::block_on;
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 use ferrotron_kernels::attention::{
-    attention_backward, attention_forward, AttentionInputs, AttentionOptions, AttentionShape,
+    attention_backward, attention_forward_with, AttentionInputs, AttentionKernel, AttentionOptions,
+    AttentionShape,
 };
 use ferrotron_kernels::cross_entropy::cross_entropy_forward_backward;
 use ferrotron_kernels::norm::layer::{layer_norm_backward, layer_norm_forward};
 use ferrotron_kernels::norm::rms::{rms_norm_backward, rms_norm_forward};
 use ferrotron_kernels::rope::{rope_backward, rope_forward, RopeShape};
 use ferrotron_kernels::swiglu::{swiglu_backward, swiglu_forward};
+use ferrotron_kernels::FloatDtype;
 use ferrotron_models::rope_scaling::inv_freq;
 
 use super::cases::{pattern, targets, Case, NORM_EPS, ROPE_THETA};
@@ -41,6 +43,7 @@ pub fn sync<R: Runtime>(client: &ComputeClient<R>) -> Result<()> {
 /// the clock starts; the clock stops after `client.sync()`. Memory is the
 /// device `bytes_in_use` after the backward, with every input, output and
 /// saved tensor still alive, minus that before the inputs were uploaded.
+/// Attention also times its forward alone (a sync after it).
 pub fn run<R: Runtime>(client: &ComputeClient<R>, case: &Case) -> Result<Sample> {
     let base = in_use(client)?;
     match *case {
@@ -49,7 +52,22 @@ pub fn run<R: Runtime>(client: &ComputeClient<R>, case: &Case) -> Result<Sample>
             heads,
             seq,
             head_dim,
-        } => attention(client, base, batch, heads, seq, head_dim),
+            tiled,
+        } => {
+            let shape = AttentionShape {
+                batch,
+                n_heads: heads,
+                n_kv_heads: heads,
+                seq,
+                head_dim,
+            };
+            attention(
+                client,
+                base,
+                shape,
+                forward_kernel(client, head_dim, tiled)?,
+            )
+        }
         Case::Swiglu { rows, ffn } => swiglu(client, base, rows * ffn),
         Case::Norm {
             layer,
@@ -83,6 +101,7 @@ fn finish<R: Runtime>(client: &ComputeClient<R>, start: Instant, base: u64) -> R
     let elapsed = start.elapsed();
     Ok(Sample {
         elapsed,
+        forward: None,
         peak_bytes: in_use(client)?.saturating_sub(base),
     })
 }
@@ -95,21 +114,33 @@ fn ones<R: Runtime>(client: &ComputeClient<R>, n: usize) -> Handle {
     upload(client, &vec![1.0; n])
 }
 
+/// The attention forward kernel of the fused path: the row kernel, or
+/// (`tiled`) the tiled kernel at the tile size the launcher chooses for the
+/// device; an error when the tiled kernel does not fit its shared memory.
+fn forward_kernel<R: Runtime>(
+    client: &ComputeClient<R>,
+    head_dim: usize,
+    tiled: bool,
+) -> Result<AttentionKernel> {
+    if !tiled {
+        return Ok(AttentionKernel::Row);
+    }
+    match AttentionKernel::choose(client, head_dim) {
+        AttentionKernel::Row => bail!(
+            "the tiled attention kernel does not fit this device's shared memory ({} bytes per \
+             cube) at head_dim {head_dim}",
+            client.properties().hardware.max_shared_memory_size
+        ),
+        kernel => Ok(kernel),
+    }
+}
+
 fn attention<R: Runtime>(
     client: &ComputeClient<R>,
     base: u64,
-    batch: usize,
-    heads: usize,
-    seq: usize,
-    head_dim: usize,
+    shape: AttentionShape,
+    kernel: AttentionKernel,
 ) -> Result<Sample> {
-    let shape = AttentionShape {
-        batch,
-        n_heads: heads,
-        n_kv_heads: heads,
-        seq,
-        head_dim,
-    };
     let q = rand(client, shape.q_elems(), 1);
     let k = rand(client, shape.kv_elems(), 2);
     let v = rand(client, shape.kv_elems(), 3);
@@ -126,9 +157,13 @@ fn attention<R: Runtime>(
     };
     sync(client)?;
     let start = Instant::now();
-    let fwd = attention_forward(client, shape, options, inputs)?;
+    let fwd = attention_forward_with(client, kernel, FloatDtype::F32, shape, options, inputs)?;
+    sync(client)?;
+    let forward = start.elapsed();
     let _grads = attention_backward(client, shape, options, inputs, &fwd.out, &fwd.lse, &d_out)?;
-    finish(client, start, base)
+    let mut sample = finish(client, start, base)?;
+    sample.forward = Some(forward);
+    Ok(sample)
 }
 
 fn swiglu<R: Runtime>(client: &ComputeClient<R>, base: u64, len: usize) -> Result<Sample> {

@@ -1,6 +1,7 @@
 //! `ferrotron bench kernels`: times and peak memory of every fused op
 //! against its reference, over the shape sweep, on every backend asked for.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
@@ -15,6 +16,9 @@ use crate::args::KernelsBenchArgs;
 pub struct Sample {
     /// Wall time of forward + backward.
     pub elapsed: Duration,
+    /// Wall time of the forward alone, where the path times it (the fused
+    /// attention kernels).
+    pub forward: Option<Duration>,
     /// Peak bytes, as each path defines it (see `fused::run`, `reference::run`).
     pub peak_bytes: u64,
 }
@@ -25,12 +29,16 @@ pub fn run(args: KernelsBenchArgs) -> Result<()> {
     ensure!(args.reps >= 1, "--reps must be at least 1");
     let cases: Vec<Case> = sweep(args.quick, args.min_seq, args.max_seq)
         .into_iter()
-        .filter(|c| args.only.as_deref().is_none_or(|k| k == c.kernel()))
+        .filter(|c| {
+            args.only
+                .as_deref()
+                .is_none_or(|k| k == c.kernel() || k == c.op())
+        })
         .collect();
     ensure!(
         !cases.is_empty(),
         "--only {:?} with --min-seq {} --max-seq {}: no shape of the sweep is left (kernels: \
-         attention, swiglu, rms_norm, layer_norm, rope, cross_entropy)",
+         attention, attention_tiled, swiglu, rms_norm, layer_norm, rope, cross_entropy)",
         args.only.as_deref().unwrap_or("(all)"),
         args.min_seq,
         args.max_seq
@@ -43,6 +51,9 @@ pub fn run(args: KernelsBenchArgs) -> Result<()> {
     );
     let measure = |once: &mut dyn FnMut() -> Result<Sample>| measure(args.warmup, args.reps, once);
     let mut rows = Vec::new();
+    // The reference of each (backend, op, shape) measured so far: both
+    // attention kernels share one.
+    let mut references: HashMap<(&str, &str, String), Measured> = HashMap::new();
     for case in cases {
         let mut cpu_reference_ms = None;
         for target in &targets {
@@ -51,9 +62,15 @@ pub fn run(args: KernelsBenchArgs) -> Result<()> {
                 true => Some(measure(&mut || target.fused(&case))?),
                 false => None,
             };
-            let (reference, note) = match target.reference_skip(&case) {
-                Some(reason) => (None, Some(reason)),
-                None => (Some(measure(&mut || target.reference(&case))?), None),
+            let key = (target.name(), case.op(), case.to_string());
+            let (reference, note) = match (target.reference_skip(&case), references.get(&key)) {
+                (Some(reason), _) => (None, Some(reason)),
+                (None, Some(&measured)) => (Some(measured), None),
+                (None, None) => {
+                    let measured = measure(&mut || target.reference(&case))?;
+                    references.insert(key, measured);
+                    (Some(measured), None)
+                }
             };
             if target.name() == "flex" {
                 cpu_reference_ms = reference.map(|r| r.ms);
@@ -75,7 +92,8 @@ pub fn run(args: KernelsBenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// `warmup` untimed runs, then `reps` runs: median time, largest peak.
+/// `warmup` untimed runs, then `reps` runs: median time (and median
+/// forward time, where every run timed it), largest peak.
 fn measure(
     warmup: usize,
     reps: usize,
@@ -85,13 +103,22 @@ fn measure(
         once()?;
     }
     let samples = (0..reps).map(|_| once()).collect::<Result<Vec<_>>>()?;
-    let mut ms: Vec<f64> = samples
+    let median = |mut ms: Vec<f64>| {
+        ms.sort_by(f64::total_cmp);
+        ms[ms.len() / 2]
+    };
+    let forward: Option<Vec<f64>> = samples
         .iter()
-        .map(|s| s.elapsed.as_secs_f64() * 1e3)
+        .map(|s| s.forward.map(|f| f.as_secs_f64() * 1e3))
         .collect();
-    ms.sort_by(f64::total_cmp);
     Ok(Measured {
-        ms: ms[ms.len() / 2],
+        ms: median(
+            samples
+                .iter()
+                .map(|s| s.elapsed.as_secs_f64() * 1e3)
+                .collect(),
+        ),
+        forward_ms: forward.map(median),
         peak_bytes: samples.iter().map(|s| s.peak_bytes).max().unwrap_or(0),
     })
 }

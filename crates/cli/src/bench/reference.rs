@@ -48,6 +48,7 @@ pub fn run<B: AutodiffBackend + KernelBackend>(
             heads,
             seq,
             head_dim,
+            ..
         } => {
             let shape = vec![batch, heads, seq, head_dim];
             let [q, k, v] = [1, 2, 3].map(|salt| {
@@ -110,6 +111,7 @@ pub fn run<B: AutodiffBackend + KernelBackend>(
     };
     Ok(Sample {
         elapsed,
+        forward: None,
         peak_bytes: meter.peak(),
     })
 }

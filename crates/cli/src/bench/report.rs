@@ -12,6 +12,8 @@ use super::cases::Case;
 pub struct Measured {
     /// Median wall time of forward + backward, ms.
     pub ms: f64,
+    /// Median wall time of the forward alone, ms, where the path times it.
+    pub forward_ms: Option<f64>,
     /// Peak bytes (see the legend for what each path counts).
     pub peak_bytes: u64,
 }
@@ -33,6 +35,13 @@ pub struct Row {
     pub reference_ms: Option<f64>,
     /// `fused_ms / reference_ms`.
     pub time_ratio: Option<f64>,
+    /// Fused forward alone, median ms (attention only).
+    pub fused_forward_ms: Option<f64>,
+    /// Fused forward + backward, TFLOP/s by the FlashAttention-2 count
+    /// (attention only; see `Case::flops`).
+    pub fused_tflops: Option<f64>,
+    /// Fused forward alone, TFLOP/s (attention only; `Case::forward_flops`).
+    pub fused_forward_tflops: Option<f64>,
     /// `fused_ms` over the reference's ms on `flex` at the same shape (when
     /// both ran): the fused kernels against the default CPU backend.
     pub time_ratio_vs_flex: Option<f64>,
@@ -63,7 +72,9 @@ impl Row {
         note: Option<String>,
     ) -> Self {
         let ratio = |a: Option<f64>, b: Option<f64>| Some(a? / b?);
+        let tflops = |flops: Option<f64>, ms: Option<f64>| Some(flops? / (ms? * 1e-3) / 1e12);
         let fused_ms = fused.map(|f| f.ms);
+        let fused_forward_ms = fused.and_then(|f| f.forward_ms);
         let reference_ms = reference.map(|r| r.ms);
         let fused_peak_mib = fused.map(|f| mib(f.peak_bytes));
         let reference_peak_mib = reference.map(|r| mib(r.peak_bytes));
@@ -74,6 +85,9 @@ impl Row {
             fused_ms,
             reference_ms,
             time_ratio: ratio(fused_ms, reference_ms),
+            fused_forward_ms,
+            fused_tflops: tflops(case.flops(), fused_ms),
+            fused_forward_tflops: tflops(case.forward_flops(), fused_forward_ms),
             time_ratio_vs_flex: ratio(fused_ms, flex_reference_ms),
             fused_peak_mib,
             reference_peak_mib,
@@ -93,7 +107,11 @@ fn legend(warmup: usize, reps: usize) -> String {
          backend) memory = peak Rust heap from the inputs to the end of the backward; on a \
          CubeCL backend memory = the larger of the device bytes in use after the forward and \
          after the backward (a lower bound of its peak). fused/flex = fused time over the \
-         flex reference's time at the same shape."
+         flex reference's time at the same shape. attention: causal; `attention` runs the row \
+         forward kernel, `attention_tiled` the tiled one (FlashAttention-2 tiles), both the same \
+         backward and reference; fwd ms = the fused forward alone; TFLOP/s by the \
+         FlashAttention-2 count (forward 4 * batch * heads * seq^2 * head_dim / 2 under the \
+         causal mask, backward 2.5 forwards)."
     )
 }
 
@@ -111,6 +129,9 @@ pub fn table(rows: &[Row], warmup: usize, reps: usize) -> String {
         "ref ms",
         "fused/ref",
         "fused/flex",
+        "fwd ms",
+        "fwd TFLOP/s",
+        "TFLOP/s",
         "fused MiB",
         "ref MiB",
         "fused/ref",
@@ -125,6 +146,9 @@ pub fn table(rows: &[Row], warmup: usize, reps: usize) -> String {
             opt(r.reference_ms, 1),
             opt(r.time_ratio, 2),
             opt(r.time_ratio_vs_flex, 2),
+            opt(r.fused_forward_ms, 1),
+            opt(r.fused_forward_tflops, 4),
+            opt(r.fused_tflops, 4),
             opt(r.fused_peak_mib, 1),
             opt(r.reference_peak_mib, 1),
             opt(r.memory_ratio, 2),

@@ -4,19 +4,22 @@
 //! one-value stand-in when there are no ALiBi slopes; the backward pass adds
 //! `delta` (`[batch, n_heads, seq]`). Every buffer is
 //! therefore `O(batch * heads * seq * head_dim)` or `O(batch * heads * seq)`;
-//! no `[seq, seq]` score matrix exists at any point. The kernels use no
-//! shared memory.
+//! no `[seq, seq]` score matrix exists at any point. Only the tiled forward
+//! uses shared memory (its tiles, [`AttentionKernel::shared_bytes`] per
+//! cube).
 
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
 use super::backward_kv::attention_backward_kv_kernel;
 use super::backward_q::attention_backward_q_kernel;
+use super::choice::AttentionKernel;
 use super::delta::attention_delta_kernel;
 use super::forward::attention_forward_kernel;
 use super::shape::{
     check_buffer, AttentionError, AttentionInputs, AttentionOptions, AttentionShape,
 };
+use super::tiled_forward::{attention_forward_tiled_kernel, TILED_UNITS};
 use super::tiles::ROWS_PER_CUBE;
 use crate::dtype::{with_storage, FloatDtype};
 
@@ -59,7 +62,9 @@ pub fn attention_forward<R: Runtime>(
 /// FlashAttention forward: `out = softmax(scale * q k^T + bias + mask) v`
 /// per `(batch, head)`, computed tile by tile with an online softmax, plus
 /// the per-row log-sum-exp. See [`AttentionShape`] for the layouts and
-/// [`AttentionInputs::alibi_slopes`] for the bias convention.
+/// [`AttentionInputs::alibi_slopes`] for the bias convention. Runs the
+/// kernel [`AttentionKernel::choose`] picks for the device and `head_dim`
+/// (see [`attention_forward_with`]).
 ///
 /// `q`, `k`, `v` and the output hold `dtype`; scores, the softmax and the
 /// output accumulator are f32, the output rounded once to `dtype`; the
@@ -75,39 +80,92 @@ pub fn attention_forward_typed<R: Runtime>(
     options: AttentionOptions,
     inputs: AttentionInputs<'_>,
 ) -> Result<AttentionForward, AttentionError> {
+    let kernel = AttentionKernel::choose(client, shape.head_dim);
+    attention_forward_with(client, kernel, dtype, shape, options, inputs)
+}
+
+/// [`attention_forward_typed`] with the forward kernel named by the caller
+/// (the tests and `ferrotron bench kernels` run both). Both kernels write
+/// the same outputs; [`attention_backward_typed`] takes either's.
+///
+/// Errors as [`attention_forward_typed`], and when `kernel` is tiled with a
+/// tile size it is not compiled for or more shared memory than the device
+/// has.
+pub fn attention_forward_with<R: Runtime>(
+    client: &ComputeClient<R>,
+    kernel: AttentionKernel,
+    dtype: FloatDtype,
+    shape: AttentionShape,
+    options: AttentionOptions,
+    inputs: AttentionInputs<'_>,
+) -> Result<AttentionForward, AttentionError> {
     check_dtype(client, dtype)?;
     shape.validate()?;
     inputs.check(&shape, dtype)?;
-    let query_tiles = grid_axis(client, shape.seq.div_ceil(ROWS_PER_CUBE), 0)?;
+    kernel.check(&shape, client.properties().hardware.max_shared_memory_size)?;
+    let rows_per_cube = match kernel {
+        AttentionKernel::Row => ROWS_PER_CUBE,
+        AttentionKernel::Tiled { tile } => tile,
+    };
+    let query_tiles = grid_axis(client, shape.seq.div_ceil(rows_per_cube), 0)?;
     let heads = grid_axis(client, shape.batch * shape.n_heads, 1)?;
+    let cube_count = CubeCount::Static(query_tiles, heads, 1);
 
     let out = client.empty(shape.q_elems() * dtype.size_bytes());
     let lse = client.empty(shape.rows() * size_of::<f32>());
     let (slopes, alibi) = slopes_arg(client, &inputs, &shape);
+    let scale = options.scale_for(shape.head_dim);
     with_storage!(dtype, F, round_bf16, {
-        // SAFETY: every buffer holds the elements its `array` argument
-        // states (checked above); the kernel clamps the rows it reads to
-        // `seq - 1` and writes only rows below `seq`.
-        unsafe {
-            attention_forward_kernel::launch_unchecked::<F, R>(
-                client,
-                CubeCount::Static(query_tiles, heads, 1),
-                CubeDim::new_1d(ROWS_PER_CUBE as u32),
-                array(inputs.q, shape.q_elems()),
-                array(inputs.k, shape.kv_elems()),
-                array(inputs.v, shape.kv_elems()),
-                slopes,
-                array(&out, shape.q_elems()),
-                array(&lse, shape.rows()),
-                shape.seq as u32,
-                shape.n_heads as u32,
-                shape.group() as u32,
-                options.scale_for(shape.head_dim),
-                shape.head_dim,
-                options.causal,
-                alibi,
-                round_bf16,
-            );
+        match kernel {
+            // SAFETY: every buffer holds the elements its `array` argument
+            // states (checked above); the kernel clamps the rows it reads to
+            // `seq - 1` and writes only rows below `seq`.
+            AttentionKernel::Row => unsafe {
+                attention_forward_kernel::launch_unchecked::<F, R>(
+                    client,
+                    cube_count,
+                    CubeDim::new_1d(ROWS_PER_CUBE as u32),
+                    array(inputs.q, shape.q_elems()),
+                    array(inputs.k, shape.kv_elems()),
+                    array(inputs.v, shape.kv_elems()),
+                    slopes,
+                    array(&out, shape.q_elems()),
+                    array(&lse, shape.rows()),
+                    shape.seq as u32,
+                    shape.n_heads as u32,
+                    shape.group() as u32,
+                    scale,
+                    shape.head_dim,
+                    options.causal,
+                    alibi,
+                    round_bf16,
+                );
+            },
+            // SAFETY: as for the row kernel: sizes checked above, rows read
+            // clamped to `seq - 1`, only rows below `seq` written; the
+            // shared memory fits the device (checked above).
+            AttentionKernel::Tiled { tile } => unsafe {
+                attention_forward_tiled_kernel::launch_unchecked::<F, R>(
+                    client,
+                    cube_count,
+                    CubeDim::new_1d(TILED_UNITS as u32),
+                    array(inputs.q, shape.q_elems()),
+                    array(inputs.k, shape.kv_elems()),
+                    array(inputs.v, shape.kv_elems()),
+                    slopes,
+                    array(&out, shape.q_elems()),
+                    array(&lse, shape.rows()),
+                    shape.seq as u32,
+                    shape.n_heads as u32,
+                    shape.group() as u32,
+                    scale,
+                    shape.head_dim,
+                    tile,
+                    options.causal,
+                    alibi,
+                    round_bf16,
+                );
+            },
         }
     });
     Ok(AttentionForward { out, lse })

@@ -1,9 +1,13 @@
 //! FlashAttention with its own backward (FlashAttention-2 algorithm), as
 //! CubeCL kernels.
 //!
-//! - Forward ([`attention_forward`]): per query row, an online softmax over
-//!   the keys, a step of several keys at a time; writes the output and the
-//!   per-row log-sum-exp, never the `[seq, seq]` scores.
+//! - Forward ([`attention_forward`]): an online softmax over the keys;
+//!   writes the output and the per-row log-sum-exp, never the `[seq, seq]`
+//!   scores. Two kernels, chosen in one place ([`AttentionKernel::choose`]):
+//!   the tiled kernel (FlashAttention-2 tiles: a cube handles a block of
+//!   query rows against key/value tiles staged in shared memory) wherever
+//!   its shared memory fits the device, else the row kernel (one query row
+//!   per unit, keys read from global memory, no shared memory).
 //! - Backward ([`attention_backward`]): `delta = rowsum(dO * O)`, then dK/dV
 //!   per key row (iterating over query rows) and dQ per query row
 //!   (iterating over key rows), both recomputing the probabilities from the
@@ -19,14 +23,18 @@
 
 mod backward_kv;
 mod backward_q;
+mod choice;
 mod delta;
 mod forward;
 mod launch;
 mod shape;
+mod tiled_forward;
 mod tiles;
 
+pub use choice::AttentionKernel;
 pub use launch::{
     attention_backward, attention_backward_typed, attention_forward, attention_forward_typed,
-    AttentionForward, AttentionGradients,
+    attention_forward_with, AttentionForward, AttentionGradients,
 };
 pub use shape::{AttentionError, AttentionInputs, AttentionOptions, AttentionShape};
+pub use tiled_forward::TILE_SIZES;

@@ -164,6 +164,22 @@ pub enum AttentionError {
         /// Bytes of the handle.
         actual_bytes: u64,
     },
+    /// A tiled forward with a tile size it is not compiled for.
+    #[error("attention: tile {tile} is not a tile size of the tiled kernel (16 or 32)")]
+    UnsupportedTile {
+        /// Requested query rows and keys per tile.
+        tile: usize,
+    },
+    /// A tiled forward whose cube needs more shared memory than the device has.
+    #[error("attention: the tiled kernel with tile {tile} needs {needed} bytes of shared memory per cube, the device has {max}")]
+    SharedMemory {
+        /// Query rows and keys per tile.
+        tile: usize,
+        /// Bytes one cube needs.
+        needed: usize,
+        /// The device's `max_shared_memory_size`.
+        max: usize,
+    },
     /// The launch grid exceeds the device's cube-count limit.
     #[error("attention launch: {cubes} cubes along one axis exceed the device limit {max}")]
     GridTooLarge {

@@ -1,0 +1,147 @@
+//! Which forward kernel runs: the one place that chooses between the row
+//! kernel and the tiled kernel.
+
+use cubecl::prelude::*;
+
+use super::shape::{AttentionError, AttentionShape};
+use super::tiled_forward::{tiled_shared_bytes, TILE_SIZES};
+
+/// The attention forward kernel of a launch. Both write the same output and
+/// log-sum-exp, which the one backward consumes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionKernel {
+    /// One query row per unit, keys read from global memory, no shared
+    /// memory (`forward.rs`): runs on any device.
+    Row,
+    /// FlashAttention-2 tiles (`tiled_forward.rs`): `tile` query rows per
+    /// cube, key/value tiles of `tile` rows in shared memory; `tile` is one
+    /// of [`TILE_SIZES`] and the cube needs
+    /// [`AttentionKernel::shared_bytes`] of shared memory.
+    Tiled {
+        /// Query rows per cube and keys per tile.
+        tile: usize,
+    },
+}
+
+impl AttentionKernel {
+    /// The kernel [`super::attention_forward_typed`] runs for `head_dim` on
+    /// `client`'s device: the tiled kernel with the largest of
+    /// [`TILE_SIZES`] whose shared memory fits the device's
+    /// `max_shared_memory_size`, else the row kernel. Every shape and
+    /// storage type takes the tiled kernel where it fits: it is the kernel
+    /// of FlashAttention-2 for all sequence lengths, and both kernels give
+    /// the same results within f32 rounding.
+    pub fn choose<R: Runtime>(client: &ComputeClient<R>, head_dim: usize) -> AttentionKernel {
+        Self::for_shared_memory(
+            client.properties().hardware.max_shared_memory_size,
+            head_dim,
+        )
+    }
+
+    /// [`AttentionKernel::choose`] for a device with `max_shared_bytes` of
+    /// shared memory per cube.
+    pub fn for_shared_memory(max_shared_bytes: usize, head_dim: usize) -> AttentionKernel {
+        TILE_SIZES
+            .into_iter()
+            .find(|&tile| tiled_shared_bytes(tile, head_dim) <= max_shared_bytes)
+            .map_or(AttentionKernel::Row, |tile| AttentionKernel::Tiled { tile })
+    }
+
+    /// Shared memory of one cube, bytes, for `head_dim` (0 for the row
+    /// kernel).
+    pub fn shared_bytes(self, head_dim: usize) -> usize {
+        match self {
+            AttentionKernel::Row => 0,
+            AttentionKernel::Tiled { tile } => tiled_shared_bytes(tile, head_dim),
+        }
+    }
+
+    /// Short name: `row` or `tiled{tile}` (e.g. `tiled32`).
+    pub fn name(self) -> String {
+        match self {
+            AttentionKernel::Row => "row".to_string(),
+            AttentionKernel::Tiled { tile } => format!("tiled{tile}"),
+        }
+    }
+
+    /// Fails when this kernel cannot run `shape` on a device with
+    /// `max_shared_bytes` of shared memory per cube: a tile size not in
+    /// [`TILE_SIZES`], or more shared memory than the device has.
+    pub(crate) fn check(
+        self,
+        shape: &AttentionShape,
+        max_shared_bytes: usize,
+    ) -> Result<(), AttentionError> {
+        let AttentionKernel::Tiled { tile } = self else {
+            return Ok(());
+        };
+        if !TILE_SIZES.contains(&tile) {
+            return Err(AttentionError::UnsupportedTile { tile });
+        }
+        let needed = self.shared_bytes(shape.head_dim);
+        if needed > max_shared_bytes {
+            return Err(AttentionError::SharedMemory {
+                tile,
+                needed,
+                max: max_shared_bytes,
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_largest_tile_that_fits_is_chosen() {
+        // 32 x 128: (4096 + 4128 + 1056 + 96) f32 = 37,504 bytes.
+        assert_eq!(tiled_shared_bytes(32, 128), 37_504);
+        assert_eq!(
+            AttentionKernel::for_shared_memory(48 * 1024, 128),
+            AttentionKernel::Tiled { tile: 32 }
+        );
+        assert_eq!(
+            AttentionKernel::for_shared_memory(32 * 1024, 128),
+            AttentionKernel::Tiled { tile: 16 }
+        );
+        assert_eq!(
+            AttentionKernel::for_shared_memory(48 * 1024, 256),
+            AttentionKernel::Tiled { tile: 16 }
+        );
+        // wgpu's default limit (16 KiB) fits 16 x 64 but not 16 x 128.
+        assert_eq!(
+            AttentionKernel::for_shared_memory(16 * 1024, 64),
+            AttentionKernel::Tiled { tile: 16 }
+        );
+        assert_eq!(
+            AttentionKernel::for_shared_memory(16 * 1024, 128),
+            AttentionKernel::Row
+        );
+    }
+
+    #[test]
+    fn a_tile_that_does_not_fit_is_refused() {
+        let shape = AttentionShape {
+            batch: 1,
+            n_heads: 1,
+            n_kv_heads: 1,
+            seq: 8,
+            head_dim: 128,
+        };
+        assert_eq!(AttentionKernel::Row.check(&shape, 0), Ok(()));
+        assert_eq!(
+            AttentionKernel::Tiled { tile: 32 }.check(&shape, 32 * 1024),
+            Err(AttentionError::SharedMemory {
+                tile: 32,
+                needed: 37_504,
+                max: 32 * 1024
+            })
+        );
+        assert_eq!(
+            AttentionKernel::Tiled { tile: 8 }.check(&shape, 1 << 20),
+            Err(AttentionError::UnsupportedTile { tile: 8 })
+        );
+    }
+}

@@ -1,0 +1,230 @@
+//! Tiled FlashAttention-2 forward kernel: a cube computes a block of query
+//! rows against key/value tiles staged in shared memory, with the online
+//! softmax per row; writes the output and the per-row log-sum-exp (the
+//! same outputs as the row kernel, so the same backward consumes them).
+
+use cubecl::prelude::*;
+
+use crate::dtype::{load, store};
+
+use super::tiles::{alibi_bias, visible, NEG_LARGE};
+
+/// Units per cube of the tiled forward kernel.
+pub(crate) const TILED_UNITS: usize = 128;
+
+/// Tile sizes the tiled forward kernel is compiled for, largest first: a
+/// cube handles `tile` query rows and walks the keys `tile` at a time
+/// (`Br = Bc = tile`).
+pub const TILE_SIZES: [usize; 2] = [32, 16];
+
+/// Shared memory of one cube of the tiled forward kernel, in bytes: the
+/// scaled query tile (`tile * head_dim`), one key/value tile (`tile *
+/// (head_dim + 1)`, padded against bank conflicts), the score tile (`tile *
+/// (tile + 1)`) and three f32 values per row (running maximum, running sum,
+/// rescale factor); all f32.
+pub(crate) fn tiled_shared_bytes(tile: usize, head_dim: usize) -> usize {
+    let floats = tile * head_dim + tile * (head_dim + 1) + tile * (tile + 1) + 3 * tile;
+    floats * size_of::<f32>()
+}
+
+/// One cube per `tile` query rows of one `(batch, head)`, [`TILED_UNITS`]
+/// units. The cube stages its query rows (pre-multiplied by the softmax
+/// scale) in shared memory once, then for each tile of `tile` keys:
+///
+/// 1. the units load the key tile into shared memory together;
+/// 2. the units compute the `tile x tile` scores (each a dot product over
+///    `head_dim` read from shared memory), add the ALiBi bias and mask
+///    (causal, keys and rows past `seq`);
+/// 3. the units load the value tile over the key tile while one unit per
+///    row updates that row's running maximum and sum and turns its scores
+///    into probabilities under the new maximum;
+/// 4. each unit rescales its share of the `tile x head_dim` output
+///    accumulator (kept in registers) and adds the tile's
+///    probability-weighted values.
+///
+/// With a causal mask the key tiles stop after the cube's last query row,
+/// so tiles wholly above the diagonal are never loaded. Every value is f32
+/// in shared memory and registers whatever the storage type `F`; each
+/// stored value is loaded and rounded (bf16-in-f32) once per cube.
+///
+/// Cube grid: `x` = tile of query rows, `y` = `batch * n_heads + head`.
+/// Layouts as [`super::forward::attention_forward_kernel`]'s.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_forward_tiled_kernel<F: Float>(
+    q: &Array<F>,
+    k: &Array<F>,
+    v: &Array<F>,
+    slopes: &Array<f32>,
+    out: &mut Array<F>,
+    lse: &mut Array<f32>,
+    seq: u32,
+    n_heads: u32,
+    group: u32,
+    scale: f32,
+    #[comptime] head_dim: usize,
+    #[comptime] tile: usize,
+    #[comptime] causal: bool,
+    #[comptime] alibi: bool,
+    #[comptime] round_bf16: bool,
+) {
+    let seq = seq as usize;
+    let n_heads = n_heads as usize;
+    let group = group as usize;
+    let unit = UNIT_POS_X as usize;
+    let bh = CUBE_POS_Y as usize;
+    let head = bh % n_heads;
+    let kv_bh = (bh / n_heads) * (n_heads / group) + head / group;
+    let first_query = CUBE_POS_X as usize * tile;
+    let q_base = bh * seq * head_dim;
+    let kv_base = kv_bh * seq * head_dim;
+
+    let kv_stride = comptime!(head_dim + 1);
+    let s_stride = comptime!(tile + 1);
+    let tile_elems = comptime!(tile * head_dim);
+    let tile_scores = comptime!(tile * tile);
+    // Values of a `tile x head_dim` tile each unit loads (and output
+    // accumulators it owns), and scores it computes per key tile.
+    let per_unit = comptime!(tile_elems.div_ceil(TILED_UNITS));
+    let scores_per_unit = comptime!(tile_scores.div_ceil(TILED_UNITS));
+
+    let mut q_tile = SharedMemory::<f32>::new(tile_elems);
+    let mut kv_tile = SharedMemory::<f32>::new(comptime!(tile * (head_dim + 1)));
+    let mut scores = SharedMemory::<f32>::new(comptime!(tile * (tile + 1)));
+    let mut row_max = SharedMemory::<f32>::new(tile);
+    let mut row_sum = SharedMemory::<f32>::new(tile);
+    let mut row_rescale = SharedMemory::<f32>::new(tile);
+
+    let mut slope = 0.0f32;
+    if alibi {
+        slope = slopes[head];
+    }
+
+    // Rows past `seq` load a copy of the last row and are never written.
+    let mut acc = Array::<f32>::new(per_unit);
+    for i in 0..per_unit {
+        let e = unit + i * TILED_UNITS;
+        if e < tile_elems {
+            let row = min(first_query + e / head_dim, seq - 1);
+            q_tile[e] = load::<F>(q[q_base + row * head_dim + e % head_dim], round_bf16) * scale;
+        }
+        acc[i] = 0.0f32;
+    }
+    if unit < tile {
+        row_max[unit] = f32::new(NEG_LARGE);
+        row_sum[unit] = 0.0f32;
+    }
+
+    let mut key_end = seq;
+    if causal {
+        key_end = min(first_query + tile, seq);
+    }
+
+    let mut first_key = 0usize;
+    while first_key < key_end {
+        // The previous tile's reads of `kv_tile` and `scores` are done (and,
+        // on the first tile, the query tile and the row statistics are
+        // written).
+        sync_cube();
+        for i in 0..per_unit {
+            let e = unit + i * TILED_UNITS;
+            if e < tile_elems {
+                let c = e / head_dim;
+                let key = min(first_key + c, seq - 1);
+                kv_tile[c * kv_stride + e % head_dim] =
+                    load::<F>(k[kv_base + key * head_dim + e % head_dim], round_bf16);
+            }
+        }
+        sync_cube();
+
+        // Masked scores are `NEG_LARGE`. Key 0 (in the first tile) is
+        // visible to every row below `seq`, so each such row's running
+        // maximum is a real score after the first tile.
+        for i in 0..scores_per_unit {
+            let e = unit + i * TILED_UNITS;
+            if e < tile_scores {
+                let r = e / tile;
+                let c = e % tile;
+                let mut dot = 0.0f32;
+                for d in 0..head_dim {
+                    dot += q_tile[r * head_dim + d] * kv_tile[c * kv_stride + d];
+                }
+                let query = first_query + r;
+                let key = first_key + c;
+                if alibi {
+                    dot += alibi_bias(slope, query, key);
+                }
+                scores[r * s_stride + c] =
+                    select(visible(query, key, seq, causal), dot, f32::new(NEG_LARGE));
+            }
+        }
+        sync_cube();
+
+        // The value tile replaces the key tile (every score is computed).
+        for i in 0..per_unit {
+            let e = unit + i * TILED_UNITS;
+            if e < tile_elems {
+                let c = e / head_dim;
+                let key = min(first_key + c, seq - 1);
+                kv_tile[c * kv_stride + e % head_dim] =
+                    load::<F>(v[kv_base + key * head_dim + e % head_dim], round_bf16);
+            }
+        }
+        if unit < tile {
+            let query = first_query + unit;
+            let old_max = row_max[unit];
+            let mut new_max = old_max;
+            for c in 0..tile {
+                new_max = max(new_max, scores[unit * s_stride + c]);
+            }
+            let rescale = f32::exp(old_max - new_max);
+            let mut sum = row_sum[unit] * rescale;
+            for c in 0..tile {
+                let p = select(
+                    visible(query, first_key + c, seq, causal),
+                    f32::exp(scores[unit * s_stride + c] - new_max),
+                    0.0f32,
+                );
+                scores[unit * s_stride + c] = p;
+                sum += p;
+            }
+            row_max[unit] = new_max;
+            row_sum[unit] = sum;
+            row_rescale[unit] = rescale;
+        }
+        sync_cube();
+
+        for i in 0..per_unit {
+            let e = unit + i * TILED_UNITS;
+            if e < tile_elems {
+                let r = e / head_dim;
+                let d = e % head_dim;
+                let mut value = acc[i] * row_rescale[r];
+                for c in 0..tile {
+                    value += scores[r * s_stride + c] * kv_tile[c * kv_stride + d];
+                }
+                acc[i] = value;
+            }
+        }
+        first_key += tile;
+    }
+
+    // The last row statistics were written before the loop's last barrier.
+    for i in 0..per_unit {
+        let e = unit + i * TILED_UNITS;
+        if e < tile_elems {
+            let r = e / head_dim;
+            let query = first_query + r;
+            if query < seq {
+                out[q_base + query * head_dim + e % head_dim] =
+                    store::<F>(acc[i] / row_sum[r], round_bf16);
+            }
+        }
+    }
+    if unit < tile {
+        let query = first_query + unit;
+        if query < seq {
+            lse[bh * seq + query] = row_max[unit] + f32::ln(row_sum[unit]);
+        }
+    }
+}
