@@ -7,7 +7,7 @@ use ferrotron_engine::backend::{BackendKind, ALL_BACKENDS};
 use ferrotron_engine::data::Batch;
 use ferrotron_engine::metrics::{device_spec, measure_matmul_flops, HeapWindow};
 use ferrotron_engine::optim::{AdamWConfig, LrSchedule};
-use ferrotron_models::ops::TrainBackend;
+use ferrotron_models::ops::{choose_kernels, HeadLoss, TrainBackend};
 use ferrotron_models::{Decoder, DecoderConfig};
 use ferrotron_parallel::groups::ProcessGroups;
 use ferrotron_parallel::train::{ParallelConfig, StepConfig, Trainer};
@@ -153,7 +153,13 @@ impl BackendTask for StepBench<'_> {
             ),
         };
         let rss_reset = cpu && host::reset_peak_rss();
+        choose_kernels(&self.config, cpu.then(|| kind.name()))
+            .map_err(|e| usage(format!("--kernels {}", e.problem)))?;
         let model = Decoder::<B>::new(&self.config, a.seed, &device)?;
+        let head = match model.ops().head_loss() {
+            HeadLoss::Chunked => "chunked",
+            HeadLoss::Logits => "logits",
+        };
         let total = a.warmup + a.steps;
         let step_config = StepConfig {
             adamw: AdamWConfig::default(),
@@ -233,6 +239,7 @@ impl BackendTask for StepBench<'_> {
             threads: cpu.then(host::cpu_threads),
             shape: model::shape(&self.config),
             recompute: trainer.recompute(),
+            head: Some(head.to_string()),
             batch: a.batch,
             seq: a.seq,
             warmup: a.warmup,
