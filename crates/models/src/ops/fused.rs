@@ -141,7 +141,7 @@ pub trait KernelBackend: Backend + TpOps {
 
     /// Mean cross-entropy (nats per kept token, f32 `[1]`) of the head
     /// `weight` `[hidden, vocab]` applied to `x` `[rows, hidden]` (both in
-    /// the compute dtype, f32 or bf16) against `targets` `[rows]`, a block
+    /// the compute dtype; the model calls it in f32) against `targets` `[rows]`, a block
     /// of rows at a time, never forming the whole `[rows, vocab]` logits
     /// (see `ops::linear_cross_entropy`). This default is the forward
     /// alone, right without autodiff; the autodiff backends override it

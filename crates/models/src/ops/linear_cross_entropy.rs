@@ -70,7 +70,7 @@ pub struct LinearCrossEntropyGrads<B: Backend> {
 
 /// The mean cross-entropy (nats per kept token, f32 `[1]`) of `x`
 /// `[rows, hidden]` times `weight` `[hidden, vocab]` (both in the compute
-/// dtype, f32 or bf16) against `targets` `[rows]`, computed `block` rows at
+/// dtype: f32, or bf16 whose blocks round as the comments say) against `targets` `[rows]`, computed `block` rows at
 /// a time, and with `grads` the gradients for an upstream gradient of 1.
 ///
 /// Per block: logits in the compute dtype, cast to f32, log-softmax, the
@@ -128,6 +128,9 @@ pub fn linear_cross_entropy_blocks<B: Backend>(
     (loss, grads)
 }
 
+/// The primitives of `d_x` and `d_w` (see [`LinearCrossEntropyGrads`]).
+type GradPrimitives<B> = (FloatTensor<B>, FloatTensor<B>);
+
 /// A float primitive as a rank-2 tensor.
 fn t2<B: Backend>(p: FloatTensor<B>) -> Tensor<B, 2> {
     Tensor::from_primitive(TensorPrimitive::Float(p))
@@ -141,7 +144,7 @@ fn blocks_on<B: Backend>(
     weight: FloatTensor<B>,
     targets: IntTensor<B>,
     grads: bool,
-) -> (FloatTensor<B>, Option<(FloatTensor<B>, FloatTensor<B>)>) {
+) -> (FloatTensor<B>, Option<GradPrimitives<B>>) {
     let weight = t2::<B>(weight);
     let block = block_rows(weight.dims()[1]);
     let (loss, grads) =
@@ -170,7 +173,7 @@ struct LinearCrossEntropyBackward;
 
 impl<B: Backend> Backward<B, 2> for LinearCrossEntropyBackward {
     /// `d_x` and `d_w` for an upstream gradient of 1.
-    type State = (FloatTensor<B>, FloatTensor<B>);
+    type State = GradPrimitives<B>;
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
         let upstream = t2::<B>(B::float_reshape(

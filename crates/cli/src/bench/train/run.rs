@@ -50,6 +50,11 @@ pub fn run(args: &TrainBenchArgs) -> anyhow::Result<()> {
     };
     let config = model::resolve(args)?;
     let (kinds, skipped) = select(args.backends.as_deref())?;
+    // The choice `Decoder::new` makes on each backend, checked before any runs.
+    for kind in &kinds {
+        choose_kernels(&config, kind.is_cpu().then(|| kind.name()))
+            .map_err(|e| usage(format!("--kernels {}", e.problem)))?;
+    }
     let mut results = Vec::new();
     for kind in kinds {
         let task = StepBench {
@@ -153,8 +158,6 @@ impl BackendTask for StepBench<'_> {
             ),
         };
         let rss_reset = cpu && host::reset_peak_rss();
-        choose_kernels(&self.config, cpu.then(|| kind.name()))
-            .map_err(|e| usage(format!("--kernels {}", e.problem)))?;
         let model = Decoder::<B>::new(&self.config, a.seed, &device)?;
         let head = match model.ops().head_loss() {
             HeadLoss::Chunked => "chunked",
