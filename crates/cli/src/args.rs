@@ -408,8 +408,9 @@ pub struct TrainArgs {
     /// under --zero 3 (which always recomputes blocks). full is refused with --pp > 1.
     #[arg(long, value_name = "none|selective|full")]
     pub recompute: Option<Recompute>,
-    /// Hot operations: fused (CubeCL kernels; cuda, rocm) or reference (plain Burn ops);
-    /// default fused where the backend has them.
+    /// Hot operations: fused (CubeCL kernels; cuda, rocm) or reference (plain Burn ops, the
+    /// head through the whole logits); default fused where the backend has them, else
+    /// reference with the head and loss computed in row blocks.
     #[arg(long)]
     pub kernels: Option<Kernels>,
     /// Compute precision: fp32, bf16 or fp16 (master weights, gradients and AdamW state stay

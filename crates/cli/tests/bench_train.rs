@@ -70,7 +70,11 @@ fn tiny_run(family: &str, kv_heads: &str, path: &Path, extra: &[&str]) -> Value 
         stdout.contains("tokens/s") && stdout.contains("flex"),
         "{stdout}"
     );
-    serde_json::from_str(&std::fs::read_to_string(path).expect("--json written")).expect("JSON")
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).expect("--json written"))
+        .expect("JSON");
+    // On a CPU backend the head and loss run in row blocks by default.
+    assert_eq!(v["results"][0]["head"], "chunked", "{v}");
+    v
 }
 
 #[test]
@@ -217,6 +221,10 @@ fn bad_input_exits_2_naming_the_flag_or_file_and_writes_nothing() {
             "--device-type",
         ),
         ([&tiny[..], &["--preset", "gpt-mini"]].concat(), "only one"),
+        (
+            [&tiny[..], &["--kernels", "fused", "--backends", "flex"]].concat(),
+            "--kernels",
+        ),
         (
             [&tiny[..], &["--compare", s(&bad_schema)]].concat(),
             "--compare",

@@ -13,7 +13,7 @@ use crate::config::{ConfigError, DecoderConfig, Kernels, Position};
 use crate::init::Init;
 use crate::layers::position::{Heads, PositionContext};
 use crate::layers::{Attention, LayerKv, Mlp, Norm};
-use crate::ops::{self, resolve_kernels, KernelBackend};
+use crate::ops::{KernelBackend, OpsChoice};
 
 /// One pre-norm transformer block: `x + attn(norm(x))`, then `x + mlp(norm(x))`.
 #[derive(Module, Debug)]
@@ -91,7 +91,7 @@ pub struct Decoder<B: Backend> {
     #[module(skip)]
     config: DecoderConfig,
     #[module(skip)]
-    kernels: Kernels,
+    ops: OpsChoice,
     #[module(skip)]
     tp: TpGroup,
     /// This rank's block of the vocabulary (all of it on one rank).
@@ -109,15 +109,15 @@ impl<B: KernelBackend> Decoder<B> {
     /// `1/sqrt(2 n_layers)` for the two residual output projections (GPT-2),
     /// zero biases, unit norm gains.
     ///
-    /// The hot operations run with the kernels [`resolve_kernels`] picks for
-    /// `config.kernels` on `B` (see [`Decoder::kernels`]).
+    /// The hot operations run as [`OpsChoice::resolve`] picks for `config`
+    /// on `B` (see [`Decoder::ops`]).
     pub fn new(config: &DecoderConfig, seed: u64, device: &B::Device) -> Result<Self, ConfigError> {
         config.validate()?;
-        let kernels = resolve_kernels::<B>(config)?;
+        let ops = OpsChoice::resolve::<B>(config)?;
         let c = config;
         let mut init = Init::<B>::new(seed, device);
         let out_std = c.init_std / (2.0 * c.n_layers as f64).sqrt();
-        let norm = || Norm::new(c.norm, c.hidden_size, c.norm_eps, kernels, device);
+        let norm = || Norm::new(c.norm, c.hidden_size, c.norm_eps, ops, device);
         let embed = init.normal([c.vocab_size, c.hidden_size], c.init_std);
         let pos_embed = (c.position == Position::Learned)
             .then(|| init.normal([c.max_seq_len, c.hidden_size], c.init_std));
@@ -127,7 +127,7 @@ impl<B: KernelBackend> Decoder<B> {
                 attn_norm: norm(),
                 attn: Attention::new(&mut init, c, out_std),
                 mlp_norm: norm(),
-                mlp: Mlp::new(&mut init, c, out_std, kernels),
+                mlp: Mlp::new(&mut init, c, out_std, ops),
             })
             .collect();
         let final_norm = norm();
@@ -140,7 +140,7 @@ impl<B: KernelBackend> Decoder<B> {
             final_norm,
             head,
             config: c.clone(),
-            kernels,
+            ops,
             tp: TpGroup::single(),
             vocab: VocabShard::new(c.vocab_size, 1, 0, 1),
             recompute_attention: false,
@@ -175,7 +175,13 @@ impl<B: KernelBackend> Decoder<B> {
     /// The kernels the model runs (resolved from `config().kernels` for
     /// this backend when the model was built).
     pub fn kernels(&self) -> Kernels {
-        self.kernels
+        self.ops.kernels()
+    }
+
+    /// How the model computes its hot operations, head and loss (resolved
+    /// from the config for this backend when the model was built).
+    pub fn ops(&self) -> OpsChoice {
+        self.ops
     }
 
     /// The positions of `len` tokens after `start` cached ones; the fused
@@ -188,7 +194,7 @@ impl<B: KernelBackend> Decoder<B> {
         device: &B::Device,
     ) -> PositionContext<B> {
         let c = &self.config;
-        let fused = self.kernels == Kernels::Fused && !cached;
+        let fused = self.ops.fused_positions() && !cached;
         let per_rank = c.n_heads / self.tp.size();
         let first = self.tp.rank() * per_rank;
         let heads = Heads {
@@ -246,13 +252,22 @@ impl<B: KernelBackend> Decoder<B> {
         gather_from_tp(block, &self.tp).narrow(2, 0, self.vocab.vocab)
     }
 
-    /// Mean cross-entropy (nats, `[1]`) of this rank's block of the logits
-    /// `[batch, len, vocab block]` against `targets` `[batch, len]`: the
-    /// model's kernels on one rank, the vocabulary-parallel form under TP.
-    fn loss_of(&self, logits: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
+    /// Mean cross-entropy (nats, `[1]`) of the last block's output `x`
+    /// `[batch, len, hidden]` against `targets` `[batch, len]`: final norm,
+    /// then on one rank the head and the loss as the model's ops compute
+    /// them; under TP the vocabulary-parallel form over this rank's block
+    /// of the logits.
+    fn loss_of(&self, x: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
         if self.tp.size() == 1 {
-            return ops::cross_entropy(self.kernels, logits, targets);
+            let x = self.final_norm.forward(x);
+            let [b, t, h] = x.dims();
+            let rows = x.reshape([b * t, h]);
+            let targets = targets.reshape([b * t]);
+            return self
+                .ops
+                .linear_cross_entropy(rows, self.head_weight(), targets);
         }
+        let logits = self.head_logits(x);
         let [b, t, len] = logits.dims();
         vocab_parallel_cross_entropy(
             logits.reshape([b * t, len]),
@@ -315,12 +330,18 @@ impl<B: KernelBackend> Decoder<B> {
         let x = column_input(self.final_norm.forward(x), &self.tp);
         let [b, t, _] = x.dims();
         let x = x.reshape([b * t, c.hidden_size]);
-        let head = match &self.head {
+        let dtype = x.dtype();
+        x.matmul(self.head_weight().cast(dtype))
+            .reshape([b, t, self.vocab.len])
+    }
+
+    /// The head `[hidden, vocab block]`: its own matrix, or the embedding
+    /// transposed when tied.
+    fn head_weight(&self) -> Tensor<B, 2> {
+        match &self.head {
             Some(h) => h.val(),
             None => self.embed.val().transpose(),
-        };
-        let dtype = x.dtype();
-        x.matmul(head.cast(dtype)).reshape([b, t, self.vocab.len])
+        }
     }
 }
 
@@ -362,7 +383,7 @@ impl<B: KernelBackend> LmUnits<B> for Decoder<B> {
     }
 
     fn head_loss(&self, x: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
-        self.loss_of(self.head_logits(x), targets)
+        self.loss_of(x, targets)
     }
 
     fn with_attention_recompute(self, on: bool) -> Self {

@@ -8,9 +8,9 @@ use burn::tensor::Tensor;
 use ferrotron_parallel::tensor::{column_input, TpGroup};
 
 use super::Linear;
-use crate::config::{DecoderConfig, Kernels, MlpKind};
+use crate::config::{DecoderConfig, MlpKind};
 use crate::init::Init;
-use crate::ops::{swiglu, KernelBackend};
+use crate::ops::{KernelBackend, OpsChoice};
 
 /// `down(act(up(x)))`, or `down(silu(gate(x)) * up(x))` for SwiGLU.
 ///
@@ -25,21 +25,26 @@ pub struct Mlp<B: Backend> {
     /// `[ffn, hidden]`.
     pub down: Linear<B>,
     #[module(skip)]
-    kernels: Kernels,
+    ops: OpsChoice,
     #[module(skip)]
     tp: TpGroup,
 }
 
 impl<B: Backend> Mlp<B> {
-    /// A fresh block computed with `kernels`; `out_std` initialises the
-    /// output projection.
-    pub fn new(init: &mut Init<B>, c: &DecoderConfig, out_std: f64, kernels: Kernels) -> Self {
+    /// A fresh block computed with `ops` (a model's [`OpsChoice`], or a
+    /// `Kernels` value); `out_std` initialises the output projection.
+    pub fn new(
+        init: &mut Init<B>,
+        c: &DecoderConfig,
+        out_std: f64,
+        ops: impl Into<OpsChoice>,
+    ) -> Self {
         let (h, f) = (c.hidden_size, c.ffn_size);
         Self {
             gate: (c.mlp == MlpKind::Swiglu).then(|| Linear::new(init, h, f, c.bias, c.init_std)),
             up: Linear::new(init, h, f, c.bias, c.init_std),
             down: Linear::new(init, f, h, c.bias, out_std),
-            kernels,
+            ops: ops.into(),
             tp: TpGroup::single(),
         }
     }
@@ -56,7 +61,7 @@ impl<B: KernelBackend> Mlp<B> {
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let x = column_input(x, &self.tp);
         let inner = match &self.gate {
-            Some(gate) => swiglu(self.kernels, gate.forward(x.clone()), self.up.forward(x)),
+            Some(gate) => self.ops.swiglu(gate.forward(x.clone()), self.up.forward(x)),
             None => gelu_tanh(self.up.forward(x)),
         };
         self.down.forward_row_parallel(inner, &self.tp)

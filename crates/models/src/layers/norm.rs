@@ -4,8 +4,8 @@ use burn::module::{Module, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{FloatDType, Tensor};
 
-use crate::config::{Kernels, NormKind};
-use crate::ops::{layer_norm, rms_norm, KernelBackend};
+use crate::config::NormKind;
+use crate::ops::{KernelBackend, OpsChoice};
 
 /// A normalisation layer: gain `[hidden]` and, for LayerNorm, bias `[hidden]`.
 #[derive(Module, Debug)]
@@ -19,17 +19,17 @@ pub struct Norm<B: Backend> {
     #[module(skip)]
     eps: f64,
     #[module(skip)]
-    kernels: Kernels,
+    ops: OpsChoice,
 }
 
 impl<B: Backend> Norm<B> {
     /// A fresh layer of width `hidden`: unit gain, zero bias, computed with
-    /// `kernels`.
+    /// `ops` (a model's [`OpsChoice`], or a `Kernels` value).
     pub fn new(
         kind: NormKind,
         hidden: usize,
         eps: f64,
-        kernels: Kernels,
+        ops: impl Into<OpsChoice>,
         device: &B::Device,
     ) -> Self {
         let constant = |v| Param::from_tensor(Tensor::full([hidden], v, device));
@@ -38,7 +38,7 @@ impl<B: Backend> Norm<B> {
             bias: (kind == NormKind::LayerNorm).then(|| constant(0.0)),
             kind,
             eps,
-            kernels,
+            ops: ops.into(),
         }
     }
 }
@@ -59,9 +59,9 @@ impl<B: KernelBackend> Norm<B> {
                     Some(b) => b.val(),
                     None => weight.zeros_like(),
                 };
-                layer_norm(self.kernels, x, weight, bias, self.eps)
+                self.ops.layer_norm(x, weight, bias, self.eps)
             }
-            NormKind::RmsNorm => rms_norm(self.kernels, x, weight, self.eps),
+            NormKind::RmsNorm => self.ops.rms_norm(x, weight, self.eps),
         };
         y.cast(dtype)
     }

@@ -144,6 +144,14 @@ impl<B: FusedKernels, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
         super::recompute::attention_node::<B, C>(q, k, v, bias)
     }
 
+    fn chunked_linear_cross_entropy(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        super::linear_cross_entropy::autodiff_node::<B, C>(x, weight, targets)
+    }
+
     fn fused_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,

@@ -139,6 +139,21 @@ pub trait KernelBackend: Backend + TpOps {
             .tensor()
     }
 
+    /// Mean cross-entropy (nats per kept token, f32 `[1]`) of the head
+    /// `weight` `[hidden, vocab]` applied to `x` `[rows, hidden]` (both in
+    /// the compute dtype; the model calls it in f32) against `targets` `[rows]`, a block
+    /// of rows at a time, never forming the whole `[rows, vocab]` logits
+    /// (see `ops::linear_cross_entropy`). This default is the forward
+    /// alone, right without autodiff; the autodiff backends override it
+    /// with one graph node whose forward also forms the gradients.
+    fn chunked_linear_cross_entropy(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        super::linear_cross_entropy::forward_only::<Self>(x, weight, targets)
+    }
+
     /// Fused attention output (see [`FusedKernels::attention_forward`]).
     fn fused_attention(
         _q: FloatTensor<Self>,
@@ -224,6 +239,14 @@ impl<C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy> Kerne
     ) -> FloatTensor<Self> {
         super::recompute::attention_node::<burn::backend::Flex, C>(q, k, v, bias)
     }
+
+    fn chunked_linear_cross_entropy(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        super::linear_cross_entropy::autodiff_node::<burn::backend::Flex, C>(x, weight, targets)
+    }
 }
 
 #[cfg(feature = "ndarray")]
@@ -240,5 +263,13 @@ impl<C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy> Kerne
         bias: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         super::recompute::attention_node::<burn::backend::NdArray, C>(q, k, v, bias)
+    }
+
+    fn chunked_linear_cross_entropy(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        super::linear_cross_entropy::autodiff_node::<burn::backend::NdArray, C>(x, weight, targets)
     }
 }

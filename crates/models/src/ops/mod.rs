@@ -4,22 +4,27 @@
 //!
 //! Each operation is a function of this module (`attention`, `swiglu`,
 //! `rms_norm`, `layer_norm`, `rope`, `cross_entropy`) taking a [`Kernels`]
-//! choice. The reference body sits beside it in the same file. The fused
+//! choice. The reference body sits beside it in the same file. The layers
+//! reach them through one resolved value, [`OpsChoice`], which also picks
+//! how the head and the loss run: on the CPU backends as one operation over
+//! blocks of rows (`linear_cross_entropy`), which never forms the whole
+//! logits. The fused
 //! path goes through [`KernelBackend`]: the CubeCL backend launches the
 //! kernels, and the autodiff backend wraps them in nodes whose backward is
 //! the kernels' own backward (FlashAttention-2 recomputation, not autodiff
 //! of the reference), so no `[seq, seq]` matrix exists in training.
 //!
 //! Model code stays backend-generic: it asks for an operation, and the
-//! choice between kernels is made once, when the model is built
-//! ([`resolve_kernels`]).
+//! choice is made once, when the model is built ([`OpsChoice::resolve`]).
 
 mod attention;
 mod autodiff;
 mod backends;
+mod choice;
 mod cross_entropy;
 mod cube;
 mod fused;
+mod linear_cross_entropy;
 mod norm;
 mod recompute;
 mod rope;
@@ -30,8 +35,13 @@ pub use attention::{attention, attention_reference, attention_reference_backward
 pub use backends::Cuda;
 #[cfg(feature = "rocm")]
 pub use backends::Rocm;
+pub use choice::{HeadLoss, OpsChoice};
 pub use cross_entropy::cross_entropy;
 pub use fused::{FusedKernels, KernelBackend, TrainBackend};
+pub use linear_cross_entropy::{
+    block_rows, linear_cross_entropy_blocks, linear_cross_entropy_reference,
+    LinearCrossEntropyGrads,
+};
 pub use norm::{layer_norm, rms_norm};
 pub use rope::{rope, rope_reference, Rope};
 pub use swiglu::swiglu;

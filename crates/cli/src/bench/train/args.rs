@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
+use ferrotron_models::Kernels;
 use ferrotron_parallel::recompute::Recompute;
 
 /// A model family for the shape flags: the switches of Ferrotron's presets.
@@ -52,6 +53,11 @@ pub struct TrainBenchArgs {
     /// (each block from its input), as `ferrotron train --recompute`.
     #[arg(long, default_value_t = Recompute::None, value_name = "none|selective|full")]
     pub recompute: Recompute,
+    /// Hot operations, as `ferrotron train --kernels`: fused or reference (plain Burn ops,
+    /// the head through the whole logits); default what the backend resolves (on CPUs the
+    /// head and loss in row blocks).
+    #[arg(long, value_name = "fused|reference")]
+    pub kernels: Option<Kernels>,
     /// Sequences per step.
     #[arg(long, default_value_t = 8)]
     pub batch: usize,

@@ -65,6 +65,7 @@ pub fn resolve(args: &TrainBenchArgs) -> anyhow::Result<DecoderConfig> {
     if args.ffn.is_none() && gelu_4h {
         c.ffn_size = 4 * c.hidden_size;
     }
+    c.kernels = args.kernels;
     c.validate()
         .map_err(|e| usage(format!("{flag} with the shape flags: {e}")))?;
     if args.seq > c.max_seq_len {

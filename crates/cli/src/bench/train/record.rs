@@ -97,6 +97,11 @@ pub struct Record {
     /// What backward recomputed (absent in older files: none).
     #[serde(default)]
     pub recompute: Recompute,
+    /// How the head and the loss ran (Ferrotron): `chunked` (row blocks, see
+    /// `ops::linear_cross_entropy`) or `logits` (the whole logits); absent
+    /// in older files and PyTorch's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head: Option<String>,
     /// Sequences per step.
     pub batch: usize,
     /// Tokens per sequence.

@@ -7,7 +7,7 @@ use ferrotron_engine::backend::{BackendKind, ALL_BACKENDS};
 use ferrotron_engine::data::Batch;
 use ferrotron_engine::metrics::{device_spec, measure_matmul_flops, HeapWindow};
 use ferrotron_engine::optim::{AdamWConfig, LrSchedule};
-use ferrotron_models::ops::TrainBackend;
+use ferrotron_models::ops::{choose_kernels, HeadLoss, TrainBackend};
 use ferrotron_models::{Decoder, DecoderConfig};
 use ferrotron_parallel::groups::ProcessGroups;
 use ferrotron_parallel::recompute::Recompute;
@@ -51,6 +51,11 @@ pub fn run(args: &TrainBenchArgs) -> anyhow::Result<()> {
     };
     let config = model::resolve(args)?;
     let (kinds, skipped) = select(args.backends.as_deref())?;
+    // The choice `Decoder::new` makes on each backend, checked before any runs.
+    for kind in &kinds {
+        choose_kernels(&config, kind.is_cpu().then(|| kind.name()))
+            .map_err(|e| usage(format!("--kernels {}", e.problem)))?;
+    }
     let mut results = Vec::new();
     for kind in kinds {
         let task = StepBench {
@@ -155,6 +160,10 @@ impl BackendTask for StepBench<'_> {
         };
         let rss_reset = cpu && host::reset_peak_rss();
         let model = Decoder::<B>::new(&self.config, a.seed, &device)?;
+        let head = match model.ops().head_loss() {
+            HeadLoss::Chunked => "chunked",
+            HeadLoss::Logits => "logits",
+        };
         let total = a.warmup + a.steps;
         let step_config = StepConfig {
             adamw: AdamWConfig::default(),
@@ -236,6 +245,7 @@ impl BackendTask for StepBench<'_> {
             threads: cpu.then(host::cpu_threads),
             shape: model::shape(&self.config),
             recompute: trainer.recompute(),
+            head: Some(head.to_string()),
             batch: a.batch,
             seq: a.seq,
             warmup: a.warmup,

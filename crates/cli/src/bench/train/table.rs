@@ -36,9 +36,12 @@ pub fn render(records: &[Record], skipped: &[Skipped]) -> String {
                     Some(t) => format!("{} ({t} threads)", r.device),
                     None => r.device.clone(),
                 },
-                match r.recompute {
-                    Recompute::None => r.shape.label(),
-                    other => format!("{}, recompute {other}", r.shape.label()),
+                match (r.recompute, r.head.as_deref()) {
+                    (Recompute::None, Some("logits")) => {
+                        format!("{}, whole logits", r.shape.label())
+                    }
+                    (Recompute::None, _) => r.shape.label(),
+                    (other, _) => format!("{}, recompute {other}", r.shape.label()),
                 },
                 format!("{} x {}", r.batch, r.seq),
                 format!("{:.0}", r.tokens_per_s),

@@ -1,0 +1,156 @@
+//! The one value that says how a model computes its hot operations,
+//! resolved once when the model is built from the backend and the config
+//! and handed to every layer. A new fused operation (CubeCL or CPU) is one
+//! more case here; the layers only call the methods.
+
+use burn::tensor::{DType, FloatDType, Int, Tensor, TensorPrimitive};
+
+use super::fused::KernelBackend;
+use super::{cross_entropy, layer_norm, resolve_kernels};
+use super::{rms_norm, swiglu};
+use crate::config::{ConfigError, DecoderConfig, Kernels};
+
+/// How the output head and the loss are computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeadLoss {
+    /// The `[rows, vocab]` logits, then [`super::cross_entropy`] with the
+    /// model's [`Kernels`].
+    Logits,
+    /// [`KernelBackend::chunked_linear_cross_entropy`]: the head's matmul,
+    /// log-softmax and target pick per block of rows, never forming the
+    /// whole logits (the CPU backends).
+    Chunked,
+}
+
+/// The implementation of every hot operation of a model: attention, RoPE,
+/// the norms, SwiGLU (through [`Kernels`]) and the head with its loss
+/// ([`HeadLoss`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpsChoice {
+    kernels: Kernels,
+    head_loss: HeadLoss,
+}
+
+impl From<Kernels> for OpsChoice {
+    /// `kernels` for every operation, the head through the whole logits.
+    fn from(kernels: Kernels) -> Self {
+        Self {
+            kernels,
+            head_loss: HeadLoss::Logits,
+        }
+    }
+}
+
+impl OpsChoice {
+    /// The plain Burn reference of every operation (runs on every backend).
+    pub fn reference() -> Self {
+        Kernels::Reference.into()
+    }
+
+    /// What a model of `config` runs on backend `B`: the kernels of
+    /// [`resolve_kernels`]; the head and loss chunked where `config.kernels`
+    /// is absent and the backend has no fused kernels (the CPU backends).
+    /// An explicit `kernels = "reference"` keeps the plain logits path.
+    ///
+    /// Errors as [`resolve_kernels`].
+    pub fn resolve<B: KernelBackend>(config: &DecoderConfig) -> Result<Self, ConfigError> {
+        let kernels = resolve_kernels::<B>(config)?;
+        let chunked = config.kernels.is_none() && !B::has_fused_kernels();
+        Ok(Self {
+            kernels,
+            head_loss: if chunked {
+                HeadLoss::Chunked
+            } else {
+                HeadLoss::Logits
+            },
+        })
+    }
+
+    /// The kernels of attention, RoPE, the norms, SwiGLU and the logits'
+    /// cross-entropy.
+    pub fn kernels(&self) -> Kernels {
+        self.kernels
+    }
+
+    /// How the head and the loss are computed.
+    pub fn head_loss(&self) -> HeadLoss {
+        self.head_loss
+    }
+
+    /// Whether attention and RoPE take the fused kernels' position form
+    /// (tables built on the host, see `layers::position`).
+    pub fn fused_positions(&self) -> bool {
+        self.kernels == Kernels::Fused
+    }
+
+    /// `silu(gate) * up` (see [`super::swiglu`]).
+    pub fn swiglu<B: KernelBackend, const D: usize>(
+        &self,
+        gate: Tensor<B, D>,
+        up: Tensor<B, D>,
+    ) -> Tensor<B, D> {
+        swiglu(self.kernels, gate, up)
+    }
+
+    /// RMSNorm of f32 `x` `[batch, seq, hidden]` (see [`super::rms_norm`]).
+    pub fn rms_norm<B: KernelBackend>(
+        &self,
+        x: Tensor<B, 3>,
+        weight: Tensor<B, 1>,
+        eps: f64,
+    ) -> Tensor<B, 3> {
+        rms_norm(self.kernels, x, weight, eps)
+    }
+
+    /// LayerNorm of f32 `x` `[batch, seq, hidden]` (see
+    /// [`super::layer_norm`]).
+    pub fn layer_norm<B: KernelBackend>(
+        &self,
+        x: Tensor<B, 3>,
+        weight: Tensor<B, 1>,
+        bias: Tensor<B, 1>,
+        eps: f64,
+    ) -> Tensor<B, 3> {
+        layer_norm(self.kernels, x, weight, bias, eps)
+    }
+
+    /// Mean cross-entropy (nats, `[1]`) of the head `weight` `[hidden,
+    /// vocab]` applied to `x` `[rows, hidden]` against `targets` `[rows]`,
+    /// with the loss contract of [`super::cross_entropy`] (negative targets
+    /// ignored, 0 when all are). The matmul runs in `x`'s dtype (`weight` is
+    /// cast to it), the softmax and the loss in f32. Only an f32 `x` takes
+    /// the chunked op; bf16 and f16 keep the logits path. In f16 the loss
+    /// scale must reach the logits' gradient before its cast to f16, which
+    /// the chunked op, whose gradient is formed in the forward, cannot do;
+    /// in bf16 the chunked gradient rounds differently from the reference's
+    /// before its cast to bf16, and 100 training steps of llama-mini in
+    /// bf16 then drifted 5 % from the f32 run (the reference: 1 %; see
+    /// `crates/cli/tests/mixed_precision.rs`).
+    pub fn linear_cross_entropy<B: KernelBackend>(
+        &self,
+        x: Tensor<B, 2>,
+        weight: Tensor<B, 2>,
+        targets: Tensor<B, 1, Int>,
+    ) -> Tensor<B, 1> {
+        let weight = weight.cast(x.dtype());
+        match self.head_loss {
+            HeadLoss::Chunked if x.dtype() == DType::F32 => {
+                Tensor::from_primitive(TensorPrimitive::Float(B::chunked_linear_cross_entropy(
+                    x.into_primitive().tensor(),
+                    weight.into_primitive().tensor(),
+                    targets.into_primitive(),
+                )))
+            }
+            _ => {
+                let [rows, _] = x.dims();
+                let logits = x.matmul(weight).cast(FloatDType::F32);
+                let vocab = logits.dims()[1];
+                cross_entropy(
+                    self.kernels,
+                    logits.reshape([1, rows, vocab]),
+                    targets.reshape([1, rows]),
+                )
+            }
+        }
+    }
+}
