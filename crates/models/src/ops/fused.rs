@@ -14,7 +14,7 @@ use super::attention::attention_reference;
 /// forward returns what its backward needs. All tensors are `f32`.
 /// Implemented by the CubeCL backend (see `cube.rs`); the autodiff backend
 /// builds its nodes from these.
-pub trait FusedKernels: Backend {
+pub trait FusedKernels: KernelBackend {
     /// FlashAttention forward. `q` `[batch, n_heads, seq, head_dim]`, `k`,
     /// `v` `[batch, n_kv_heads, seq, head_dim]`, ALiBi `slopes` `[n_heads]`
     /// (bias `slope * (key - query)`). Returns the output (`q`'s shape) and
@@ -154,6 +154,25 @@ pub trait KernelBackend: Backend + TpOps {
         super::linear_cross_entropy::forward_only::<Self>(x, weight, targets)
     }
 
+    /// The blocks of [`KernelBackend::chunked_linear_cross_entropy`] on
+    /// primitives: the mean loss (f32 `[1]`) of `x` `[rows, hidden]` times
+    /// `weight` `[hidden, vocab]` against `targets` `[rows]` and, with
+    /// `grads`, the gradients of `x` and `weight` (their shapes) for an
+    /// upstream gradient of 1. This default runs Burn's tensor operations
+    /// per block ([`super::linear_cross_entropy_blocks`]); flex overrides
+    /// it with the host-buffer operation of `ops::cpu` for f32.
+    fn linear_cross_entropy_parts(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        grads: bool,
+    ) -> (
+        FloatTensor<Self>,
+        Option<(FloatTensor<Self>, FloatTensor<Self>)>,
+    ) {
+        super::linear_cross_entropy::blocks_on::<Self>(x, weight, targets, grads)
+    }
+
     /// Fused attention output (see [`FusedKernels::attention_forward`]).
     fn fused_attention(
         _q: FloatTensor<Self>,
@@ -225,7 +244,24 @@ where
 }
 
 #[cfg(feature = "flex")]
-impl KernelBackend for burn::backend::Flex {}
+impl KernelBackend for burn::backend::Flex {
+    fn linear_cross_entropy_parts(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        grads: bool,
+    ) -> (
+        FloatTensor<Self>,
+        Option<(FloatTensor<Self>, FloatTensor<Self>)>,
+    ) {
+        let block = super::block_rows(weight.layout().shape().dims::<2>()[1]);
+        if x.dtype() == burn::tensor::DType::F32 && weight.dtype() == burn::tensor::DType::F32 {
+            super::cpu::linear_cross_entropy_blocks(x, weight, targets, block, grads)
+        } else {
+            super::linear_cross_entropy::blocks_on::<Self>(x, weight, targets, grads)
+        }
+    }
+}
 
 #[cfg(feature = "flex")]
 impl<C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy> KernelBackend

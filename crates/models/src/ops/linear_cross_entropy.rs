@@ -139,7 +139,7 @@ fn t2<B: Backend>(p: FloatTensor<B>) -> Tensor<B, 2> {
 /// The forward of [`linear_cross_entropy_blocks`] on primitives, blocks of
 /// [`block_rows`]: the loss's primitive and, with `grads`, those of `d_x`
 /// and `d_w`.
-fn blocks_on<B: Backend>(
+pub(super) fn blocks_on<B: Backend>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
     targets: IntTensor<B>,
@@ -160,12 +160,12 @@ fn blocks_on<B: Backend>(
 
 /// The forward alone on a backend without autodiff (evaluation): the loss
 /// `[1]` of [`linear_cross_entropy_blocks`].
-pub(super) fn forward_only<B: Backend>(
+pub(super) fn forward_only<B: KernelBackend>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
     targets: IntTensor<B>,
 ) -> FloatTensor<B> {
-    blocks_on::<B>(x, weight, targets, false).0
+    B::linear_cross_entropy_parts(x, weight, targets, false).0
 }
 
 #[derive(Debug)]
@@ -193,7 +193,7 @@ impl<B: Backend> Backward<B, 2> for LinearCrossEntropyBackward {
 
 /// The operation as one node of the autodiff graph over `B`, whose parents
 /// are `x` and the weight (shapes of [`linear_cross_entropy_blocks`]).
-pub(super) fn autodiff_node<B: Backend, C: CheckpointStrategy>(
+pub(super) fn autodiff_node<B: KernelBackend, C: CheckpointStrategy>(
     x: FloatTensor<Autodiff<B, C>>,
     weight: FloatTensor<Autodiff<B, C>>,
     targets: IntTensor<Autodiff<B, C>>,
@@ -206,7 +206,8 @@ pub(super) fn autodiff_node<B: Backend, C: CheckpointStrategy>(
         .stateful()
     {
         OpsKind::Tracked(prep) => {
-            let (loss, grads) = blocks_on::<B>(x.primitive, weight.primitive, targets, true);
+            let (loss, grads) =
+                B::linear_cross_entropy_parts(x.primitive, weight.primitive, targets, true);
             let grads = grads.expect("the tracked forward forms the gradients");
             prep.finish(grads, loss)
         }

@@ -21,6 +21,8 @@ mod attention;
 mod autodiff;
 mod backends;
 mod choice;
+#[cfg(feature = "flex")]
+mod cpu;
 mod cross_entropy;
 mod cube;
 mod fused;
