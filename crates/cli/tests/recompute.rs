@@ -92,35 +92,53 @@ fn each_mode_records_its_peak_activation_bytes_and_counts_its_flops() {
     let dir = scratch("recompute-modes");
     let corpus = corpus(&dir);
     let mut peaks = Vec::new();
-    for mode in ["none", "selective", "full"] {
-        let out = dir.join(mode);
-        let r = ferrotron(&[
-            "train",
-            "--model",
-            "gpt-mini",
-            "--corpus",
-            corpus.to_str().unwrap(),
-            "--vocab-size",
-            "300",
-            "--seq-len",
-            "128",
-            "--micro-batch",
-            "4",
-            "--steps",
-            "2",
-            "--eval-every",
-            "2",
-            "--eval-batches",
-            "1",
-            "--sample-tokens",
-            "0",
-            "--peak-tflops",
-            "1",
-            "--recompute",
-            mode,
-            "--out",
-            out.to_str().unwrap(),
-        ]);
+    // Burn's reference attention in the three modes, then flex's
+    // host-buffer attention (the default kernels), which keeps no score
+    // matrices under `none` either.
+    let runs = [
+        ("none", "reference"),
+        ("selective", "reference"),
+        ("full", "reference"),
+        ("none", "default"),
+    ];
+    for (mode, kernels) in runs {
+        let out = dir.join(format!("{mode}-{kernels}"));
+        let kernel_flags = match kernels {
+            "reference" => vec!["--kernels", "reference"],
+            _ => vec![],
+        };
+        let r = ferrotron(
+            &[
+                "train",
+                "--model",
+                "gpt-mini",
+                "--corpus",
+                corpus.to_str().unwrap(),
+                "--vocab-size",
+                "300",
+                "--seq-len",
+                "128",
+                "--micro-batch",
+                "4",
+                "--steps",
+                "2",
+                "--eval-every",
+                "2",
+                "--eval-batches",
+                "1",
+                "--sample-tokens",
+                "0",
+                "--peak-tflops",
+                "1",
+                "--recompute",
+                mode,
+                "--out",
+                out.to_str().unwrap(),
+            ]
+            .into_iter()
+            .chain(kernel_flags)
+            .collect::<Vec<_>>(),
+        );
         let stdout = String::from_utf8_lossy(&r.stdout);
         assert!(
             r.status.success(),
@@ -141,13 +159,14 @@ fn each_mode_records_its_peak_activation_bytes_and_counts_its_flops() {
             (flops / want - 1.0).abs() < 1e-6,
             "{mode}: {flops} FLOPs per token, want {want}"
         );
-        println!("{mode}: peak activation {peak} bytes");
+        println!("{mode}, {kernels} kernels: peak activation {peak} bytes");
         peaks.push(peak);
     }
     // Selective drops the [4, 6, 128, 128] score matrices of every layer;
-    // full keeps one block's input per block (plus one block rebuilt).
+    // full keeps one block's input per block (plus one block rebuilt); the
+    // host-buffer attention drops them too.
     assert!(
-        peaks[2] < peaks[1] && peaks[1] < peaks[0],
-        "none, selective, full: {peaks:?}"
+        peaks[2] < peaks[1] && peaks[1] < peaks[0] && peaks[3] < peaks[0],
+        "none, selective, full (reference), none (default): {peaks:?}"
     );
 }

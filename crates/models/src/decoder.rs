@@ -203,7 +203,10 @@ impl<B: KernelBackend> Decoder<B> {
         };
         let mut pos =
             PositionContext::new(&c.position, &heads, c.head_dim(), start, len, fused, device);
-        pos.attn_bias = pos.attn_bias.recomputed(self.recompute_attention);
+        pos.attn_bias = pos
+            .attn_bias
+            .recomputed(self.recompute_attention)
+            .on_host(self.ops.host_attention());
         pos
     }
 

@@ -17,7 +17,7 @@ use ferrotron_engine::params::named_tensors;
 use ferrotron_models::layers::position::{Heads, PositionContext};
 use ferrotron_models::ops::{attention, AttentionBias};
 use ferrotron_models::presets::preset;
-use ferrotron_models::{Decoder, DecoderConfig, Position};
+use ferrotron_models::{Decoder, DecoderConfig, Kernels, Position};
 use ferrotron_parallel::groups::ProcessGroups;
 use ferrotron_parallel::recompute::Recompute;
 use ferrotron_parallel::train::{ParallelConfig, StepConfig, Trainer};
@@ -26,7 +26,9 @@ type B = Autodiff<Flex>;
 
 const FAMILIES: [&str; 3] = ["gpt-mini", "llama-mini", "bloom-mini"];
 
-/// A small model of `family` (6 heads; llama-mini's 2 KV heads: GQA).
+/// A small model of `family` (6 heads; llama-mini's 2 KV heads: GQA), on
+/// the reference ops, whose attention keeps its score matrices unless
+/// recomputed (flex's default host-buffer attention never keeps them).
 fn tiny(family: &str) -> DecoderConfig {
     DecoderConfig {
         vocab_size: 64,
@@ -34,6 +36,7 @@ fn tiny(family: &str) -> DecoderConfig {
         n_layers: 3,
         ffn_size: 96,
         max_seq_len: 32,
+        kernels: Some(Kernels::Reference),
         ..preset(family).unwrap()
     }
 }
@@ -76,7 +79,8 @@ fn values<const D: usize, K: Backend>(t: Tensor<K, D>) -> Vec<f32> {
 
 /// The attention core alone, for causal GQA (6 query heads over 2
 /// key/value heads) with and without ALiBi: the recomputed node's `dq`,
-/// `dk`, `dv` equal autodiff of the reference.
+/// `dk`, `dv`, and those of flex's host-buffer node, equal autodiff of the
+/// reference.
 #[test]
 fn recomputed_attention_node_has_the_reference_gradients() {
     let (b, heads, kv, len, hd) = (2, 6, 2, 7, 8);
@@ -101,25 +105,33 @@ fn recomputed_attention_node_has_the_reference_gradients() {
             &Default::default(),
         );
         let mut grads = Vec::new();
-        for recompute in [false, true] {
+        let variants = [
+            context.attn_bias.clone(),
+            context.attn_bias.clone().recomputed(true),
+            context.attn_bias.clone().on_host(true),
+        ];
+        assert!(matches!(variants[0], AttentionBias::Matrix(_)));
+        assert!(matches!(variants[1], AttentionBias::Recomputed(_)));
+        assert!(matches!(variants[2], AttentionBias::Host(_)));
+        for bias in variants {
             let (q, k, v) = (
                 leaf([b, heads, len, hd], 1),
                 leaf([b, kv, len, hd], 2),
                 leaf([b, kv, len, hd], 3),
             );
-            let bias = context.attn_bias.clone().recomputed(recompute);
-            assert_eq!(matches!(bias, AttentionBias::Recomputed(_)), recompute);
             let out = attention(q.clone(), k.clone(), v.clone(), &bias);
             let g = (out * weight.clone()).sum().backward();
             grads.push([q, k, v].map(|t| values(t.grad(&g).unwrap())));
         }
-        for (name, (got, want)) in ["dq", "dk", "dv"]
-            .iter()
-            .zip(grads[1].iter().zip(&grads[0]))
-        {
-            let gap = relative_gap(got, want);
-            println!("{position:?} {name}: relative gap {gap:e}");
-            assert!(gap < 1e-5, "{position:?} {name}: relative gap {gap}");
+        for (node, node_grads) in ["recomputed", "host"].iter().zip(&grads[1..]) {
+            for (name, (got, want)) in ["dq", "dk", "dv"]
+                .iter()
+                .zip(node_grads.iter().zip(&grads[0]))
+            {
+                let gap = relative_gap(got, want);
+                println!("{position:?} {node} {name}: relative gap {gap:e}");
+                assert!(gap < 1e-5, "{position:?} {node} {name}: relative gap {gap}");
+            }
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
-use burn::tensor::{FloatDType, Tensor, TensorPrimitive};
+use burn::tensor::{DType, FloatDType, Tensor, TensorPrimitive};
 use ferrotron_kernels::attention::AttentionOptions;
 
 use super::fused::KernelBackend;
@@ -21,6 +21,12 @@ pub enum AttentionBias<B: KernelBackend> {
     /// and recomputes the scores and softmax in backward
     /// ([`attention_reference_backward`]).
     Recomputed(Tensor<B, 4>),
+    /// The backend's host-buffer attention core (flex, f32:
+    /// `ops::cpu::attention_forward`) with the same bias, as one autodiff
+    /// node that keeps only `q`, `k`, `v` and recomputes the probabilities
+    /// in its own backward ([`KernelBackend::host_attention`]); f32 only,
+    /// other dtypes run the reference as [`AttentionBias::Matrix`].
+    Host(Tensor<B, 4>),
     /// Fused path (queries and keys are the same `len` positions): the
     /// kernel applies the causal mask itself, and ALiBi from its slopes
     /// `[n_heads]` (bias `slope_h * (key - query)`, which differs from the
@@ -43,6 +49,17 @@ impl<B: KernelBackend> AttentionBias<B> {
             other => other,
         }
     }
+
+    /// The same bias with the attention core on the backend's host buffers
+    /// ([`AttentionBias::Host`]) when `on`, in place of the reference,
+    /// recomputed or not (it recomputes its probabilities in backward
+    /// itself); the fused form is unchanged.
+    pub fn on_host(self, on: bool) -> Self {
+        match self {
+            AttentionBias::Matrix(m) | AttentionBias::Recomputed(m) if on => AttentionBias::Host(m),
+            other => other,
+        }
+    }
 }
 
 /// Attention of `q` `[batch, n_heads, len, head_dim]` over `k`, `v`
@@ -58,6 +75,18 @@ pub fn attention<B: KernelBackend>(
         AttentionBias::Matrix(matrix) => attention_reference(q, k, v, matrix),
         AttentionBias::Recomputed(matrix) => {
             Tensor::from_primitive(TensorPrimitive::Float(B::recomputed_attention(
+                q.into_primitive().tensor(),
+                k.into_primitive().tensor(),
+                v.into_primitive().tensor(),
+                matrix.clone().into_primitive().tensor(),
+            )))
+        }
+        // Host buffers in f32 only; bf16 and f16 keep the reference.
+        AttentionBias::Host(matrix) if q.dtype() != DType::F32 => {
+            attention_reference(q, k, v, matrix)
+        }
+        AttentionBias::Host(matrix) => {
+            Tensor::from_primitive(TensorPrimitive::Float(B::host_attention(
                 q.into_primitive().tensor(),
                 k.into_primitive().tensor(),
                 v.into_primitive().tensor(),

@@ -141,7 +141,7 @@ impl<B: FusedKernels, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
         v: FloatTensor<Self>,
         bias: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        super::recompute::attention_node::<B, C>(q, k, v, bias)
+        super::recompute::attention_node::<B, C>(q, k, v, bias, super::recompute::Core::Reference)
     }
 
     fn chunked_linear_cross_entropy(

@@ -29,6 +29,7 @@ pub enum HeadLoss {
 pub struct OpsChoice {
     kernels: Kernels,
     head_loss: HeadLoss,
+    host_attention: bool,
 }
 
 impl From<Kernels> for OpsChoice {
@@ -37,6 +38,7 @@ impl From<Kernels> for OpsChoice {
         Self {
             kernels,
             head_loss: HeadLoss::Logits,
+            host_attention: false,
         }
     }
 }
@@ -49,8 +51,10 @@ impl OpsChoice {
 
     /// What a model of `config` runs on backend `B`: the kernels of
     /// [`resolve_kernels`]; the head and loss chunked where `config.kernels`
-    /// is absent and the backend has no fused kernels (the CPU backends).
-    /// An explicit `kernels = "reference"` keeps the plain logits path.
+    /// is absent and the backend has no fused kernels (the CPU backends),
+    /// and there too the attention core as the backend's host-buffer
+    /// operation where it has one (flex). An explicit `kernels =
+    /// "reference"` keeps the plain logits path and Burn's attention.
     ///
     /// Errors as [`resolve_kernels`].
     pub fn resolve<B: KernelBackend>(config: &DecoderConfig) -> Result<Self, ConfigError> {
@@ -58,6 +62,7 @@ impl OpsChoice {
         let chunked = config.kernels.is_none() && !B::has_fused_kernels();
         Ok(Self {
             kernels,
+            host_attention: chunked && B::has_host_attention(),
             head_loss: if chunked {
                 HeadLoss::Chunked
             } else {
@@ -75,6 +80,14 @@ impl OpsChoice {
     /// How the head and the loss are computed.
     pub fn head_loss(&self) -> HeadLoss {
         self.head_loss
+    }
+
+    /// Whether every layer's attention core runs on the backend's host
+    /// buffers (flex) as one node that keeps only `q`, `k`, `v` and
+    /// recomputes the probabilities in backward
+    /// ([`KernelBackend::host_attention`]), whatever `--recompute` says.
+    pub fn host_attention(&self) -> bool {
+        self.host_attention
     }
 
     /// Whether attention and RoPE take the fused kernels' position form

@@ -8,8 +8,9 @@ use burn::tensor::{Tensor, TensorPrimitive};
 use ferrotron_kernels::attention::AttentionOptions;
 use ferrotron_parallel::tensor::TpOps;
 
-use super::attention::attention_reference;
+use super::attention::{attention_reference, attention_reference_backward};
 use super::linear_cross_entropy::GradPrimitives;
+use super::recompute::Core;
 
 /// The fused kernels on a backend's own tensors, without autodiff. Every
 /// forward returns what its backward needs. All tensors are `f32`.
@@ -121,12 +122,52 @@ pub trait KernelBackend: Backend + TpOps {
         false
     }
 
-    /// The reference attention ([`super::attention_reference`]) of `q`
-    /// `[batch, n_heads, len, head_dim]`, `k`, `v` `[batch, n_kv_heads, keys,
-    /// head_dim]` and `bias` `[1, 1 or n_heads, len, keys]`, as one autodiff
-    /// node that keeps only its inputs and recomputes the scores and
-    /// softmax in backward (selective recomputation). Without autodiff this
-    /// default is the reference itself; the autodiff backends override it
+    /// Whether [`KernelBackend::attention_core`] is a host-buffer operation
+    /// of `ops::cpu` (flex): a model then runs every layer's attention
+    /// through [`KernelBackend::host_attention`], which keeps only its
+    /// inputs, as FlashAttention does on GPUs.
+    fn has_host_attention() -> bool {
+        false
+    }
+
+    /// The attention core `softmax(q k^T / sqrt(head_dim) + bias) v` of `q`
+    /// `[batch, n_heads, len, head_dim]`, `k`, `v` `[batch, n_kv_heads,
+    /// keys, head_dim]` and `bias` `[1, 1 or n_heads, len, keys]`, without
+    /// autodiff: [`super::attention_reference`] by default, flex's
+    /// `ops::cpu::attention_forward` in f32.
+    fn attention_core(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let t = |p| Tensor::<Self, 4>::from_primitive(TensorPrimitive::Float(p));
+        attention_reference(t(q), t(k), t(v), &t(bias))
+            .into_primitive()
+            .tensor()
+    }
+
+    /// The gradients `[dq, dk, dv]` of [`KernelBackend::attention_core`]
+    /// for `d_out` (the output's shape), the probabilities recomputed:
+    /// [`super::attention_reference_backward`] by default, flex's
+    /// `ops::cpu::attention_backward` in f32.
+    fn attention_core_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        d_out: FloatTensor<Self>,
+    ) -> [FloatTensor<Self>; 3] {
+        let t = |p| Tensor::<Self, 4>::from_primitive(TensorPrimitive::Float(p));
+        attention_reference_backward(t(q), t(k), t(v), &t(bias), t(d_out))
+            .map(|g| g.into_primitive().tensor())
+    }
+
+    /// The reference attention ([`super::attention_reference`], shapes of
+    /// [`KernelBackend::attention_core`]) as one autodiff node that keeps
+    /// only its inputs and recomputes the scores and softmax in backward
+    /// (selective recomputation). Without autodiff this default is the
+    /// reference itself; the autodiff backends override it
     /// (`ops::recompute`).
     fn recomputed_attention(
         q: FloatTensor<Self>,
@@ -138,6 +179,19 @@ pub trait KernelBackend: Backend + TpOps {
         attention_reference(t(q), t(k), t(v), &t(bias))
             .into_primitive()
             .tensor()
+    }
+
+    /// [`KernelBackend::attention_core`] as one autodiff node whose
+    /// backward is [`KernelBackend::attention_core_backward`] (it keeps only
+    /// its inputs). Without autodiff this default is the core itself; flex's
+    /// autodiff backend overrides it (`ops::recompute`).
+    fn host_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        Self::attention_core(q, k, v, bias)
     }
 
     /// Mean cross-entropy (nats per kept token, f32 `[1]`) of the head
@@ -241,8 +295,50 @@ where
 {
 }
 
+/// Whether every tensor is f32 (what flex's host-buffer operations take).
+#[cfg(feature = "flex")]
+fn all_f32(tensors: &[&FloatTensor<burn::backend::Flex>]) -> bool {
+    tensors
+        .iter()
+        .all(|t| t.dtype() == burn::tensor::DType::F32)
+}
+
 #[cfg(feature = "flex")]
 impl KernelBackend for burn::backend::Flex {
+    fn has_host_attention() -> bool {
+        true
+    }
+
+    fn attention_core(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        if all_f32(&[&q, &k, &v, &bias]) {
+            return super::cpu::attention_forward(q, k, v, bias);
+        }
+        let t = |p| Tensor::<Self, 4>::from_primitive(TensorPrimitive::Float(p));
+        attention_reference(t(q), t(k), t(v), &t(bias))
+            .into_primitive()
+            .tensor()
+    }
+
+    fn attention_core_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        d_out: FloatTensor<Self>,
+    ) -> [FloatTensor<Self>; 3] {
+        if all_f32(&[&q, &k, &v, &bias, &d_out]) {
+            return super::cpu::attention_backward(q, k, v, bias, d_out);
+        }
+        let t = |p| Tensor::<Self, 4>::from_primitive(TensorPrimitive::Float(p));
+        attention_reference_backward(t(q), t(k), t(v), &t(bias), t(d_out))
+            .map(|g| g.into_primitive().tensor())
+    }
+
     fn linear_cross_entropy_parts(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
@@ -250,7 +346,7 @@ impl KernelBackend for burn::backend::Flex {
         grads: bool,
     ) -> (FloatTensor<Self>, Option<GradPrimitives<Self>>) {
         let block = super::block_rows(weight.layout().shape().dims::<2>()[1]);
-        if x.dtype() == burn::tensor::DType::F32 && weight.dtype() == burn::tensor::DType::F32 {
+        if all_f32(&[&x, &weight]) {
             super::cpu::linear_cross_entropy_blocks(x, weight, targets, block, grads)
         } else {
             super::linear_cross_entropy::blocks_on::<Self>(x, weight, targets, grads)
@@ -262,13 +358,26 @@ impl KernelBackend for burn::backend::Flex {
 impl<C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy> KernelBackend
     for burn::backend::Autodiff<burn::backend::Flex, C>
 {
+    fn has_host_attention() -> bool {
+        true
+    }
+
     fn recomputed_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         bias: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        super::recompute::attention_node::<burn::backend::Flex, C>(q, k, v, bias)
+        super::recompute::attention_node::<burn::backend::Flex, C>(q, k, v, bias, Core::Reference)
+    }
+
+    fn host_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        super::recompute::attention_node::<burn::backend::Flex, C>(q, k, v, bias, Core::Host)
     }
 
     fn chunked_linear_cross_entropy(
@@ -293,7 +402,13 @@ impl<C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy> Kerne
         v: FloatTensor<Self>,
         bias: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        super::recompute::attention_node::<burn::backend::NdArray, C>(q, k, v, bias)
+        super::recompute::attention_node::<burn::backend::NdArray, C>(
+            q,
+            k,
+            v,
+            bias,
+            Core::Reference,
+        )
     }
 
     fn chunked_linear_cross_entropy(

@@ -1,7 +1,8 @@
-//! Selective recomputation of the reference attention (Korthikanti et al.
-//! 2022, Sec. 5) on the autodiff backend: the attention core is one graph
-//! node that keeps only `q`, `k`, `v` and the bias, and whose backward
-//! recomputes the probabilities (`attention_reference_backward`), so the
+//! Selective recomputation of the attention core (Korthikanti et al.
+//! 2022, Sec. 5) on the autodiff backend: the core is one graph node that
+//! keeps only `q`, `k`, `v` and the bias, and whose backward recomputes
+//! the probabilities (`KernelBackend::attention_core_backward`: the
+//! reference's, or flex's host-buffer backward), so the
 //! `[batch, heads, len, keys]` scores, softmax and probabilities of every
 //! layer do not live from forward to backward. The fused path needs no such
 //! node: FlashAttention keeps only its output and log-sum-exp.
@@ -11,21 +12,33 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::Autodiff;
-use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 
 use super::attention::{attention_reference, attention_reference_backward};
+use super::fused::KernelBackend;
 
 /// A float primitive as a rank-4 tensor.
-fn t4<B: Backend>(p: FloatTensor<B>) -> Tensor<B, 4> {
+fn t4<B: burn::tensor::backend::Backend>(p: FloatTensor<B>) -> Tensor<B, 4> {
     Tensor::from_primitive(TensorPrimitive::Float(p))
 }
 
-#[derive(Debug)]
-struct RecomputedAttentionBackward;
+/// Which attention core a node runs, forward and backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Core {
+    /// [`attention_reference`] and [`attention_reference_backward`].
+    Reference,
+    /// [`KernelBackend::attention_core`] and
+    /// [`KernelBackend::attention_core_backward`] (flex: host buffers).
+    Host,
+}
 
-impl<B: Backend> Backward<B, 3> for RecomputedAttentionBackward {
+#[derive(Debug)]
+struct RecomputedAttentionBackward {
+    core: Core,
+}
+
+impl<B: KernelBackend> Backward<B, 3> for RecomputedAttentionBackward {
     /// `q`, `k`, `v`, the bias.
     type State = (
         FloatTensor<B>,
@@ -37,32 +50,40 @@ impl<B: Backend> Backward<B, 3> for RecomputedAttentionBackward {
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let d_out = grads.consume::<B>(&ops.node);
         let (q, k, v, bias) = ops.state;
-        let values = attention_reference_backward(t4::<B>(q), t4(k), t4(v), &t4(bias), t4(d_out));
+        let values = match self.core {
+            Core::Host => B::attention_core_backward(q, k, v, bias, d_out),
+            Core::Reference => {
+                attention_reference_backward(t4::<B>(q), t4(k), t4(v), &t4(bias), t4(d_out))
+                    .map(|g| g.into_primitive().tensor())
+            }
+        };
         for (parent, value) in ops.parents.into_iter().zip(values) {
             if let Some(node) = parent {
-                grads.register::<B>(node.id, value.into_primitive().tensor());
+                grads.register::<B>(node.id, value);
             }
         }
     }
 }
 
-/// The reference attention of `q`, `k`, `v` with additive `bias` (a
+/// The attention `core` of `q`, `k`, `v` with additive `bias` (a
 /// constant: no gradient flows to it) as one node of the autodiff graph
 /// (shapes of `super::attention_reference`).
-pub(super) fn attention_node<B: Backend, C: CheckpointStrategy>(
+pub(super) fn attention_node<B: KernelBackend, C: CheckpointStrategy>(
     q: FloatTensor<Autodiff<B, C>>,
     k: FloatTensor<Autodiff<B, C>>,
     v: FloatTensor<Autodiff<B, C>>,
     bias: FloatTensor<Autodiff<B, C>>,
+    core: Core,
 ) -> FloatTensor<Autodiff<B, C>> {
     let bias = bias.primitive;
     let nodes = [q.node.clone(), k.node.clone(), v.node.clone()];
-    let forward = |q, k, v, bias: &FloatTensor<B>| {
-        attention_reference(t4::<B>(q), t4(k), t4(v), &t4(bias.clone()))
+    let forward = |q, k, v, bias: &FloatTensor<B>| match core {
+        Core::Host => B::attention_core(q, k, v, bias.clone()),
+        Core::Reference => attention_reference(t4::<B>(q), t4(k), t4(v), &t4(bias.clone()))
             .into_primitive()
-            .tensor()
+            .tensor(),
     };
-    match RecomputedAttentionBackward
+    match (RecomputedAttentionBackward { core })
         .prepare::<C>(nodes)
         .compute_bound()
         .stateful()

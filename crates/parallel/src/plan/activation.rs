@@ -34,26 +34,27 @@
 //!   normalised one) and two `[T, 1]` statistics: `4 T h + 4 T`;
 //! - the inputs of the q/k/v projections and of the MLP's first
 //!   projections (the norms' outputs): `2 T h`;
-//! - q, k and v as the scores' matmul keeps them (after RoPE; k and v
-//!   repeated over the query heads' groups, so `T h` each) and the output
-//!   projection's input: `4 T h`;
-//! - the attention core: the shifted scores (`exp`'s input), their
-//!   exponentials (the quotient's numerator) and the probabilities (the
-//!   second matmul's input), `3 a s^2 b`, and the softmax's row sums `a s b`;
+//! - q, k and v as flex's attention node keeps them (after RoPE; k and v
+//!   at the KV heads' width `h_kv`) and the output projection's input:
+//!   `2 T h + 2 T h_kv`;
+//! - the attention core: nothing. Flex's host-buffer attention
+//!   (`ops::cpu` in ferrotron-models) keeps only q, k, v and recomputes the
+//!   probabilities in its backward, whatever `--recompute` says (Burn's
+//!   reference, `--kernels reference`, would keep `3 a s^2 b` scores);
 //! - the MLP, `5 T f`: GELU-tanh keeps `x`, `x^2`, `2z`, `sigmoid(2z)` and
 //!   its output; SwiGLU the gate, `sigmoid(gate)`, `silu(gate)`, up and
 //!   their product.
 //!
-//! That is `10 T h + 5 T f + 3 a s^2 b` (plus the statistics), against
+//! That is `8 T h + 2 T h_kv + 5 T f` (plus the statistics), against
 //! Korthikanti's `8 T h + 2 T f + a s^2 b` elements for the same layer
 //! without dropout. Outside the blocks: BLOOM's embedding norm `2 T h`, the
 //! final norm and the head's input `3 T h`, and the cross-entropy's shifted
 //! logits `T V` (f32; `log_softmax` keeps `exp`'s input, the log-probabilities
-//! go once `gather` has picked the targets). Selective recomputation keeps
-//! q, k and v and drops the core's `3 a s^2 b`; full recomputation keeps
-//! each block's input. Under tensor parallelism the terms split as in
-//! Korthikanti's count (q, k, v, the MLP and the scores by `t`, the norms
-//! by `t` with SP); only `t = 1` is measured (`plan_activations` test).
+//! go once `gather` has picked the targets). Selective recomputation
+//! changes nothing on this path; full recomputation keeps each block's
+//! input. Under tensor parallelism the terms split as in
+//! Korthikanti's count (q, k, v and the MLP by `t`, the norms by `t` with
+//! SP); only `t = 1` is measured (`plan_activations` test).
 
 use serde::Serialize;
 
@@ -130,7 +131,7 @@ impl LayerActivations {
             return e * sbh / sp;
         }
         if self.model == ActivationModel::FerrotronCpu {
-            return self.ferrotron_cpu_layer_bytes(m, recompute);
+            return self.ferrotron_cpu_layer_bytes(m);
         }
         // Outside the TP regions: two norm inputs, the QKV and MLP inputs,
         // two dropout masks (10 sbh in the paper).
@@ -150,8 +151,8 @@ impl LayerActivations {
     }
 
     /// [`LayerActivations::layer_bytes`] under [`ActivationModel::FerrotronCpu`],
-    /// recomputing `none` or `selective`.
-    fn ferrotron_cpu_layer_bytes(&self, m: &ModelShape, recompute: Recompute) -> f64 {
+    /// recomputing `none` or `selective` (the same on this path).
+    fn ferrotron_cpu_layer_bytes(&self, m: &ModelShape) -> f64 {
         let (s, b, t) = (self.seq as f64, self.micro_batch as f64, self.tp as f64);
         let e = self.elem_bytes as f64;
         let tokens = s * b;
@@ -160,16 +161,11 @@ impl LayerActivations {
         // Two norms (two [T, h] tensors and two row statistics each) and
         // the inputs of the column-parallel projections.
         let replicated = 2.0 * (2.0 * tokens * h + 2.0 * tokens) + 2.0 * tokens * h;
-        // q, k, v (repeated to every query head) and the output projection's input.
-        let qkvo = 4.0 * tokens * h;
+        // q, k, v as the attention node keeps them, and the output
+        // projection's input; the attention core keeps nothing.
+        let qkvo = 2.0 * tokens * h + 2.0 * tokens * m.kv_width() as f64;
         let mlp = 5.0 * tokens * m.ffn as f64;
-        let heads = m.heads as f64;
-        let core = if recompute == Recompute::Selective {
-            0.0
-        } else {
-            3.0 * heads * s * s * b + heads * s * b
-        };
-        e * (replicated / sp + (qkvo + mlp + core) / t)
+        e * (replicated / sp + (qkvo + mlp) / t)
     }
 
     /// Bytes the first stage keeps for the embedding per micro-batch: its

@@ -66,8 +66,18 @@ impl MatView {
     }
 }
 
+/// The threads one product runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Threads {
+    /// Rayon's pool (a large product).
+    All,
+    /// The calling thread (a product inside a task of a parallel loop).
+    One,
+}
+
 /// `dst = lhs x rhs`, or `dst += lhs x rhs` with `accumulate`, for views
-/// `lhs` `[m, k]`, `rhs` `[k, n]` and `dst` `[m, n]` of the given slices.
+/// `lhs` `[m, k]`, `rhs` `[k, n]` and `dst` `[m, n]` of the given slices
+/// (each operand: its slice and its view).
 /// The destination is row-major (column stride 1) or column-major (row
 /// stride 1), so no two of its elements share an index.
 ///
@@ -76,10 +86,9 @@ pub fn matmul(
     dst: &mut [f32],
     dst_view: MatView,
     accumulate: bool,
-    lhs: &[f32],
-    lhs_view: MatView,
-    rhs: &[f32],
-    rhs_view: MatView,
+    (lhs, lhs_view): (&[f32], MatView),
+    (rhs, rhs_view): (&[f32], MatView),
+    threads: Threads,
 ) {
     let (m, k, n) = (lhs_view.rows, lhs_view.cols, rhs_view.cols);
     assert_eq!(
@@ -138,7 +147,10 @@ pub fn matmul(
             false,
             false,
             false,
-            gemm::Parallelism::Rayon(0),
+            match threads {
+                Threads::All => gemm::Parallelism::Rayon(0),
+                Threads::One => gemm::Parallelism::None,
+            },
         );
     }
 }
@@ -178,10 +190,9 @@ mod tests {
             &mut c,
             dst,
             false,
-            &a,
-            MatView::row_major(m, k),
-            &b_t,
-            MatView::row_major(n, k).t(),
+            (&a, MatView::row_major(m, k)),
+            (&b_t, MatView::row_major(n, k).t()),
+            Threads::All,
         );
         for (g, w) in c.iter().zip(&want) {
             assert!((g - w).abs() < 1e-5, "{g} vs {w}");
@@ -194,10 +205,9 @@ mod tests {
             &mut c_t,
             dst_t.rows_from(2, 3),
             true,
-            &a,
-            rows,
-            &b,
-            MatView::row_major(k, n),
+            (&a, rows),
+            (&b, MatView::row_major(k, n)),
+            Threads::One,
         );
         for i in 0..m {
             for j in 0..n {
@@ -216,10 +226,9 @@ mod tests {
             &mut c,
             MatView::row_major(2, 2),
             false,
-            &a,
-            MatView::row_major(2, 4),
-            &a,
-            MatView::row_major(4, 2),
+            (&a, MatView::row_major(2, 4)),
+            (&a, MatView::row_major(4, 2)),
+            Threads::All,
         );
     }
 }

@@ -13,7 +13,7 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::{DType, TensorData};
 use rayon::prelude::*;
 
-use super::gemm::{matmul, MatView};
+use super::gemm::{matmul, MatView, Threads};
 use super::math::{log_sum_exp, softmax_scaled};
 
 /// An f32 rank-2 flex tensor and the view of its elements in its buffer
@@ -112,7 +112,14 @@ pub fn linear_cross_entropy_blocks(
         let x_block = x_view.rows_from(start, len);
         let block_view = MatView::row_major(len, vocab);
         let buf = &mut logits[..len * vocab];
-        matmul(buf, block_view, false, xs, x_block, ws, w_view);
+        matmul(
+            buf,
+            block_view,
+            false,
+            (xs, x_block),
+            (ws, w_view),
+            Threads::All,
+        );
         nll += buf
             .par_chunks_mut(vocab)
             .zip(&targets[start..start + len])
@@ -120,15 +127,21 @@ pub fn linear_cross_entropy_blocks(
             .sum::<f64>();
         if grads {
             let d_x_block = MatView::row_major(rows, hidden).rows_from(start, len);
-            matmul(&mut d_x, d_x_block, false, buf, block_view, ws, w_view.t());
+            matmul(
+                &mut d_x,
+                d_x_block,
+                false,
+                (buf, block_view),
+                (ws, w_view.t()),
+                Threads::All,
+            );
             matmul(
                 &mut d_w,
                 d_w_view,
                 start > 0,
-                xs,
-                x_block.t(),
-                buf,
-                block_view,
+                (xs, x_block.t()),
+                (buf, block_view),
+                Threads::All,
             );
         }
     }

@@ -11,10 +11,9 @@ const LANES: usize = 8;
 
 /// `e^x` for f32 `x`: `2^n * p(r)` with `n = round(x / ln 2)` and
 /// `r = x - n ln 2` (ln 2 split in two parts so that `r` is exact), `p` the
-/// degree-7 Cephes polynomial. Arguments are clamped to `[-87.3, 88.3]`,
-/// where `2^n` is a normal f32 number: below it the result is about
-/// `1.2e-38` instead of a subnormal or 0, above it `e^88.3` (about
-/// `2.1e38`) instead of a larger number or infinity.
+/// degree-7 Cephes polynomial, for `x` in `[-87.3, 88.3]` (where `2^n` is
+/// a normal f32 number). Below that range the result is 0 (`e^-inf`, a
+/// masked score, is exactly 0), above it `e^88.3` (about `2.1e38`).
 #[inline(always)]
 fn exp(x: f32) -> f32 {
     const LOG2_E: f32 = std::f32::consts::LOG2_E;
@@ -22,6 +21,7 @@ fn exp(x: f32) -> f32 {
     const ROUND: f32 = 12_582_912.0;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
+    let x_in = x;
     let x = x.clamp(-87.3, 88.3);
     let shifted = x.mul_add(LOG2_E, ROUND);
     let n = shifted - ROUND;
@@ -34,7 +34,12 @@ fn exp(x: f32) -> f32 {
     p = p.mul_add(r, 1.666_666_5e-1);
     p = p.mul_add(r, 0.5);
     let p = p.mul_add(r * r, r) + 1.0;
-    p * f32::from_bits(((n_int + 127) as u32) << 23)
+    let y = p * f32::from_bits(((n_int + 127) as u32) << 23);
+    if x_in < -87.3 {
+        0.0
+    } else {
+        y
+    }
 }
 
 /// The largest element of `v` (`-inf` for an empty slice).
@@ -112,6 +117,29 @@ fn log_sum_exp_body(v: &[f32]) -> f32 {
     max + exp_shifted_sum_body(v, max).ln()
 }
 
+/// `g[i] = p[i] (g[i] - sum_j p[j] g[j]) * scale`: the gradient of a
+/// softmax row `p` for the upstream gradient `g`, times `scale`.
+#[inline(always)]
+fn softmax_backward_body(p: &[f32], g: &mut [f32], scale: f32) {
+    let mut lanes = [0.0f32; LANES];
+    let (p_chunks, g_chunks) = (p.chunks_exact(LANES), g.chunks_exact(LANES));
+    let tail: f32 = p_chunks
+        .remainder()
+        .iter()
+        .zip(g_chunks.remainder())
+        .map(|(a, b)| a * b)
+        .sum();
+    for (pc, gc) in p_chunks.zip(g_chunks) {
+        for ((s, a), b) in lanes.iter_mut().zip(pc).zip(gc) {
+            *s += a * b;
+        }
+    }
+    let dot = lanes.iter().sum::<f32>() + tail;
+    for (x, &a) in g.iter_mut().zip(p) {
+        *x = a * (*x - dot) * scale;
+    }
+}
+
 /// Whether this CPU runs the AVX2 + FMA builds.
 #[cfg(target_arch = "x86_64")]
 fn has_avx2_fma() -> bool {
@@ -127,6 +155,15 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn softmax_scaled(v: &mut [f32], factor: f32) -> f32 {
         super::softmax_scaled_body(v, factor)
+    }
+
+    /// [`super::softmax_backward`] compiled for AVX2 + FMA.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn softmax_backward(p: &[f32], g: &mut [f32], scale: f32) {
+        super::softmax_backward_body(p, g, scale)
     }
 
     /// [`super::log_sum_exp`] compiled for AVX2 + FMA.
@@ -162,6 +199,40 @@ pub fn log_sum_exp(v: &[f32]) -> f32 {
     log_sum_exp_body(v)
 }
 
+/// Overwrites the softmax output row `p`'s upstream gradient `g` (same
+/// length) with the gradient of the softmax's input, times `scale`:
+/// `p[i] (g[i] - sum_j p[j] g[j]) * scale`.
+pub fn softmax_backward(p: &[f32], g: &mut [f32], scale: f32) {
+    assert_eq!(
+        p.len(),
+        g.len(),
+        "softmax backward: rows of {} and {}",
+        p.len(),
+        g.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked above).
+        return unsafe { avx2::softmax_backward(p, g, scale) };
+    }
+    softmax_backward_body(p, g, scale)
+}
+
+/// `row[i] = row[i] * scale + bias[i]` (the scores' scaling and additive
+/// bias, one pass).
+pub fn scale_add(row: &mut [f32], scale: f32, bias: &[f32]) {
+    assert_eq!(
+        row.len(),
+        bias.len(),
+        "scale_add: rows of {} and {}",
+        row.len(),
+        bias.len()
+    );
+    for (x, &b) in row.iter_mut().zip(bias) {
+        *x = *x * scale + b;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,6 +244,37 @@ mod tests {
             .collect();
         v.extend([-87.3, 0.0, -0.0, 1e-8, -1e-8, 0.5, 88.3, -1.0, 1.0]);
         v
+    }
+
+    #[test]
+    fn softmax_backward_matches_f64() {
+        let p: Vec<f32> = (0..8 * 3 + 3)
+            .map(|i| ((i * 37 % 11) as f32 + 1.0) / 200.0)
+            .collect();
+        let g: Vec<f32> = (0..p.len()).map(|i| ((i * 13 % 7) as f32) - 3.0).collect();
+        let dot: f64 = p.iter().zip(&g).map(|(&a, &b)| a as f64 * b as f64).sum();
+        for build in ["portable", "dispatched"] {
+            let mut got = g.clone();
+            match build {
+                "portable" => softmax_backward_body(&p, &mut got, 0.25),
+                _ => softmax_backward(&p, &mut got, 0.25),
+            }
+            for i in 0..p.len() {
+                let want = p[i] as f64 * (g[i] as f64 - dot) * 0.25;
+                assert!(
+                    (got[i] as f64 - want).abs() < 1e-6,
+                    "{build}: [{i}] {} vs {want}",
+                    got[i]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn exp_below_its_range_is_zero() {
+        for x in [-87.31, -100.0, -1e30, f32::NEG_INFINITY] {
+            assert_eq!(exp(x), 0.0, "exp({x})");
+        }
     }
 
     #[test]
