@@ -7,7 +7,7 @@ use serde::Serialize;
 use super::activation::{in_flight, LayerActivations, Recompute};
 use super::memory::state_bytes;
 use super::split::stage_blocks;
-use super::time::{block_flops, step_time, TimeEstimate};
+use super::time::{block_flops, step_time, StageParams, TimeEstimate};
 use super::{Choice, PlanInput};
 use crate::data::bucket_elems;
 use crate::zero::ZeroStage;
@@ -83,9 +83,9 @@ pub struct Estimate {
 /// gradients and AdamW state, not the 2 + 2 + 12 bytes counted here, and
 /// refuse TP and PP); ZeRO-3 only with `full` recomputation (it always
 /// recomputes whole blocks) and without a pipeline; a pipeline (1F1B or
-/// interleaved, split by `--pp-layers`) with ZeRO 0-2 and `none` or `sel`
-/// recomputation (`full` is refused with `--pp`). DP, TP and SP combine
-/// with all of these.
+/// interleaved, split by `--pp-layers`) with ZeRO 0, 1 or 2 and `none` or
+/// `sel` recomputation (`full` is refused with `--pp`). DP, TP and SP
+/// combine with all of these.
 pub fn runs_today(c: &Choice, precision: super::Precision) -> bool {
     let zero_ok = match c.zero {
         ZeroStage::Three => c.recompute == Recompute::Full && c.pp == 1,
@@ -102,32 +102,65 @@ pub fn stage_split(input: &PlanInput, c: &Choice) -> Vec<usize> {
     stage_blocks(&input.model, c.pp, c.interleave, head)
 }
 
-/// The FSDP units (tensor sizes) of the first and the last stage of
-/// `choice` whose stages hold `split` blocks; the same stage twice without
-/// a pipeline.
-pub fn stage_units(
+/// The FSDP units (tensor sizes) of every pipeline stage of `c` whose
+/// stages hold `split` blocks, first to last (one stage without a
+/// pipeline): the embedding on the first, its blocks, the final norm and
+/// the head on the last, which with a pipeline also holds a copy of a
+/// tied embedding (Megatron).
+pub fn stage_units(input: &PlanInput, c: &Choice, split: &[usize]) -> Vec<Vec<Vec<usize>>> {
+    let m = &input.model;
+    let last = split.len() - 1;
+    split
+        .iter()
+        .enumerate()
+        .map(|(i, &blocks)| {
+            let mut units = Vec::new();
+            if i == 0 {
+                units.push(m.embedding_tensors(c.tp));
+            }
+            units.extend(vec![m.block_tensors(c.tp); blocks]);
+            if i == last {
+                units.push(m.head_tensors(c.tp, c.pp > 1));
+            }
+            units
+        })
+        .collect()
+}
+
+/// What each stage of `c` holds for the time model: its blocks
+/// (`split`), its parameter values (`units`, [`stage_units`]) and, with a
+/// pipeline, a tied embedding's values on the first and the last stage.
+pub fn stage_params(
     input: &PlanInput,
     c: &Choice,
     split: &[usize],
-) -> (Vec<Vec<usize>>, Vec<Vec<usize>>) {
+    units: &[Vec<Vec<usize>>],
+) -> Vec<StageParams> {
     let m = &input.model;
-    let blocks = |n: usize| vec![m.block_tensors(c.tp); n];
-    let mut first = vec![m.embedding_tensors(c.tp)];
-    first.extend(blocks(split[0]));
-    if c.pp == 1 {
-        first.push(m.head_tensors(c.tp, false));
-        return (first.clone(), first);
-    }
-    let mut last = blocks(split[split.len() - 1]);
-    last.push(m.head_tensors(c.tp, true));
-    (first, last)
+    let tied = if c.pp > 1 && m.tied_head {
+        m.vocab.div_ceil(c.tp) * m.hidden
+    } else {
+        0
+    };
+    let last = units.len() - 1;
+    split
+        .iter()
+        .zip(units)
+        .enumerate()
+        .map(|(i, (&blocks, stage))| StageParams {
+            blocks,
+            elems: stage.iter().flatten().sum(),
+            once_per_step: if i == 0 || i == last { tied } else { 0 },
+        })
+        .collect()
 }
 
 /// Memory and time of `c` for `input`.
 pub fn estimate(input: &PlanInput, c: &Choice) -> Estimate {
     let m = &input.model;
     let split = stage_split(input, c);
-    let (first, last) = stage_units(input, c, &split);
+    let units = stage_units(input, c, &split);
+    let (first, last) = (&units[0], &units[units.len() - 1]);
     let micro_batches = input.global_batch / (c.dp * c.micro_batch);
     let act = LayerActivations {
         seq: input.seq,
@@ -182,25 +215,24 @@ pub fn estimate(input: &PlanInput, c: &Choice) -> Estimate {
         recompute_working: working,
     };
     let memory = if c.pp == 1 {
-        stage(&first, "only", first_acts)
+        stage(first, "only", first_acts)
     } else {
-        let a = stage(&first, "first", first_acts);
+        let a = stage(first, "first", first_acts);
         let last_acts = ActivationBytes {
             layers: split[split.len() - 1] as f64 * per_layer,
             embedding: 0.0,
             output: act.output_bytes(m),
             recompute_working: working,
         };
-        let b = stage(&last, "last", last_acts);
+        let b = stage(last, "last", last_acts);
         if a.total() >= b.total() {
             a
         } else {
             b
         }
     };
-    let elems = |units: &[Vec<usize>]| -> usize { units.iter().flatten().sum() };
-    let stage_elems = elems(&first).max(elems(&last));
-    let time = step_time(input, c, &split, stage_elems, micro_batches);
+    let stages = stage_params(input, c, &split, &units);
+    let time = step_time(input, c, &stages, micro_batches);
     Estimate {
         choice: *c,
         label: c.to_string(),
