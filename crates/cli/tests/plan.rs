@@ -1,9 +1,10 @@
 //! `ferrotron plan` and energy in `metrics.jsonl`.
 //!
-//! - The planner against Ferrotron itself: small CPU runs (one rank, and
-//!   `mpirun -np 2` with ZeRO 0, 1, 2 and 3) report parameter, gradient and
-//!   optimizer bytes in `metrics.jsonl`; `ferrotron plan --explain` of the
-//!   same layout must give exactly those bytes. (The activation peak is
+//! - The planner against Ferrotron itself: small CPU runs (one rank,
+//!   `mpirun -np 2` with ZeRO 0, 1, 2 and 3, and `mpirun -np 4 --pp 2`
+//!   with ZeRO 0, 1 and 2) report parameter, gradient and optimizer bytes
+//!   in `metrics.jsonl`; `ferrotron plan --explain` of the same layout
+//!   must give exactly those bytes. (The activation peak is
 //!   checked in `plan_activations.rs`.)
 //! - The command: the ranked table, `--json`, `--explain`, bad input.
 //! - Energy: a run on a fake powercap tree whose counter advances writes
@@ -118,8 +119,11 @@ fn plan_explain_with(model: &str, gpus: usize, label: &str, extra: &[&str]) -> s
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// Also pp2 x dp2 on 4 ranks under ZeRO 0, 1 and 2: rank 0, which writes
+/// the metrics, is the first stage, whose layout lists the other stage's
+/// tensors as one-value placeholders.
 #[test]
-fn planned_memory_classes_equal_the_measured_ones_on_one_rank_and_dp2_zero_0_to_3() {
+fn planned_memory_classes_equal_the_measured_ones_on_one_rank_dp2_zero_0_to_3_and_pp2() {
     let dir = scratch("plan-validate");
     let corpus = corpus(&dir);
     for model in ["gpt-mini", "llama-mini"] {
@@ -130,14 +134,41 @@ fn planned_memory_classes_equal_the_measured_ones_on_one_rank_and_dp2_zero_0_to_
                 let rc = if zero == 3 { "full" } else { "none" };
                 runs.push((2, zero, format!("dp2-tp1-pp1-z{zero}-mb{MICRO}-{rc}")));
             }
+            for zero in 0..=2u8 {
+                runs.push((4, zero, format!("dp2-tp1-pp2-z{zero}-mb{MICRO}-none")));
+            }
         } else {
-            eprintln!("SKIPPED the dp2 runs: ferrotron was built without the `mpi` feature");
+            eprintln!(
+                "SKIPPED the dp2 and pp2 runs: ferrotron was built without the `mpi` feature"
+            );
         }
         for (ranks, zero, label) in runs {
             let out: PathBuf = dir.join(format!("{model}-{label}"));
-            train(ranks, &train_args(model, &corpus, &out, zero), &[]);
-            let last = step_records(&out).pop().unwrap();
             let plan = plan_explain(model, ranks, &label);
+            let mut args = train_args(model, &corpus, &out, zero);
+            if label.contains("-pp2-") {
+                assert_eq!(plan["memory"]["stage"], "first", "{model} {label}");
+                let split: Vec<String> = plan["stage_layers"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|n| n.to_string())
+                    .collect();
+                // The plan's 2 micro-batches per DP rank, on its split.
+                args.extend(
+                    [
+                        "--pp",
+                        "2",
+                        "--grad-accum",
+                        "2",
+                        "--pp-layers",
+                        &split.join(","),
+                    ]
+                    .map(String::from),
+                );
+            }
+            train(ranks, &args, &[]);
+            let last = step_records(&out).pop().unwrap();
             let state = &plan["memory"]["state"];
             for class in ["param_bytes", "grad_bytes", "optimizer_bytes"] {
                 println!(

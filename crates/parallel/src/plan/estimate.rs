@@ -5,11 +5,14 @@ use ferrotron_engine::metrics::MemoryBytes;
 use serde::Serialize;
 
 use super::activation::{in_flight, LayerActivations, Recompute};
-use super::memory::state_bytes;
+use ferrotron_engine::lm::LmUnit;
+
+use super::memory::{layout_state_bytes, Held};
 use super::split::stage_blocks;
 use super::time::{block_flops, step_time, StageParams, TimeEstimate};
 use super::{Choice, PlanInput};
 use crate::data::bucket_elems;
+use crate::pipeline::StageLayout;
 use crate::zero::ZeroStage;
 
 /// Activation bytes of one GPU, by origin.
@@ -127,6 +130,55 @@ pub fn stage_units(input: &PlanInput, c: &Choice, split: &[usize]) -> Vec<Vec<Ve
         .collect()
 }
 
+/// The trainer's flat layout on pipeline stage `stage` of `c` whose
+/// stages hold `split` blocks: every tensor of the model in visiting
+/// order (embedding, blocks, final norm and head), those of other stages
+/// as placeholders; the last stage holds a copy of a tied embedding. The
+/// blocks go to stages as `train` places them ([`StageLayout`]:
+/// `--pp-layers` of `split`, or interleaved chunks).
+pub fn stage_layout(
+    input: &PlanInput,
+    c: &Choice,
+    split: &[usize],
+    stage: usize,
+) -> Vec<Vec<Held>> {
+    let m = &input.model;
+    let interleaved = c.interleave > 1;
+    let layers = (!interleaved).then_some(split);
+    let layout = StageLayout::new(m.layers, c.pp, c.interleave, layers, interleaved)
+        .expect("the planner's split and chunks are ones train accepts");
+    let at = |owner: usize, n: &usize| {
+        if owner == stage {
+            Held::Values(*n)
+        } else {
+            Held::Placeholder
+        }
+    };
+    let last = c.pp - 1;
+    let mut units = Vec::new();
+    units.push(
+        m.embedding_tensors(c.tp)
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let tied_copy = i == 0 && m.tied_head && stage == last;
+                at(if tied_copy { stage } else { 0 }, n)
+            })
+            .collect(),
+    );
+    for b in 0..m.layers {
+        let owner = layout.owner(LmUnit::Block(b));
+        units.push(m.block_tensors(c.tp).iter().map(|n| at(owner, n)).collect());
+    }
+    units.push(
+        m.head_tensors(c.tp, false)
+            .iter()
+            .map(|n| at(last, n))
+            .collect(),
+    );
+    units
+}
+
 /// What each stage of `c` holds for the time model: its blocks
 /// (`split`), its parameter values (`units`, [`stage_units`]) and, with a
 /// pipeline, a tied embedding's values on the first and the last stage.
@@ -193,17 +245,26 @@ pub fn estimate(input: &PlanInput, c: &Choice) -> Estimate {
             (2 * bg * bucket) as f64
         }
     };
-    let state = |units: &[Vec<usize>]| {
-        let mut st = state_bytes(units, c.dp, c.zero, input.precision, bucket);
+    let state = |layout: &[Vec<Held>]| {
+        let mut st = layout_state_bytes(layout, c.dp, c.zero, input.precision, bucket);
         if input.fp32_main_grads && input.precision != super::Precision::Fp32 {
             // An fp32 copy of every gradient this rank holds.
             st.grad_bytes += 4 * st.grad_bytes / bg;
         }
         st
     };
-    let stage = |units: &[Vec<usize>], name, acts: ActivationBytes| MemoryEstimate {
+    // What the trainer lays out on a stage: without a pipeline, `units`.
+    let layout = |s: usize, units: &[Vec<usize>]| -> Vec<Vec<Held>> {
+        if c.pp == 1 {
+            let values = |u: &Vec<usize>| u.iter().map(|&n| Held::Values(n)).collect();
+            units.iter().map(values).collect()
+        } else {
+            stage_layout(input, c, &split, s)
+        }
+    };
+    let stage = |s: usize, units: &[Vec<usize>], name, acts: ActivationBytes| MemoryEstimate {
         stage: name,
-        state: state(units),
+        state: state(&layout(s, units)),
         activations: acts,
         transient: transient(units),
         reserve: input.reserve_bytes,
@@ -215,16 +276,16 @@ pub fn estimate(input: &PlanInput, c: &Choice) -> Estimate {
         recompute_working: working,
     };
     let memory = if c.pp == 1 {
-        stage(first, "only", first_acts)
+        stage(0, first, "only", first_acts)
     } else {
-        let a = stage(first, "first", first_acts);
+        let a = stage(0, first, "first", first_acts);
         let last_acts = ActivationBytes {
             layers: split[split.len() - 1] as f64 * per_layer,
             embedding: 0.0,
             output: act.output_bytes(m),
             recompute_working: working,
         };
-        let b = stage(last, "last", last_acts);
+        let b = stage(c.pp - 1, last, "last", last_acts);
         if a.total() >= b.total() {
             a
         } else {
