@@ -282,7 +282,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             .map_err(|e| usage(format!("--explain: {e}")))?;
         if !choices(&input).contains(&c) {
             return Err(usage(format!(
-                "--explain: {label} is not a layout the planner tries here (dp x tp x pp must be {}, tp must divide the heads, dp the global batch {}, the micro-batch each DP rank's share; ZeRO 2/3 only without a pipeline)",
+                "--explain: {label} is not a layout the planner tries here (dp x tp x pp must be {}, tp must divide the heads, dp the global batch {}, the micro-batch each DP rank's share; ZeRO 1-3 need dp above 1, ZeRO-3 no pipeline)",
                 input.gpus, input.global_batch
             )));
         }

@@ -21,7 +21,7 @@ mod deadline;
 mod mpirun;
 
 use common::{copy_dir, corpus, max_weight_rel_err, scratch, step_losses, step_records};
-use mpirun::{mpi_built, train, train_within};
+use mpirun::{mpi_built, train, train_within, RunFlags};
 
 /// Training losses of a run's metrics.jsonl, by step.
 fn losses(run: &Path) -> Vec<f64> {
@@ -68,39 +68,13 @@ fn dp_matches_single_rank(model: &str) {
     }
     let dir = scratch(model);
     let corpus = corpus(&dir);
-    let common = |accum: &'static str| {
-        vec![
-            "--model",
-            model,
-            "--vocab-size",
-            "300",
-            "--corpus",
-            corpus.to_str().unwrap(),
-            "--seq-len",
-            "32",
-            "--micro-batch",
-            "2",
-            "--steps",
-            "5",
-            "--grad-accum",
-            accum,
-            "--eval-every",
-            "5",
-            "--eval-batches",
-            "2",
-            "--sample-tokens",
-            "0",
-            "--peak-tflops",
-            "1",
-        ]
-        .into_iter()
-        .map(String::from)
-        .collect::<Vec<_>>()
-    };
     let run = |ranks: usize, accum: &'static str, zero: u64| {
         let out = dir.join(format!("np{ranks}-zero{zero}"));
-        let mut args = common(accum);
-        args.extend(["--out".into(), out.to_str().unwrap().to_owned()]);
+        let mut args = RunFlags {
+            accum: Some(accum),
+            ..RunFlags::new(model, &corpus, &out, "5")
+        }
+        .args();
         args.extend(["--zero".into(), zero.to_string()]);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let o = train(ranks, &args);
@@ -231,38 +205,15 @@ fn dp2_zero1_resumes_exactly_and_reshards_onto_one_rank() {
     let dir = scratch("resume");
     let corpus = corpus(&dir);
     let whole = dir.join("whole");
-    let args = [
-        "--model",
-        "llama-mini",
-        "--vocab-size",
-        "300",
-        "--seq-len",
-        "32",
-        "--micro-batch",
-        "2",
-        "--grad-accum",
-        "1",
-        "--steps",
-        "10",
-        "--eval-every",
-        "5",
-        "--eval-batches",
-        "2",
-        "--sample-tokens",
-        "0",
-        "--peak-tflops",
-        "1",
-        "--zero",
-        "1",
-        "--save-every",
-        "5",
-        "--keep-checkpoints",
-        "2",
-        "--corpus",
-        corpus.to_str().unwrap(),
-        "--out",
-        whole.to_str().unwrap(),
-    ];
+    let mut args = RunFlags {
+        accum: Some("1"),
+        eval_every: "5",
+        save_every: Some("5"),
+        ..RunFlags::new("llama-mini", &corpus, &whole, "10")
+    }
+    .args();
+    args.extend(["--zero", "1", "--keep-checkpoints", "2"].map(String::from));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let o = train(2, &args);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let want = step_losses(&whole);

@@ -18,7 +18,7 @@ mod deadline;
 mod mpirun;
 
 use common::{corpus, max_weight_rel_err, scratch};
-use mpirun::{mpi_built, train};
+use mpirun::{mpi_built, train, RunFlags};
 
 /// The step records of a run's `metrics.jsonl`.
 fn steps(run: &Path) -> Vec<Value> {
@@ -58,30 +58,12 @@ fn run_on(
 ) -> PathBuf {
     let out = dir.join(name);
     let corpus = corpus(dir);
-    let mut args = vec![
-        "--model",
-        model,
-        "--vocab-size",
-        "300",
-        "--corpus",
-        corpus.to_str().unwrap(),
-        "--seq-len",
-        "32",
-        "--micro-batch",
-        "2",
-        "--steps",
-        steps,
-        "--eval-every",
-        steps,
-        "--eval-batches",
-        "4",
-        "--sample-tokens",
-        "0",
-        "--peak-tflops",
-        "1",
-        "--out",
-        out.to_str().unwrap(),
-    ];
+    let flags = RunFlags {
+        eval_batches: "4",
+        ..RunFlags::new(model, &corpus, &out, steps)
+    }
+    .args();
+    let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
     args.extend_from_slice(extra);
     let o = train(ranks, &args);
     assert!(

@@ -16,35 +16,23 @@
 //! test (a hang).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::time::Duration;
+use std::process::Output;
 
 mod common;
 #[path = "../../../tests/support/deadline.rs"]
 mod deadline;
+#[path = "common/mpirun.rs"]
+mod mpirun;
 #[path = "../../../tests/support/nccl_double.rs"]
 mod nccl_double;
 
 use common::{corpus, max_weight_rel_err, scratch, step_losses};
-
-/// When a training run that never ends is killed: far beyond a normal run,
-/// even on 2 shared cores.
-const DEADLINE: Duration = Duration::from_secs(900);
+use mpirun::{ferrotron_on, RunFlags, DEADLINE};
 
 /// Runs `ferrotron train` with `args` on `ranks` processes (1: no mpirun),
 /// with `FERROTRON_NCCL_LIBRARY` set to `library` if given.
 fn train(ranks: usize, args: &[&str], library: Option<&Path>) -> Output {
-    let bin = env!("CARGO_BIN_EXE_ferrotron");
-    let mut cmd = if ranks == 1 {
-        Command::new(bin)
-    } else {
-        let mut c = Command::new("mpirun");
-        c.args(["--allow-run-as-root", "--oversubscribe", "-np"])
-            .arg(ranks.to_string())
-            .args(["-x", "FERROTRON_NCCL_LIBRARY"])
-            .arg(bin);
-        c
-    };
+    let mut cmd = ferrotron_on(ranks, &["FERROTRON_NCCL_LIBRARY"]);
     cmd.env_remove("FERROTRON_NCCL_LIBRARY");
     if let Some(lib) = library {
         cmd.env("FERROTRON_NCCL_LIBRARY", lib);
@@ -82,38 +70,13 @@ fn dp2_through_nccl_matches_single_rank(model: &str) {
         let dp = ranks / tp.parse::<usize>().unwrap() / pp.parse::<usize>().unwrap();
         let accum = (2 / dp).to_string();
         let zero = zero.to_string();
-        let mut args = vec![
-            "--model",
-            model,
-            "--vocab-size",
-            "300",
-            "--corpus",
-            corpus.to_str().unwrap(),
-            "--seq-len",
-            "32",
-            "--micro-batch",
-            "2",
-            "--steps",
-            "5",
-            "--grad-accum",
-            &accum,
-            "--eval-every",
-            "5",
-            "--eval-batches",
-            "2",
-            "--sample-tokens",
-            "0",
-            "--peak-tflops",
-            "1",
-            "--zero",
-            &zero,
-            "--tp",
-            tp,
-            "--pp",
-            pp,
-            "--out",
-            out.to_str().unwrap(),
-        ];
+        let flags = RunFlags {
+            accum: Some(&accum),
+            ..RunFlags::new(model, &corpus, &out, "5")
+        }
+        .args();
+        let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
+        args.extend(["--zero", &zero, "--tp", tp, "--pp", pp]);
         if ranks > 1 {
             args.extend(["--comm", "nccl"]);
         }

@@ -1,7 +1,8 @@
 //! Pipeline parallelism across processes: for the GPT, Llama and BLOOM
 //! minis (4 blocks each), `mpirun` runs with `--pp 2` (1F1B), the
 //! interleaved schedule with 2 chunks per stage, pp2 x dp2 under ZeRO-1
-//! and pp2 x tp2, and one tp2 x pp2 x dp2 run of the Llama mini (8 ranks),
+//! and pp2 x tp2, one pp2 x dp2 run of the GPT mini under ZeRO-2 and one
+//! tp2 x pp2 x dp2 run of the Llama mini (8 ranks),
 //! equal the one-rank run on the same global batch after 5 optimizer
 //! steps; a pp2 run's checkpoint (gathered from both stages) generates
 //! text and resumes on one rank; a pipeline that cannot run is refused
@@ -222,6 +223,20 @@ fn llama_pipelines_and_tp2_pp2_dp2_equal_single_rank() {
     let mut layouts = LAYOUTS.to_vec();
     layouts.push(("tp2-pp2-dp2", 8, "2", &["--tp", "2", "--pp", "2"]));
     let (dir, _) = pp_matches_single_rank("llama-mini", &layouts);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// ZeRO-2 on pipeline stages, pp2 x dp2 on 4 ranks: each stage
+/// reduce-scatters its gradients over its DP group after every
+/// micro-batch's backward, and the GPT mini's tied embedding once per step
+/// after the first and last stage summed it.
+#[test]
+fn gpt_pp2_dp2_zero2_equals_single_rank() {
+    if !mpi_built() {
+        return;
+    }
+    let layout: Layout = ("pp2-dp2-zero2", 4, "2", &["--pp", "2", "--zero", "2"]);
+    let (dir, _) = pp_matches_single_rank("gpt-mini", &[layout]);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -1,9 +1,10 @@
 //! `ferrotron plan` and energy in `metrics.jsonl`.
 //!
-//! - The planner against Ferrotron itself: small CPU runs (one rank, and
-//!   `mpirun -np 2` with ZeRO 0, 1, 2 and 3) report parameter, gradient and
-//!   optimizer bytes in `metrics.jsonl`; `ferrotron plan --explain` of the
-//!   same layout must give exactly those bytes. (The activation peak is
+//! - The planner against Ferrotron itself: small CPU runs (one rank,
+//!   `mpirun -np 2` with ZeRO 0, 1, 2 and 3, and `mpirun -np 4 --pp 2`
+//!   with ZeRO 0, 1 and 2) report parameter, gradient and optimizer bytes
+//!   in `metrics.jsonl`; `ferrotron plan --explain` of the same layout
+//!   must give exactly those bytes. (The activation peak is
 //!   checked in `plan_activations.rs`.)
 //! - The command: the ranked table, `--json`, `--explain`, bad input.
 //! - Energy: a run on a fake powercap tree whose counter advances writes
@@ -20,10 +21,11 @@ use std::time::Duration;
 mod common;
 #[path = "../../../tests/support/deadline.rs"]
 mod deadline;
+#[path = "common/mpirun.rs"]
+mod mpirun;
 
-use common::{corpus, scratch, step_records};
-
-const DEADLINE: Duration = Duration::from_secs(900);
+use common::{corpus, plan_cpu_args, scratch, step_records};
+use mpirun::{ferrotron_on, DEADLINE};
 
 fn ferrotron(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ferrotron"))
@@ -48,22 +50,14 @@ fn train(ranks: usize, args: &[String], env: &[(&str, &Path)]) -> Output {
 /// `ferrotron train ARGS` on `ranks` processes (1: no mpirun), under the
 /// deadline, whatever its exit status.
 fn train_output(ranks: usize, args: &[String], env: &[(&str, &Path)]) -> Output {
-    let bin = env!("CARGO_BIN_EXE_ferrotron");
-    let mut cmd = if ranks == 1 {
-        Command::new(bin)
-    } else {
-        let mut c = Command::new("mpirun");
-        c.args(["--allow-run-as-root", "--oversubscribe", "-np"])
-            .arg(ranks.to_string())
-            .arg(bin);
-        c
-    };
+    let mut cmd = ferrotron_on(ranks, &[]);
     for (k, v) in env {
         cmd.env(k, v);
     }
     cmd.arg("train").args(args);
-    deadline::output_within(&mut cmd, DEADLINE)
-        .unwrap_or_else(|e| panic!("could not start {bin} or mpirun (is Open MPI installed?): {e}"))
+    deadline::output_within(&mut cmd, DEADLINE).unwrap_or_else(|e| {
+        panic!("could not start ferrotron or mpirun (is Open MPI installed?): {e}")
+    })
 }
 
 const SEQ: usize = 32;
@@ -112,46 +106,11 @@ fn plan_explain(model: &str, gpus: usize, label: &str) -> serde_json::Value {
 
 /// [`plan_explain`] with `extra` flags.
 fn plan_explain_with(model: &str, gpus: usize, label: &str, extra: &[&str]) -> serde_json::Value {
-    let gpus = gpus.to_string();
-    let batch = (gpus.parse::<usize>().unwrap() * MICRO).to_string();
-    let out = ferrotron(
-        &[
-            "plan",
-            "--model",
-            model,
-            "--vocab",
-            "300",
-            "--gpus",
-            &gpus,
-            "--gpu",
-            "cpu",
-            "--gpu-mem-gib",
-            "16",
-            "--peak-tflops",
-            "0.1",
-            "--intra-gbps",
-            "10",
-            "--intra-us",
-            "1",
-            "--inter-gbps",
-            "1",
-            "--inter-us",
-            "10",
-            "--global-batch",
-            &batch,
-            "--seq-len",
-            &SEQ.to_string(),
-            "--bucket-mb",
-            BUCKET_MB,
-            "--explain",
-            label,
-            "--json",
-        ]
-        .iter()
-        .chain(extra)
-        .copied()
-        .collect::<Vec<_>>(),
-    );
+    let mut args = plan_cpu_args(model, 300, gpus, gpus * MICRO, SEQ);
+    args.extend(["--bucket-mb", BUCKET_MB, "--explain", label, "--json"].map(String::from));
+    args.extend(extra.iter().map(|f| f.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = ferrotron(&args);
     assert!(
         out.status.success(),
         "{}",
@@ -160,8 +119,11 @@ fn plan_explain_with(model: &str, gpus: usize, label: &str, extra: &[&str]) -> s
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// Also pp2 x dp2 on 4 ranks under ZeRO 0, 1 and 2: rank 0, which writes
+/// the metrics, is the first stage, whose layout lists the other stage's
+/// tensors as one-value placeholders.
 #[test]
-fn planned_memory_classes_equal_the_measured_ones_on_one_rank_and_dp2_zero_0_to_3() {
+fn planned_memory_classes_equal_the_measured_ones_on_one_rank_dp2_zero_0_to_3_and_pp2() {
     let dir = scratch("plan-validate");
     let corpus = corpus(&dir);
     for model in ["gpt-mini", "llama-mini"] {
@@ -172,14 +134,41 @@ fn planned_memory_classes_equal_the_measured_ones_on_one_rank_and_dp2_zero_0_to_
                 let rc = if zero == 3 { "full" } else { "none" };
                 runs.push((2, zero, format!("dp2-tp1-pp1-z{zero}-mb{MICRO}-{rc}")));
             }
+            for zero in 0..=2u8 {
+                runs.push((4, zero, format!("dp2-tp1-pp2-z{zero}-mb{MICRO}-none")));
+            }
         } else {
-            eprintln!("SKIPPED the dp2 runs: ferrotron was built without the `mpi` feature");
+            eprintln!(
+                "SKIPPED the dp2 and pp2 runs: ferrotron was built without the `mpi` feature"
+            );
         }
         for (ranks, zero, label) in runs {
             let out: PathBuf = dir.join(format!("{model}-{label}"));
-            train(ranks, &train_args(model, &corpus, &out, zero), &[]);
-            let last = step_records(&out).pop().unwrap();
             let plan = plan_explain(model, ranks, &label);
+            let mut args = train_args(model, &corpus, &out, zero);
+            if label.contains("-pp2-") {
+                assert_eq!(plan["memory"]["stage"], "first", "{model} {label}");
+                let split: Vec<String> = plan["stage_layers"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|n| n.to_string())
+                    .collect();
+                // The plan's 2 micro-batches per DP rank, on its split.
+                args.extend(
+                    [
+                        "--pp",
+                        "2",
+                        "--grad-accum",
+                        "2",
+                        "--pp-layers",
+                        &split.join(","),
+                    ]
+                    .map(String::from),
+                );
+            }
+            train(ranks, &args, &[]);
+            let last = step_records(&out).pop().unwrap();
             let state = &plan["memory"]["state"];
             for class in ["param_bytes", "grad_bytes", "optimizer_bytes"] {
                 println!(
@@ -210,47 +199,53 @@ fn planned_memory_classes_equal_the_measured_ones_on_one_rank_and_dp2_zero_0_to_
 }
 
 /// The `today` column against `ferrotron train`: each layout below is
-/// planned for gpt-mini on 2 CPU ranks and trained with the same flags; a
-/// layout the planner marks as running today trains, any other is refused
-/// with exit 2 before anything is written.
+/// planned for gpt-mini on its CPU ranks (2, or 4 for ZeRO-2 on a pipeline
+/// with dp 2) and trained with the same flags; a layout the planner marks
+/// as running today trains, any other is refused with exit 2 before
+/// anything is written.
 #[test]
 fn the_today_column_is_what_train_accepts() {
     if !cfg!(feature = "mpi") {
-        eprintln!("SKIPPED: ferrotron was built without the `mpi` feature (2-rank runs)");
+        eprintln!("SKIPPED: ferrotron was built without the `mpi` feature (2- and 4-rank runs)");
         return;
     }
     let dir = scratch("plan-today");
     let corpus = corpus(&dir);
-    // (label, --precision, train flags beyond the layout's, runs today)
-    let cases: [(&str, &str, &[&str], bool); 5] = [
+    // (label, ranks, --precision, train flags beyond the layout's, runs today)
+    let cases: [(&str, usize, &str, &[&str], bool); 6] = [
         (
             "dp1-tp1-pp2-z0-mb2-sel",
+            2,
             "fp32",
             &["--pp", "2", "--recompute", "selective"],
             true,
         ),
         (
             "dp1-tp1-pp2-z0-mb2-full",
+            2,
             "fp32",
             &["--pp", "2", "--recompute", "full"],
             false,
         ),
         (
             "dp2-tp1-pp1-z3-mb2-sel",
+            2,
             "fp32",
             &["--recompute", "selective"],
             false,
         ),
         (
             "dp1-tp2sp-pp1-z0-mb2-none",
+            2,
             "fp32",
             &["--tp", "2", "--sp"],
             true,
         ),
-        ("dp1-tp2-pp1-z0-mb2-none", "bf16", &["--tp", "2"], false),
+        ("dp1-tp2-pp1-z0-mb2-none", 2, "bf16", &["--tp", "2"], false),
+        ("dp2-tp1-pp2-z2-mb2-none", 4, "fp32", &["--pp", "2"], true),
     ];
-    for (label, precision, flags, today) in cases {
-        let plan = plan_explain_with("gpt-mini", 2, label, &["--precision", precision]);
+    for (label, ranks, precision, flags, today) in cases {
+        let plan = plan_explain_with("gpt-mini", ranks, label, &["--precision", precision]);
         assert_eq!(
             plan["runs_today"], today,
             "{label} {precision}: the planner's column"
@@ -258,11 +253,13 @@ fn the_today_column_is_what_train_accepts() {
         let out = dir.join(label);
         let zero = label.split('-').nth(3).unwrap()[1..].parse().unwrap();
         let mut args = train_args("gpt-mini", &corpus, &out, zero);
-        // The plan's global batch of 2 x 2 sequences, as micro-batches.
-        let accum = if label.starts_with("dp1") { "2" } else { "1" };
-        args.extend(["--grad-accum", accum, "--precision", precision].map(String::from));
+        // The plan's global batch of `ranks` x 2 sequences, as micro-batches
+        // of 2 on each of the dp ranks.
+        let dp: usize = label.split('-').next().unwrap()[2..].parse().unwrap();
+        let accum = (ranks / dp).to_string();
+        args.extend(["--grad-accum", &accum, "--precision", precision].map(String::from));
         args.extend(flags.iter().map(|f| f.to_string()));
-        let result = train_output(2, &args, &[]);
+        let result = train_output(ranks, &args, &[]);
         let stderr = String::from_utf8_lossy(&result.stderr);
         println!(
             "{label} {precision}: planner {today}, train exit {:?}",

@@ -17,6 +17,10 @@ use ferrotron_engine::metrics::{heap_bytes, CountingAllocator};
 use ferrotron_models::presets::preset;
 use ferrotron_models::Decoder;
 
+mod common;
+
+use common::plan_cpu_args;
+
 /// The heap in use, counted (the allocator `ferrotron train` installs).
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -52,38 +56,8 @@ fn stored_by_forward(model: &str, batch: usize, seq: usize) -> f64 {
 fn planned(model: &str, batch: usize, seq: usize, activations: &str) -> f64 {
     let label = format!("dp1-tp1-pp1-z0-mb{batch}-none");
     let out = Command::new(env!("CARGO_BIN_EXE_ferrotron"))
-        .args([
-            "plan",
-            "--model",
-            model,
-            "--vocab",
-            &VOCAB.to_string(),
-            "--gpus",
-            "1",
-            "--gpu",
-            "cpu",
-            "--gpu-mem-gib",
-            "16",
-            "--peak-tflops",
-            "0.1",
-            "--intra-gbps",
-            "10",
-            "--intra-us",
-            "1",
-            "--inter-gbps",
-            "1",
-            "--inter-us",
-            "10",
-            "--global-batch",
-            &batch.to_string(),
-            "--seq-len",
-            &seq.to_string(),
-            "--explain",
-            &label,
-            "--json",
-            "--activations",
-            activations,
-        ])
+        .args(plan_cpu_args(model, VOCAB, 1, batch, seq))
+        .args(["--explain", &label, "--json", "--activations", activations])
         .output()
         .unwrap();
     assert!(

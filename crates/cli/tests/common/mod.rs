@@ -92,3 +92,51 @@ pub fn max_weight_rel_err(a: &Path, b: &Path) -> f64 {
     }
     f64::from(diff / scale)
 }
+
+/// The flags of `ferrotron plan` for `model` (vocabulary `vocab`) on `gpus`
+/// CPU ranks sized like the tests' training runs (16 GiB, 0.1 TFLOP/s,
+/// links of 10 GB/s and 1 us within a node, 1 GB/s and 10 us between),
+/// `global_batch` sequences of `seq` tokens.
+pub fn plan_cpu_args(
+    model: &str,
+    vocab: usize,
+    gpus: usize,
+    global_batch: usize,
+    seq: usize,
+) -> Vec<String> {
+    let (vocab, gpus, batch, seq) = (
+        vocab.to_string(),
+        gpus.to_string(),
+        global_batch.to_string(),
+        seq.to_string(),
+    );
+    [
+        "plan",
+        "--model",
+        model,
+        "--vocab",
+        &vocab,
+        "--gpus",
+        &gpus,
+        "--gpu",
+        "cpu",
+        "--gpu-mem-gib",
+        "16",
+        "--peak-tflops",
+        "0.1",
+        "--intra-gbps",
+        "10",
+        "--intra-us",
+        "1",
+        "--inter-gbps",
+        "1",
+        "--inter-us",
+        "10",
+        "--global-batch",
+        &batch,
+        "--seq-len",
+        &seq,
+    ]
+    .map(String::from)
+    .to_vec()
+}

@@ -12,7 +12,7 @@ use crate::deadline;
 
 /// When a training run that never ends is killed: far beyond a normal run,
 /// even on 2 shared cores.
-const DEADLINE: Duration = Duration::from_secs(900);
+pub const DEADLINE: Duration = Duration::from_secs(900);
 
 /// `false` (and a printed reason) when the binary has no MPI support.
 pub fn mpi_built() -> bool {
@@ -29,18 +29,28 @@ pub fn train(ranks: usize, args: &[&str]) -> Output {
     train_within(ranks, args, DEADLINE)
 }
 
+/// The command that starts the `ferrotron` binary on `ranks` processes:
+/// the binary itself for 1, else `mpirun` (oversubscribed), which passes
+/// the environment variables named in `exports` on to every rank.
+pub fn ferrotron_on(ranks: usize, exports: &[&str]) -> Command {
+    let bin = env!("CARGO_BIN_EXE_ferrotron");
+    if ranks == 1 {
+        return Command::new(bin);
+    }
+    let mut c = Command::new("mpirun");
+    c.args(["--allow-run-as-root", "--oversubscribe", "-np"])
+        .arg(ranks.to_string());
+    for name in exports {
+        c.args(["-x", name]);
+    }
+    c.arg(bin);
+    c
+}
+
 /// `train`, killed and failing the test after `deadline`.
 pub fn train_within(ranks: usize, args: &[&str], deadline: Duration) -> Output {
     let bin = env!("CARGO_BIN_EXE_ferrotron");
-    let mut cmd = if ranks == 1 {
-        Command::new(bin)
-    } else {
-        let mut c = Command::new("mpirun");
-        c.args(["--allow-run-as-root", "--oversubscribe", "-np"])
-            .arg(ranks.to_string())
-            .arg(bin);
-        c
-    };
+    let mut cmd = ferrotron_on(ranks, &[]);
     // Keep the child ranks single-threaded enough to share 2 cores.
     cmd.env("OMPI_MCA_rmaps_base_oversubscribe", "1");
     cmd.arg("train").args(args);
@@ -52,41 +62,91 @@ pub fn train_within(ranks: usize, args: &[&str], deadline: Duration) -> Output {
     })
 }
 
+/// The flags of a small training run: `model` with `--vocab-size 300` on
+/// `corpus`, micro-batches of 2 sequences of 32 tokens, no samples,
+/// `--peak-tflops 1`, into `out`; the schedule is the fields'.
+pub struct RunFlags<'a> {
+    /// `--model`.
+    pub model: &'a str,
+    /// `--corpus`.
+    pub corpus: &'a Path,
+    /// `--out`.
+    pub out: &'a Path,
+    /// `--steps`.
+    pub steps: &'a str,
+    /// `--grad-accum`; `None` leaves it out (the default, 1).
+    pub accum: Option<&'a str>,
+    /// `--eval-every`.
+    pub eval_every: &'a str,
+    /// `--eval-batches`.
+    pub eval_batches: &'a str,
+    /// `--save-every`; `None` leaves it out (no checkpoints).
+    pub save_every: Option<&'a str>,
+}
+
+impl<'a> RunFlags<'a> {
+    /// `steps` steps of `model` into `out`, evaluated on 2 batches after
+    /// the last, no `--grad-accum`, no checkpoints.
+    pub fn new(model: &'a str, corpus: &'a Path, out: &'a Path, steps: &'a str) -> Self {
+        Self {
+            model,
+            corpus,
+            out,
+            steps,
+            accum: None,
+            eval_every: steps,
+            eval_batches: "2",
+            save_every: None,
+        }
+    }
+
+    /// The command-line flags.
+    pub fn args(&self) -> Vec<String> {
+        let mut args = vec![
+            "--model",
+            self.model,
+            "--vocab-size",
+            "300",
+            "--corpus",
+            self.corpus.to_str().unwrap(),
+            "--seq-len",
+            "32",
+            "--micro-batch",
+            "2",
+            "--steps",
+            self.steps,
+        ];
+        if let Some(accum) = self.accum {
+            args.extend(["--grad-accum", accum]);
+        }
+        args.extend(["--eval-every", self.eval_every]);
+        if let Some(every) = self.save_every {
+            args.extend(["--save-every", every]);
+        }
+        args.extend([
+            "--eval-batches",
+            self.eval_batches,
+            "--sample-tokens",
+            "0",
+            "--peak-tflops",
+            "1",
+            "--out",
+            self.out.to_str().unwrap(),
+        ]);
+        args.into_iter().map(String::from).collect()
+    }
+}
+
 /// The training flags of the multi-rank equivalence runs of `model`: 5
 /// steps of 2 sequences x `accum` micro-batches of 32 tokens, `--vocab-size
 /// 300`, evaluation at step 5, a checkpoint at step 3, run directory `out`.
 pub fn equivalence_args(model: &str, corpus: &Path, out: &Path, accum: &str) -> Vec<String> {
-    [
-        "--model",
-        model,
-        "--vocab-size",
-        "300",
-        "--corpus",
-        corpus.to_str().unwrap(),
-        "--seq-len",
-        "32",
-        "--micro-batch",
-        "2",
-        "--steps",
-        "5",
-        "--grad-accum",
-        accum,
-        "--eval-every",
-        "5",
-        "--save-every",
-        "3",
-        "--eval-batches",
-        "2",
-        "--sample-tokens",
-        "0",
-        "--peak-tflops",
-        "1",
-        "--out",
-        out.to_str().unwrap(),
-    ]
-    .into_iter()
-    .map(String::from)
-    .collect()
+    RunFlags {
+        accum: Some(accum),
+        save_every: Some("3"),
+        ..RunFlags::new(model, corpus, out, "5")
+    }
+    .args()
 }
 
 /// Runs `ferrotron train` on `ranks` with `args` plus `extra`; fails the

@@ -85,6 +85,10 @@ pub(crate) struct Pipeline {
     placement: Placement,
     schedule: ScheduleKind,
     pp: Arc<dyn Communicator>,
+    /// This stage's actions and the shape they are for: built by the first
+    /// step and kept, as the schedule depends only on the shape (rebuilt
+    /// only if a step brings another number of micro-batches).
+    actions: Option<(PipeShape, Vec<Action>)>,
 }
 
 impl Pipeline {
@@ -108,6 +112,7 @@ impl Pipeline {
             placement,
             schedule: config.schedule,
             pp,
+            actions: None,
         })
     }
 
@@ -161,7 +166,7 @@ impl Pipeline {
     /// micro-batches' mean losses, nats/token, and every stage's times
     /// (the same on every stage: collective over the PP group).
     pub(crate) fn step<B, M>(
-        &self,
+        &mut self,
         sync: &mut dyn GradSync<B, M>,
         partial: &PartialGrads,
         model: M,
@@ -177,14 +182,22 @@ impl Pipeline {
             micro_batches: micro_batches.len(),
             chunks: self.layout.chunks(),
         };
-        let actions = stage_actions(self.schedule, shape, self.pp.rank())
-            .map_err(|e| CommError::Transport(format!("pipeline schedule: {e}")))?;
+        if self
+            .actions
+            .as_ref()
+            .is_none_or(|(built, _)| *built != shape)
+        {
+            let actions = stage_actions(self.schedule, shape, self.pp.rank())
+                .map_err(|e| CommError::Transport(format!("pipeline schedule: {e}")))?;
+            self.actions = Some((shape, actions));
+        }
+        let (_, actions) = self.actions.as_ref().expect("built above");
         let (model, losses, clock) = StageStep {
             layout: &self.layout,
             shape,
             placement: &self.placement,
             pp: &*self.pp,
-            actions: &actions,
+            actions,
         }
         .run(sync, partial, model, micro_batches, device)?;
         let times = self.gather_times(clock, shape)?;

@@ -5,11 +5,14 @@ use ferrotron_engine::metrics::MemoryBytes;
 use serde::Serialize;
 
 use super::activation::{in_flight, LayerActivations, Recompute};
-use super::memory::state_bytes;
+use ferrotron_engine::lm::LmUnit;
+
+use super::memory::{layout_state_bytes, Held};
 use super::split::stage_blocks;
-use super::time::{block_flops, step_time, TimeEstimate};
+use super::time::{block_flops, step_time, StageParams, TimeEstimate};
 use super::{Choice, PlanInput};
 use crate::data::bucket_elems;
+use crate::pipeline::StageLayout;
 use crate::zero::ZeroStage;
 
 /// Activation bytes of one GPU, by origin.
@@ -83,9 +86,9 @@ pub struct Estimate {
 /// gradients and AdamW state, not the 2 + 2 + 12 bytes counted here, and
 /// refuse TP and PP); ZeRO-3 only with `full` recomputation (it always
 /// recomputes whole blocks) and without a pipeline; a pipeline (1F1B or
-/// interleaved, split by `--pp-layers`) with ZeRO 0-2 and `none` or `sel`
-/// recomputation (`full` is refused with `--pp`). DP, TP and SP combine
-/// with all of these.
+/// interleaved, split by `--pp-layers`) with ZeRO 0, 1 or 2 and `none` or
+/// `sel` recomputation (`full` is refused with `--pp`). DP, TP and SP
+/// combine with all of these.
 pub fn runs_today(c: &Choice, precision: super::Precision) -> bool {
     let zero_ok = match c.zero {
         ZeroStage::Three => c.recompute == Recompute::Full && c.pp == 1,
@@ -102,32 +105,114 @@ pub fn stage_split(input: &PlanInput, c: &Choice) -> Vec<usize> {
     stage_blocks(&input.model, c.pp, c.interleave, head)
 }
 
-/// The FSDP units (tensor sizes) of the first and the last stage of
-/// `choice` whose stages hold `split` blocks; the same stage twice without
-/// a pipeline.
-pub fn stage_units(
+/// The FSDP units (tensor sizes) of every pipeline stage of `c` whose
+/// stages hold `split` blocks, first to last (one stage without a
+/// pipeline): the embedding on the first, its blocks, the final norm and
+/// the head on the last, which with a pipeline also holds a copy of a
+/// tied embedding (Megatron).
+pub fn stage_units(input: &PlanInput, c: &Choice, split: &[usize]) -> Vec<Vec<Vec<usize>>> {
+    let m = &input.model;
+    let last = split.len() - 1;
+    split
+        .iter()
+        .enumerate()
+        .map(|(i, &blocks)| {
+            let mut units = Vec::new();
+            if i == 0 {
+                units.push(m.embedding_tensors(c.tp));
+            }
+            units.extend(vec![m.block_tensors(c.tp); blocks]);
+            if i == last {
+                units.push(m.head_tensors(c.tp, c.pp > 1));
+            }
+            units
+        })
+        .collect()
+}
+
+/// The trainer's flat layout on pipeline stage `stage` of `c` whose
+/// stages hold `split` blocks: every tensor of the model in visiting
+/// order (embedding, blocks, final norm and head), those of other stages
+/// as placeholders; the last stage holds a copy of a tied embedding. The
+/// blocks go to stages as `train` places them ([`StageLayout`]:
+/// `--pp-layers` of `split`, or interleaved chunks).
+pub fn stage_layout(
     input: &PlanInput,
     c: &Choice,
     split: &[usize],
-) -> (Vec<Vec<usize>>, Vec<Vec<usize>>) {
+    stage: usize,
+) -> Vec<Vec<Held>> {
     let m = &input.model;
-    let blocks = |n: usize| vec![m.block_tensors(c.tp); n];
-    let mut first = vec![m.embedding_tensors(c.tp)];
-    first.extend(blocks(split[0]));
-    if c.pp == 1 {
-        first.push(m.head_tensors(c.tp, false));
-        return (first.clone(), first);
+    let interleaved = c.interleave > 1;
+    let layers = (!interleaved).then_some(split);
+    let layout = StageLayout::new(m.layers, c.pp, c.interleave, layers, interleaved)
+        .expect("the planner's split and chunks are ones train accepts");
+    let at = |owner: usize, n: &usize| {
+        if owner == stage {
+            Held::Values(*n)
+        } else {
+            Held::Placeholder
+        }
+    };
+    let last = c.pp - 1;
+    let mut units = Vec::new();
+    units.push(
+        m.embedding_tensors(c.tp)
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let tied_copy = i == 0 && m.tied_head && stage == last;
+                at(if tied_copy { stage } else { 0 }, n)
+            })
+            .collect(),
+    );
+    for b in 0..m.layers {
+        let owner = layout.owner(LmUnit::Block(b));
+        units.push(m.block_tensors(c.tp).iter().map(|n| at(owner, n)).collect());
     }
-    let mut last = blocks(split[split.len() - 1]);
-    last.push(m.head_tensors(c.tp, true));
-    (first, last)
+    units.push(
+        m.head_tensors(c.tp, false)
+            .iter()
+            .map(|n| at(last, n))
+            .collect(),
+    );
+    units
+}
+
+/// What each stage of `c` holds for the time model: its blocks
+/// (`split`), its parameter values (`units`, [`stage_units`]) and, with a
+/// pipeline, a tied embedding's values on the first and the last stage.
+pub fn stage_params(
+    input: &PlanInput,
+    c: &Choice,
+    split: &[usize],
+    units: &[Vec<Vec<usize>>],
+) -> Vec<StageParams> {
+    let m = &input.model;
+    let tied = if c.pp > 1 && m.tied_head {
+        m.vocab.div_ceil(c.tp) * m.hidden
+    } else {
+        0
+    };
+    let last = units.len() - 1;
+    split
+        .iter()
+        .zip(units)
+        .enumerate()
+        .map(|(i, (&blocks, stage))| StageParams {
+            blocks,
+            elems: stage.iter().flatten().sum(),
+            once_per_step: if i == 0 || i == last { tied } else { 0 },
+        })
+        .collect()
 }
 
 /// Memory and time of `c` for `input`.
 pub fn estimate(input: &PlanInput, c: &Choice) -> Estimate {
     let m = &input.model;
     let split = stage_split(input, c);
-    let (first, last) = stage_units(input, c, &split);
+    let units = stage_units(input, c, &split);
+    let (first, last) = (&units[0], &units[units.len() - 1]);
     let micro_batches = input.global_batch / (c.dp * c.micro_batch);
     let act = LayerActivations {
         seq: input.seq,
@@ -160,17 +245,26 @@ pub fn estimate(input: &PlanInput, c: &Choice) -> Estimate {
             (2 * bg * bucket) as f64
         }
     };
-    let state = |units: &[Vec<usize>]| {
-        let mut st = state_bytes(units, c.dp, c.zero, input.precision, bucket);
+    let state = |layout: &[Vec<Held>]| {
+        let mut st = layout_state_bytes(layout, c.dp, c.zero, input.precision, bucket);
         if input.fp32_main_grads && input.precision != super::Precision::Fp32 {
             // An fp32 copy of every gradient this rank holds.
             st.grad_bytes += 4 * st.grad_bytes / bg;
         }
         st
     };
-    let stage = |units: &[Vec<usize>], name, acts: ActivationBytes| MemoryEstimate {
+    // What the trainer lays out on a stage: without a pipeline, `units`.
+    let layout = |s: usize, units: &[Vec<usize>]| -> Vec<Vec<Held>> {
+        if c.pp == 1 {
+            let values = |u: &Vec<usize>| u.iter().map(|&n| Held::Values(n)).collect();
+            units.iter().map(values).collect()
+        } else {
+            stage_layout(input, c, &split, s)
+        }
+    };
+    let stage = |s: usize, units: &[Vec<usize>], name, acts: ActivationBytes| MemoryEstimate {
         stage: name,
-        state: state(units),
+        state: state(&layout(s, units)),
         activations: acts,
         transient: transient(units),
         reserve: input.reserve_bytes,
@@ -182,25 +276,24 @@ pub fn estimate(input: &PlanInput, c: &Choice) -> Estimate {
         recompute_working: working,
     };
     let memory = if c.pp == 1 {
-        stage(&first, "only", first_acts)
+        stage(0, first, "only", first_acts)
     } else {
-        let a = stage(&first, "first", first_acts);
+        let a = stage(0, first, "first", first_acts);
         let last_acts = ActivationBytes {
             layers: split[split.len() - 1] as f64 * per_layer,
             embedding: 0.0,
             output: act.output_bytes(m),
             recompute_working: working,
         };
-        let b = stage(&last, "last", last_acts);
+        let b = stage(c.pp - 1, last, "last", last_acts);
         if a.total() >= b.total() {
             a
         } else {
             b
         }
     };
-    let elems = |units: &[Vec<usize>]| -> usize { units.iter().flatten().sum() };
-    let stage_elems = elems(&first).max(elems(&last));
-    let time = step_time(input, c, &split, stage_elems, micro_batches);
+    let stages = stage_params(input, c, &split, &units);
+    let time = step_time(input, c, &stages, micro_batches);
     Estimate {
         choice: *c,
         label: c.to_string(),

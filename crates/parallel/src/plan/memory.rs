@@ -8,6 +8,8 @@
 //! Ferrotron's f32 training keeps f32 parameters (4), gradients (4) and
 //! AdamW's two moments (8).
 
+use std::collections::HashSet;
+
 use burn::module::ParamId;
 use ferrotron_engine::metrics::MemoryBytes;
 use serde::Serialize;
@@ -68,6 +70,27 @@ impl std::fmt::Display for Precision {
     }
 }
 
+/// One tensor of a rank's layout: its values, or another pipeline
+/// stage's tensor, which the trainer keeps as a one-value placeholder (so
+/// that every stage visits the same parameters in the same order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Held {
+    /// A tensor of this many values that this rank holds.
+    Values(usize),
+    /// Another stage's tensor.
+    Placeholder,
+}
+
+impl Held {
+    /// Values in the flat layout (a placeholder takes one).
+    fn len(self) -> usize {
+        match self {
+            Held::Values(n) => n,
+            Held::Placeholder => 1,
+        }
+    }
+}
+
 /// The training state of rank 0 of a DP group of `dp` ranks holding the
 /// tensors `units` (each FSDP unit's tensor sizes in visiting order), as
 /// the trainer lays it out: stage 0 keeps everything; stages 1 and 2 shard
@@ -82,32 +105,100 @@ pub fn state_bytes(
     precision: Precision,
     bucket_elems: usize,
 ) -> MemoryBytes {
+    let held: Vec<Vec<Held>> = units
+        .iter()
+        .map(|u| u.iter().map(|&n| Held::Values(n)).collect())
+        .collect();
+    layout_state_bytes(&held, dp, zero, precision, bucket_elems)
+}
+
+/// [`state_bytes`] of a pipeline stage, whose layout also lists the other
+/// stages' tensors as placeholders (`units`: every tensor of the model in
+/// visiting order). As the trainer counts them: the parameters include the
+/// placeholders' values; replicated gradients (ZeRO 0-1) and ZeRO-0's
+/// optimizer state only what the stage holds; ZeRO-1's optimizer state
+/// this rank's pieces of the held tensors; ZeRO-2's gradients and
+/// optimizer state this rank's chunk of every bucket holding a tensor of
+/// the stage (its reduce-scatter returns the whole chunk, placeholders'
+/// values included). Without placeholders this is [`state_bytes`].
+pub fn layout_state_bytes(
+    units: &[Vec<Held>],
+    dp: usize,
+    zero: ZeroStage,
+    precision: Precision,
+    bucket_elems: usize,
+) -> MemoryBytes {
     let (bp, bg, bo) = precision.state_bytes();
-    let info = |n: &usize| -> ParamInfo { (ParamId::new(), vec![*n], true) };
-    let total: usize = units.iter().flatten().sum();
+    let all: usize = units.iter().flatten().map(|t| t.len()).sum();
+    let held: usize = units
+        .iter()
+        .flatten()
+        .map(|t| match t {
+            Held::Values(n) => *n,
+            Held::Placeholder => 0,
+        })
+        .sum();
     let tensors: usize = units.iter().map(Vec::len).sum();
+    let mut held_ids = HashSet::new();
+    let mut info = |t: &Held| -> ParamInfo {
+        let id = ParamId::new();
+        if let Held::Values(_) = t {
+            held_ids.insert(id);
+        }
+        (id, vec![t.len()], true)
+    };
     let groups: Vec<Vec<ParamInfo>> = match zero {
         ZeroStage::Off => {
             return MemoryBytes {
-                param_bytes: bp * total,
-                grad_bytes: bg * total,
-                optimizer_bytes: bo * total,
+                param_bytes: bp * all,
+                grad_bytes: bg * held,
+                optimizer_bytes: bo * held,
             }
         }
-        ZeroStage::Three => units.iter().map(|u| u.iter().map(info).collect()).collect(),
-        _ => FlatLayout::buckets(units.iter().flatten().map(info).collect(), bucket_elems),
+        ZeroStage::Three => units
+            .iter()
+            .map(|u| u.iter().map(&mut info).collect())
+            .collect(),
+        _ => FlatLayout::buckets(
+            units.iter().flatten().map(&mut info).collect(),
+            bucket_elems,
+        ),
     };
-    let shard = FlatLayout::new(groups, 0, dp).shard_elems();
+    let layout = FlatLayout::new(groups, 0, dp);
+    if zero == ZeroStage::Three {
+        let shard = layout.shard_elems();
+        return MemoryBytes {
+            param_bytes: bp * (shard + tensors),
+            grad_bytes: bg * shard,
+            optimizer_bytes: bo * shard,
+        };
+    }
+    // Rank 0's pieces, unit by unit: (of held tensors, all) values, for
+    // the units that hold a tensor of this rank.
+    let (mut of_held, mut of_units) = (0, 0);
+    for u in 0..layout.units().len() {
+        let slots = &layout.units()[u].slots;
+        if !slots.iter().any(|s| held_ids.contains(&s.id)) {
+            continue;
+        }
+        for p in layout.pieces(u) {
+            of_units += p.len();
+            if held_ids.contains(&p.id) {
+                of_held += p.len();
+            }
+        }
+    }
+    let shard = if zero == ZeroStage::Two {
+        of_units
+    } else {
+        of_held
+    };
     MemoryBytes {
-        param_bytes: if zero == ZeroStage::Three {
-            bp * (shard + tensors)
-        } else {
-            bp * total
-        },
-        grad_bytes: if zero >= ZeroStage::Two {
+        param_bytes: bp * all,
+        grad_bytes: if zero == ZeroStage::Two {
             bg * shard
         } else {
-            bg * total
+            bg * held
         },
         optimizer_bytes: bo * shard,
     }
@@ -134,5 +225,25 @@ mod tests {
         assert_eq!(m(ZeroStage::Two).grad_bytes, 500);
         // Stage 3: 250 values plus one placeholder per tensor.
         assert_eq!(m(ZeroStage::Three).param_bytes, 2 * (250 + 2));
+    }
+
+    #[test]
+    fn placeholders_count_as_the_trainer_counts_them() {
+        use Held::{Placeholder as P, Values as V};
+        let f32_bytes = |units: &[Vec<Held>], z, bucket| {
+            let m = layout_state_bytes(units, 2, z, Precision::Fp32, bucket);
+            (m.param_bytes / 4, m.grad_bytes / 4, m.optimizer_bytes / 8)
+        };
+        // One bucket of 8 values on 2 ranks, two placeholders first: rank 0
+        // owns both placeholders and 2 of the 6 held values.
+        let units = vec![vec![P, P, V(6)]];
+        assert_eq!(f32_bytes(&units, ZeroStage::Off, 100), (8, 6, 6));
+        assert_eq!(f32_bytes(&units, ZeroStage::One, 100), (8, 6, 2));
+        assert_eq!(f32_bytes(&units, ZeroStage::Two, 100), (8, 4, 4));
+        // Buckets of 2: the 6 values alone, the placeholders a bucket of
+        // their own that holds nothing of this rank.
+        let units = vec![vec![V(6), P, P]];
+        assert_eq!(f32_bytes(&units, ZeroStage::Two, 2), (8, 3, 3));
+        assert_eq!(f32_bytes(&units, ZeroStage::One, 2), (8, 6, 3));
     }
 }

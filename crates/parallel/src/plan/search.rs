@@ -3,11 +3,13 @@
 //! A layout is tried when its degrees divide the GPU count, `tp` divides
 //! the heads, key/value heads and MLP width, `pp` is at most the layer
 //! count, `dp` divides the global batch and the micro-batch divides each
-//! DP rank's share. ZeRO stages 2 and 3 are not combined with a pipeline
-//! (DeepSpeed refuses it: each micro-batch would reduce-scatter or gather
-//! every stage's gradients or parameters), and interleaving needs the
-//! micro-batches to be a multiple of `pp` and each stage's layers to split
-//! into the chunks (Megatron's conditions).
+//! DP rank's share. ZeRO stages 1 to 3 need `dp` above 1. ZeRO-3 is not
+//! combined with a pipeline (Ferrotron refuses it, as DeepSpeed: its
+//! units are the whole model's); ZeRO-2 is, as Ferrotron runs it (each
+//! stage reduce-scatters its gradients after every micro-batch's
+//! backward, which DeepSpeed refuses and [`super::time`] prices).
+//! Interleaving needs the micro-batches to be a multiple of `pp` and each
+//! stage's layers to split into the chunks (Megatron's conditions).
 
 use serde::Serialize;
 
@@ -64,8 +66,8 @@ pub fn choices(input: &PlanInput) -> Vec<Choice> {
                 .copied()
                 .filter(|&z| match z {
                     ZeroStage::Off => true,
-                    ZeroStage::One => dp > 1,
-                    _ => dp > 1 && pp == 1,
+                    ZeroStage::One | ZeroStage::Two => dp > 1,
+                    ZeroStage::Three => dp > 1 && pp == 1,
                 })
                 .collect();
             let mbs = divisors(per_rank)

@@ -21,7 +21,12 @@
 //!   gradients once per step, ZeRO-1 adds an all-gather of the updated
 //!   parameters, ZeRO-2 reduce-scatters every micro-batch's gradients,
 //!   ZeRO-3 also all-gathers each unit's parameters for every micro-batch's
-//!   forward and backward.
+//!   forward and backward. Each stage of a pipeline has its own DP group
+//!   over its own parameters. ZeRO-2's reduce-scatter runs inside each
+//!   backward (one per chunk when interleaved), so on a pipeline it
+//!   lengthens the stage's slot and the bubble; a tied embedding's
+//!   gradients, which the first and last stage sum once after the
+//!   schedule, are reduce-scattered once per step.
 //!
 //! Groups are placed in Megatron's rank order (TP innermost, then DP, then
 //! PP): a group stays within a node when the consecutive ranks it spans
@@ -90,14 +95,34 @@ pub fn block_flops(input: &PlanInput, c: &Choice) -> f64 {
             .extra_flops_per_token(m.block_matmul_params(), s, h)
 }
 
-/// Time of one step of `c` whose stages hold `split` blocks (first to
-/// last, the head on the last) and at most `stage_elems` parameter values,
-/// with `micro_batches` micro-batches per DP rank.
+/// The parameter values one pipeline stage holds (this TP rank's part).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StageParams {
+    /// Blocks of the stage (all of its chunks).
+    pub blocks: usize,
+    /// Every parameter value the stage holds, a tied embedding's copy
+    /// included.
+    pub elems: usize,
+    /// Of `elems`, the tied embedding's on the first and the last stage of
+    /// a pipeline: the trainer sets their gradients aside during the
+    /// schedule and sums them over the two stages once per step, so ZeRO-2
+    /// reduce-scatters them once per step, not per micro-batch.
+    pub once_per_step: usize,
+}
+
+/// Time of one step of `c` whose stages hold `stages` (first to last, the
+/// head on the last), with `micro_batches` micro-batches per DP rank.
+///
+/// Each stage's slot (the time of one micro-batch's forward and backward)
+/// is its compute, its TP collectives, the pipeline sends and, under
+/// ZeRO-2, the reduce-scatter of the gradients of that backward (`v` of
+/// them, one per chunk, with `v` interleaved chunks): the trainer runs it
+/// inside each backward, before the stage moves on, so it lengthens every
+/// slot and the bubble with it. The slowest stage's slot sets the pace.
 pub fn step_time(
     input: &PlanInput,
     c: &Choice,
-    split: &[usize],
-    stage_elems: usize,
+    stages: &[StageParams],
     micro_batches: usize,
 ) -> TimeEstimate {
     let m = &input.model;
@@ -105,23 +130,7 @@ pub fn step_time(
     let h = m.hidden as f64;
     let e = input.precision.activation_bytes() as f64;
     let per_block = block_flops(input, c);
-    // The slowest stage: its blocks, and the head on the last.
-    let (blocks, stage_flops_per_token) = split
-        .iter()
-        .enumerate()
-        .map(|(i, &n)| {
-            let head = if i + 1 == split.len() {
-                m.head_flops_per_token()
-            } else {
-                0.0
-            };
-            (n as f64, n as f64 * per_block + head)
-        })
-        .max_by(|x, y| x.1.partial_cmp(&y.1).expect("FLOPs are finite"))
-        .expect("at least one stage");
-    let stage_flops = b * s * stage_flops_per_token;
     let peak = input.peak_flops();
-    let compute_mb = stage_flops / c.tp as f64 / (peak * input.efficiency);
 
     let tp_link = group_link(input, 1, c.tp);
     let act_bytes = b * s * h * e;
@@ -135,7 +144,6 @@ pub fn step_time(
     } else {
         4.0
     };
-    let tp_mb = blocks * collectives * per_collective;
 
     let pp_link = group_link(input, c.tp * c.dp, c.pp);
     let pp_mb = if c.pp > 1 {
@@ -144,23 +152,66 @@ pub fn step_time(
     } else {
         0.0
     };
-    let mb = micro_batches as f64;
-    let stage_time = compute_mb + tp_mb + pp_mb;
-    let bubble_steps = (c.pp - 1) as f64 / c.interleave as f64;
 
     let dp_link = group_link(input, c.tp, c.dp);
     let (bp, bg, _) = input.precision.state_bytes();
-    let grads = (bg * stage_elems) as f64;
-    let params = (bp * stage_elems) as f64;
-    let dp_comm = match c.zero {
-        ZeroStage::Off => all_reduce(grads, c.dp, dp_link),
-        ZeroStage::One => all_reduce(grads, c.dp, dp_link) + all_gather(params, c.dp, dp_link),
-        ZeroStage::Two => mb * all_gather(grads, c.dp, dp_link) + all_gather(params, c.dp, dp_link),
-        ZeroStage::Three => {
-            mb * (2.0 * all_gather(params, c.dp, dp_link) + all_gather(grads, c.dp, dp_link))
+    let chunks = c.interleave as f64;
+    // One stage's slot by part: (compute, TP collectives, ZeRO-2's
+    // reduce-scatters), seconds per micro-batch.
+    let slot = |i: usize, st: &StageParams| -> (f64, f64, f64) {
+        let head = if i + 1 == stages.len() {
+            m.head_flops_per_token()
+        } else {
+            0.0
+        };
+        let flops = b * s * (st.blocks as f64 * per_block + head);
+        let compute = flops / c.tp as f64 / (peak * input.efficiency);
+        let tp = st.blocks as f64 * collectives * per_collective;
+        let rs = if c.zero == ZeroStage::Two {
+            let grads = (bg * (st.elems - st.once_per_step)) as f64;
+            chunks * all_gather(grads / chunks, c.dp, dp_link)
+        } else {
+            0.0
+        };
+        (compute, tp, rs)
+    };
+    let (compute_mb, tp_mb, rs_mb) = stages
+        .iter()
+        .enumerate()
+        .map(|(i, st)| slot(i, st))
+        .max_by(|x, y| {
+            let total = |t: &(f64, f64, f64)| t.0 + t.1 + t.2;
+            total(x).partial_cmp(&total(y)).expect("times are finite")
+        })
+        .expect("at least one stage");
+    let mb = micro_batches as f64;
+    let stage_time = compute_mb + tp_mb + pp_mb + rs_mb;
+    let bubble_steps = (c.pp - 1) as f64 / c.interleave as f64;
+
+    // Data-parallel collectives outside the schedule, of the stage that
+    // needs longest.
+    let outside = |st: &StageParams| -> f64 {
+        let grads = (bg * st.elems) as f64;
+        let params = (bp * st.elems) as f64;
+        match c.zero {
+            ZeroStage::Off => all_reduce(grads, c.dp, dp_link),
+            ZeroStage::One => all_reduce(grads, c.dp, dp_link) + all_gather(params, c.dp, dp_link),
+            ZeroStage::Two => {
+                let tied = if st.once_per_step > 0 {
+                    all_gather((bg * st.once_per_step) as f64, c.dp, dp_link)
+                } else {
+                    0.0
+                };
+                tied + all_gather(params, c.dp, dp_link)
+            }
+            ZeroStage::Three => {
+                mb * (2.0 * all_gather(params, c.dp, dp_link) + all_gather(grads, c.dp, dp_link))
+            }
         }
     };
-    let step = (mb + bubble_steps) * stage_time + dp_comm;
+    let dp_outside = stages.iter().map(outside).fold(0.0, f64::max);
+    let dp_comm = mb * rs_mb + dp_outside;
+    let step = (mb + bubble_steps) * stage_time + dp_outside;
     let tokens = (input.global_batch * input.seq) as f64;
     let gpus = (c.dp * c.tp * c.pp) as f64;
     let model_flops = m.train_flops_per_token(input.seq) * tokens;
@@ -179,5 +230,121 @@ pub fn step_time(
         hfu: hardware_flops / step / (gpus * peak),
         bubble_fraction: bubble_steps / mb,
         energy_estimate_j: input.device.tdp_w * gpus * step,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ferrotron_engine::metrics::DeviceSpec;
+
+    use super::*;
+    use crate::plan::{ActivationModel, ModelShape, Precision};
+
+    const LINK: Link = Link {
+        name: "test",
+        bandwidth: 1e9,
+        latency: 1e-5,
+    };
+
+    /// A 4-block GPT of hidden 64 on 4 CPU ranks of one node, f32, 8
+    /// sequences of 32 tokens per step.
+    fn input() -> PlanInput {
+        PlanInput {
+            model: ModelShape::gpt(1000, 64, 4, 4, 32),
+            gpus: 4,
+            gpus_per_node: 4,
+            device: DeviceSpec {
+                name: "test",
+                memory_bytes: 1e12,
+                bf16_flops: 1e12,
+                fp32_flops: 1e12,
+                tdp_w: 100.0,
+            },
+            intra: LINK,
+            inter: LINK,
+            global_batch: 8,
+            seq: 32,
+            precision: Precision::Fp32,
+            efficiency: 0.5,
+            reserve_bytes: 0.0,
+            bucket_mb: 25.0,
+            dropout: false,
+            fp32_main_grads: false,
+            max_micro_batch: 8,
+            zero_stages: vec![ZeroStage::Two],
+            recompute: vec![Recompute::None],
+            sequence_parallel: false,
+            activations: ActivationModel::Korthikanti,
+        }
+    }
+
+    /// ZeRO-2 on a pipeline of 2 stages over 2 DP ranks, 4 micro-batches
+    /// of 1 sequence each, against the step written out by hand: each
+    /// slot is one micro-batch's compute, its two pipeline sends and the
+    /// reduce-scatter of its gradients (one per chunk), the step is
+    /// `m + (p-1)/v` slots of the slower stage, and after the schedule the
+    /// tied embedding's gradients are reduce-scattered and the parameters
+    /// all-gathered.
+    #[test]
+    fn zero_2_on_a_pipeline_reduce_scatters_inside_every_slot() {
+        let input = input();
+        let (alpha, bw) = (1e-5, 1e9);
+        // Both stages hold 2 blocks; made-up sizes: the first 70 000
+        // values, 10 000 of them tied, the last 60 000 with the same
+        // 10 000 tied. The first stage's larger reduce-scatter does not
+        // outweigh the last stage's head.
+        let stages = [
+            StageParams {
+                blocks: 2,
+                elems: 70_000,
+                once_per_step: 10_000,
+            },
+            StageParams {
+                blocks: 2,
+                elems: 60_000,
+                once_per_step: 10_000,
+            },
+        ];
+        let (h, v, s) = (64.0, 1000.0, 32.0);
+        let block = 6.0 * (12.0 * h * h) + 12.0 * s * h;
+        let head = 6.0 * h * v;
+        // Halving: a 2-rank reduce-scatter or all-gather moves half the
+        // buffer and pays one start-up.
+        let half = |bytes: f64| 0.5 * bytes / bw + alpha;
+        for chunks in [1usize, 2] {
+            let c = Choice {
+                dp: 2,
+                tp: 1,
+                pp: 2,
+                sp: false,
+                zero: ZeroStage::Two,
+                micro_batch: 1,
+                recompute: Recompute::None,
+                interleave: chunks,
+            };
+            let t = step_time(&input, &c, &stages, 4);
+            let v_ = chunks as f64;
+            let compute = |blocks: f64, head: f64| s * (blocks * block + head) / (0.5 * 1e12);
+            let sends = v_ * 2.0 * (alpha + s * h * 4.0 / bw);
+            let rs = |values: f64| v_ * half(4.0 * values / v_);
+            let first = compute(2.0, 0.0) + sends + rs(60_000.0);
+            let last = compute(2.0, head) + sends + rs(50_000.0);
+            assert!(
+                last > first,
+                "the head's stage is the slower: {last} vs {first}"
+            );
+            let after = (half(4.0 * 10_000.0) + half(4.0 * 70_000.0))
+                .max(half(4.0 * 10_000.0) + half(4.0 * 60_000.0));
+            let want = (4.0 + 1.0 / v_) * last + after;
+            assert!(
+                (t.step_s / want - 1.0).abs() < 1e-12,
+                "v={chunks}: {} vs {want}",
+                t.step_s
+            );
+            assert!((t.bubble_s - last / v_).abs() < 1e-15);
+            assert!((t.dp_comm_s - (4.0 * rs(50_000.0) + after)).abs() < 1e-15);
+            let parts = t.compute_s + t.tp_comm_s + t.pp_comm_s + t.bubble_s + t.dp_comm_s;
+            assert!((parts / t.step_s - 1.0).abs() < 1e-12);
+        }
     }
 }
