@@ -16,7 +16,7 @@ const LANES: usize = 8;
 /// `1.2e-38` instead of a subnormal or 0, above it `e^88.3` (about
 /// `2.1e38`) instead of a larger number or infinity.
 #[inline(always)]
-fn exp(x: f32) -> f32 {
+pub(super) fn exp(x: f32) -> f32 {
     const LOG2_E: f32 = std::f32::consts::LOG2_E;
     // 1.5 * 2^23: adding it rounds to an integer held in the low mantissa bits.
     const ROUND: f32 = 12_582_912.0;
@@ -35,6 +35,15 @@ fn exp(x: f32) -> f32 {
     p = p.mul_add(r, 5.000_000_1e-1);
     let p = p.mul_add(r * r, r) + 1.0;
     p * f32::from_bits(((n_int + 127) as u32) << 23)
+}
+
+/// The logistic function `1 / (1 + e^-x)` through [`exp`]: within 4 ulp
+/// of the true value where that is at least `1.2e-38` (`x >= -87.3`);
+/// below, about `4.7e-39` instead of a smaller number (the clamp of
+/// [`exp`]), so `x * sigmoid(x)` still tends to 0.
+#[inline(always)]
+pub(super) fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + exp(-x))
 }
 
 /// The largest element of `v` (`-inf` for an empty slice).
@@ -112,9 +121,36 @@ fn log_sum_exp_body(v: &[f32]) -> f32 {
     max + exp_shifted_sum_body(v, max).ln()
 }
 
+/// Defines `fn $name(args)` that runs `$body(args)` compiled for AVX2 +
+/// FMA where the CPU has them (checked at run time), the portable build
+/// elsewhere. `$body` is an `#[inline(always)]` function, so each build
+/// inlines (and vectorises) it for its own target features.
+macro_rules! simd_dispatch {
+    ($(#[$doc:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? => $body:path) => {
+        $(#[$doc])*
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            if super::math::has_avx2_fma() {
+                /// The body compiled for AVX2 + FMA.
+                ///
+                /// # Safety
+                /// The CPU must have AVX2 and FMA.
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    $body($($arg),*)
+                }
+                // SAFETY: the CPU has AVX2 and FMA (checked above).
+                return unsafe { avx2($($arg),*) };
+            }
+            $body($($arg),*)
+        }
+    };
+}
+pub(super) use simd_dispatch;
+
 /// Whether this CPU runs the AVX2 + FMA builds.
 #[cfg(target_arch = "x86_64")]
-fn has_avx2_fma() -> bool {
+pub(super) fn has_avx2_fma() -> bool {
     std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
 }
 
@@ -186,6 +222,24 @@ mod tests {
                 "exp({x}) = {got}, f64 says {want}"
             );
         }
+    }
+
+    #[test]
+    fn sigmoid_is_within_four_ulp_of_f64_and_tiny_past_the_clamp() {
+        for x in arguments().into_iter().filter(|&x| x >= -87.0) {
+            let want = 1.0 / (1.0 + (-(x as f64)).exp());
+            let got = sigmoid(x) as f64;
+            let ulp = f32::EPSILON as f64 * want;
+            assert!(
+                (got - want).abs() <= 4.0 * ulp,
+                "sigmoid({x}) = {got}, f64 says {want}"
+            );
+        }
+        for x in [-88.0f32, -100.0, -1e4, f32::MIN] {
+            let got = sigmoid(x);
+            assert!((0.0..1e-37).contains(&got), "sigmoid({x}) = {got}");
+        }
+        assert_eq!(sigmoid(100.0), 1.0);
     }
 
     #[test]
