@@ -68,19 +68,21 @@ PART_RULES = [
 ]
 
 def samples(data):
-    """Yields (thread id, time s, [(symbol, dso)] leaf first) from `perf script`."""
+    """Yields (thread id, time s, [(symbol, dso)] leaf first, whether the
+    thread is the process's main thread) from `perf script`."""
     text = subprocess.run(
-        ["perf", "script", "--no-inline", "-i", data, "-F", "tid,time,ip,sym,dso"],
+        ["perf", "script", "--no-inline", "-i", data, "-F", "pid,tid,time,ip,sym,dso"],
         check=True, capture_output=True, text=True,
     ).stdout
-    head = re.compile(r"^\s*(\d+)\s+([\d.]+):")
-    tid, t, frames = None, None, []
+    head = re.compile(r"^\s*(\d+)/(\d+)\s+([\d.]+):")
+    tid, t, frames, main = None, None, [], False
     for line in text.splitlines():
         m = head.match(line)
         if m:
             if tid is not None:
-                yield tid, t, frames
-            tid, t, frames = int(m.group(1)), float(m.group(2)), []
+                yield tid, t, frames, main
+            pid, tid, t, frames = int(m.group(1)), int(m.group(2)), float(m.group(3)), []
+            main = pid == tid
         elif line.strip():
             parts = line.strip().split(None, 1)
             if len(parts) == 2:
@@ -88,7 +90,7 @@ def samples(data):
                 sym, dso = (m.group(1), m.group(2)) if m else (parts[1], "")
                 frames.append((sym, dso))
     if tid is not None:
-        yield tid, t, frames
+        yield tid, t, frames, main
 
 
 def classify(rules, text, default):
@@ -113,12 +115,16 @@ def main():
     all_samples = list(samples(a.data))
     if not all_samples:
         sys.exit(f"error: {a.data}: no samples")
-    end = max(t for _, t, _ in all_samples)
+    end = max(t for _, t, _, _ in all_samples)
     window = sorted(
-        [(t, tid, frames) for tid, t, frames in all_samples if t >= end - a.last],
+        [(t, tid, frames) for tid, t, frames, _ in all_samples if t >= end - a.last],
         key=lambda x: x[0],
     )
-    main_tid = collections.Counter(tid for _, tid, _ in window).most_common(1)[0][0]
+    # The main thread (thread id = process id; the busiest one where the
+    # run started other processes) runs the step; rayon's workers (GEMM,
+    # element-wise loops) may have more samples than it.
+    mains = collections.Counter(tid for tid, t, _, main in all_samples if main and t >= end - a.last)
+    main_tid = mains.most_common(1)[0][0] if mains else None
     kinds = []
     for _, _, frames in window:
         stack = "\n".join(sym for sym, _ in frames)
@@ -129,7 +135,16 @@ def main():
     # Phase and part: from the sample's own stack where it reaches the
     # step, else (rayon workers) from the main thread's last sample before.
     phases, parts = [], []
+    # Workers sampled while the main thread waits on them take its last
+    # phase, from before the window where the wait began there.
     last_phase, last_part = "outside the step", None
+    before = [(t, f) for tid, t, f, _ in all_samples if tid == main_tid and t < end - a.last]
+    if before:
+        stack = "\n".join(sym for sym, _ in max(before, key=lambda x: x[0])[1])
+        phase = classify(PHASE_RULES, stack, None)
+        if phase is not None:
+            last_phase = phase
+            last_part = classify(PART_RULES, stack, None) if phase == "forward" else None
     for (_, tid, frames) in window:
         stack = "\n".join(sym for sym, _ in frames)
         phase = classify(PHASE_RULES, stack, None)

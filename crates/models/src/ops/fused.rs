@@ -9,6 +9,7 @@ use ferrotron_kernels::attention::AttentionOptions;
 use ferrotron_parallel::tensor::TpOps;
 
 use super::attention::attention_reference;
+use super::linear_cross_entropy::GradPrimitives;
 use super::norm::{layer_norm_reference, rms_norm_reference};
 use super::swiglu::swiglu_reference;
 use crate::layers::gelu_tanh;
@@ -213,10 +214,7 @@ pub trait KernelBackend: Backend + TpOps {
         weight: FloatTensor<Self>,
         targets: IntTensor<Self>,
         grads: bool,
-    ) -> (
-        FloatTensor<Self>,
-        Option<(FloatTensor<Self>, FloatTensor<Self>)>,
-    ) {
+    ) -> (FloatTensor<Self>, Option<GradPrimitives<Self>>) {
         super::linear_cross_entropy::blocks_on::<Self>(x, weight, targets, grads)
     }
 
@@ -340,10 +338,7 @@ impl KernelBackend for burn::backend::Flex {
         weight: FloatTensor<Self>,
         targets: IntTensor<Self>,
         grads: bool,
-    ) -> (
-        FloatTensor<Self>,
-        Option<(FloatTensor<Self>, FloatTensor<Self>)>,
-    ) {
+    ) -> (FloatTensor<Self>, Option<GradPrimitives<Self>>) {
         let block = super::block_rows(weight.layout().shape().dims::<2>()[1]);
         if x.dtype() == burn::tensor::DType::F32 && weight.dtype() == burn::tensor::DType::F32 {
             super::cpu::linear_cross_entropy_blocks(x, weight, targets, block, grads)

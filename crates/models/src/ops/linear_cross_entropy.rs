@@ -129,7 +129,7 @@ pub fn linear_cross_entropy_blocks<B: Backend>(
 }
 
 /// The primitives of `d_x` and `d_w` (see [`LinearCrossEntropyGrads`]).
-type GradPrimitives<B> = (FloatTensor<B>, FloatTensor<B>);
+pub(super) type GradPrimitives<B> = (FloatTensor<B>, FloatTensor<B>);
 
 /// A float primitive as a rank-2 tensor.
 fn t2<B: Backend>(p: FloatTensor<B>) -> Tensor<B, 2> {
