@@ -3,7 +3,7 @@
 //! writing the input gradients over buffers that die with the node (the
 //! upstream gradient's, or the saved inputs'), with the logistic function
 //! of [`super::math`] vectorised. Burn's tensor operations make a pass and
-//! a fresh tensor per primitive (GELU: 8 in forward, about 15 in
+//! a fresh tensor per primitive (GELU: 7 in forward, about a dozen in
 //! backward).
 
 use burn::backend::flex::FlexTensor;
