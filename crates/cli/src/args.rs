@@ -185,8 +185,8 @@ pub struct PlanArgs {
     #[arg(long)]
     pub no_sp: bool,
     /// How activations are counted: korthikanti (Korthikanti et al. 2022: fused kernels,
-    /// Megatron-LM, Ferrotron on GPUs) or ferrotron-cpu (what Burn's autodiff keeps over
-    /// Ferrotron's reference ops, counted primitive by primitive).
+    /// Megatron-LM, Ferrotron on GPUs) or ferrotron-cpu (what Burn's autodiff keeps on
+    /// Ferrotron's default CPU path, counted primitive by primitive and node by node).
     #[arg(long, default_value = "korthikanti")]
     pub activations: String,
     /// Rows of the ranked table.

@@ -62,7 +62,7 @@ impl<B: KernelBackend> Mlp<B> {
         let x = column_input(x, &self.tp);
         let inner = match &self.gate {
             Some(gate) => self.ops.swiglu(gate.forward(x.clone()), self.up.forward(x)),
-            None => gelu_tanh(self.up.forward(x)),
+            None => self.ops.gelu_tanh(self.up.forward(x)),
         };
         self.down.forward_row_parallel(inner, &self.tp)
     }

@@ -15,18 +15,6 @@ use ferrotron_kernels::attention::AttentionOptions;
 
 use super::fused::{FusedKernels, KernelBackend};
 
-/// Adds each gradient in `$values` to its parent in `$parents`, for the
-/// parents that require one. (A macro: autodiff's node type is not public.)
-macro_rules! register {
-    ($grads:expr, $parents:expr, $values:expr) => {
-        for (parent, value) in $parents.into_iter().zip($values) {
-            if let Some(node) = parent {
-                $grads.register::<B>(node.id, value);
-            }
-        }
-    };
-}
-
 #[derive(Debug)]
 struct AttentionBackward;
 
@@ -46,7 +34,7 @@ impl<B: FusedKernels> Backward<B, 3> for AttentionBackward {
         let d_out = grads.consume::<B>(&ops.node);
         let (q, k, v, slopes, options, out, lse) = ops.state;
         let values = B::attention_backward(q, k, v, slopes, options, out, lse, d_out);
-        register!(grads, ops.parents, values);
+        register!(B, grads, ops.parents, values);
     }
 }
 
@@ -60,7 +48,7 @@ impl<B: FusedKernels> Backward<B, 2> for SwigluBackward {
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
         let d_out = grads.consume::<B>(&ops.node);
         let (gate, up) = ops.state;
-        register!(grads, ops.parents, B::swiglu_backward(gate, up, d_out));
+        register!(B, grads, ops.parents, B::swiglu_backward(gate, up, d_out));
     }
 }
 
@@ -75,6 +63,7 @@ impl<B: FusedKernels> Backward<B, 2> for RmsNormBackward {
         let dy = grads.consume::<B>(&ops.node);
         let (x, weight, rstd) = ops.state;
         register!(
+            B,
             grads,
             ops.parents,
             B::rms_norm_backward(x, weight, rstd, dy)
@@ -98,7 +87,7 @@ impl<B: FusedKernels> Backward<B, 3> for LayerNormBackward {
         let dy = grads.consume::<B>(&ops.node);
         let (x, weight, mean, rstd) = ops.state;
         let values = B::layer_norm_backward(x, weight, mean, rstd, dy);
-        register!(grads, ops.parents, values);
+        register!(B, grads, ops.parents, values);
     }
 }
 
@@ -111,7 +100,7 @@ impl<B: FusedKernels> Backward<B, 1> for RopeBackward {
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let d_y = grads.consume::<B>(&ops.node);
-        register!(grads, ops.parents, [B::rope_backward(d_y, ops.state)]);
+        register!(B, grads, ops.parents, [B::rope_backward(d_y, ops.state)]);
     }
 }
 
@@ -126,7 +115,7 @@ impl<B: FusedKernels> Backward<B, 1> for CrossEntropyBackward {
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         // Upstream gradient of the scalar loss: `[1]`, broadcast over the logits.
         let upstream = B::float_reshape(grads.consume::<B>(&ops.node), Shape::new([1, 1]));
-        register!(grads, ops.parents, [B::float_mul(ops.state, upstream)]);
+        register!(B, grads, ops.parents, [B::float_mul(ops.state, upstream)]);
     }
 }
 

@@ -3,12 +3,21 @@
 //! and handed to every layer. A new fused operation (CubeCL or CPU) is one
 //! more case here; the layers only call the methods.
 
+use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, FloatDType, Int, Tensor, TensorPrimitive};
+use ferrotron_engine::precision::Precision;
 
 use super::fused::KernelBackend;
 use super::{cross_entropy, layer_norm, resolve_kernels};
 use super::{rms_norm, swiglu};
+
 use crate::config::{ConfigError, DecoderConfig, Kernels};
+use crate::layers::gelu_tanh;
+
+/// A float primitive as a tensor of rank `D`.
+fn float<B: KernelBackend, const D: usize>(p: FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(p))
+}
 
 /// How the output head and the loss are computed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,13 +32,15 @@ pub enum HeadLoss {
 }
 
 /// The implementation of every hot operation of a model: attention, RoPE,
-/// the norms, SwiGLU (through [`Kernels`]) and the head with its loss
-/// ([`HeadLoss`]).
+/// the norms, SwiGLU (through [`Kernels`]), the head with its loss
+/// ([`HeadLoss`]), and whether GELU, SwiGLU and the norms run as
+/// Ferrotron's CPU operations ([`OpsChoice::cpu_elementwise`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OpsChoice {
     kernels: Kernels,
     head_loss: HeadLoss,
     host_attention: bool,
+    cpu_elementwise: bool,
 }
 
 impl From<Kernels> for OpsChoice {
@@ -39,6 +50,7 @@ impl From<Kernels> for OpsChoice {
             kernels,
             head_loss: HeadLoss::Logits,
             host_attention: false,
+            cpu_elementwise: false,
         }
     }
 }
@@ -50,24 +62,30 @@ impl OpsChoice {
     }
 
     /// What a model of `config` runs on backend `B`: the kernels of
-    /// [`resolve_kernels`]; the head and loss chunked where `config.kernels`
-    /// is absent and the backend has no fused kernels (the CPU backends),
-    /// and there too the attention core as the backend's host-buffer
-    /// operation where it has one (flex). An explicit `kernels =
-    /// "reference"` keeps the plain logits path and Burn's attention.
+    /// [`resolve_kernels`]; where `config.kernels` is absent and the
+    /// backend has no fused kernels (the CPU backends), the head and loss
+    /// chunked, the attention core as the backend's host-buffer operation
+    /// where it has one (flex), and GELU, SwiGLU and the norms as the
+    /// backend's CPU operations ([`KernelBackend::cpu_gelu_tanh`] and the
+    /// others: Ferrotron's own on flex, the reference elsewhere) when the
+    /// model computes in f32. An explicit `kernels = "reference"` keeps the
+    /// plain logits path and Burn's operations.
     ///
     /// Errors as [`resolve_kernels`].
     pub fn resolve<B: KernelBackend>(config: &DecoderConfig) -> Result<Self, ConfigError> {
         let kernels = resolve_kernels::<B>(config)?;
-        let chunked = config.kernels.is_none() && !B::has_fused_kernels();
+        let cpu = config.kernels.is_none() && !B::has_fused_kernels();
         Ok(Self {
             kernels,
-            host_attention: chunked && B::has_host_attention(),
-            head_loss: if chunked {
+            host_attention: cpu && B::has_host_attention(),
+            head_loss: if cpu {
                 HeadLoss::Chunked
             } else {
                 HeadLoss::Logits
             },
+            // The norms compute in f32 in every precision; a bf16 or f16
+            // model keeps Burn's operations throughout, as its head does.
+            cpu_elementwise: cpu && config.precision == Precision::Fp32,
         })
     }
 
@@ -90,19 +108,39 @@ impl OpsChoice {
         self.host_attention
     }
 
+    /// Whether GELU, SwiGLU and the norms call the backend's CPU operations
+    /// ([`KernelBackend::cpu_gelu_tanh`], [`KernelBackend::cpu_swiglu`],
+    /// [`KernelBackend::cpu_rms_norm`], [`KernelBackend::cpu_layer_norm`]).
+    pub fn cpu_elementwise(&self) -> bool {
+        self.cpu_elementwise
+    }
+
     /// Whether attention and RoPE take the fused kernels' position form
     /// (tables built on the host, see `layers::position`).
     pub fn fused_positions(&self) -> bool {
         self.kernels == Kernels::Fused
     }
 
-    /// `silu(gate) * up` (see [`super::swiglu`]).
-    pub fn swiglu<B: KernelBackend, const D: usize>(
-        &self,
-        gate: Tensor<B, D>,
-        up: Tensor<B, D>,
-    ) -> Tensor<B, D> {
-        swiglu(self.kernels, gate, up)
+    /// GELU-tanh of `x` `[batch, seq, n]` (see [`crate::layers::gelu_tanh`]).
+    pub fn gelu_tanh<B: KernelBackend>(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        if self.cpu_elementwise {
+            float(B::cpu_gelu_tanh(x.into_primitive().tensor()))
+        } else {
+            gelu_tanh(x)
+        }
+    }
+
+    /// `silu(gate) * up` of `[batch, seq, n]` tensors (see
+    /// [`super::swiglu`]).
+    pub fn swiglu<B: KernelBackend>(&self, gate: Tensor<B, 3>, up: Tensor<B, 3>) -> Tensor<B, 3> {
+        if self.cpu_elementwise {
+            float(B::cpu_swiglu(
+                gate.into_primitive().tensor(),
+                up.into_primitive().tensor(),
+            ))
+        } else {
+            swiglu(self.kernels, gate, up)
+        }
     }
 
     /// RMSNorm of f32 `x` `[batch, seq, hidden]` (see [`super::rms_norm`]).
@@ -112,7 +150,15 @@ impl OpsChoice {
         weight: Tensor<B, 1>,
         eps: f64,
     ) -> Tensor<B, 3> {
-        rms_norm(self.kernels, x, weight, eps)
+        if self.cpu_elementwise {
+            float(B::cpu_rms_norm(
+                x.into_primitive().tensor(),
+                weight.into_primitive().tensor(),
+                eps,
+            ))
+        } else {
+            rms_norm(self.kernels, x, weight, eps)
+        }
     }
 
     /// LayerNorm of f32 `x` `[batch, seq, hidden]` (see
@@ -124,7 +170,16 @@ impl OpsChoice {
         bias: Tensor<B, 1>,
         eps: f64,
     ) -> Tensor<B, 3> {
-        layer_norm(self.kernels, x, weight, bias, eps)
+        if self.cpu_elementwise {
+            float(B::cpu_layer_norm(
+                x.into_primitive().tensor(),
+                weight.into_primitive().tensor(),
+                bias.into_primitive().tensor(),
+                eps,
+            ))
+        } else {
+            layer_norm(self.kernels, x, weight, bias, eps)
+        }
     }
 
     /// Mean cross-entropy (nats, `[1]`) of the head `weight` `[hidden,

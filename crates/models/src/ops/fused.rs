@@ -10,7 +10,55 @@ use ferrotron_parallel::tensor::TpOps;
 
 use super::attention::{attention_reference, attention_reference_backward};
 use super::linear_cross_entropy::GradPrimitives;
+use super::norm::{layer_norm_reference, rms_norm_reference};
 use super::recompute::Core;
+use super::swiglu::swiglu_reference;
+use crate::layers::gelu_tanh;
+
+/// A float primitive as a tensor of rank `D`.
+fn t<B: Backend, const D: usize>(p: FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(p))
+}
+
+/// The reference GELU-tanh ([`gelu_tanh`]) on a primitive `[batch, seq, n]`.
+pub(super) fn gelu_reference<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
+    gelu_tanh(t::<B, 3>(x)).into_primitive().tensor()
+}
+
+/// The reference `silu(gate) * up` on primitives `[batch, seq, n]`.
+pub(super) fn swiglu_reference_on<B: KernelBackend>(
+    gate: FloatTensor<B>,
+    up: FloatTensor<B>,
+) -> FloatTensor<B> {
+    swiglu_reference(t::<B, 3>(gate), t::<B, 3>(up))
+        .into_primitive()
+        .tensor()
+}
+
+/// The reference RMSNorm on primitives `x` `[batch, seq, hidden]`,
+/// `weight` `[hidden]`.
+pub(super) fn rms_norm_reference_on<B: KernelBackend>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    eps: f64,
+) -> FloatTensor<B> {
+    rms_norm_reference(t::<B, 3>(x), t::<B, 1>(weight), eps)
+        .into_primitive()
+        .tensor()
+}
+
+/// The reference LayerNorm on primitives `x` `[batch, seq, hidden]`,
+/// `weight` and `bias` `[hidden]`.
+pub(super) fn layer_norm_reference_on<B: KernelBackend>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    bias: FloatTensor<B>,
+    eps: f64,
+) -> FloatTensor<B> {
+    layer_norm_reference(t::<B, 3>(x), t::<B, 1>(weight), t::<B, 1>(bias), eps)
+        .into_primitive()
+        .tensor()
+}
 
 /// The fused kernels on a backend's own tensors, without autodiff. Every
 /// forward returns what its backward needs. All tensors are `f32`.
@@ -175,8 +223,7 @@ pub trait KernelBackend: Backend + TpOps {
         v: FloatTensor<Self>,
         bias: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        let t = |p| Tensor::<Self, 4>::from_primitive(TensorPrimitive::Float(p));
-        attention_reference(t(q), t(k), t(v), &t(bias))
+        attention_reference(t::<Self, 4>(q), t(k), t(v), &t(bias))
             .into_primitive()
             .tensor()
     }
@@ -223,6 +270,49 @@ pub trait KernelBackend: Backend + TpOps {
         grads: bool,
     ) -> (FloatTensor<Self>, Option<GradPrimitives<Self>>) {
         super::linear_cross_entropy::blocks_on::<Self>(x, weight, targets, grads)
+    }
+
+    /// GELU-tanh ([`gelu_tanh`]) of `x` `[batch, seq, n]` as Ferrotron's CPU
+    /// operation (`ops::cpu`): one pass in forward, one in backward, one
+    /// autodiff node keeping only `x`. This default is the plain reference;
+    /// flex and the autodiff backend over it override it for f32 `x`.
+    fn cpu_gelu_tanh(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        gelu_reference::<Self>(x)
+    }
+
+    /// `silu(gate) * up` of `gate` and `up` `[batch, seq, n]` as
+    /// Ferrotron's CPU operation: one pass in forward, one pass in backward
+    /// for both gradients, one autodiff node keeping the inputs. This
+    /// default is the plain reference; flex and the autodiff backend over
+    /// it override it for f32.
+    fn cpu_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        swiglu_reference_on::<Self>(gate, up)
+    }
+
+    /// RMSNorm (see [`super::rms_norm`]) of `x` `[batch, seq, hidden]` with
+    /// `weight` `[hidden]` as Ferrotron's CPU operation: one pass per row
+    /// in forward and in backward (`d_x`, `d_weight`), one autodiff node
+    /// keeping `x` and each row's reciprocal RMS. This default is the plain
+    /// reference; flex and the autodiff backend over it override it for
+    /// f32.
+    fn cpu_rms_norm(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        eps: f64,
+    ) -> FloatTensor<Self> {
+        rms_norm_reference_on::<Self>(x, weight, eps)
+    }
+
+    /// LayerNorm (see [`super::layer_norm`]) as Ferrotron's CPU operation:
+    /// as [`KernelBackend::cpu_rms_norm`], the node keeping each row's mean
+    /// too and its backward forming `d_bias`.
+    fn cpu_layer_norm(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        eps: f64,
+    ) -> FloatTensor<Self> {
+        layer_norm_reference_on::<Self>(x, weight, bias, eps)
     }
 
     /// Fused attention output (see [`FusedKernels::attention_forward`]).
@@ -352,6 +442,31 @@ impl KernelBackend for burn::backend::Flex {
             super::linear_cross_entropy::blocks_on::<Self>(x, weight, targets, grads)
         }
     }
+
+    fn cpu_gelu_tanh(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        super::cpu_nodes::gelu_forward(x)
+    }
+
+    fn cpu_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        super::cpu_nodes::swiglu_forward(gate, up)
+    }
+
+    fn cpu_rms_norm(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        eps: f64,
+    ) -> FloatTensor<Self> {
+        super::cpu_nodes::rms_norm_forward(x, weight, eps)
+    }
+
+    fn cpu_layer_norm(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        eps: f64,
+    ) -> FloatTensor<Self> {
+        super::cpu_nodes::layer_norm_forward(x, weight, bias, eps)
+    }
 }
 
 #[cfg(feature = "flex")]
@@ -386,6 +501,31 @@ impl<C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy> Kerne
         targets: IntTensor<Self>,
     ) -> FloatTensor<Self> {
         super::linear_cross_entropy::autodiff_node::<burn::backend::Flex, C>(x, weight, targets)
+    }
+
+    fn cpu_gelu_tanh(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        super::cpu_nodes::gelu_node::<C>(x)
+    }
+
+    fn cpu_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        super::cpu_nodes::swiglu_node::<C>(gate, up)
+    }
+
+    fn cpu_rms_norm(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        eps: f64,
+    ) -> FloatTensor<Self> {
+        super::cpu_nodes::rms_norm_node::<C>(x, weight, eps)
+    }
+
+    fn cpu_layer_norm(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        eps: f64,
+    ) -> FloatTensor<Self> {
+        super::cpu_nodes::layer_norm_node::<C>(x, weight, bias, eps)
     }
 }
 

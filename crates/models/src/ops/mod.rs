@@ -8,7 +8,8 @@
 //! reach them through one resolved value, [`OpsChoice`], which also picks
 //! how the head and the loss run: on the CPU backends as one operation over
 //! blocks of rows (`linear_cross_entropy`), which never forms the whole
-//! logits. The fused
+//! logits, and the element-wise hot operations (GELU, SwiGLU, the norms)
+//! as Ferrotron's CPU operations (`cpu`, one autodiff node each). The fused
 //! path goes through [`KernelBackend`]: the CubeCL backend launches the
 //! kernels, and the autodiff backend wraps them in nodes whose backward is
 //! the kernels' own backward (FlashAttention-2 recomputation, not autodiff
@@ -17,12 +18,27 @@
 //! Model code stays backend-generic: it asks for an operation, and the
 //! choice is made once, when the model is built ([`OpsChoice::resolve`]).
 
+/// Adds each gradient in `$values` to its parent in `$parents`, for the
+/// parents that require one, on backend `$b`. (A macro: autodiff's node
+/// type is not public.)
+macro_rules! register {
+    ($b:ty, $grads:expr, $parents:expr, $values:expr) => {
+        for (parent, value) in $parents.into_iter().zip($values) {
+            if let Some(node) = parent {
+                $grads.register::<$b>(node.id, value);
+            }
+        }
+    };
+}
+
 mod attention;
 mod autodiff;
 mod backends;
 mod choice;
 #[cfg(feature = "flex")]
 mod cpu;
+#[cfg(feature = "flex")]
+mod cpu_nodes;
 mod cross_entropy;
 mod cube;
 mod fused;

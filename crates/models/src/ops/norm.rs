@@ -19,11 +19,18 @@ pub fn rms_norm<B: KernelBackend>(
             weight.into_primitive().tensor(),
             eps as f32,
         ))),
-        Kernels::Reference => {
-            let ms = (x.clone() * x.clone()).mean_dim(2);
-            x / ms.add_scalar(eps).sqrt() * weight.unsqueeze::<3>()
-        }
+        Kernels::Reference => rms_norm_reference(x, weight, eps),
     }
+}
+
+/// The plain Burn body of [`rms_norm`].
+pub(super) fn rms_norm_reference<B: KernelBackend>(
+    x: Tensor<B, 3>,
+    weight: Tensor<B, 1>,
+    eps: f64,
+) -> Tensor<B, 3> {
+    let ms = (x.clone() * x.clone()).mean_dim(2);
+    x / ms.add_scalar(eps).sqrt() * weight.unsqueeze::<3>()
 }
 
 /// `(x - mean) / sqrt(var + eps) * weight + bias` (biased variance) over the
@@ -42,10 +49,18 @@ pub fn layer_norm<B: KernelBackend>(
             bias.into_primitive().tensor(),
             eps as f32,
         ))),
-        Kernels::Reference => {
-            let centred = x.clone() - x.mean_dim(2);
-            let var = (centred.clone() * centred.clone()).mean_dim(2);
-            centred / var.add_scalar(eps).sqrt() * weight.unsqueeze::<3>() + bias.unsqueeze::<3>()
-        }
+        Kernels::Reference => layer_norm_reference(x, weight, bias, eps),
     }
+}
+
+/// The plain Burn body of [`layer_norm`].
+pub(super) fn layer_norm_reference<B: KernelBackend>(
+    x: Tensor<B, 3>,
+    weight: Tensor<B, 1>,
+    bias: Tensor<B, 1>,
+    eps: f64,
+) -> Tensor<B, 3> {
+    let centred = x.clone() - x.mean_dim(2);
+    let var = (centred.clone() * centred.clone()).mean_dim(2);
+    centred / var.add_scalar(eps).sqrt() * weight.unsqueeze::<3>() + bias.unsqueeze::<3>()
 }

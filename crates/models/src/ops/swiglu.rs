@@ -24,6 +24,14 @@ pub fn swiglu<B: KernelBackend, const D: usize>(
                 )));
             out.cast(dtype)
         }
-        Kernels::Reference => silu(gate) * up,
+        Kernels::Reference => swiglu_reference(gate, up),
     }
+}
+
+/// The plain Burn body of [`swiglu`].
+pub(super) fn swiglu_reference<B: KernelBackend, const D: usize>(
+    gate: Tensor<B, D>,
+    up: Tensor<B, D>,
+) -> Tensor<B, D> {
+    silu(gate) * up
 }

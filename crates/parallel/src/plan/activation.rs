@@ -22,39 +22,40 @@
 //! chunks per stage (Korthikanti et al. 2022, Sec. 4.2.3, Eq. 5).
 //!
 //! [`ActivationModel::FerrotronCpu`] counts instead what Burn 0.21's
-//! autodiff keeps when it differentiates Ferrotron's reference ops (the CPU
-//! path), primitive by primitive: a product keeps both factors, a quotient
-//! both operands, `exp`, `sqrt` and `sigmoid` their input, a matmul both
-//! inputs; sums, means, additions, scalings, reshapes, casts to the same
-//! dtype, `gather` and `select` keep no tensor. A tensor kept by several
-//! nodes (or a view of one) is one buffer. Per block, in elements, with
-//! `T = s b` tokens:
-//! - each norm (LayerNorm or RMSNorm) keeps two `[T, h]` tensors (LayerNorm
-//!   the centred input and the normalised one; RMSNorm its input and the
-//!   normalised one) and two `[T, 1]` statistics: `4 T h + 4 T`;
+//! autodiff keeps on Ferrotron's default CPU path (f32): the reference ops
+//! primitive by primitive, and the CPU operations' nodes (GELU-tanh,
+//! SwiGLU, the norms: `ferrotron_models::ops::cpu`) as they are. A product
+//! keeps both factors, a quotient both operands, `exp`, `sqrt` and
+//! `sigmoid` their input, a matmul both inputs; sums, means, additions,
+//! scalings, reshapes, casts to the same dtype, `gather` and `select` keep
+//! no tensor. A tensor kept by several nodes (or a view of one) is one
+//! buffer. Per block, in elements, with `T = s b` tokens:
+//! - each norm (LayerNorm or RMSNorm, one node) keeps its input and each
+//!   row's mean and reciprocal standard deviation: `2 T h + 4 T` for two;
 //! - the inputs of the q/k/v projections and of the MLP's first
 //!   projections (the norms' outputs): `2 T h`;
 //! - q, k and v as flex's attention node keeps them (after RoPE; k and v
 //!   at the KV heads' width `h_kv`) and the output projection's input:
 //!   `2 T h + 2 T h_kv`;
-//! - the attention core: nothing. Flex's host-buffer attention
-//!   (`ops::cpu` in ferrotron-models) keeps only q, k, v and recomputes the
-//!   probabilities in its backward, whatever `--recompute` says (Burn's
-//!   reference, `--kernels reference`, would keep `3 a s^2 b` scores);
-//! - the MLP, `5 T f`: GELU-tanh keeps `x`, `x^2`, `2z`, `sigmoid(2z)` and
-//!   its output; SwiGLU the gate, `sigmoid(gate)`, `silu(gate)`, up and
-//!   their product.
+//! - the attention core: nothing. Flex's host-buffer attention keeps only
+//!   q, k, v and recomputes the probabilities in its backward, whatever
+//!   `--recompute` says (Burn's reference, `--kernels reference`, would keep
+//!   `3 a s^2 b` scores);
+//! - the MLP: GELU-tanh's node keeps its input, the down projection its
+//!   output, `2 T f`; SwiGLU's node keeps the gate and up, the down
+//!   projection their product, `3 T f`.
 //!
-//! That is `8 T h + 2 T h_kv + 5 T f` (plus the statistics), against
-//! Korthikanti's `8 T h + 2 T f + a s^2 b` elements for the same layer
-//! without dropout. Outside the blocks: BLOOM's embedding norm `2 T h`, the
-//! final norm and the head's input `3 T h`, and the cross-entropy's shifted
-//! logits `T V` (f32; `log_softmax` keeps `exp`'s input, the log-probabilities
-//! go once `gather` has picked the targets). Selective recomputation
-//! changes nothing on this path; full recomputation keeps each block's
-//! input. Under tensor parallelism the terms split as in
-//! Korthikanti's count (q, k, v and the MLP by `t`, the norms by `t` with
-//! SP); only `t = 1` is measured (`plan_activations` test).
+//! That is `6 T h + 2 T h_kv + 2 T f` (GELU; SwiGLU `3 T f`; plus the
+//! statistics), against Korthikanti's `8 T h + 2 T f + a s^2 b` elements
+//! for the same layer without dropout. Outside the blocks: BLOOM's
+//! embedding norm `T h`, the final norm and the head's input `2 T h`, and
+//! the cross-entropy's shifted logits `T V` (f32; `log_softmax` keeps
+//! `exp`'s input, the log-probabilities go once `gather` has picked the
+//! targets). Selective recomputation changes nothing on this path; full
+//! recomputation keeps each block's input. Under tensor parallelism the
+//! terms split as in Korthikanti's count (q, k, v and the MLP by `t`, the
+//! norms by `t` with SP); only `t = 1` is measured (`plan_activations`
+//! test).
 
 use serde::Serialize;
 
@@ -158,24 +159,25 @@ impl LayerActivations {
         let tokens = s * b;
         let h = m.hidden as f64;
         let sp = if self.sp { t } else { 1.0 };
-        // Two norms (two [T, h] tensors and two row statistics each) and
-        // the inputs of the column-parallel projections.
-        let replicated = 2.0 * (2.0 * tokens * h + 2.0 * tokens) + 2.0 * tokens * h;
+        // Two norms (the input and two row statistics each) and the inputs
+        // of the column-parallel projections.
+        let replicated = 2.0 * (tokens * h + 2.0 * tokens) + 2.0 * tokens * h;
         // q, k, v as the attention node keeps them, and the output
         // projection's input; the attention core keeps nothing.
         let qkvo = 2.0 * tokens * h + 2.0 * tokens * m.kv_width() as f64;
-        let mlp = 5.0 * tokens * m.ffn as f64;
+        // GELU: its input and output; SwiGLU: gate, up and their product.
+        let mlp = if m.gated_mlp { 3.0 } else { 2.0 } * tokens * m.ffn as f64;
         e * (replicated / sp + (qkvo + mlp) / t)
     }
 
     /// Bytes the first stage keeps for the embedding per micro-batch: its
     /// dropout mask (Korthikanti), or on Ferrotron's CPU path the embedding
-    /// norm's two `[T, h]` tensors and statistics (BLOOM).
+    /// norm's input and statistics (BLOOM).
     pub fn embedding_bytes(&self, m: &ModelShape) -> f64 {
         let sp = if self.sp { self.tp as f64 } else { 1.0 };
         if self.model == ActivationModel::FerrotronCpu {
             let tokens = (self.seq * self.micro_batch) as f64;
-            let norm = 2.0 * tokens * m.hidden as f64 + 2.0 * tokens;
+            let norm = tokens * m.hidden as f64 + 2.0 * tokens;
             let e = self.elem_bytes as f64;
             return if m.embed_norm { e * norm / sp } else { 0.0 };
         }
@@ -191,10 +193,10 @@ impl LayerActivations {
         let e = self.elem_bytes as f64;
         let logits = 4.0 * s * b * m.vocab as f64 / t;
         if self.model == ActivationModel::FerrotronCpu {
-            // The final norm (two [T, h] tensors, two statistics), the
-            // head's input, and the cross-entropy's row sums.
+            // The final norm (its input, two statistics), the head's input,
+            // and the cross-entropy's row sums.
             let tokens = s * b;
-            let norm = 3.0 * tokens * m.hidden as f64 + 2.0 * tokens;
+            let norm = 2.0 * tokens * m.hidden as f64 + 2.0 * tokens;
             return e * norm / sp + logits + 4.0 * tokens;
         }
         2.0 * e * s * b * m.hidden as f64 / sp + logits

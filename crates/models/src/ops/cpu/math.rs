@@ -15,7 +15,7 @@ const LANES: usize = 8;
 /// a normal f32 number). Below that range the result is 0 (`e^-inf`, a
 /// masked score, is exactly 0), above it `e^88.3` (about `2.1e38`).
 #[inline(always)]
-fn exp(x: f32) -> f32 {
+pub(super) fn exp(x: f32) -> f32 {
     const LOG2_E: f32 = std::f32::consts::LOG2_E;
     // 1.5 * 2^23: adding it rounds to an integer held in the low mantissa bits.
     const ROUND: f32 = 12_582_912.0;
@@ -40,6 +40,15 @@ fn exp(x: f32) -> f32 {
     } else {
         y
     }
+}
+
+/// The logistic function `1 / (1 + e^-x)` through [`exp`]: within 4 ulp
+/// of the true value where that is at least `1.2e-38` (`x >= -87.3`);
+/// below, about `4.7e-39` instead of a smaller number (the clamp of
+/// [`exp`]), so `x * sigmoid(x)` still tends to 0.
+#[inline(always)]
+pub(super) fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + exp(-x))
 }
 
 /// The largest element of `v` (`-inf` for an empty slice).
@@ -140,63 +149,55 @@ fn softmax_backward_body(p: &[f32], g: &mut [f32], scale: f32) {
     }
 }
 
+/// Defines `fn $name(args)` that runs `$body(args)` compiled for AVX2 +
+/// FMA where the CPU has them (checked at run time), the portable build
+/// elsewhere. `$body` is an `#[inline(always)]` function, so each build
+/// inlines (and vectorises) it for its own target features.
+macro_rules! simd_dispatch {
+    ($(#[$doc:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? => $body:path) => {
+        $(#[$doc])*
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            if super::math::has_avx2_fma() {
+                /// The body compiled for AVX2 + FMA.
+                ///
+                /// # Safety
+                /// The CPU must have AVX2 and FMA.
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    $body($($arg),*)
+                }
+                // SAFETY: the CPU has AVX2 and FMA (checked above).
+                return unsafe { avx2($($arg),*) };
+            }
+            $body($($arg),*)
+        }
+    };
+}
+pub(super) use simd_dispatch;
+
 /// Whether this CPU runs the AVX2 + FMA builds.
 #[cfg(target_arch = "x86_64")]
-fn has_avx2_fma() -> bool {
+pub(super) fn has_avx2_fma() -> bool {
     std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
 }
 
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    /// [`super::softmax_scaled`] compiled for AVX2 + FMA.
-    ///
-    /// # Safety
-    /// The CPU must have AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn softmax_scaled(v: &mut [f32], factor: f32) -> f32 {
-        super::softmax_scaled_body(v, factor)
-    }
-
-    /// [`super::softmax_backward`] compiled for AVX2 + FMA.
-    ///
-    /// # Safety
-    /// The CPU must have AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn softmax_backward(p: &[f32], g: &mut [f32], scale: f32) {
-        super::softmax_backward_body(p, g, scale)
-    }
-
-    /// [`super::log_sum_exp`] compiled for AVX2 + FMA.
-    ///
-    /// # Safety
-    /// The CPU must have AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn log_sum_exp(v: &[f32]) -> f32 {
-        super::log_sum_exp_body(v)
-    }
+simd_dispatch! {
+    /// Overwrites the row `v` with `factor * softmax(v)` and returns its
+    /// log-sum-exp `ln sum_i e^v[i]` (both in f32; the exponentials are
+    /// shifted by the row's maximum, so no finite row overflows).
+    pub fn softmax_scaled(v: &mut [f32], factor: f32) -> f32 => softmax_scaled_body
 }
 
-/// Overwrites the row `v` with `factor * softmax(v)` and returns its
-/// log-sum-exp `ln sum_i e^v[i]` (both in f32; the exponentials are
-/// shifted by the row's maximum, so no finite row overflows).
-pub fn softmax_scaled(v: &mut [f32], factor: f32) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: the CPU has AVX2 and FMA (checked above).
-        return unsafe { avx2::softmax_scaled(v, factor) };
-    }
-    softmax_scaled_body(v, factor)
+simd_dispatch! {
+    /// The log-sum-exp `ln sum_i e^v[i]` of the row `v`, shifted by its
+    /// maximum as [`softmax_scaled`].
+    pub fn log_sum_exp(v: &[f32]) -> f32 => log_sum_exp_body
 }
 
-/// The log-sum-exp `ln sum_i e^v[i]` of the row `v`, shifted by its
-/// maximum as [`softmax_scaled`].
-pub fn log_sum_exp(v: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: the CPU has AVX2 and FMA (checked above).
-        return unsafe { avx2::log_sum_exp(v) };
-    }
-    log_sum_exp_body(v)
+simd_dispatch! {
+    /// [`softmax_backward_body`] on the CPU's best build.
+    fn softmax_backward_rows(p: &[f32], g: &mut [f32], scale: f32) => softmax_backward_body
 }
 
 /// Overwrites the softmax output row `p`'s upstream gradient `g` (same
@@ -210,12 +211,7 @@ pub fn softmax_backward(p: &[f32], g: &mut [f32], scale: f32) {
         p.len(),
         g.len()
     );
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: the CPU has AVX2 and FMA (checked above).
-        return unsafe { avx2::softmax_backward(p, g, scale) };
-    }
-    softmax_backward_body(p, g, scale)
+    softmax_backward_rows(p, g, scale)
 }
 
 /// `row[i] = row[i] * scale + bias[i]` (the scores' scaling and additive
@@ -288,6 +284,24 @@ mod tests {
                 "exp({x}) = {got}, f64 says {want}"
             );
         }
+    }
+
+    #[test]
+    fn sigmoid_is_within_four_ulp_of_f64_and_tiny_past_the_clamp() {
+        for x in arguments().into_iter().filter(|&x| x >= -87.0) {
+            let want = 1.0 / (1.0 + (-(x as f64)).exp());
+            let got = sigmoid(x) as f64;
+            let ulp = f32::EPSILON as f64 * want;
+            assert!(
+                (got - want).abs() <= 4.0 * ulp,
+                "sigmoid({x}) = {got}, f64 says {want}"
+            );
+        }
+        for x in [-88.0f32, -100.0, -1e4, f32::MIN] {
+            let got = sigmoid(x);
+            assert!((0.0..1e-37).contains(&got), "sigmoid({x}) = {got}");
+        }
+        assert_eq!(sigmoid(100.0), 1.0);
     }
 
     #[test]

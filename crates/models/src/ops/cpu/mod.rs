@@ -3,10 +3,16 @@
 //! run time, where a chain of Burn tensor operations would allocate and
 //! pass over memory once per operation.
 
+mod activation;
 mod attention;
+mod buffers;
 mod gemm;
 mod linear_cross_entropy;
 mod math;
+mod norm;
 
+pub use activation::{gelu_tanh, gelu_tanh_backward, swiglu, swiglu_backward};
 pub use attention::{attention_backward, attention_forward};
+pub use buffers::dense;
 pub use linear_cross_entropy::linear_cross_entropy_blocks;
+pub use norm::{layer_norm, norm_backward, rms_norm, RowStats};

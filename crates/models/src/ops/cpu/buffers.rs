@@ -1,0 +1,32 @@
+//! Flex tensors as dense f32 host buffers: what the element-wise and norm
+//! operations of this module read and write.
+
+use burn::backend::flex::FlexTensor;
+use burn::tensor::{DType, Shape, TensorData};
+
+/// Elements one rayon task of an element-wise pass covers (64 KiB of f32).
+pub const TASK_ELEMENTS: usize = 1 << 14;
+
+/// `t` (f32) with its elements in row-major order filling its whole
+/// buffer, so that `storage::<f32>()` is the tensor: `t` itself when it
+/// already is, a contiguous copy when it is a strided or narrowed view.
+///
+/// Panics when `t` is not f32 (the callers check the dtype first).
+pub fn dense(t: FlexTensor) -> FlexTensor {
+    assert_eq!(
+        t.dtype(),
+        DType::F32,
+        "the CPU fused operations take f32 tensors"
+    );
+    t.to_contiguous()
+}
+
+/// A new row-major f32 tensor of `shape` holding `values`.
+pub fn tensor(values: Vec<f32>, shape: Shape) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(values, shape))
+}
+
+/// The last dimension of `t` (1 for a scalar).
+pub fn last_dim(t: &FlexTensor) -> usize {
+    t.layout().shape().last().copied().unwrap_or(1)
+}

@@ -1,0 +1,218 @@
+//! The CPU operations of `ops::cpu` (GELU-tanh, SwiGLU, RMSNorm, LayerNorm)
+//! on the flex backend: the forward alone on `Flex` (evaluation,
+//! generation), and on `Autodiff<Flex, C>` one graph node each whose
+//! backward is the operation's own one-pass backward, in place of the
+//! 10 to 20 nodes of Burn's autodiff of the reference. Inputs that are not
+//! f32 (mixed precision) take the reference.
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::flex::FlexTensor;
+use burn::backend::{Autodiff, Flex};
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::DType;
+
+use super::cpu::{self, dense, RowStats};
+use super::fused::{
+    gelu_reference, layer_norm_reference_on, rms_norm_reference_on, swiglu_reference_on,
+};
+
+/// The autodiff backend over flex.
+type Ad<C> = Autodiff<Flex, C>;
+
+/// Whether every tensor is f32 (what the CPU operations take).
+fn all_f32(tensors: &[&FlexTensor]) -> bool {
+    tensors.iter().all(|t| t.dtype() == DType::F32)
+}
+
+/// GELU-tanh on flex without autodiff.
+pub(super) fn gelu_forward(x: FlexTensor) -> FlexTensor {
+    if !all_f32(&[&x]) {
+        return gelu_reference::<Flex>(x);
+    }
+    cpu::gelu_tanh(&dense(x))
+}
+
+/// `silu(gate) * up` on flex without autodiff.
+pub(super) fn swiglu_forward(gate: FlexTensor, up: FlexTensor) -> FlexTensor {
+    if !all_f32(&[&gate, &up]) {
+        return swiglu_reference_on::<Flex>(gate, up);
+    }
+    cpu::swiglu(&dense(gate), &dense(up))
+}
+
+/// RMSNorm on flex without autodiff.
+pub(super) fn rms_norm_forward(x: FlexTensor, weight: FlexTensor, eps: f64) -> FlexTensor {
+    if !all_f32(&[&x, &weight]) {
+        return rms_norm_reference_on::<Flex>(x, weight, eps);
+    }
+    cpu::rms_norm(&dense(x), &dense(weight), eps as f32).0
+}
+
+/// LayerNorm on flex without autodiff.
+pub(super) fn layer_norm_forward(
+    x: FlexTensor,
+    weight: FlexTensor,
+    bias: FlexTensor,
+    eps: f64,
+) -> FlexTensor {
+    if !all_f32(&[&x, &weight, &bias]) {
+        return layer_norm_reference_on::<Flex>(x, weight, bias, eps);
+    }
+    cpu::layer_norm(&dense(x), &dense(weight), &dense(bias), eps as f32).0
+}
+
+#[derive(Debug)]
+struct GeluBackward;
+
+impl Backward<Flex, 1> for GeluBackward {
+    /// The input, dense.
+    type State = FlexTensor;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let d_y = dense(grads.consume::<Flex>(&ops.node));
+        let d_x = cpu::gelu_tanh_backward(&ops.state, d_y);
+        register!(Flex, grads, ops.parents, [d_x]);
+    }
+}
+
+/// GELU-tanh of `x` as one node of the autodiff graph over flex.
+pub(super) fn gelu_node<C: CheckpointStrategy>(x: FloatTensor<Ad<C>>) -> FloatTensor<Ad<C>> {
+    if !all_f32(&[&x.primitive]) {
+        return gelu_reference::<Ad<C>>(x);
+    }
+    let x_dense = dense(x.primitive);
+    match GeluBackward
+        .prepare::<C>([x.node])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let y = cpu::gelu_tanh(&x_dense);
+            prep.finish(x_dense, y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(cpu::gelu_tanh(&x_dense)),
+    }
+}
+
+#[derive(Debug)]
+struct SwigluBackward;
+
+impl Backward<Flex, 2> for SwigluBackward {
+    /// `gate`, `up`, dense.
+    type State = (FlexTensor, FlexTensor);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let d_out = dense(grads.consume::<Flex>(&ops.node));
+        let (gate, up) = ops.state;
+        let values = cpu::swiglu_backward(gate, up, &d_out);
+        register!(Flex, grads, ops.parents, values);
+    }
+}
+
+/// `silu(gate) * up` as one node of the autodiff graph over flex.
+pub(super) fn swiglu_node<C: CheckpointStrategy>(
+    gate: FloatTensor<Ad<C>>,
+    up: FloatTensor<Ad<C>>,
+) -> FloatTensor<Ad<C>> {
+    if !all_f32(&[&gate.primitive, &up.primitive]) {
+        return swiglu_reference_on::<Ad<C>>(gate, up);
+    }
+    let (g, u) = (dense(gate.primitive), dense(up.primitive));
+    match SwigluBackward
+        .prepare::<C>([gate.node, up.node])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let out = cpu::swiglu(&g, &u);
+            prep.finish((g, u), out)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(cpu::swiglu(&g, &u)),
+    }
+}
+
+#[derive(Debug)]
+struct RmsNormBackward;
+
+impl Backward<Flex, 2> for RmsNormBackward {
+    /// `x`, the weight (dense), each row's statistics.
+    type State = (FlexTensor, FlexTensor, RowStats);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let d_y = dense(grads.consume::<Flex>(&ops.node));
+        let (x, weight, stats) = ops.state;
+        let [d_x, d_w, _] = cpu::norm_backward(&x, &weight, &stats, d_y);
+        register!(Flex, grads, ops.parents, [d_x, d_w]);
+    }
+}
+
+/// RMSNorm of `x` with `weight` as one node of the autodiff graph over
+/// flex.
+pub(super) fn rms_norm_node<C: CheckpointStrategy>(
+    x: FloatTensor<Ad<C>>,
+    weight: FloatTensor<Ad<C>>,
+    eps: f64,
+) -> FloatTensor<Ad<C>> {
+    if !all_f32(&[&x.primitive, &weight.primitive]) {
+        return rms_norm_reference_on::<Ad<C>>(x, weight, eps);
+    }
+    let (xs, w) = (dense(x.primitive), dense(weight.primitive));
+    match RmsNormBackward
+        .prepare::<C>([x.node, weight.node])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let (y, stats) = cpu::rms_norm(&xs, &w, eps as f32);
+            prep.finish((xs, w, stats), y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(cpu::rms_norm(&xs, &w, eps as f32).0),
+    }
+}
+
+#[derive(Debug)]
+struct LayerNormBackward;
+
+impl Backward<Flex, 3> for LayerNormBackward {
+    /// `x`, the weight (dense), each row's statistics.
+    type State = (FlexTensor, FlexTensor, RowStats);
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let d_y = dense(grads.consume::<Flex>(&ops.node));
+        let (x, weight, stats) = ops.state;
+        let values = cpu::norm_backward(&x, &weight, &stats, d_y);
+        register!(Flex, grads, ops.parents, values);
+    }
+}
+
+/// LayerNorm of `x` with `weight` and `bias` as one node of the autodiff
+/// graph over flex.
+pub(super) fn layer_norm_node<C: CheckpointStrategy>(
+    x: FloatTensor<Ad<C>>,
+    weight: FloatTensor<Ad<C>>,
+    bias: FloatTensor<Ad<C>>,
+    eps: f64,
+) -> FloatTensor<Ad<C>> {
+    if !all_f32(&[&x.primitive, &weight.primitive, &bias.primitive]) {
+        return layer_norm_reference_on::<Ad<C>>(x, weight, bias, eps);
+    }
+    let (xs, w, b) = (
+        dense(x.primitive),
+        dense(weight.primitive),
+        dense(bias.primitive),
+    );
+    match LayerNormBackward
+        .prepare::<C>([x.node, weight.node, bias.node])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let (y, stats) = cpu::layer_norm(&xs, &w, &b, eps as f32);
+            prep.finish((xs, w, stats), y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(cpu::layer_norm(&xs, &w, &b, eps as f32).0),
+    }
+}
