@@ -15,6 +15,32 @@ use super::recompute::Core;
 use super::swiglu::swiglu_reference;
 use crate::layers::gelu_tanh;
 
+/// The reference attention core ([`attention_reference`]) on primitives
+/// (shapes of [`KernelBackend::attention_core`]).
+pub(super) fn attention_reference_on<B: Backend>(
+    q: FloatTensor<B>,
+    k: FloatTensor<B>,
+    v: FloatTensor<B>,
+    bias: FloatTensor<B>,
+) -> FloatTensor<B> {
+    attention_reference(t::<B, 4>(q), t(k), t(v), &t(bias))
+        .into_primitive()
+        .tensor()
+}
+
+/// The reference core's gradients ([`attention_reference_backward`]) on
+/// primitives.
+pub(super) fn attention_reference_backward_on<B: Backend>(
+    q: FloatTensor<B>,
+    k: FloatTensor<B>,
+    v: FloatTensor<B>,
+    bias: FloatTensor<B>,
+    d_out: FloatTensor<B>,
+) -> [FloatTensor<B>; 3] {
+    attention_reference_backward(t::<B, 4>(q), t(k), t(v), &t(bias), t(d_out))
+        .map(|g| g.into_primitive().tensor())
+}
+
 /// A float primitive as a tensor of rank `D`.
 fn t<B: Backend, const D: usize>(p: FloatTensor<B>) -> Tensor<B, D> {
     Tensor::from_primitive(TensorPrimitive::Float(p))
@@ -189,10 +215,7 @@ pub trait KernelBackend: Backend + TpOps {
         v: FloatTensor<Self>,
         bias: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        let t = |p| Tensor::<Self, 4>::from_primitive(TensorPrimitive::Float(p));
-        attention_reference(t(q), t(k), t(v), &t(bias))
-            .into_primitive()
-            .tensor()
+        attention_reference_on::<Self>(q, k, v, bias)
     }
 
     /// The gradients `[dq, dk, dv]` of [`KernelBackend::attention_core`]
@@ -206,9 +229,7 @@ pub trait KernelBackend: Backend + TpOps {
         bias: FloatTensor<Self>,
         d_out: FloatTensor<Self>,
     ) -> [FloatTensor<Self>; 3] {
-        let t = |p| Tensor::<Self, 4>::from_primitive(TensorPrimitive::Float(p));
-        attention_reference_backward(t(q), t(k), t(v), &t(bias), t(d_out))
-            .map(|g| g.into_primitive().tensor())
+        attention_reference_backward_on::<Self>(q, k, v, bias, d_out)
     }
 
     /// The reference attention ([`super::attention_reference`], shapes of
@@ -223,9 +244,7 @@ pub trait KernelBackend: Backend + TpOps {
         v: FloatTensor<Self>,
         bias: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        attention_reference(t::<Self, 4>(q), t(k), t(v), &t(bias))
-            .into_primitive()
-            .tensor()
+        attention_reference_on::<Self>(q, k, v, bias)
     }
 
     /// [`KernelBackend::attention_core`] as one autodiff node whose
@@ -408,10 +427,7 @@ impl KernelBackend for burn::backend::Flex {
         if all_f32(&[&q, &k, &v, &bias]) {
             return super::cpu::attention_forward(q, k, v, bias);
         }
-        let t = |p| Tensor::<Self, 4>::from_primitive(TensorPrimitive::Float(p));
-        attention_reference(t(q), t(k), t(v), &t(bias))
-            .into_primitive()
-            .tensor()
+        attention_reference_on::<Self>(q, k, v, bias)
     }
 
     fn attention_core_backward(
@@ -424,9 +440,7 @@ impl KernelBackend for burn::backend::Flex {
         if all_f32(&[&q, &k, &v, &bias, &d_out]) {
             return super::cpu::attention_backward(q, k, v, bias, d_out);
         }
-        let t = |p| Tensor::<Self, 4>::from_primitive(TensorPrimitive::Float(p));
-        attention_reference_backward(t(q), t(k), t(v), &t(bias), t(d_out))
-            .map(|g| g.into_primitive().tensor())
+        attention_reference_backward_on::<Self>(q, k, v, bias, d_out)
     }
 
     fn linear_cross_entropy_parts(

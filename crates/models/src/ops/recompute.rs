@@ -13,20 +13,13 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::Autodiff;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Tensor, TensorPrimitive};
 
-use super::attention::{attention_reference, attention_reference_backward};
-use super::fused::KernelBackend;
-
-/// A float primitive as a rank-4 tensor.
-fn t4<B: burn::tensor::backend::Backend>(p: FloatTensor<B>) -> Tensor<B, 4> {
-    Tensor::from_primitive(TensorPrimitive::Float(p))
-}
+use super::fused::{attention_reference_backward_on, attention_reference_on, KernelBackend};
 
 /// Which attention core a node runs, forward and backward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Core {
-    /// [`attention_reference`] and [`attention_reference_backward`].
+    /// `attention_reference` and `attention_reference_backward`.
     Reference,
     /// [`KernelBackend::attention_core`] and
     /// [`KernelBackend::attention_core_backward`] (flex: host buffers).
@@ -52,10 +45,7 @@ impl<B: KernelBackend> Backward<B, 3> for RecomputedAttentionBackward {
         let (q, k, v, bias) = ops.state;
         let values = match self.core {
             Core::Host => B::attention_core_backward(q, k, v, bias, d_out),
-            Core::Reference => {
-                attention_reference_backward(t4::<B>(q), t4(k), t4(v), &t4(bias), t4(d_out))
-                    .map(|g| g.into_primitive().tensor())
-            }
+            Core::Reference => attention_reference_backward_on::<B>(q, k, v, bias, d_out),
         };
         for (parent, value) in ops.parents.into_iter().zip(values) {
             if let Some(node) = parent {
@@ -79,9 +69,7 @@ pub(super) fn attention_node<B: KernelBackend, C: CheckpointStrategy>(
     let nodes = [q.node.clone(), k.node.clone(), v.node.clone()];
     let forward = |q, k, v, bias: &FloatTensor<B>| match core {
         Core::Host => B::attention_core(q, k, v, bias.clone()),
-        Core::Reference => attention_reference(t4::<B>(q), t4(k), t4(v), &t4(bias.clone()))
-            .into_primitive()
-            .tensor(),
+        Core::Reference => attention_reference_on::<B>(q, k, v, bias.clone()),
     };
     match (RecomputedAttentionBackward { core })
         .prepare::<C>(nodes)
