@@ -116,7 +116,10 @@ const LAYOUTS: [Layout; 4] = [
 /// with each of `layouts`; compares losses, gradient norms and every
 /// weight tensor. Returns the scratch directory and the one-rank run.
 fn pp_matches_single_rank(model: &str, layouts: &[Layout]) -> (PathBuf, PathBuf) {
-    let dir = scratch(&format!("pp-{model}"));
+    // One directory per model and set of layouts: tests of the same model
+    // run at once in this process.
+    let names: Vec<&str> = layouts.iter().map(|l| l.0).collect();
+    let dir = scratch(&format!("pp-{model}-{}", names.join("-")));
     let corpus = corpus(&dir);
     let single = dir.join("single");
     run(model, 1, args(model, &corpus, &single, "4"), &[]);
