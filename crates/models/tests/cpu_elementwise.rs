@@ -15,6 +15,9 @@ use ferrotron_models::ops::{layer_norm, rms_norm, swiglu, KernelBackend};
 use ferrotron_models::presets::preset;
 use ferrotron_models::{Decoder, DecoderConfig, Kernels};
 
+mod common;
+use common::assert_gradients_match;
+
 type Ad = Autodiff<Flex>;
 
 /// `n` deterministic values in `[-scale, scale)`.
@@ -345,22 +348,6 @@ fn gpt_and_llama_steps_give_the_reference_loss_and_gradients() {
             (loss - want_loss).abs() <= 1e-6 * want_loss,
             "{family}: loss {loss} against {want_loss}"
         );
-        assert_eq!(got.len(), want.len());
-        let largest = want.iter().flatten().fold(0f32, |m, v| m.max(v.abs()));
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            let gap = g
-                .iter()
-                .zip(w)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
-            let scale = w
-                .iter()
-                .fold(0f32, |m, v| m.max(v.abs()))
-                .max(1e-3 * largest);
-            assert!(
-                gap <= 1e-4 * scale,
-                "{family}: parameter {i}: gap {gap} at scale {scale}"
-            );
-        }
+        assert_gradients_match(family, &got, &want);
     }
 }

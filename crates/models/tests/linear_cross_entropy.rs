@@ -17,6 +17,9 @@ use ferrotron_models::ops::{
 use ferrotron_models::presets::preset;
 use ferrotron_models::{Decoder, DecoderConfig, Kernels};
 
+mod common;
+use common::assert_gradients_match;
+
 type Ad = Autodiff<Flex>;
 
 /// `n` deterministic values in [-1, 1).
@@ -345,26 +348,7 @@ fn chunked_head_gives_the_reference_loss_and_gradients_for_every_family() {
             (no_grad - want_no_grad).abs() <= 1e-6 * want_no_grad,
             "{family}: no-grad loss {no_grad} against {want_no_grad}"
         );
-        assert_eq!(got.len(), want.len());
-        // Each tensor against its own largest entry, floored at 1e-3 of the
-        // model's largest gradient: the key biases' gradient is
-        // analytically zero (softmax is shift-invariant), rounding only.
-        let largest = want.iter().flatten().fold(0f32, |m, v| m.max(v.abs()));
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            let gap = g
-                .iter()
-                .zip(w)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
-            let scale = w
-                .iter()
-                .fold(0f32, |m, v| m.max(v.abs()))
-                .max(1e-3 * largest);
-            assert!(
-                gap <= 1e-4 * scale,
-                "{family}: parameter {i}: gap {gap} at scale {scale}"
-            );
-        }
+        assert_gradients_match(family, &got, &want);
     }
 }
 

@@ -13,15 +13,14 @@
 //! their GEMMs on its own thread.
 
 use burn::backend::flex::FlexTensor;
-use burn::tensor::{DType, TensorData};
 use rayon::prelude::*;
 
+use super::buffers::{dense, positive_strides, tensor};
 use super::gemm::{matmul, MatView, Threads};
 use super::math::{scale_add, softmax_backward, softmax_scaled};
 
 /// An f32 tensor `[batch, heads, rows, cols]` and where it lies in its
-/// buffer (copied first when its strides are not all positive or it is
-/// not f32).
+/// buffer (copied first when its strides are not all positive).
 struct Heads {
     tensor: FlexTensor,
     dims: [usize; 4],
@@ -31,8 +30,7 @@ struct Heads {
 
 impl Heads {
     fn new(t: FlexTensor) -> Self {
-        let strided = t.dtype() == DType::F32 && t.layout().has_positive_strides();
-        let tensor = if strided { t } else { t.to_contiguous() };
+        let tensor = positive_strides(t);
         let layout = tensor.layout();
         let dims = layout.shape().dims::<4>();
         let strides = std::array::from_fn(|i| layout.strides()[i] as usize);
@@ -61,7 +59,7 @@ impl Heads {
     }
 }
 
-/// The additive bias `[1, 1 or heads, len, keys]`, contiguous.
+/// The additive bias `[1, 1 or heads, len, keys]`, dense.
 struct Bias {
     tensor: FlexTensor,
     per_head: bool,
@@ -71,12 +69,7 @@ struct Bias {
 
 impl Bias {
     fn new(t: FlexTensor, heads: usize, len: usize, keys: usize) -> Self {
-        let tensor =
-            if t.dtype() == DType::F32 && t.is_contiguous() && t.layout().start_offset() == 0 {
-                t
-            } else {
-                t.to_contiguous()
-            };
+        let tensor = dense(t);
         let [one, bias_heads, bias_len, bias_keys] = tensor.layout().shape().dims::<4>();
         assert!(
             one == 1 && (bias_heads == 1 || bias_heads == heads) && [bias_len, bias_keys] == [len, keys],
@@ -193,7 +186,7 @@ pub fn attention_forward(
                 );
             });
     }
-    FlexTensor::from_data(TensorData::new(out, [batch, heads, len, d]))
+    tensor(out, [batch, heads, len, d].into())
 }
 
 /// The gradients `[dq, dk, dv]` (contiguous, the shapes of `q`, `k`, `v`)
@@ -267,18 +260,17 @@ pub fn attention_backward(
                 }
             });
     }
-    let tensor = |v: Vec<f32>, dims: [usize; 4]| FlexTensor::from_data(TensorData::new(v, dims));
     [
-        tensor(dq, [batch, heads, len, d]),
-        tensor(dk, [batch, kv_heads, keys, d]),
-        tensor(dv, [batch, kv_heads, keys, d]),
+        tensor(dq, [batch, heads, len, d].into()),
+        tensor(dk, [batch, kv_heads, keys, d].into()),
+        tensor(dv, [batch, kv_heads, keys, d].into()),
     ]
 }
 
 #[cfg(test)]
 mod tests {
     use burn::backend::Flex;
-    use burn::tensor::Tensor;
+    use burn::tensor::{Tensor, TensorData};
 
     use super::*;
     use crate::ops::{attention_reference, attention_reference_backward};

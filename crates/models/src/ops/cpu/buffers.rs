@@ -21,6 +21,23 @@ pub fn dense(t: FlexTensor) -> FlexTensor {
     t.to_contiguous()
 }
 
+/// `t` (f32) as it lies when all its strides are positive (the GEMM reads
+/// such views in place), else a contiguous copy.
+///
+/// Panics when `t` is not f32 (the callers check the dtype first).
+pub fn positive_strides(t: FlexTensor) -> FlexTensor {
+    assert_eq!(
+        t.dtype(),
+        DType::F32,
+        "the CPU fused operations take f32 tensors"
+    );
+    if t.layout().has_positive_strides() {
+        t
+    } else {
+        t.to_contiguous()
+    }
+}
+
 /// A new row-major f32 tensor of `shape` holding `values`.
 pub fn tensor(values: Vec<f32>, shape: Shape) -> FlexTensor {
     FlexTensor::from_data(TensorData::new(values, shape))

@@ -10,17 +10,16 @@
 //! and the passes over memory were a third of the head's time).
 
 use burn::backend::flex::FlexTensor;
-use burn::tensor::{DType, TensorData};
 use rayon::prelude::*;
 
+use super::buffers::{positive_strides, tensor};
 use super::gemm::{matmul, MatView, Threads};
 use super::math::{log_sum_exp, softmax_scaled};
 
 /// An f32 rank-2 flex tensor and the view of its elements in its buffer
-/// (a copy first when its strides are not all positive or it is not f32).
+/// (a copy first when its strides are not all positive).
 fn matrix(t: FlexTensor) -> (FlexTensor, MatView) {
-    let strided = t.dtype() == DType::F32 && t.layout().has_positive_strides();
-    let t = if strided { t } else { t.to_contiguous() };
+    let t = positive_strides(t);
     let layout = t.layout();
     let dims = layout.shape().dims::<2>();
     let strides = layout.strides();
@@ -145,17 +144,14 @@ pub fn linear_cross_entropy_blocks(
             );
         }
     }
-    let loss = FlexTensor::from_data(TensorData::new(vec![(nll * per_kept as f64) as f32], [1]));
+    let loss = tensor(vec![(nll * per_kept as f64) as f32], [1].into());
     let grads = grads.then(|| {
         let d_w = if w_column_major {
-            FlexTensor::from_data(TensorData::new(d_w, [vocab, hidden])).transpose(0, 1)
+            tensor(d_w, [vocab, hidden].into()).transpose(0, 1)
         } else {
-            FlexTensor::from_data(TensorData::new(d_w, [hidden, vocab]))
+            tensor(d_w, [hidden, vocab].into())
         };
-        (
-            FlexTensor::from_data(TensorData::new(d_x, [rows, hidden])),
-            d_w,
-        )
+        (tensor(d_x, [rows, hidden].into()), d_w)
     });
     (loss, grads)
 }
@@ -163,7 +159,7 @@ pub fn linear_cross_entropy_blocks(
 #[cfg(test)]
 mod tests {
     use burn::backend::Flex;
-    use burn::tensor::{Int, Tensor};
+    use burn::tensor::{Int, Tensor, TensorData};
 
     use super::*;
     use crate::ops::linear_cross_entropy_reference;
