@@ -38,8 +38,11 @@ pub(crate) fn nonzero(op: &'static str, name: &str, value: usize) -> Result<(), 
     Ok(())
 }
 
-/// Fails unless `handle` holds exactly `elems` elements of `elem_bytes`
-/// bytes each.
+/// Fails unless `handle` holds at least `elems` elements of `elem_bytes`
+/// bytes each. A larger handle is accepted: CubeCL's CUDA runtime rounds
+/// the buffers of Burn's tensors up (a 192-value f32 weight sits in 1024
+/// bytes), and every kernel reads and writes only the elements its shape
+/// names.
 pub(crate) fn elems(
     op: &'static str,
     name: &str,
@@ -48,7 +51,7 @@ pub(crate) fn elems(
     elem_bytes: usize,
 ) -> Result<(), ShapeError> {
     let bytes = handle.size_in_used();
-    if bytes != (elems * elem_bytes) as u64 {
+    if bytes < (elems * elem_bytes) as u64 {
         return Err(ShapeError {
             op,
             message: format!(
@@ -60,7 +63,7 @@ pub(crate) fn elems(
     Ok(())
 }
 
-/// Fails unless `handle` holds exactly `elems` 4-byte elements (f32, u32).
+/// Fails unless `handle` holds at least `elems` 4-byte elements (f32, u32).
 pub(crate) fn elems_4b(
     op: &'static str,
     name: &str,

@@ -154,8 +154,8 @@ pub enum AttentionError {
         /// Which type and runtime.
         message: String,
     },
-    /// A buffer's size does not match the shape.
-    #[error("attention buffer `{name}`: expected {expected_bytes} bytes for the given shape, got {actual_bytes}")]
+    /// A buffer is smaller than the shape needs.
+    #[error("attention buffer `{name}`: expected at least {expected_bytes} bytes for the given shape, got {actual_bytes}")]
     BufferSize {
         /// Which buffer (`q`, `k`, `v`, `alibi_slopes`, `out`, `lse`, `d_out`).
         name: &'static str,
@@ -163,6 +163,15 @@ pub enum AttentionError {
         expected_bytes: u64,
         /// Bytes of the handle.
         actual_bytes: u64,
+    },
+    /// The cmma forward on a shape, type or device it does not run
+    /// ([`super::AttentionKernel::cmma_runs`]).
+    #[error("attention: the cmma kernel does not run head_dim {head_dim} in {dtype} on this device (16-bit types, head_dim a multiple of 16 up to 128, 32-unit planes with 16x16x16 cmma)")]
+    CmmaUnsupported {
+        /// Head dimension of the launch.
+        head_dim: usize,
+        /// Storage type of the launch.
+        dtype: &'static str,
     },
     /// A tiled forward with a tile size it is not compiled for.
     #[error("attention: tile {tile} is not a tile size of the tiled kernel (16 or 32)")]
@@ -190,7 +199,9 @@ pub enum AttentionError {
     },
 }
 
-/// Checks that `handle` holds exactly `elems` values of `elem_bytes` bytes.
+/// Checks that `handle` holds at least `elems` values of `elem_bytes` bytes
+/// (a larger handle is accepted, as [`crate::check`]'s: the kernels touch
+/// only the elements the shape names).
 pub(crate) fn check_buffer(
     name: &'static str,
     handle: &Handle,
@@ -199,7 +210,7 @@ pub(crate) fn check_buffer(
 ) -> Result<(), AttentionError> {
     let expected_bytes = (elems * elem_bytes) as u64;
     let actual_bytes = handle.size_in_used();
-    if expected_bytes == actual_bytes {
+    if actual_bytes >= expected_bytes {
         Ok(())
     } else {
         Err(AttentionError::BufferSize {

@@ -1,20 +1,34 @@
-//! Shared test helpers: a wgpu client over lavapipe, a seeded generator,
-//! buffer upload/download (f32, and every [`FloatDtype`]) and error
-//! measures.
+//! Shared test helpers: a wgpu client over lavapipe (a CUDA client with
+//! the `test-cuda` feature), a seeded generator, buffer upload/download
+//! (f32, and every [`FloatDtype`]) and error measures.
 #![allow(dead_code)] // each test binary uses a different subset
 
 use cubecl::prelude::*;
 use cubecl::server::Handle;
-use cubecl::wgpu::WgpuRuntime;
-use ferrotron_kernels::{wgpu_setup, FloatDtype};
+use ferrotron_kernels::FloatDtype;
 use half::{bf16, f16};
 
-/// The runtime the tests launch on.
-pub type R = WgpuRuntime;
+/// The runtime the tests launch on: wgpu.
+#[cfg(not(feature = "test-cuda"))]
+pub type R = cubecl::wgpu::WgpuRuntime;
+
+/// The runtime the tests launch on: CUDA (the `test-cuda` feature).
+#[cfg(feature = "test-cuda")]
+pub type R = cubecl::cuda::CudaRuntime;
+
+/// A CUDA client on device 0; panics (failing the test) without a driver
+/// or a GPU.
+#[cfg(feature = "test-cuda")]
+pub fn client() -> ComputeClient<R> {
+    let made = std::panic::catch_unwind(|| R::client(&Default::default()));
+    made.unwrap_or_else(|_| panic!("no CUDA device 0: the test-cuda build needs an NVIDIA GPU"))
+}
 
 /// A wgpu client on the default adapter (lavapipe on CI and dev machines),
 /// with the autotune level chosen for it.
+#[cfg(not(feature = "test-cuda"))]
 pub fn client() -> ComputeClient<R> {
+    use ferrotron_kernels::wgpu_setup;
     let made = std::panic::catch_unwind(|| R::client(&wgpu_setup::default_device()));
     made.unwrap_or_else(|_| {
         panic!(
