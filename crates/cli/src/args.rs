@@ -242,8 +242,9 @@ pub struct KernelsBenchArgs {
     /// Shortest attention sequence, tokens, of the sweep (with --max-seq, picks a part of it).
     #[arg(long, default_value_t = 256)]
     pub min_seq: usize,
-    /// Only this kernel: attention (both forward kernels), attention_tiled, swiglu, rms_norm,
-    /// layer_norm, rope or cross_entropy.
+    /// Only this kernel: attention (the row and the tiled forward kernel),
+    /// attention_tiled, attention_cmma_bf16 (the cmma kernel, run only when named),
+    /// swiglu, rms_norm, layer_norm, rope or cross_entropy.
     #[arg(long, value_name = "KERNEL")]
     pub only: Option<String>,
     /// Untimed runs per path and shape before the timed ones (shader compilation, caches).

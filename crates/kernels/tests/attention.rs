@@ -1,11 +1,12 @@
-//! FlashAttention kernels (the row and the tiled forward, the
+//! FlashAttention kernels (the row, the tiled and the cmma forward, the
 //! FlashAttention-2 backward; f32, f16 and bf16 storage) against a naive
 //! host reference, on the wgpu runtime (lavapipe on machines without a
-//! GPU). Each case runs the row and the tiled forward kernel (the tile
-//! boundary cases: the tiled kernel at every tile size that fits the
-//! device) and the backward on the output of the kernel the launcher
-//! chooses. The reference's own
-//! gradients are checked against central finite differences first.
+//! GPU; CUDA with the `test-cuda` feature). Each case runs the row forward
+//! kernel and the one the launcher chooses (the tile boundary cases: the
+//! tiled kernel at every tile size that fits the device, and the cmma
+//! kernel where it runs) and the backward on the output of the kernel the
+//! launcher chooses. The reference's own gradients are checked against
+//! central finite differences first.
 
 mod attention_support;
 mod common;
@@ -65,25 +66,51 @@ fn alibi_slopes(n_heads: usize) -> Vec<f32> {
 }
 
 /// The forward kernels the tests check on `client`'s device for
-/// `head_dim`: the row kernel and the tiled kernel at every tile size whose
-/// shared memory fits the device.
-fn forward_kernels(client: &ComputeClient<R>, head_dim: usize) -> Vec<AttentionKernel> {
+/// `head_dim` and `dtype`: the row kernel, the tiled kernel at every tile
+/// size whose shared memory fits the device, and the cmma kernel where it
+/// runs.
+fn forward_kernels(
+    client: &ComputeClient<R>,
+    head_dim: usize,
+    dtype: FloatDtype,
+) -> Vec<AttentionKernel> {
     let max_shared = client.properties().hardware.max_shared_memory_size;
     let tiled = TILE_SIZES
         .into_iter()
         .map(|tile| AttentionKernel::Tiled { tile })
         .filter(|kernel| kernel.shared_bytes(head_dim) <= max_shared);
-    std::iter::once(AttentionKernel::Row).chain(tiled).collect()
+    let cmma = AttentionKernel::cmma_runs(client, head_dim, dtype).then_some(AttentionKernel::Cmma);
+    std::iter::once(AttentionKernel::Row)
+        .chain(tiled)
+        .chain(cmma)
+        .collect()
 }
 
-/// The row kernel and the tiled kernel the launcher chooses for `head_dim`
+/// The row kernel and the kernel the launcher chooses for `head_dim`
 /// (most cases check these two: each kernel variant is one more shader to
 /// compile, slow on lavapipe).
-fn row_and_chosen(client: &ComputeClient<R>, head_dim: usize) -> Vec<AttentionKernel> {
+fn row_and_chosen(
+    client: &ComputeClient<R>,
+    head_dim: usize,
+    _: FloatDtype,
+) -> Vec<AttentionKernel> {
     vec![
         AttentionKernel::Row,
         AttentionKernel::choose(client, head_dim),
     ]
+}
+
+/// Tolerance of `kernel`'s output stored as `dtype`: `stored_tol`, plus
+/// for the cmma kernel one unit roundoff of the 16-bit type, because it
+/// rounds the probabilities to it before the second product (each output
+/// `sum_j p_j v_j / l` moves by at most `u sum_j p_j |v_j| / l <= u max
+/// |v|`, and the tests' values have `max |v|` near the outputs' largest
+/// magnitude).
+fn output_tolerance(kernel: AttentionKernel, dtype: FloatDtype, stored_tol: f64) -> f64 {
+    match kernel {
+        AttentionKernel::Cmma => stored_tol + dtype.unit_roundoff(),
+        _ => stored_tol,
+    }
 }
 
 fn to_f64(values: &[f32]) -> Vec<f64> {
@@ -120,7 +147,7 @@ fn check_case_as(
     dtype: FloatDtype,
     case: Case,
     seed: u64,
-    kernels: fn(&ComputeClient<R>, usize) -> Vec<AttentionKernel>,
+    kernels: fn(&ComputeClient<R>, usize, FloatDtype) -> Vec<AttentionKernel>,
 ) -> f64 {
     let s = case.shape;
     let mut rng = Rng::new(seed);
@@ -169,14 +196,14 @@ fn check_case_as(
     // Each forward kernel of `kernels` is checked; the backward takes the
     // output of the one the launcher chooses.
     let mut errors = Vec::new();
-    for kernel in kernels(&client, s.head_dim) {
+    for kernel in kernels(&client, s.head_dim, dtype) {
         let fwd = attention_forward_with(&client, kernel, dtype, s, options, inputs)
             .expect("forward launch");
         let out = download_as(&client, dtype, &fwd.out);
         errors.push((
             format!("out ({})", kernel.name()),
             relative_error(&out, &want.out),
-            stored_tol,
+            output_tolerance(kernel, dtype, stored_tol),
         ));
         errors.push((
             format!("lse ({})", kernel.name()),
@@ -230,6 +257,46 @@ fn f16_and_bf16_kernels_match_reference() {
             400,
             row_and_chosen,
         );
+    }
+}
+
+#[test]
+fn cmma_kernel_matches_reference_where_it_runs() {
+    // The matrix-unit kernel on 16-bit types: query tiles of 64 rows and
+    // key tiles of 64 (one below, at and above, and several), head
+    // dimensions 16 to 128, GQA, causal and not, ALiBi. Runs where the
+    // device has 16x16x16 cmma (tensor cores); lavapipe has none, and the
+    // `test-cuda` build requires it.
+    let client = client();
+    let dtypes: Vec<FloatDtype> = [FloatDtype::Bf16, FloatDtype::F16, FloatDtype::Bf16InF32]
+        .into_iter()
+        .filter(|&d| d.is_supported(&client) && AttentionKernel::cmma_runs(&client, 64, d))
+        .collect();
+    if dtypes.is_empty() {
+        assert!(
+            !cfg!(feature = "test-cuda"),
+            "the cmma attention kernel does not run on this CUDA device"
+        );
+        eprintln!(
+            "NOT RUN: the cmma attention kernel (this device has no 16x16x16 cmma for f16/bf16 \
+             with 32-unit planes; it runs in the test-cuda build on an NVIDIA GPU)"
+        );
+        return;
+    }
+    let cases = [
+        case(1, 4, 2, 63, 64, true, true),
+        case(1, 2, 1, 64, 128, true, false),
+        case(2, 4, 4, 65, 32, false, true),
+        case(1, 6, 3, 200, 64, true, false),
+        case(1, 2, 2, 130, 16, false, false),
+        case(1, 8, 2, 257, 128, true, true),
+    ];
+    for dtype in dtypes {
+        for (seed, c) in cases.into_iter().enumerate() {
+            let only_cmma =
+                |_: &ComputeClient<R>, _: usize, _: FloatDtype| vec![AttentionKernel::Cmma];
+            check_case_as(dtype, c, 700 + seed as u64, only_cmma);
+        }
     }
 }
 
@@ -356,7 +423,7 @@ fn the_tiled_kernel_runs_on_this_device() {
     // than leaving it unchecked.
     let client = client();
     for head_dim in [32, 64, 128] {
-        let kernels = forward_kernels(&client, head_dim);
+        let kernels = forward_kernels(&client, head_dim, FloatDtype::F32);
         eprintln!(
             "head_dim {head_dim}: forward kernels checked {kernels:?}, chosen {:?} ({} bytes of \
              shared memory per cube on this device)",
@@ -481,14 +548,27 @@ fn launchers_reject_bad_shapes_and_buffers() {
         attention_forward(&client, wide, options, inputs),
         Err(AttentionError::HeadDimTooLarge { .. })
     ));
-    let swapped = AttentionInputs { k: &q, ..inputs };
+    // A buffer smaller than the shape is refused; a larger one is
+    // accepted (CUDA's allocator rounds Burn's buffers up).
+    let swapped = AttentionInputs { q: &kv, ..inputs };
     assert_eq!(
         attention_forward(&client, s, options, swapped).unwrap_err(),
         AttentionError::BufferSize {
-            name: "k",
-            expected_bytes: (s.kv_elems() * 4) as u64,
-            actual_bytes: (s.q_elems() * 4) as u64,
+            name: "q",
+            expected_bytes: (s.q_elems() * 4) as u64,
+            actual_bytes: (s.kv_elems() * 4) as u64,
         }
+    );
+    let larger = AttentionInputs {
+        k: &q,
+        v: &q,
+        ..inputs
+    };
+    let fwd = attention_forward(&client, s, options, larger).expect("larger k and v buffers");
+    let reference = attention_forward(&client, s, options, inputs).expect("exact buffers");
+    assert_eq!(
+        download(&client, &fwd.out),
+        download(&client, &reference.out)
     );
     for tile in [8, 64] {
         assert_eq!(
@@ -504,6 +584,21 @@ fn launchers_reject_bad_shapes_and_buffers() {
             AttentionError::UnsupportedTile { tile }
         );
     }
+    assert_eq!(
+        attention_forward_with(
+            &client,
+            AttentionKernel::Cmma,
+            FloatDtype::F32,
+            s,
+            options,
+            inputs
+        )
+        .unwrap_err(),
+        AttentionError::CmmaUnsupported {
+            head_dim: 64,
+            dtype: "f32"
+        }
+    );
     let slopes = upload(&client, &[0.5; 3]);
     let short_slopes = AttentionInputs {
         alibi_slopes: Some(&slopes),

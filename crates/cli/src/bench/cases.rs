@@ -6,8 +6,8 @@ use std::fmt;
 #[derive(Clone, Copy, Debug)]
 pub enum Case {
     /// Causal attention, q/k/v `[batch, heads, seq, head_dim]` (kv heads =
-    /// heads). The fused path runs the row forward kernel, or the tiled one
-    /// when `tiled`, then the one backward.
+    /// heads). The fused path runs the forward kernel of `forward`, then the
+    /// one backward.
     Attention {
         /// Batch size.
         batch: usize,
@@ -17,8 +17,8 @@ pub enum Case {
         seq: usize,
         /// Values per head.
         head_dim: usize,
-        /// The tiled forward kernel instead of the row kernel.
-        tiled: bool,
+        /// The fused forward kernel and storage type.
+        forward: AttentionPath,
     },
     /// `silu(gate) * up`, gate and up `[rows, ffn]`.
     Swiglu {
@@ -58,6 +58,22 @@ pub enum Case {
     },
 }
 
+/// The fused attention forward a case runs; all take the one backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionPath {
+    /// The row kernel, f32.
+    Row,
+    /// The tiled kernel (FlashAttention-2 tiles), f32.
+    Tiled,
+    /// The tiled kernel on matrix units (tensor cores), bf16: inputs,
+    /// outputs and gradients bf16 (the kernel runs 16-bit types only).
+    CmmaBf16,
+}
+
+/// Name of the cmma attention kernel's rows, and the `--only` value that
+/// adds them to the sweep.
+pub const CMMA_KERNEL: &str = "attention_cmma_bf16";
+
 /// Norm epsilon of both paths.
 pub const NORM_EPS: f32 = 1e-5;
 /// RoPE base of both paths.
@@ -69,8 +85,11 @@ impl Case {
     /// Kernel name, as in the table and the JSON.
     pub fn kernel(&self) -> &'static str {
         match self {
-            Case::Attention { tiled: false, .. } => "attention",
-            Case::Attention { tiled: true, .. } => "attention_tiled",
+            Case::Attention { forward, .. } => match forward {
+                AttentionPath::Row => "attention",
+                AttentionPath::Tiled => "attention_tiled",
+                AttentionPath::CmmaBf16 => CMMA_KERNEL,
+            },
             Case::Swiglu { .. } => "swiglu",
             Case::Norm { layer: false, .. } => "rms_norm",
             Case::Norm { layer: true, .. } => "layer_norm",
@@ -79,8 +98,8 @@ impl Case {
         }
     }
 
-    /// The op whatever the fused kernel: `attention` for both attention
-    /// kernels (they share the reference), else [`Case::kernel`].
+    /// The op whatever the fused kernel: `attention` for every attention
+    /// kernel (they share the reference), else [`Case::kernel`].
     pub fn op(&self) -> &'static str {
         match self {
             Case::Attention { .. } => "attention",
@@ -176,23 +195,30 @@ impl fmt::Display for Case {
     }
 }
 
-/// The sweep: attention (the row kernel, then the tiled kernel) at every
-/// sequence length from `min_seq` to `max_seq`, then one shape of each other
-/// op; `quick` shrinks everything to a smoke test (attention at 64 and 128
-/// tokens, whatever the bounds).
-pub fn sweep(quick: bool, min_seq: usize, max_seq: usize) -> Vec<Case> {
+/// The sweep: attention (the row and the tiled kernel, and with `cmma`
+/// the cmma kernel too) at every sequence length from `min_seq` to
+/// `max_seq`, then one shape of each other op; `quick` shrinks everything
+/// to a smoke test (attention at 64 and 128 tokens, whatever the bounds).
+pub fn sweep(quick: bool, min_seq: usize, max_seq: usize, cmma: bool) -> Vec<Case> {
     let (batch, heads, head_dim) = if quick { (1, 2, 64) } else { (4, 8, 64) };
     let seqs: &[usize] = if quick { &[64, 128] } else { &ATTENTION_SEQS };
     let mut cases: Vec<Case> = seqs
         .iter()
         .filter(|&&seq| (min_seq..=max_seq).contains(&seq) || quick)
         .flat_map(|&seq| {
-            [false, true].map(|tiled| Case::Attention {
+            [
+                AttentionPath::Row,
+                AttentionPath::Tiled,
+                AttentionPath::CmmaBf16,
+            ]
+            .into_iter()
+            .filter(move |&forward| cmma || forward != AttentionPath::CmmaBf16)
+            .map(move |forward| Case::Attention {
                 batch,
                 heads,
                 seq,
                 head_dim,
-                tiled,
+                forward,
             })
         })
         .collect();

@@ -48,6 +48,18 @@ impl<R: CubeRuntime, BT: BoolElement> Target for CubeTarget<R, BT> {
         true
     }
 
+    fn fused_skip(&self, case: &Case) -> Option<String> {
+        let Case::Attention {
+            head_dim, forward, ..
+        } = *case
+        else {
+            return None;
+        };
+        fused::forward_kernel(&self.client, head_dim, forward)
+            .is_none()
+            .then(|| format!("{}: not on this device", case.kernel()))
+    }
+
     fn fused(&self, case: &Case) -> Result<Sample> {
         fused::run(&self.client, case)
     }

@@ -3,12 +3,13 @@
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use burn::tensor::bf16;
 use cubecl::future::block_on;
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 use ferrotron_kernels::attention::{
-    attention_backward, attention_forward_with, AttentionInputs, AttentionKernel, AttentionOptions,
-    AttentionShape,
+    attention_backward_typed, attention_forward_with, AttentionInputs, AttentionKernel,
+    AttentionOptions, AttentionShape,
 };
 use ferrotron_kernels::cross_entropy::cross_entropy_forward_backward;
 use ferrotron_kernels::norm::layer::{layer_norm_backward, layer_norm_forward};
@@ -18,7 +19,7 @@ use ferrotron_kernels::swiglu::{swiglu_backward, swiglu_forward};
 use ferrotron_kernels::FloatDtype;
 use ferrotron_models::rope_scaling::inv_freq;
 
-use super::cases::{pattern, targets, Case, NORM_EPS, ROPE_THETA};
+use super::cases::{pattern, targets, AttentionPath, Case, NORM_EPS, ROPE_THETA};
 use super::kernels::Sample;
 
 /// Device bytes in active allocations (`MemoryUsage::bytes_in_use`).
@@ -52,7 +53,7 @@ pub fn run<R: Runtime>(client: &ComputeClient<R>, case: &Case) -> Result<Sample>
             heads,
             seq,
             head_dim,
-            tiled,
+            forward,
         } => {
             let shape = AttentionShape {
                 batch,
@@ -61,12 +62,7 @@ pub fn run<R: Runtime>(client: &ComputeClient<R>, case: &Case) -> Result<Sample>
                 seq,
                 head_dim,
             };
-            attention(
-                client,
-                base,
-                shape,
-                forward_kernel(client, head_dim, tiled)?,
-            )
+            attention(client, base, shape, forward)
         }
         Case::Swiglu { rows, ffn } => swiglu(client, base, rows * ffn),
         Case::Norm {
@@ -114,24 +110,34 @@ fn ones<R: Runtime>(client: &ComputeClient<R>, n: usize) -> Handle {
     upload(client, &vec![1.0; n])
 }
 
-/// The attention forward kernel of the fused path: the row kernel, or
-/// (`tiled`) the tiled kernel at the tile size the launcher chooses for the
-/// device; an error when the tiled kernel does not fit its shared memory.
-fn forward_kernel<R: Runtime>(
+/// The forward kernel and storage type of `path`: the row kernel (f32),
+/// the tiled kernel (f32) at the largest tile that fits the device, or the
+/// cmma kernel (bf16); `None` when the device cannot run it.
+pub fn forward_kernel<R: Runtime>(
     client: &ComputeClient<R>,
     head_dim: usize,
-    tiled: bool,
-) -> Result<AttentionKernel> {
-    if !tiled {
-        return Ok(AttentionKernel::Row);
+    path: AttentionPath,
+) -> Option<(AttentionKernel, FloatDtype)> {
+    let max_shared = client.properties().hardware.max_shared_memory_size;
+    match path {
+        AttentionPath::Row => Some((AttentionKernel::Row, FloatDtype::F32)),
+        AttentionPath::Tiled => match AttentionKernel::for_shared_memory(max_shared, head_dim) {
+            AttentionKernel::Row => None,
+            kernel => Some((kernel, FloatDtype::F32)),
+        },
+        AttentionPath::CmmaBf16 => AttentionKernel::cmma_runs(client, head_dim, FloatDtype::Bf16)
+            .then_some((AttentionKernel::Cmma, FloatDtype::Bf16)),
     }
-    match AttentionKernel::choose(client, head_dim) {
-        AttentionKernel::Row => bail!(
-            "the tiled attention kernel does not fit this device's shared memory ({} bytes per \
-             cube) at head_dim {head_dim}",
-            client.properties().hardware.max_shared_memory_size
-        ),
-        kernel => Ok(kernel),
+}
+
+/// Uploads `data` as `dtype` (f32 or bf16).
+fn upload_as<R: Runtime>(client: &ComputeClient<R>, dtype: FloatDtype, data: &[f32]) -> Handle {
+    match dtype {
+        FloatDtype::Bf16 => {
+            let values: Vec<bf16> = data.iter().map(|&x| bf16::from_f32(x)).collect();
+            client.create_from_slice(bf16::as_bytes(&values))
+        }
+        _ => upload(client, data),
     }
 }
 
@@ -139,12 +145,15 @@ fn attention<R: Runtime>(
     client: &ComputeClient<R>,
     base: u64,
     shape: AttentionShape,
-    kernel: AttentionKernel,
+    path: AttentionPath,
 ) -> Result<Sample> {
-    let q = rand(client, shape.q_elems(), 1);
-    let k = rand(client, shape.kv_elems(), 2);
-    let v = rand(client, shape.kv_elems(), 3);
-    let d_out = ones(client, shape.q_elems());
+    let Some((kernel, dtype)) = forward_kernel(client, shape.head_dim, path) else {
+        bail!("{path:?}: the attention kernel does not run on this device")
+    };
+    let q = upload_as(client, dtype, &pattern(shape.q_elems(), 1));
+    let k = upload_as(client, dtype, &pattern(shape.kv_elems(), 2));
+    let v = upload_as(client, dtype, &pattern(shape.kv_elems(), 3));
+    let d_out = upload_as(client, dtype, &vec![1.0; shape.q_elems()]);
     let inputs = AttentionInputs {
         q: &q,
         k: &k,
@@ -157,10 +166,12 @@ fn attention<R: Runtime>(
     };
     sync(client)?;
     let start = Instant::now();
-    let fwd = attention_forward_with(client, kernel, FloatDtype::F32, shape, options, inputs)?;
+    let fwd = attention_forward_with(client, kernel, dtype, shape, options, inputs)?;
     sync(client)?;
     let forward = start.elapsed();
-    let _grads = attention_backward(client, shape, options, inputs, &fwd.out, &fwd.lse, &d_out)?;
+    let _grads = attention_backward_typed(
+        client, dtype, shape, options, inputs, &fwd.out, &fwd.lse, &d_out,
+    )?;
     let mut sample = finish(client, start, base)?;
     sample.forward = Some(forward);
     Ok(sample)

@@ -100,7 +100,7 @@ impl Row {
 /// What the columns measure, printed above the table and stored in the JSON.
 fn legend(warmup: usize, reps: usize) -> String {
     format!(
-        "forward + backward, f32; time = median of {reps} timed run(s) after {warmup} \
+        "forward + backward, f32 (but attention_cmma_bf16); time = median of {reps} timed run(s) after {warmup} \
          warm-up(s). fused = ferrotron-kernels on the backend's cubecl runtime, memory = \
          device bytes in use after the backward (inputs, outputs, saved tensors). ref = the \
          decoder's reference ops (plain Burn) on the same backend: on flex (the default CPU \
@@ -108,8 +108,10 @@ fn legend(warmup: usize, reps: usize) -> String {
          CubeCL backend memory = the larger of the device bytes in use after the forward and \
          after the backward (a lower bound of its peak). fused/flex = fused time over the \
          flex reference's time at the same shape. attention: causal; `attention` runs the row \
-         forward kernel, `attention_tiled` the tiled one (FlashAttention-2 tiles), both the same \
-         backward and reference; fwd ms = the fused forward alone; TFLOP/s by the \
+         forward kernel, `attention_tiled` the tiled one (FlashAttention-2 tiles), \
+         `attention_cmma_bf16` the tiled one on matrix units (tensor cores) with bf16 inputs, \
+         outputs and gradients (where the device has them), all the same backward and f32 \
+         reference; fwd ms = the fused forward alone; TFLOP/s by the \
          FlashAttention-2 count (forward 4 * batch * heads * seq^2 * head_dim / 2 under the \
          causal mask, backward 2.5 forwards)."
     )

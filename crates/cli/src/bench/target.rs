@@ -17,6 +17,9 @@ pub trait Target {
     fn name(&self) -> &'static str;
     /// Whether the backend has fused kernels (the CPU backends do not).
     fn has_fused(&self) -> bool;
+    /// Why the fused path of `case` cannot run here (a kernel the device
+    /// lacks), if it cannot; `None` where `has_fused` is false.
+    fn fused_skip(&self, case: &Case) -> Option<String>;
     /// Fused forward + backward of `case`; an error where `has_fused` is false.
     fn fused(&self, case: &Case) -> Result<Sample>;
     /// Reference forward + backward of `case`.
@@ -105,6 +108,10 @@ impl Target for FlexTarget {
 
     fn has_fused(&self) -> bool {
         false
+    }
+
+    fn fused_skip(&self, _: &Case) -> Option<String> {
+        None
     }
 
     fn fused(&self, _: &Case) -> Result<Sample> {

@@ -1,10 +1,17 @@
 //! Which forward kernel runs: the one place that chooses between the row
-//! kernel and the tiled kernel.
+//! kernel and the tiled kernel, and says where the tiled kernel on matrix
+//! units (cmma) can run.
 
+use cubecl::ir::features::MmaConfig;
+use cubecl::ir::{ElemType, FloatKind};
 use cubecl::prelude::*;
 
+use super::cmma_forward::{
+    cmma_shared_bytes, CMMA_MAX_HEAD_DIM, CMMA_PLANE_SIZE, CMMA_ROWS, FRAGMENT,
+};
 use super::shape::{AttentionError, AttentionShape};
 use super::tiled_forward::{tiled_shared_bytes, TILE_SIZES};
+use crate::dtype::FloatDtype;
 
 /// The attention forward kernel of a launch. Both write the same output and
 /// log-sum-exp, which the one backward consumes.
@@ -21,6 +28,12 @@ pub enum AttentionKernel {
         /// Query rows per cube and keys per tile.
         tile: usize,
     },
+    /// FlashAttention-2 tiles with both products on the matrix units
+    /// (`cmma_forward.rs`, tensor cores on CUDA): 16-bit storage (f16,
+    /// bf16, bf16-in-f32) only, `head_dim` a multiple of 16 up to 128, on a
+    /// device with 32-unit planes and 16x16x16 `cmma` for the type with f32
+    /// accumulators.
+    Cmma,
 }
 
 impl AttentionKernel {
@@ -30,12 +43,46 @@ impl AttentionKernel {
     /// `max_shared_memory_size`, else the row kernel. Every shape and
     /// storage type takes the tiled kernel where it fits: it is the kernel
     /// of FlashAttention-2 for all sequence lengths, and both kernels give
-    /// the same results within f32 rounding.
+    /// the same results within f32 rounding. [`AttentionKernel::Cmma`] is
+    /// never chosen here: it is correct where tested (an H100, sequences up
+    /// to 257), but runs on that GPU after it stalled (README, "Kernels on
+    /// a GPU"), so it runs only when a caller names it.
     pub fn choose<R: Runtime>(client: &ComputeClient<R>, head_dim: usize) -> AttentionKernel {
         Self::for_shared_memory(
             client.properties().hardware.max_shared_memory_size,
             head_dim,
         )
+    }
+
+    /// Whether [`AttentionKernel::Cmma`] can run `head_dim` and `dtype` on
+    /// `client`'s device: 16-bit storage, `head_dim` a multiple of 16 up to
+    /// 128, 32-unit planes, 16x16x16 `cmma` with the type's operands and
+    /// f32 accumulators, and the shared memory of
+    /// [`AttentionKernel::shared_bytes`].
+    pub fn cmma_runs<R: Runtime>(
+        client: &ComputeClient<R>,
+        head_dim: usize,
+        dtype: FloatDtype,
+    ) -> bool {
+        let Some(operand) = cmma_operand(dtype) else {
+            return false;
+        };
+        let hardware = &client.properties().hardware;
+        let fragment = FRAGMENT as u32;
+        let config = MmaConfig {
+            a_type: operand.into(),
+            b_type: operand.into(),
+            cd_type: ElemType::Float(FloatKind::F32).into(),
+            m: fragment,
+            n: fragment,
+            k: fragment,
+        };
+        head_dim % FRAGMENT == 0
+            && head_dim <= CMMA_MAX_HEAD_DIM
+            && hardware.plane_size_min == CMMA_PLANE_SIZE as u32
+            && hardware.plane_size_max == CMMA_PLANE_SIZE as u32
+            && cmma_shared_bytes(head_dim) <= hardware.max_shared_memory_size
+            && client.features().matmul.cmma.contains(&config)
     }
 
     /// [`AttentionKernel::choose`] for a device with `max_shared_bytes` of
@@ -53,14 +100,16 @@ impl AttentionKernel {
         match self {
             AttentionKernel::Row => 0,
             AttentionKernel::Tiled { tile } => tiled_shared_bytes(tile, head_dim),
+            AttentionKernel::Cmma => cmma_shared_bytes(head_dim),
         }
     }
 
-    /// Short name: `row` or `tiled{tile}` (e.g. `tiled32`).
+    /// Short name: `row`, `tiled{tile}` (e.g. `tiled32`) or `cmma`.
     pub fn name(self) -> String {
         match self {
             AttentionKernel::Row => "row".to_string(),
             AttentionKernel::Tiled { tile } => format!("tiled{tile}"),
+            AttentionKernel::Cmma => "cmma".to_string(),
         }
     }
 
@@ -72,10 +121,12 @@ impl AttentionKernel {
         shape: &AttentionShape,
         max_shared_bytes: usize,
     ) -> Result<(), AttentionError> {
-        let AttentionKernel::Tiled { tile } = self else {
-            return Ok(());
+        let tile = match self {
+            AttentionKernel::Row => return Ok(()),
+            AttentionKernel::Cmma => CMMA_ROWS,
+            AttentionKernel::Tiled { tile } => tile,
         };
-        if !TILE_SIZES.contains(&tile) {
+        if self != AttentionKernel::Cmma && !TILE_SIZES.contains(&tile) {
             return Err(AttentionError::UnsupportedTile { tile });
         }
         let needed = self.shared_bytes(shape.head_dim);
@@ -87,6 +138,16 @@ impl AttentionKernel {
             });
         }
         Ok(())
+    }
+}
+
+/// The 16-bit operand type of the cmma kernel for storage `dtype` (which
+/// it holds exactly); `None` for f32.
+fn cmma_operand(dtype: FloatDtype) -> Option<ElemType> {
+    match dtype {
+        FloatDtype::F32 => None,
+        FloatDtype::F16 => Some(ElemType::Float(FloatKind::F16)),
+        FloatDtype::Bf16 | FloatDtype::Bf16InF32 => Some(ElemType::Float(FloatKind::BF16)),
     }
 }
 

@@ -14,6 +14,7 @@ use cubecl::server::Handle;
 use super::backward_kv::attention_backward_kv_kernel;
 use super::backward_q::attention_backward_q_kernel;
 use super::choice::AttentionKernel;
+use super::cmma_forward::{attention_forward_cmma_kernel, CMMA_PLANES, CMMA_PLANE_SIZE, CMMA_ROWS};
 use super::delta::attention_delta_kernel;
 use super::forward::attention_forward_kernel;
 use super::shape::{
@@ -22,6 +23,24 @@ use super::shape::{
 use super::tiled_forward::{attention_forward_tiled_kernel, TILED_UNITS};
 use super::tiles::ROWS_PER_CUBE;
 use crate::dtype::{with_storage, FloatDtype};
+
+/// Runs `$body` with the type alias `$m` set to the 16-bit operand type of
+/// the cmma kernel for `$dtype` (f16 for f16; bf16 for bf16 and
+/// bf16-in-f32). Only reached for 16-bit types (`cmma_runs` refuses f32).
+macro_rules! with_operand {
+    ($dtype:expr, $m:ident, $body:expr) => {
+        match $dtype {
+            FloatDtype::F16 => {
+                type $m = half::f16;
+                $body
+            }
+            _ => {
+                type $m = half::bf16;
+                $body
+            }
+        }
+    };
+}
 
 /// Result of [`attention_forward_typed`].
 #[derive(Debug)]
@@ -103,9 +122,17 @@ pub fn attention_forward_with<R: Runtime>(
     shape.validate()?;
     inputs.check(&shape, dtype)?;
     kernel.check(&shape, client.properties().hardware.max_shared_memory_size)?;
+    if kernel == AttentionKernel::Cmma && !AttentionKernel::cmma_runs(client, shape.head_dim, dtype)
+    {
+        return Err(AttentionError::CmmaUnsupported {
+            head_dim: shape.head_dim,
+            dtype: dtype.name(),
+        });
+    }
     let rows_per_cube = match kernel {
         AttentionKernel::Row => ROWS_PER_CUBE,
         AttentionKernel::Tiled { tile } => tile,
+        AttentionKernel::Cmma => CMMA_ROWS,
     };
     let query_tiles = grid_axis(client, shape.seq.div_ceil(rows_per_cube), 0)?;
     let heads = grid_axis(client, shape.batch * shape.n_heads, 1)?;
@@ -166,6 +193,30 @@ pub fn attention_forward_with<R: Runtime>(
                     round_bf16,
                 );
             },
+            // SAFETY: as for the tiled kernel: sizes checked above, rows
+            // and keys past `seq` staged as zeros and never written; the
+            // device runs the kernel (`cmma_runs`, checked above).
+            AttentionKernel::Cmma => with_operand!(dtype, M, unsafe {
+                attention_forward_cmma_kernel::launch_unchecked::<F, M, R>(
+                    client,
+                    cube_count,
+                    CubeDim::new_2d(CMMA_PLANE_SIZE as u32, CMMA_PLANES as u32),
+                    array(inputs.q, shape.q_elems()),
+                    array(inputs.k, shape.kv_elems()),
+                    array(inputs.v, shape.kv_elems()),
+                    slopes,
+                    array(&out, shape.q_elems()),
+                    array(&lse, shape.rows()),
+                    shape.seq as u32,
+                    shape.n_heads as u32,
+                    shape.group() as u32,
+                    scale,
+                    shape.head_dim,
+                    options.causal,
+                    alibi,
+                    round_bf16,
+                );
+            }),
         }
     });
     Ok(AttentionForward { out, lse })

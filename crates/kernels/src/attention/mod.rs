@@ -7,7 +7,10 @@
 //!   the tiled kernel (FlashAttention-2 tiles: a cube handles a block of
 //!   query rows against key/value tiles staged in shared memory) wherever
 //!   its shared memory fits the device, else the row kernel (one query row
-//!   per unit, keys read from global memory, no shared memory).
+//!   per unit, keys read from global memory, no shared memory). A third,
+//!   the cmma kernel (the tiled kernel with both products on the matrix
+//!   units, 16-bit types), runs when a caller names it
+//!   ([`attention_forward_with`]).
 //! - Backward ([`attention_backward`]): `delta = rowsum(dO * O)`, then dK/dV
 //!   per key row (iterating over query rows) and dQ per query row
 //!   (iterating over key rows), both recomputing the probabilities from the
@@ -24,6 +27,7 @@
 mod backward_kv;
 mod backward_q;
 mod choice;
+mod cmma_forward;
 mod delta;
 mod forward;
 mod launch;
