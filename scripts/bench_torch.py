@@ -3,9 +3,14 @@
 
 Times the same training step on the same shapes: forward, backward,
 global-norm clipping at 1.0 and torch.optim.AdamW (betas 0.9/0.95, eps 1e-8,
-weight decay 0.1 on matrices and embeddings only, as Ferrotron's), fp32, on
+weight decay 0.1 on matrices and embeddings only, as Ferrotron's), on
 random token ids of --batch x --seq; --warmup untimed steps, then --steps
-timed ones, the median reported. Writes the JSON schema of `ferrotron bench
+timed ones, the median reported.
+
+--device cpu (default) or cuda. --precision fp32 (default on the CPU) or
+bf16 (default on cuda): bf16 is torch.autocast over the forward pass and the
+loss, with f32 weights, gradients and AdamW state, as Ferrotron's mixed
+precision. fp32 matmuls stay IEEE fp32 (PyTorch's default: no TF32). Writes the JSON schema of `ferrotron bench
 train --json` ("ferrotron-bench-train/1"), so `ferrotron bench train
 --compare` merges the two.
 
@@ -19,10 +24,12 @@ PyTorch models (Hugging Face's default "sdpa") run.
 
 FLOPs per token are Ferrotron's (DecoderConfig::train_flops_per_token,
 Megatron's count): 6 x the matmul weights (blocks and head) plus
-12 x layers x seq x hidden. MFU is against this process's measured f32
-torch.mm rate (1024^3, best of 3); peak memory is VmHWM (reset through
-/proc/self/clear_refs before the model is built), the same as Ferrotron's on
-CPUs.
+12 x layers x seq x hidden. MFU is against --peak-tflops, else on the CPU
+this process's measured f32 torch.mm rate (1024^3, best of 3) and on cuda
+the measured torch.mm rate in the compute precision (8192^3, best of 3).
+Peak memory is VmHWM on the CPU (reset through /proc/self/clear_refs before
+the model is built), the same as Ferrotron's on CPUs; on cuda it is
+torch.cuda.max_memory_allocated over the same span.
 
 Shapes A and B of the README:
   python3 scripts/bench_torch.py --family gpt --layers 6 --hidden 384 \
@@ -138,7 +145,11 @@ class Decoder(nn.Module):
         self.blocks = nn.ModuleList(Block(c) for _ in range(c.layers))
         self.final_norm = norm(c)
         self.head = None if c.family == "gpt" else nn.Linear(c.hidden, c.vocab, bias=False)
-        self.rope = rope_tables(c.seq, c.hidden // c.heads) if c.family == "llama" else None
+        self.rope = None
+        if c.family == "llama":
+            cos, sin = rope_tables(c.seq, c.hidden // c.heads)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
         for name, p in self.named_parameters():
             if p.dim() >= 2:
                 nn.init.normal_(p, std=0.02)
@@ -148,9 +159,10 @@ class Decoder(nn.Module):
     def forward(self, ids, targets):
         x = self.embed(ids)
         if self.pos is not None:
-            x = x + self.pos(torch.arange(ids.shape[1]))
+            x = x + self.pos(torch.arange(ids.shape[1], device=ids.device))
+        rope = (self.rope_cos, self.rope_sin) if self.c.family == "llama" else None
         for block in self.blocks:
-            x = block(x, self.rope)
+            x = block(x, rope)
         x = self.final_norm(x)
         weight = self.embed.weight if self.head is None else self.head.weight
         logits = x @ weight.t()
@@ -201,15 +213,24 @@ def peak_rss_bytes():
     return None
 
 
-def gemm_flops(n=1024, repeats=3):
-    a, b = torch.rand(n, n), torch.rand(n, n)
+def gemm_flops(device, dtype, n, repeats=3):
+    """Best-of-`repeats` rate of an n^3 torch.mm on random data, FLOP/s."""
+    a = torch.rand(n, n, device=device, dtype=dtype)
+    b = torch.rand(n, n, device=device, dtype=dtype)
     a @ b
+    sync(device)
     best = math.inf
     for _ in range(repeats):
         t = time.perf_counter()
         a @ b
+        sync(device)
         best = min(best, time.perf_counter() - t)
     return 2.0 * n**3 / best
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def fail(message):
@@ -228,10 +249,21 @@ def parse():
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--precision", choices=["fp32", "bf16"],
+                   help="compute precision (default: fp32 on cpu, bf16 on cuda)")
+    p.add_argument("--peak-tflops", type=float, help="device peak for MFU, TFLOP/s")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the results to this file")
     c = p.parse_args()
     c.kv_heads = c.kv_heads or c.heads
+    c.precision = c.precision or ("fp32" if c.device == "cpu" else "bf16")
+    if c.device == "cuda" and not torch.cuda.is_available():
+        fail("--device cuda: torch sees no CUDA device")
+    if c.device == "cpu" and c.precision != "fp32":
+        fail("--precision bf16: only with --device cuda (the CPU baseline is fp32)")
+    if c.peak_tflops is not None and not c.peak_tflops > 0:
+        fail(f"--peak-tflops {c.peak_tflops}: must be positive")
     for flag in ["layers", "hidden", "heads", "ffn", "vocab", "batch", "seq", "steps", "threads"]:
         if getattr(c, flag) < 1:
             fail(f"--{flag.replace('_', '-')} must be at least 1")
@@ -250,11 +282,25 @@ def parse():
 
 def main():
     c = parse()
+    dev = c.device
     torch.set_num_threads(c.threads)
     torch.manual_seed(c.seed)
-    peak = gemm_flops()
-    rss_reset = reset_peak_rss()
-    model = Decoder(c)
+    dtype = torch.float32 if c.precision == "fp32" else torch.bfloat16
+    if c.peak_tflops is not None:
+        peak, peak_source = c.peak_tflops * 1e12, "--peak-tflops"
+    elif dev == "cpu":
+        peak = gemm_flops(dev, torch.float32, 1024)
+        peak_source = "the measured f32 torch.mm rate (1024^3, best of 3)"
+    else:
+        peak = gemm_flops(dev, dtype, 8192)
+        peak_source = f"the measured {c.precision} torch.mm rate (8192^3, best of 3)"
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        rss_reset = True
+    else:
+        rss_reset = reset_peak_rss()
+    model = Decoder(c).to(dev)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -265,15 +311,18 @@ def main():
     times, loss = [], float("nan")
     total = c.warmup + c.steps
     for i in range(total):
-        row = torch.randint(c.vocab, (c.batch, c.seq + 1), generator=gen)
+        row = torch.randint(c.vocab, (c.batch, c.seq + 1), generator=gen).to(dev)
         ids, targets = row[:, :-1], row[:, 1:]
+        sync(dev)
         t = time.perf_counter()
-        out = model(ids, targets)
+        with torch.autocast(dev, dtype=torch.bfloat16, enabled=c.precision == "bf16"):
+            out = model(ids, targets)
         opt.zero_grad(set_to_none=True)
         out.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         loss = out.item()
+        sync(dev)
         s = time.perf_counter() - t
         phase = "warm-up" if i < c.warmup else "timed"
         print(f"bench_torch: step {i + 1}/{total} ({phase}): {s:.3f} s, loss {loss:.4f}", file=sys.stderr)
@@ -283,12 +332,23 @@ def main():
     tokens_per_s = c.batch * c.seq / step_s
     fpt = flops_per_token(c)
     tflops = fpt * tokens_per_s / 1e12
+    if dev == "cuda":
+        device_name = f"{torch.cuda.get_device_name(0)} (cuda GPU 0)"
+        peak_memory = torch.cuda.max_memory_allocated()
+        memory_source = "torch.cuda.max_memory_allocated from building the model to the last step"
+    else:
+        device_name = cpu_name()
+        peak_memory = peak_rss_bytes()
+        memory_source = ("VmHWM, the process's peak resident memory from building the model to the last step"
+                         if rss_reset else
+                         "VmHWM, the process's peak resident memory since it started (clear_refs not writable)")
     record = {
         "framework": f"pytorch {torch.__version__} eager",
         "commit": None,
-        "backend": "cpu",
-        "device": cpu_name(),
-        "threads": torch.get_num_threads(),
+        "backend": dev,
+        "device": device_name,
+        "threads": torch.get_num_threads() if dev == "cpu" else None,
+        "precision": c.precision,
         "shape": {
             "family": c.family, "layers": c.layers, "hidden": c.hidden, "heads": c.heads,
             "kv_heads": c.kv_heads, "ffn": c.ffn, "vocab": c.vocab,
@@ -300,14 +360,14 @@ def main():
         "flops_per_token": fpt,
         "tflops": tflops,
         "peak_tflops": peak / 1e12,
-        "peak_source": "the measured f32 torch.mm rate (1024^3, best of 3)",
+        "peak_source": peak_source,
         "mfu": tflops / (peak / 1e12),
-        "peak_memory_bytes": peak_rss_bytes(),
-        "memory_source": "VmHWM, the process's peak resident memory from building the model to the last step"
-        if rss_reset else "VmHWM, the process's peak resident memory since it started (clear_refs not writable)",
+        "peak_memory_bytes": peak_memory,
+        "memory_source": memory_source,
         "last_loss": loss,
     }
-    print(f"pytorch {torch.__version__} eager on {record['device']} ({record['threads']} threads): "
+    where = f"{record['threads']} threads" if dev == "cpu" else c.precision
+    print(f"pytorch {torch.__version__} eager on {record['device']} ({where}): "
           f"{tokens_per_s:.0f} tokens/s, {tflops:.4f} TFLOP/s, MFU {100 * record['mfu']:.1f}%")
     if c.json:
         tmp = c.json + ".tmp"

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
+use ferrotron_engine::precision::Precision;
 use ferrotron_models::Kernels;
 use ferrotron_parallel::recompute::Recompute;
 
@@ -58,6 +59,11 @@ pub struct TrainBenchArgs {
     /// head and loss in row blocks).
     #[arg(long, value_name = "fused|reference")]
     pub kernels: Option<Kernels>,
+    /// Compute precision, as `ferrotron train --precision`: fp32, bf16 or fp16 (f32
+    /// master weights, gradients and AdamW state; fp16 with dynamic loss scaling); default
+    /// fp32 on CPUs, bf16 on cuda and rocm.
+    #[arg(long)]
+    pub precision: Option<Precision>,
     /// Sequences per step.
     #[arg(long, default_value_t = 8)]
     pub batch: usize,

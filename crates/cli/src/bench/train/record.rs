@@ -94,6 +94,10 @@ pub struct Record {
     pub threads: Option<usize>,
     /// The model.
     pub shape: Shape,
+    /// Compute precision: `fp32`, `bf16` or `fp16` (absent in older files:
+    /// fp32).
+    #[serde(default = "fp32")]
+    pub precision: String,
     /// What backward recomputed (absent in older files: none).
     #[serde(default)]
     pub recompute: Recompute,
@@ -143,6 +147,11 @@ pub struct Record {
     pub peak_activation_bytes: Option<u64>,
     /// Loss of the last timed step, nats/token.
     pub last_loss: f64,
+}
+
+/// The precision of a record that does not name one.
+fn fp32() -> String {
+    "fp32".into()
 }
 
 impl ResultFile {

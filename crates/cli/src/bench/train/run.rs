@@ -7,10 +7,12 @@ use ferrotron_engine::backend::{BackendKind, ALL_BACKENDS};
 use ferrotron_engine::data::Batch;
 use ferrotron_engine::metrics::{device_spec, measure_matmul_flops, HeapWindow};
 use ferrotron_engine::optim::{AdamWConfig, LrSchedule};
+use ferrotron_engine::precision::Precision;
 use ferrotron_models::ops::{choose_kernels, HeadLoss, TrainBackend};
 use ferrotron_models::{Decoder, DecoderConfig};
 use ferrotron_parallel::groups::ProcessGroups;
 use ferrotron_parallel::recompute::Recompute;
+use ferrotron_parallel::train::loss_scale::LossScaleConfig;
 use ferrotron_parallel::train::{ParallelConfig, StepConfig, Trainer};
 
 use super::args::TrainBenchArgs;
@@ -158,8 +160,17 @@ impl BackendTask for StepBench<'_> {
                 "nothing: peak unknown (give --device-type or --peak-tflops)".to_string(),
             ),
         };
+        let precision = a.precision.unwrap_or(if cpu {
+            Precision::Fp32
+        } else {
+            Precision::Bf16
+        });
+        let config = DecoderConfig {
+            precision,
+            ..self.config.clone()
+        };
         let rss_reset = cpu && host::reset_peak_rss();
-        let model = Decoder::<B>::new(&self.config, a.seed, &device)?;
+        let model = Decoder::<B>::new(&config, a.seed, &device)?;
         let head = match model.ops().head_loss() {
             HeadLoss::Chunked => "chunked",
             HeadLoss::Logits => "logits",
@@ -186,6 +197,9 @@ impl BackendTask for StepBench<'_> {
             ProcessGroups::single(),
             parallel,
         )?;
+        if precision == Precision::Fp16 {
+            trainer = trainer.with_loss_scaling(LossScaleConfig::default())?;
+        }
         let mut peak_activation_bytes = None;
         let mut tokens = TokenStream(a.seed ^ 0x9e37_79b9_7f4a_7c15);
         let mut times = Vec::with_capacity(a.steps);
@@ -243,7 +257,8 @@ impl BackendTask for StepBench<'_> {
                 (false, None) => format!("{kind} GPU 0"),
             },
             threads: cpu.then(host::cpu_threads),
-            shape: model::shape(&self.config),
+            shape: model::shape(&config),
+            precision: precision.name().into(),
             recompute: trainer.recompute(),
             head: Some(head.to_string()),
             batch: a.batch,

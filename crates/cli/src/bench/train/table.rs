@@ -12,6 +12,7 @@ pub fn render(records: &[Record], skipped: &[Skipped]) -> String {
     let header = [
         "framework",
         "backend",
+        "precision",
         "device",
         "model",
         "batch x seq",
@@ -22,7 +23,7 @@ pub fn render(records: &[Record], skipped: &[Skipped]) -> String {
         "step act. MiB",
         "vs first",
     ];
-    let rows: Vec<[String; 11]> = records
+    let rows: Vec<[String; 12]> = records
         .iter()
         .map(|r| {
             let first = records
@@ -32,6 +33,7 @@ pub fn render(records: &[Record], skipped: &[Skipped]) -> String {
             [
                 r.framework.clone(),
                 r.backend.clone(),
+                r.precision.clone(),
                 match r.threads {
                     Some(t) => format!("{} ({t} threads)", r.device),
                     None => r.device.clone(),
