@@ -6,9 +6,7 @@ use cubecl::ir::features::MmaConfig;
 use cubecl::ir::{ElemType, FloatKind};
 use cubecl::prelude::*;
 
-use super::cmma_forward::{
-    cmma_shared_bytes, CMMA_MAX_HEAD_DIM, CMMA_PLANE_SIZE, CMMA_ROWS, FRAGMENT,
-};
+use super::cmma_forward::{cmma_shared_bytes, CMMA_MAX_HEAD_DIM, CMMA_PLANE_SIZE, FRAGMENT};
 use super::shape::{AttentionError, AttentionShape};
 use super::tiled_forward::{tiled_shared_bytes, TILE_SIZES};
 use crate::dtype::FloatDtype;
@@ -77,7 +75,7 @@ impl AttentionKernel {
             n: fragment,
             k: fragment,
         };
-        head_dim % FRAGMENT == 0
+        head_dim.is_multiple_of(FRAGMENT)
             && head_dim <= CMMA_MAX_HEAD_DIM
             && hardware.plane_size_min == CMMA_PLANE_SIZE as u32
             && hardware.plane_size_max == CMMA_PLANE_SIZE as u32
@@ -121,12 +119,12 @@ impl AttentionKernel {
         shape: &AttentionShape,
         max_shared_bytes: usize,
     ) -> Result<(), AttentionError> {
-        let tile = match self {
-            AttentionKernel::Row => return Ok(()),
-            AttentionKernel::Cmma => CMMA_ROWS,
-            AttentionKernel::Tiled { tile } => tile,
+        // The cmma kernel's limits, its shared memory among them, are
+        // checked by `cmma_runs`, which needs the client.
+        let AttentionKernel::Tiled { tile } = self else {
+            return Ok(());
         };
-        if self != AttentionKernel::Cmma && !TILE_SIZES.contains(&tile) {
+        if !TILE_SIZES.contains(&tile) {
             return Err(AttentionError::UnsupportedTile { tile });
         }
         let needed = self.shared_bytes(shape.head_dim);
