@@ -140,7 +140,7 @@ impl<B: Backend> AdamW<B> {
                 bias2_sqrt: (1.0 - c.beta2.powi(t)).sqrt(),
                 eps: c.eps,
                 step_size: lr / (1.0 - c.beta1.powi(t)),
-                decay: (decay && c.weight_decay != 0.0).then(|| 1.0 - lr * c.weight_decay),
+                decay: (decay && c.weight_decay != 0.0).then_some(1.0 - lr * c.weight_decay),
             };
             let [p, m, v] = super::adamw_host::update(p, g, (state.m, state.v), coefficients);
             self.moments.insert(id, Moments { m, v });
