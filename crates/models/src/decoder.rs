@@ -207,6 +207,7 @@ impl<B: KernelBackend> Decoder<B> {
             .attn_bias
             .recomputed(self.recompute_attention)
             .on_host(self.ops.host_attention());
+        pos.rope = pos.rope.map(|r| r.on_host(self.ops.cpu_elementwise()));
         pos
     }
 

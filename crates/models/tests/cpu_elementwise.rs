@@ -1,9 +1,9 @@
-//! Ferrotron's CPU operations for GELU-tanh, SwiGLU, RMSNorm and LayerNorm
-//! (`ops::cpu`, one autodiff node each on flex) against Burn's autodiff of
-//! the plain reference: outputs and every gradient on shapes whose last
-//! dimension is no multiple of 8 (the vector tails) and on one large
-//! enough to split over threads, a strided input, finite differences of
-//! LayerNorm, and whole gpt and llama models.
+//! Ferrotron's CPU operations for GELU-tanh, SwiGLU, RMSNorm, LayerNorm and
+//! RoPE (`ops::cpu`, one autodiff node each on flex) against Burn's
+//! autodiff of the plain reference: outputs and every gradient on shapes
+//! whose last dimension is no multiple of 8 (the vector tails) and on one
+//! large enough to split over threads, a strided input, finite differences
+//! of LayerNorm, and whole gpt and llama models.
 
 use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, ModuleVisitor, Param};
@@ -11,7 +11,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use ferrotron_engine::lm::CausalLm;
 use ferrotron_models::layers::gelu_tanh;
-use ferrotron_models::ops::{layer_norm, rms_norm, swiglu, KernelBackend};
+use ferrotron_models::ops::{layer_norm, rms_norm, rope_reference, swiglu, KernelBackend};
 use ferrotron_models::presets::preset;
 use ferrotron_models::{Decoder, DecoderConfig, Kernels};
 
@@ -199,6 +199,77 @@ fn layer_norm_node_matches_the_reference() {
             )
         },
     );
+}
+
+/// RoPE's node against autodiff of the reference, `x` as the decoder
+/// makes it (the transposed view `[batch, heads, len, d]` of `[batch, len,
+/// heads, d]`) and contiguous, on head dimensions whose half is no
+/// multiple of 8 and on one shape of several rayon tasks; the forward on
+/// flex itself too, and the input left unchanged.
+#[test]
+fn rope_node_matches_the_reference() {
+    // (batch, heads, len, d, x as the transposed view)
+    for (case, (batch, heads, len, d, view)) in [
+        (2, 3, 7, 10, true),
+        (1, 2, 5, 6, false),
+        (4, 6, 160, 22, true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let what = format!("RoPE b{batch} h{heads} len{len} d{d} view {view}");
+        let device = Default::default();
+        let n = batch * heads * len * d;
+        let x_values = values(n, 20 + case as u64, 2.0);
+        let x = |view: bool| -> Tensor<Ad, 4> {
+            if view {
+                let data = TensorData::new(x_values.clone(), [batch, len, heads, d]);
+                Tensor::<Ad, 4>::from_data(data, &device).swap_dims(1, 2)
+            } else {
+                let data = TensorData::new(x_values.clone(), [batch, heads, len, d]);
+                Tensor::<Ad, 4>::from_data(data, &device)
+            }
+        };
+        // Tables of the decoder's form: angles duplicated over both halves.
+        let angles: Vec<f32> = (0..len * d)
+            .map(|j| (j / d) as f32 * 0.8f32.powi((j % d % (d / 2)) as i32))
+            .collect();
+        let table = |f: fn(f32) -> f32| {
+            let v = angles.iter().map(|&a| f(a)).collect::<Vec<f32>>();
+            Tensor::<Ad, 4>::from_data(TensorData::new(v, [1, 1, len, d]), &device)
+        };
+        let (cos, sin) = (table(f32::cos), table(f32::sin));
+        let r = Tensor::<Ad, 4>::from_data(
+            TensorData::new(values(n, 40 + case as u64, 1.0), [batch, heads, len, d]),
+            &device,
+        );
+        let grad_of = |op: &dyn Fn(Tensor<Ad, 4>) -> Tensor<Ad, 4>| {
+            let input = x(view).require_grad();
+            let y = op(input.clone());
+            let grads = (y.clone() * r.clone()).sum().backward();
+            assert_eq!(
+                read(input.clone()),
+                read(x(view)),
+                "{what}: input overwritten"
+            );
+            (read(y), read(input.grad(&grads).expect("gradient")))
+        };
+        let (y, g) =
+            grad_of(&|x| float(Ad::cpu_rope(prim(x), prim(cos.clone()), prim(sin.clone()))));
+        let (want_y, want_g) = grad_of(&|x| rope_reference(x, &cos, &sin));
+        assert_close(&y, &want_y, &format!("{what}: output"));
+        assert_close(&g, &want_g, &format!("{what}: gradient"));
+        let plain = Flex::cpu_rope(
+            prim(x(view).inner()),
+            prim(cos.clone().inner()),
+            prim(sin.clone().inner()),
+        );
+        assert_close(
+            &read(float::<Flex, 4>(plain)),
+            &want_y,
+            &format!("{what}: flex"),
+        );
+    }
 }
 
 /// A transposed (strided) input is read as its elements, not its buffer;

@@ -131,6 +131,37 @@ impl<B: Backend> AdamW<B> {
             m: g.zeros_like(),
             v: g.zeros_like(),
         });
+        #[cfg(feature = "flex")]
+        if super::adamw_host::applies([&p, &g, &state.m, &state.v]) {
+            let t = self.step as i32;
+            let coefficients = super::adamw_host::Coefficients {
+                beta1: c.beta1,
+                beta2: c.beta2,
+                bias2_sqrt: (1.0 - c.beta2.powi(t)).sqrt(),
+                eps: c.eps,
+                step_size: lr / (1.0 - c.beta1.powi(t)),
+                decay: (decay && c.weight_decay != 0.0).then_some(1.0 - lr * c.weight_decay),
+            };
+            let [p, m, v] = super::adamw_host::update(p, g, (state.m, state.v), coefficients);
+            self.moments.insert(id, Moments { m, v });
+            return p;
+        }
+        self.update_tensors(id, lr, p, g, state, decay)
+    }
+
+    /// [`AdamW::update_flat`] as Burn tensor operations (every backend but
+    /// flex in f32, which runs `adamw_host`'s one pass), given the
+    /// parameter's moments before the update.
+    fn update_tensors(
+        &mut self,
+        id: ParamId,
+        lr: f64,
+        p: Tensor<B, 1>,
+        g: Tensor<B, 1>,
+        state: Moments<B>,
+        decay: bool,
+    ) -> Tensor<B, 1> {
+        let c = self.config;
         let m = state.m.mul_scalar(c.beta1) + g.clone().mul_scalar(1.0 - c.beta1);
         let v = state.v.mul_scalar(c.beta2) + g.powf_scalar(2.0).mul_scalar(1.0 - c.beta2);
         let t = self.step as i32;
@@ -240,5 +271,66 @@ mod tests {
         assert!((b[0] as f64 - reference(3.0, &ks, 0.1, c, false)).abs() < 1e-6);
         assert_eq!(opt.steps_taken(), 3);
         assert_eq!(opt.state_bytes(), 2 * 3 * 4);
+    }
+
+    /// The one-pass host update (flex, f32) against the tensor operations
+    /// it replaces, over several steps, with and without decay, on a length
+    /// that fills no whole task nor vector; the parameter shares its
+    /// buffer with another tensor, which must keep its old values.
+    #[test]
+    fn host_update_matches_the_tensor_operations() {
+        let dev = Default::default();
+        let c = AdamWConfig {
+            beta1: 0.85,
+            beta2: 0.97,
+            eps: 1e-6,
+            weight_decay: 0.3,
+        };
+        let n = 70_001;
+        let values = |seed: usize| -> Tensor<Flex, 1> {
+            let v: Vec<f32> = (0..n)
+                .map(|i| ((i * 37 + seed * 11) % 101) as f32 / 50.0 - 1.0)
+                .collect();
+            Tensor::from_data(TensorData::new(v, [n]), &dev)
+        };
+        for decay in [true, false] {
+            let (mut host, mut tensors) = (AdamW::<Flex>::new(c), AdamW::<Flex>::new(c));
+            let id = ParamId::new();
+            let (mut p_host, mut p_tensors) = (values(0), values(0));
+            let first = p_host.clone();
+            for step in 1..=3 {
+                let g = values(step);
+                host.begin_step();
+                tensors.begin_step();
+                p_host = host.update_flat(id, 0.01, p_host, g.clone(), decay);
+                let state = tensors.moments.remove(&id).unwrap_or_else(|| Moments {
+                    m: g.zeros_like(),
+                    v: g.zeros_like(),
+                });
+                p_tensors = tensors.update_tensors(id, 0.01, p_tensors, g, state, decay);
+                let (m_host, v_host) = host.moments(id).unwrap();
+                let (m_tensors, v_tensors) = tensors.moments(id).unwrap();
+                for (what, got, want) in [
+                    ("p", &p_host, &p_tensors),
+                    ("m", &m_host, &m_tensors),
+                    ("v", &v_host, &v_tensors),
+                ] {
+                    let got: Vec<f32> = got.clone().into_data().to_vec().unwrap();
+                    let want: Vec<f32> = want.clone().into_data().to_vec().unwrap();
+                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            (g - w).abs() <= 1e-6 * w.abs().max(1e-3),
+                            "decay {decay}, step {step}, {what}[{i}]: {g} vs {w}"
+                        );
+                    }
+                }
+            }
+            let first: Vec<f32> = first.into_data().to_vec().unwrap();
+            let initial: Vec<f32> = values(0).into_data().to_vec().unwrap();
+            assert_eq!(
+                first, initial,
+                "a tensor sharing the parameter's buffer changed"
+            );
+        }
     }
 }

@@ -1,6 +1,8 @@
 //! Optimisation: AdamW, the learning-rate schedule and gradient clipping.
 
 mod adamw;
+#[cfg(feature = "flex")]
+mod adamw_host;
 mod clip;
 mod schedule;
 

@@ -33,7 +33,7 @@ pub enum HeadLoss {
 
 /// The implementation of every hot operation of a model: attention, RoPE,
 /// the norms, SwiGLU (through [`Kernels`]), the head with its loss
-/// ([`HeadLoss`]), and whether GELU, SwiGLU and the norms run as
+/// ([`HeadLoss`]), and whether GELU, SwiGLU, the norms and RoPE run as
 /// Ferrotron's CPU operations ([`OpsChoice::cpu_elementwise`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OpsChoice {
@@ -65,7 +65,7 @@ impl OpsChoice {
     /// [`resolve_kernels`]; where `config.kernels` is absent and the
     /// backend has no fused kernels (the CPU backends), the head and loss
     /// chunked, the attention core as the backend's host-buffer operation
-    /// where it has one (flex), and GELU, SwiGLU and the norms as the
+    /// where it has one (flex), and GELU, SwiGLU, the norms and RoPE as the
     /// backend's CPU operations ([`KernelBackend::cpu_gelu_tanh`] and the
     /// others: Ferrotron's own on flex, the reference elsewhere) when the
     /// model computes in f32. An explicit `kernels = "reference"` keeps the
@@ -108,9 +108,11 @@ impl OpsChoice {
         self.host_attention
     }
 
-    /// Whether GELU, SwiGLU and the norms call the backend's CPU operations
-    /// ([`KernelBackend::cpu_gelu_tanh`], [`KernelBackend::cpu_swiglu`],
-    /// [`KernelBackend::cpu_rms_norm`], [`KernelBackend::cpu_layer_norm`]).
+    /// Whether GELU, SwiGLU, the norms and RoPE call the backend's CPU
+    /// operations ([`KernelBackend::cpu_gelu_tanh`],
+    /// [`KernelBackend::cpu_swiglu`], [`KernelBackend::cpu_rms_norm`],
+    /// [`KernelBackend::cpu_layer_norm`], and [`KernelBackend::cpu_rope`]
+    /// through the position context's [`crate::ops::Rope::Host`]).
     pub fn cpu_elementwise(&self) -> bool {
         self.cpu_elementwise
     }

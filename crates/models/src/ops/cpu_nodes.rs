@@ -1,5 +1,5 @@
-//! The CPU operations of `ops::cpu` (GELU-tanh, SwiGLU, RMSNorm, LayerNorm)
-//! on the flex backend: the forward alone on `Flex` (evaluation,
+//! The CPU operations of `ops::cpu` (GELU-tanh, SwiGLU, RMSNorm, LayerNorm,
+//! RoPE) on the flex backend: the forward alone on `Flex` (evaluation,
 //! generation), and on `Autodiff<Flex, C>` one graph node each whose
 //! backward is the operation's own one-pass backward, in place of the
 //! 10 to 20 nodes of Burn's autodiff of the reference. Inputs that are not
@@ -16,7 +16,8 @@ use burn::tensor::DType;
 
 use super::cpu::{self, dense, RowStats};
 use super::fused::{
-    gelu_reference, layer_norm_reference_on, rms_norm_reference_on, swiglu_reference_on,
+    gelu_reference, layer_norm_reference_on, rms_norm_reference_on, rope_reference_on,
+    swiglu_reference_on,
 };
 
 /// The autodiff backend over flex.
@@ -62,6 +63,14 @@ pub(super) fn layer_norm_forward(
         return layer_norm_reference_on::<Flex>(x, weight, bias, eps);
     }
     cpu::layer_norm(&dense(x), &dense(weight), &dense(bias), eps as f32).0
+}
+
+/// RoPE with the tables `cos`, `sin` on flex without autodiff.
+pub(super) fn rope_forward(x: FlexTensor, cos: FlexTensor, sin: FlexTensor) -> FlexTensor {
+    if !all_f32(&[&x, &cos, &sin]) {
+        return rope_reference_on::<Flex>(x, cos, sin);
+    }
+    cpu::rope(x, cos, sin)
 }
 
 #[derive(Debug)]
@@ -214,5 +223,45 @@ pub(super) fn layer_norm_node<C: CheckpointStrategy>(
             prep.finish((xs, w, stats), y)
         }
         OpsKind::UnTracked(prep) => prep.finish(cpu::layer_norm(&xs, &w, &b, eps as f32).0),
+    }
+}
+
+#[derive(Debug)]
+struct RopeBackward;
+
+impl Backward<Flex, 1> for RopeBackward {
+    /// The tables `cos`, `sin` (shared by every layer: the node keeps no
+    /// activation of its own).
+    type State = (FlexTensor, FlexTensor);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let d_y = grads.consume::<Flex>(&ops.node);
+        let (cos, sin) = ops.state;
+        let d_x = cpu::rope_backward(d_y, cos, sin);
+        register!(Flex, grads, ops.parents, [d_x]);
+    }
+}
+
+/// RoPE of `x` with the constant tables `cos`, `sin` (no gradient reaches
+/// them) as one node of the autodiff graph over flex.
+pub(super) fn rope_node<C: CheckpointStrategy>(
+    x: FloatTensor<Ad<C>>,
+    cos: FloatTensor<Ad<C>>,
+    sin: FloatTensor<Ad<C>>,
+) -> FloatTensor<Ad<C>> {
+    if !all_f32(&[&x.primitive, &cos.primitive, &sin.primitive]) {
+        return rope_reference_on::<Ad<C>>(x, cos, sin);
+    }
+    let (cos, sin) = (cos.primitive, sin.primitive);
+    match RopeBackward
+        .prepare::<C>([x.node])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let y = cpu::rope(x.primitive, cos.clone(), sin.clone());
+            prep.finish((cos, sin), y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(cpu::rope(x.primitive, cos, sin)),
     }
 }

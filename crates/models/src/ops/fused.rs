@@ -12,6 +12,7 @@ use super::attention::{attention_reference, attention_reference_backward};
 use super::linear_cross_entropy::GradPrimitives;
 use super::norm::{layer_norm_reference, rms_norm_reference};
 use super::recompute::Core;
+use super::rope::rope_reference;
 use super::swiglu::swiglu_reference;
 use crate::layers::gelu_tanh;
 
@@ -82,6 +83,18 @@ pub(super) fn layer_norm_reference_on<B: KernelBackend>(
     eps: f64,
 ) -> FloatTensor<B> {
     layer_norm_reference(t::<B, 3>(x), t::<B, 1>(weight), t::<B, 1>(bias), eps)
+        .into_primitive()
+        .tensor()
+}
+
+/// The reference RoPE ([`rope_reference`]) on primitives `x` `[batch,
+/// heads, len, head_dim]`, tables `cos`, `sin` `[1, 1, len, head_dim]`.
+pub(super) fn rope_reference_on<B: Backend>(
+    x: FloatTensor<B>,
+    cos: FloatTensor<B>,
+    sin: FloatTensor<B>,
+) -> FloatTensor<B> {
+    rope_reference(t::<B, 4>(x), &t(cos), &t(sin))
         .into_primitive()
         .tensor()
 }
@@ -334,6 +347,22 @@ pub trait KernelBackend: Backend + TpOps {
         layer_norm_reference_on::<Self>(x, weight, bias, eps)
     }
 
+    /// RoPE ([`super::rope_reference`]) of `x` `[batch, heads, len,
+    /// head_dim]` with the tables `cos`, `sin` `[1, 1, len, head_dim]` as
+    /// Ferrotron's CPU operation: one pass in forward and one in backward,
+    /// `x` read in place through its strides and the result's buffer
+    /// sequence-major (`[batch, len, heads, head_dim]`, see `ops::cpu`),
+    /// one autodiff node keeping only the tables. This default is the
+    /// plain reference; flex and the autodiff backend over it override it
+    /// for f32.
+    fn cpu_rope(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        rope_reference_on::<Self>(x, cos, sin)
+    }
+
     /// Fused attention output (see [`FusedKernels::attention_forward`]).
     fn fused_attention(
         _q: FloatTensor<Self>,
@@ -481,6 +510,14 @@ impl KernelBackend for burn::backend::Flex {
     ) -> FloatTensor<Self> {
         super::cpu_nodes::layer_norm_forward(x, weight, bias, eps)
     }
+
+    fn cpu_rope(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        super::cpu_nodes::rope_forward(x, cos, sin)
+    }
 }
 
 #[cfg(feature = "flex")]
@@ -540,6 +577,14 @@ impl<C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy> Kerne
         eps: f64,
     ) -> FloatTensor<Self> {
         super::cpu_nodes::layer_norm_node::<C>(x, weight, bias, eps)
+    }
+
+    fn cpu_rope(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        super::cpu_nodes::rope_node::<C>(x, cos, sin)
     }
 }
 

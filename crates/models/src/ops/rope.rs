@@ -12,6 +12,10 @@ pub enum Rope<B: KernelBackend> {
     /// Reference path: `(cos, sin)` tables, each `[1, 1, len, head_dim]`,
     /// for the pass's positions.
     Tables(Tensor<B, 4>, Tensor<B, 4>),
+    /// The same tables, RoPE run as the backend's CPU operation
+    /// ([`KernelBackend::cpu_rope`]: flex's one-pass node in f32, the
+    /// reference elsewhere).
+    Host(Tensor<B, 4>, Tensor<B, 4>),
     /// Fused path at positions `0..len`: the kernel computes the angles
     /// `position * inv_freq[i]` itself.
     Fused {
@@ -21,6 +25,18 @@ pub enum Rope<B: KernelBackend> {
     },
 }
 
+impl<B: KernelBackend> Rope<B> {
+    /// The same RoPE as the backend's CPU operation ([`Rope::Host`]) when
+    /// `on`, in place of the reference's tables; the fused form is
+    /// unchanged.
+    pub fn on_host(self, on: bool) -> Self {
+        match self {
+            Rope::Tables(cos, sin) if on => Rope::Host(cos, sin),
+            other => other,
+        }
+    }
+}
+
 /// RoPE applied to `x` `[batch, heads, len, head_dim]`, computed in f32
 /// whatever `x`'s dtype (mixed precision), the result in `x`'s dtype.
 pub fn rope<B: KernelBackend>(x: Tensor<B, 4>, rope: &Rope<B>) -> Tensor<B, 4> {
@@ -28,6 +44,11 @@ pub fn rope<B: KernelBackend>(x: Tensor<B, 4>, rope: &Rope<B>) -> Tensor<B, 4> {
     let x = x.cast(FloatDType::F32);
     let y = match rope {
         Rope::Tables(cos, sin) => rope_reference(x, cos, sin),
+        Rope::Host(cos, sin) => Tensor::from_primitive(TensorPrimitive::Float(B::cpu_rope(
+            x.into_primitive().tensor(),
+            cos.clone().into_primitive().tensor(),
+            sin.clone().into_primitive().tensor(),
+        ))),
         Rope::Fused { inv_freq } => Tensor::from_primitive(TensorPrimitive::Float(B::fused_rope(
             x.into_primitive().tensor(),
             inv_freq.clone().into_primitive().tensor(),

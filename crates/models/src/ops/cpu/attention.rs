@@ -10,12 +10,16 @@
 //! `[batch, heads, len, keys]` tensor is allocated and none is kept from
 //! the forward to the backward (FlashAttention's trade on GPUs: the
 //! scores are computed twice). Tasks run on rayon's threads, each of
-//! their GEMMs on its own thread.
+//! their GEMMs on its own thread. The output and the gradients are
+//! returned with sequence-major buffers (`[batch, len, heads, d]` in
+//! memory), the layout the decoder's head merge and its backward's head
+//! split read without a copy; the inputs are read in place through their
+//! strides.
 
 use burn::backend::flex::FlexTensor;
 use rayon::prelude::*;
 
-use super::buffers::{dense, positive_strides, tensor};
+use super::buffers::{dense, positive_strides, seq_major};
 use super::gemm::{matmul, MatView, Threads};
 use super::math::{scale_add, softmax_backward, softmax_scaled};
 
@@ -153,7 +157,8 @@ impl Operands {
     }
 }
 
-/// The attention core's output `[batch, heads, len, d]` (contiguous) of
+/// The attention core's output `[batch, heads, len, d]` (its buffer
+/// sequence-major, `[batch, len, heads, d]`: see `buffers::seq_major_view`) of
 /// `q` `[batch, heads, len, d]`, `k`, `v` `[batch, kv_heads, keys, d]`
 /// (query head `h` reads KV head `h / (heads / kv_heads)`) and the
 /// additive `bias` `[1, 1 or heads, len, keys]`: `softmax(q k^T / sqrt(d)
@@ -186,10 +191,11 @@ pub fn attention_forward(
                 );
             });
     }
-    tensor(out, [batch, heads, len, d].into())
+    seq_major(&out, [batch, heads, len, d])
 }
 
-/// The gradients `[dq, dk, dv]` (contiguous, the shapes of `q`, `k`, `v`)
+/// The gradients `[dq, dk, dv]` (the shapes of `q`, `k`, `v`, each buffer
+/// sequence-major as the forward's output)
 /// of [`attention_forward`] for the upstream gradient `d_out` `[batch,
 /// heads, len, d]`; no gradient reaches the bias.
 pub fn attention_backward(
@@ -261,9 +267,9 @@ pub fn attention_backward(
             });
     }
     [
-        tensor(dq, [batch, heads, len, d].into()),
-        tensor(dk, [batch, kv_heads, keys, d].into()),
-        tensor(dv, [batch, kv_heads, keys, d].into()),
+        seq_major(&dq, [batch, heads, len, d]),
+        seq_major(&dk, [batch, kv_heads, keys, d]),
+        seq_major(&dv, [batch, kv_heads, keys, d]),
     ]
 }
 
@@ -353,6 +359,10 @@ mod tests {
                 prim(v.clone()),
                 prim(bias.clone()),
             );
+            assert!(
+                got.transpose(1, 2).is_contiguous(),
+                "{what}: the output's buffer is sequence-major"
+            );
             assert_close(
                 &read(Tensor::from_primitive(
                     burn::tensor::TensorPrimitive::Float(got),
@@ -364,6 +374,10 @@ mod tests {
                 attention_reference_backward(q.clone(), k.clone(), v.clone(), &bias, d_out.clone());
             let got = attention_backward(prim(q), prim(k), prim(v), prim(bias), prim(d_out));
             for ((w, g), name) in want.into_iter().zip(got).zip(["dq", "dk", "dv"]) {
+                assert!(
+                    g.transpose(1, 2).is_contiguous(),
+                    "{what}: {name}'s buffer is sequence-major"
+                );
                 let g = Tensor::<Flex, 4>::from_primitive(burn::tensor::TensorPrimitive::Float(g));
                 assert_eq!(g.dims(), w.dims(), "{what}: {name} shape");
                 assert_close(&read(g), &read(w), &format!("{what}: {name}"));

@@ -3,6 +3,7 @@
 
 use burn::backend::flex::FlexTensor;
 use burn::tensor::{DType, Shape, TensorData};
+use rayon::prelude::*;
 
 /// Elements one rayon task of an element-wise pass covers (64 KiB of f32).
 pub const TASK_ELEMENTS: usize = 1 << 14;
@@ -46,4 +47,36 @@ pub fn tensor(values: Vec<f32>, shape: Shape) -> FlexTensor {
 /// The last dimension of `t` (1 for a scalar).
 pub fn last_dim(t: &FlexTensor) -> usize {
     t.layout().shape().last().copied().unwrap_or(1)
+}
+
+/// The `[batch, heads, len, d]` tensor whose buffer `values` holds it in
+/// sequence-major order, `[batch, len, heads, d]` (a transposed view): its
+/// `swap_dims(1, 2)` is contiguous, so the decoder's head merge
+/// (`[batch, len, heads * d]`) needs no copy.
+pub fn seq_major_view(values: Vec<f32>, [batch, heads, len, d]: [usize; 4]) -> FlexTensor {
+    tensor(values, [batch, len, heads, d].into()).transpose(1, 2)
+}
+
+/// [`seq_major_view`] of the head-major (row-major `[batch, heads, len,
+/// d]`) `values`, rearranged one row of `d` at a time.
+pub fn seq_major(values: &[f32], dims: [usize; 4]) -> FlexTensor {
+    let [_, heads, len, d] = dims;
+    let mut out = vec![0.0f32; values.len()];
+    if !out.is_empty() {
+        let position = heads * d;
+        let per_task = (TASK_ELEMENTS / position).max(1);
+        out.par_chunks_mut(per_task * position)
+            .enumerate()
+            .for_each(|(task, chunk)| {
+                for (i, dst) in chunk.chunks_mut(position).enumerate() {
+                    let flat = task * per_task + i;
+                    let (b, p) = (flat / len, flat % len);
+                    for (h, dst) in dst.chunks_mut(d).enumerate() {
+                        let src = ((b * heads + h) * len + p) * d;
+                        dst.copy_from_slice(&values[src..src + d]);
+                    }
+                }
+            });
+    }
+    seq_major_view(out, dims)
 }

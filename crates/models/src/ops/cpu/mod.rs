@@ -10,9 +10,11 @@ mod gemm;
 mod linear_cross_entropy;
 mod math;
 mod norm;
+mod rope;
 
 pub use activation::{gelu_tanh, gelu_tanh_backward, swiglu, swiglu_backward};
 pub use attention::{attention_backward, attention_forward};
 pub use buffers::dense;
 pub use linear_cross_entropy::linear_cross_entropy_blocks;
 pub use norm::{layer_norm, norm_backward, rms_norm, RowStats};
+pub use rope::{rope, rope_backward};

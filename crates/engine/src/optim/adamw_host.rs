@@ -1,0 +1,133 @@
+//! AdamW's update of one f32 parameter on flex's host buffers as one pass
+//! over the parameter, its gradient and both moments, the parameter and
+//! the moments written in place, where the tensor operations of
+//! [`super::adamw`] make a dozen passes and as many fresh tensors. Every
+//! element goes through the same f32 operations in the same order as
+//! those tensor operations (the scalars rounded to f32 as flex rounds
+//! them), so both give the same values.
+
+use std::any::{Any, TypeId};
+
+use burn::backend::flex::FlexTensor;
+use burn::backend::Flex;
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Tensor, TensorPrimitive};
+use rayon::prelude::*;
+
+/// Elements one rayon task updates (256 KiB of each of the four f32
+/// buffers).
+const TASK_ELEMENTS: usize = 1 << 16;
+
+/// The scalars of one update, as the tensor path applies them.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Coefficients {
+    /// `beta1`.
+    pub beta1: f64,
+    /// `beta2`.
+    pub beta2: f64,
+    /// `sqrt(1 - beta2^t)`.
+    pub bias2_sqrt: f64,
+    /// `eps`.
+    pub eps: f64,
+    /// `lr / (1 - beta1^t)`.
+    pub step_size: f64,
+    /// `1 - lr * weight_decay` where the parameter decays, else `None`.
+    pub decay: Option<f64>,
+}
+
+/// Whether the host update runs for these tensors: backend `B` is flex and
+/// all four are f32.
+pub(super) fn applies<B: Backend>(tensors: [&Tensor<B, 1>; 4]) -> bool {
+    TypeId::of::<B>() == TypeId::of::<Flex>() && tensors.iter().all(|t| t.dtype() == DType::F32)
+}
+
+/// `t` as the flex tensor it is, its buffer exactly its elements in order.
+///
+/// Panics unless `B` is flex (see [`applies`]).
+fn host<B: Backend>(t: Tensor<B, 1>) -> FlexTensor {
+    let p: Box<dyn Any> = Box::new(t.into_primitive().tensor());
+    p.downcast::<FlexTensor>()
+        .expect("the host AdamW update runs on flex only")
+        .to_contiguous()
+}
+
+/// The flex tensor `t` as a tensor of backend `B` (flex).
+fn back<B: Backend>(t: FlexTensor) -> Tensor<B, 1> {
+    let p: Box<dyn Any> = Box::new(t);
+    let p = p
+        .downcast::<B::FloatTensorPrimitive>()
+        .expect("the host AdamW update runs on flex only");
+    Tensor::from_primitive(TensorPrimitive::Float(*p))
+}
+
+/// The update of one block of elements.
+#[inline(always)]
+fn update_block(c: &Block, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
+    for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+        *m = *m * c.beta1 + g * c.one_minus_beta1;
+        *v = *v * c.beta2 + g * g * c.one_minus_beta2;
+        let denom = v.sqrt() / c.bias2_sqrt + c.eps;
+        let delta = *m / denom * c.step_size;
+        let kept = match c.decay {
+            Some(d) => *p * d,
+            None => *p,
+        };
+        *p = kept - delta;
+    }
+}
+
+/// [`Coefficients`] in f32, as flex's scalar operations take them.
+struct Block {
+    beta1: f32,
+    one_minus_beta1: f32,
+    beta2: f32,
+    one_minus_beta2: f32,
+    bias2_sqrt: f32,
+    eps: f32,
+    step_size: f32,
+    decay: Option<f32>,
+}
+
+/// One AdamW update of the rank-1 f32 parameter `p` with gradient `g` and
+/// moments `(m, v)` (zeros when `None`, the first update), all on flex
+/// and the same length: returns the updated `(p, m, v)`, `p` and the
+/// moments updated in their own buffers where nothing else shares them.
+/// Per element: `m = beta1 m + (1 - beta1) g`, `v = beta2 v + (1 - beta2)
+/// g^2`, `p = p (1 - lr wd) - lr / (1 - beta1^t) * m / (sqrt(v) /
+/// sqrt(1 - beta2^t) + eps)`.
+///
+/// Panics unless [`applies`] holds.
+pub(super) fn update<B: Backend>(
+    p: Tensor<B, 1>,
+    g: Tensor<B, 1>,
+    moments: (Tensor<B, 1>, Tensor<B, 1>),
+    c: Coefficients,
+) -> [Tensor<B, 1>; 3] {
+    let n = p.dims()[0];
+    assert!(
+        g.dims()[0] == n && moments.0.dims()[0] == n && moments.1.dims()[0] == n,
+        "AdamW: parameter of {n} elements, gradient {:?}, moments {:?} and {:?}",
+        g.dims(),
+        moments.0.dims(),
+        moments.1.dims()
+    );
+    let (mut p, g) = (host(p), host(g));
+    let (mut m, mut v) = (host(moments.0), host(moments.1));
+    let block = Block {
+        beta1: c.beta1 as f32,
+        one_minus_beta1: (1.0 - c.beta1) as f32,
+        beta2: c.beta2 as f32,
+        one_minus_beta2: (1.0 - c.beta2) as f32,
+        bias2_sqrt: c.bias2_sqrt as f32,
+        eps: c.eps as f32,
+        step_size: c.step_size as f32,
+        decay: c.decay.map(|d| d as f32),
+    };
+    p.storage_mut::<f32>()
+        .par_chunks_mut(TASK_ELEMENTS)
+        .zip(g.storage::<f32>().par_chunks(TASK_ELEMENTS))
+        .zip(m.storage_mut::<f32>().par_chunks_mut(TASK_ELEMENTS))
+        .zip(v.storage_mut::<f32>().par_chunks_mut(TASK_ELEMENTS))
+        .for_each(|(((p, g), m), v)| update_block(&block, p, g, m, v));
+    [back(p), back(m), back(v)]
+}
