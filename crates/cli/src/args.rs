@@ -319,7 +319,7 @@ pub struct TrainArgs {
     /// Seed of initialisation and data order.
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Compute backend among those compiled in: flex (default), ndarray, cuda, rocm.
+    /// Compute backend among those compiled in: flex (default), ndarray, wgpu, cuda, rocm.
     #[arg(long)]
     pub backend: Option<String>,
     /// Run directory (default runs/<model>-<unix time>); must not hold a run already.

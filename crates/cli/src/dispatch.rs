@@ -20,9 +20,24 @@ pub trait BackendTask {
 /// The backend named by `--backend`, if compiled in and able to start here.
 pub fn parse_backend(name: &str) -> anyhow::Result<BackendKind> {
     let kind: BackendKind = name.parse().map_err(|e| usage(format!("--backend: {e}")))?;
-    kind.check_runtime()
-        .map_err(|e| usage(format!("--backend: {e}")))?;
+    check_ready(kind).map_err(|e| usage(format!("--backend: {e}")))?;
     Ok(kind)
+}
+
+/// Whether backend `kind` can start on this machine: the driver probes of
+/// [`BackendKind::check_runtime`], and for wgpu that wgpu finds an adapter.
+/// The error is one line naming what is missing.
+pub fn check_ready(kind: BackendKind) -> Result<(), String> {
+    kind.check_runtime().map_err(|e| e.to_string())?;
+    #[cfg(feature = "wgpu")]
+    if kind == BackendKind::Wgpu && ferrotron_kernels::wgpu_setup::default_adapter().is_none() {
+        return Err(
+            "backend 'wgpu' is compiled in but unusable here: wgpu finds no adapter; \
+                    install a Vulkan driver (Mesa's lavapipe runs on the CPU)"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 /// Calls `task.run::<B>` for the backend named by `kind`, once, on GPU
@@ -34,7 +49,8 @@ pub fn dispatch<T: BackendTask>(
     task: T,
 ) -> anyhow::Result<T::Output> {
     use burn::backend::Autodiff;
-    // A build without GPU backends has one device.
+    // A build without GPU backends has one device (wgpu: the default
+    // adapter).
     #[cfg(not(any(feature = "cuda", feature = "rocm")))]
     let _ = gpu;
     match kind {
@@ -44,6 +60,17 @@ pub fn dispatch<T: BackendTask>(
         BackendKind::Ndarray => {
             task.run::<Autodiff<burn::backend::NdArray>>(kind, Default::default())
         }
+        #[cfg(feature = "wgpu")]
+        BackendKind::Wgpu => gpu_guard(kind, || {
+            // Sets cubecl's autotune level for the adapter before the
+            // runtime starts (minimal on a CPU adapter such as lavapipe).
+            let device = ferrotron_kernels::wgpu_setup::default_device();
+            eprintln!(
+                "wgpu: {}",
+                ferrotron_kernels::wgpu_setup::autotune_for_default_adapter()
+            );
+            task.run::<Autodiff<ferrotron_models::ops::Wgpu>>(kind, device)
+        }),
         #[cfg(feature = "cuda")]
         BackendKind::Cuda => gpu_guard(kind, || {
             let device = burn::backend::cuda::CudaDevice { index: gpu };
@@ -63,7 +90,7 @@ pub fn dispatch<T: BackendTask>(
 
 /// Turns a panic of the GPU runtime (on any of its threads) into an error
 /// carrying the first panic message, which names the root cause.
-#[cfg(any(feature = "cuda", feature = "rocm"))]
+#[cfg(any(feature = "cuda", feature = "rocm", feature = "wgpu"))]
 fn gpu_guard<R>(kind: BackendKind, f: impl FnOnce() -> anyhow::Result<R>) -> anyhow::Result<R> {
     use std::sync::Mutex;
     static FIRST_PANIC: Mutex<Option<String>> = Mutex::new(None);

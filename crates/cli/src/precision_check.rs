@@ -9,7 +9,7 @@ use crate::error::usage;
 use crate::settings::TrainSettings;
 
 /// The run's compute precision: `--precision`, or fp32 on the CPU
-/// backends and bf16 on cuda and rocm. Errors (naming the flag) for a low
+/// backends and wgpu and bf16 on cuda and rocm. Errors (naming the flag) for a low
 /// precision with tensor or pipeline parallelism, whose communication of
 /// activations is f32-only.
 pub fn resolve_precision(
@@ -17,10 +17,10 @@ pub fn resolve_precision(
     kind: BackendKind,
     mesh: &Mesh,
 ) -> anyhow::Result<Precision> {
-    let precision = s.precision.unwrap_or(if kind.is_cpu() {
-        Precision::Fp32
-    } else {
+    let precision = s.precision.unwrap_or(if kind.defaults_to_bf16() {
         Precision::Bf16
+    } else {
+        Precision::Fp32
     });
     if precision != Precision::Fp32 {
         for (flag, degree) in [("--tp", mesh.tp), ("--pp", mesh.pp)] {

@@ -470,11 +470,14 @@ struct TrainTask {
     gpu: usize,
 }
 
-/// Rank 0's energy counter: the GPU's (NVML, ROCm SMI) on a GPU backend,
-/// RAPL's on a CPU one, under `FERROTRON_POWERCAP_ROOT` if set. Prints the
-/// source, or one line naming what is missing.
+/// Rank 0's energy counter: the GPU's (NVML, ROCm SMI) on cuda and rocm,
+/// RAPL's on a CPU backend and on wgpu (whose adapter is not matched to an
+/// NVML or ROCm SMI device; on lavapipe the CPU package is the device),
+/// under `FERROTRON_POWERCAP_ROOT` if set. Prints the source, or one line
+/// naming what is missing.
 fn open_energy(kind: BackendKind, gpu: usize) -> Option<metrics::EnergyMeter> {
-    let mut probe = metrics::EnergyProbe::system((!kind.is_cpu()).then_some(gpu as u32));
+    let on_gpu = matches!(kind, BackendKind::Cuda | BackendKind::Rocm);
+    let mut probe = metrics::EnergyProbe::system(on_gpu.then_some(gpu as u32));
     if let Some(root) = std::env::var_os("FERROTRON_POWERCAP_ROOT") {
         probe.rapl_root = root.into();
     }

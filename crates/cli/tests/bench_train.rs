@@ -213,8 +213,8 @@ fn bad_input_exits_2_naming_the_flag_or_file_and_writes_nothing() {
             "--backends metal",
         ),
         (
-            [&tiny[..], &["--backends", "wgpu"]].concat(),
-            "--backends wgpu",
+            [&tiny[..], &["--backends", "rocm"]].concat(),
+            "--backends rocm",
         ),
         (
             [&tiny[..], &["--device-type", "tpu"]].concat(),

@@ -1,7 +1,7 @@
 //! The compute backends compiled into this build and how to name them.
 //!
-//! Each backend is a cargo feature (`flex` by default; `ndarray`, `cuda`,
-//! `rocm` opt-in). Training code is generic over `burn::tensor::backend::Backend`;
+//! Each backend is a cargo feature (`flex` by default; `ndarray`, `wgpu`,
+//! `cuda`, `rocm` opt-in). Training code is generic over `burn::tensor::backend::Backend`;
 //! the CLI picks one of the compiled backends at run time and calls the
 //! generic function once.
 
@@ -16,6 +16,9 @@ pub enum BackendKind {
     Flex,
     /// burn-ndarray: the older pure-Rust CPU backend.
     Ndarray,
+    /// Any GPU (or a CPU Vulkan driver such as Mesa's lavapipe) through
+    /// CubeCL's wgpu runtime: Vulkan, Metal or DirectX 12.
+    Wgpu,
     /// NVIDIA GPUs through CubeCL's CUDA runtime (driver loaded at run time).
     Cuda,
     /// AMD GPUs through CubeCL's HIP runtime (driver loaded at run time).
@@ -23,9 +26,10 @@ pub enum BackendKind {
 }
 
 /// Every backend name, compiled or not, in the order they are listed to users.
-pub const ALL_BACKENDS: [BackendKind; 4] = [
+pub const ALL_BACKENDS: [BackendKind; 5] = [
     BackendKind::Flex,
     BackendKind::Ndarray,
+    BackendKind::Wgpu,
     BackendKind::Cuda,
     BackendKind::Rocm,
 ];
@@ -36,6 +40,7 @@ impl BackendKind {
         match self {
             BackendKind::Flex => "flex",
             BackendKind::Ndarray => "ndarray",
+            BackendKind::Wgpu => "wgpu",
             BackendKind::Cuda => "cuda",
             BackendKind::Rocm => "rocm",
         }
@@ -46,6 +51,7 @@ impl BackendKind {
         match self {
             BackendKind::Flex => cfg!(feature = "flex"),
             BackendKind::Ndarray => cfg!(feature = "ndarray"),
+            BackendKind::Wgpu => cfg!(feature = "wgpu"),
             BackendKind::Cuda => cfg!(feature = "cuda"),
             BackendKind::Rocm => cfg!(feature = "rocm"),
         }
@@ -54,6 +60,13 @@ impl BackendKind {
     /// Whether the backend computes on the CPU.
     pub fn is_cpu(self) -> bool {
         matches!(self, BackendKind::Flex | BackendKind::Ndarray)
+    }
+
+    /// Whether runs on this backend default to bf16 compute (`--precision`
+    /// unset): on cuda and rocm, whose matrix units take bf16; the CPU
+    /// backends and wgpu (WGSL has no bf16 type) default to fp32.
+    pub fn defaults_to_bf16(self) -> bool {
+        matches!(self, BackendKind::Cuda | BackendKind::Rocm)
     }
 
     /// The backends compiled into this build.

@@ -120,11 +120,11 @@ fn set_minimal(adapter: String) -> AutotuneChoice {
 }
 
 /// Name of the adapter cubecl's `DefaultDevice` resolves to, and whether it
-/// executes on the CPU; `None` when wgpu finds none. Mirrors cubecl-wgpu
-/// 0.10's selection: `CUBECL_WGPU_DEFAULT_DEVICE` when set, else the
-/// high-performance adapter of the platform's graphics API (Vulkan on
-/// Linux).
-fn default_adapter() -> Option<(String, bool)> {
+/// executes on the CPU; `None` when wgpu finds none (no Vulkan, Metal or
+/// DirectX 12 driver). Mirrors cubecl-wgpu 0.10's selection:
+/// `CUBECL_WGPU_DEFAULT_DEVICE` when set, else the high-performance adapter
+/// of the platform's graphics API (Vulkan on Linux). Asks wgpu each call.
+pub fn default_adapter() -> Option<(String, bool)> {
     if let Ok(forced) = std::env::var("CUBECL_WGPU_DEFAULT_DEVICE") {
         return Some((forced.clone(), forced == "Cpu"));
     }

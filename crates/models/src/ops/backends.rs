@@ -12,3 +12,9 @@ pub type Cuda = burn_cubecl::CubeBackend<burn_cubecl::cubecl::cuda::CudaRuntime,
 /// AMD GPUs through CubeCL's HIP runtime (cargo feature `rocm`).
 #[cfg(feature = "rocm")]
 pub type Rocm = burn_cubecl::CubeBackend<burn_cubecl::cubecl::hip::HipRuntime, f32, i32, u8>;
+
+/// Any GPU through CubeCL's wgpu runtime (Vulkan, Metal, DirectX 12), or a
+/// CPU Vulkan driver such as Mesa's lavapipe (cargo feature `wgpu`); `u32`
+/// booleans, as WGSL stores them.
+#[cfg(feature = "wgpu")]
+pub type Wgpu = burn_wgpu::CubeBackend<burn_wgpu::WgpuRuntime, f32, i32, u32>;

@@ -53,6 +53,8 @@ pub use attention::{attention, attention_reference, attention_reference_backward
 pub use backends::Cuda;
 #[cfg(feature = "rocm")]
 pub use backends::Rocm;
+#[cfg(feature = "wgpu")]
+pub use backends::Wgpu;
 pub use choice::{HeadLoss, OpsChoice};
 pub use cross_entropy::cross_entropy;
 pub use fused::{FusedKernels, KernelBackend, TrainBackend};
@@ -96,8 +98,8 @@ pub fn choose_kernels(
     };
     let unsupported = match without_kernels {
         Some(backend) => Some(format!(
-            "backend {backend} has no fused kernels (they run on the CubeCL backends cuda and \
-             rocm; use \"reference\" on the CPU)"
+            "backend {backend} has no fused kernels (they run on the CubeCL backends cuda, \
+             rocm and wgpu; use \"reference\" on the CPU)"
         )),
         None => shape
             .validate()

@@ -76,7 +76,7 @@ pub struct TrainBenchArgs {
     /// Timed steps; the median step time is reported.
     #[arg(long, default_value_t = 5)]
     pub steps: usize,
-    /// Backends to run, comma-separated: flex, ndarray, cuda, rocm (default: every compiled
+    /// Backends to run, comma-separated: flex, ndarray, wgpu, cuda, rocm (default: every compiled
     /// one whose device opens).
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub backends: Option<Vec<String>>,

@@ -18,7 +18,7 @@ use ferrotron_parallel::train::{ParallelConfig, StepConfig, Trainer};
 use super::args::TrainBenchArgs;
 use super::record::{Record, ResultFile, Skipped, SCHEMA};
 use super::{host, model, table, write_outputs};
-use crate::dispatch::{dispatch, BackendTask};
+use crate::dispatch::{check_ready, dispatch, BackendTask};
 use crate::error::usage;
 
 /// Side of the square f32 matmul whose measured rate is a CPU's peak.
@@ -82,11 +82,6 @@ pub fn run(args: &TrainBenchArgs) -> anyhow::Result<()> {
 fn select(names: Option<&[String]>) -> anyhow::Result<(Vec<BackendKind>, Vec<Skipped>)> {
     if let Some(names) = names {
         for name in names {
-            if name == "wgpu" {
-                return Err(usage(
-                    "--backends wgpu: not a training backend yet (`bench kernels` measures the kernels on it)",
-                ));
-            }
             name.parse::<BackendKind>()
                 .map_err(|e| usage(format!("--backends {name}: {e}")))?;
         }
@@ -104,7 +99,7 @@ fn select(names: Option<&[String]>) -> anyhow::Result<(Vec<BackendKind>, Vec<Ski
                 "not compiled into this build (cargo feature {kind})"
             ))
         } else {
-            kind.check_runtime().err().map(|e| e.to_string())
+            check_ready(kind).err()
         };
         match why {
             None => kinds.push(kind),
@@ -114,13 +109,6 @@ fn select(names: Option<&[String]>) -> anyhow::Result<(Vec<BackendKind>, Vec<Ski
                 reason,
             }),
         }
-    }
-    if names.is_none() {
-        skipped.push(Skipped {
-            backend: "wgpu".into(),
-            reason: "not a training backend yet (`bench kernels` measures the kernels on it)"
-                .into(),
-        });
     }
     if kinds.is_empty() {
         return Err(usage("bench train: no backend of this build can run here"));
@@ -160,10 +148,10 @@ impl BackendTask for StepBench<'_> {
                 "nothing: peak unknown (give --device-type or --peak-tflops)".to_string(),
             ),
         };
-        let precision = a.precision.unwrap_or(if cpu {
-            Precision::Fp32
-        } else {
+        let precision = a.precision.unwrap_or(if kind.defaults_to_bf16() {
             Precision::Bf16
+        } else {
+            Precision::Fp32
         });
         let config = DecoderConfig {
             precision,
@@ -254,7 +242,7 @@ impl BackendTask for StepBench<'_> {
             device: match (cpu, self.gpu_peak) {
                 (true, _) => host::cpu_name(),
                 (false, Some((_, name))) => format!("{name} ({kind} GPU 0)"),
-                (false, None) => format!("{kind} GPU 0"),
+                (false, None) => gpu_name(kind),
             },
             threads: cpu.then(host::cpu_threads),
             shape: model::shape(&config),
@@ -312,4 +300,17 @@ impl TokenStream {
             seq_len: seq,
         }
     }
+}
+
+/// The device of a GPU backend run without `--device-type`: on wgpu the
+/// default adapter's name (e.g. `llvmpipe (LLVM 19.1.7, 256 bits) (wgpu)`),
+/// else `KIND GPU 0`.
+fn gpu_name(kind: BackendKind) -> String {
+    #[cfg(feature = "wgpu")]
+    if kind == BackendKind::Wgpu {
+        if let Some((adapter, _)) = ferrotron_kernels::wgpu_setup::default_adapter() {
+            return format!("{adapter} (wgpu)");
+        }
+    }
+    format!("{kind} GPU 0")
 }

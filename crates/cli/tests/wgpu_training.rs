@@ -1,0 +1,165 @@
+//! Training on the `wgpu` backend: Burn's CubeCL backend over the wgpu
+//! runtime (Mesa's lavapipe, a Vulkan driver on the CPU, in CI) with the
+//! fused kernels.
+//! - `ferrotron train --backend wgpu` on `llama-mini` (RMSNorm, RoPE,
+//!   SwiGLU, grouped-query attention, untied head) follows the same run on
+//!   the default CPU backend step for step: every step's loss and gradient
+//!   norm, the final validation loss and the saved weights; the default
+//!   precision on wgpu is fp32. (The other families' fused kernels are
+//!   checked against the CPU reference in
+//!   crates/models/tests/fused_kernels.rs; one family here keeps lavapipe's
+//!   first shader compilation, minutes on a cold Mesa cache, to one set.)
+//! - `ferrotron bench train --backends flex,wgpu` measures both and their
+//!   losses agree.
+//!
+//! A build without the `wgpu` feature skips with a printed reason
+//! (`scripts/test --mpi` builds it, as CI does).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+mod common;
+#[path = "../../../tests/support/deadline.rs"]
+mod deadline;
+#[path = "common/equivalence.rs"]
+mod equivalence;
+#[path = "common/mpirun.rs"]
+mod mpirun;
+
+use common::{corpus, records, scratch};
+use equivalence::{check_steps, check_weights};
+use mpirun::{train, RunFlags};
+
+/// Largest relative difference of a step's loss or gradient norm: the
+/// fused kernels sum in another order than the CPU operations (seen on
+/// lavapipe: below 1e-5 over 4 steps).
+const STEP_TOLERANCE: f64 = 1e-4;
+
+/// `false` (and a printed reason) when the binary has no wgpu backend.
+fn wgpu_built() -> bool {
+    if !cfg!(feature = "wgpu") {
+        eprintln!(
+            "SKIPPED: ferrotron was built without the `wgpu` feature; run `scripts/test --mpi` \
+             (or `cargo test -p ferrotron-cli --features wgpu`)"
+        );
+    }
+    cfg!(feature = "wgpu")
+}
+
+/// Trains `model` for 4 steps on `backend` into `dir/{model}-{backend}`;
+/// returns the run directory and what the run printed on stdout.
+fn train_on(dir: &Path, corpus: &Path, model: &str, backend: &str) -> (PathBuf, String) {
+    let out = dir.join(format!("{model}-{backend}"));
+    let mut args = RunFlags::new(model, corpus, &out, "4").args();
+    args.extend(["--backend".to_string(), backend.to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = train(1, &args);
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "{model} on {backend} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    (out, stdout)
+}
+
+/// The last validation loss of a run's `metrics.jsonl`.
+fn last_val_loss(run: &Path) -> f64 {
+    records(run)
+        .iter()
+        .rev()
+        .find_map(|v| v.get("val_loss")?.as_f64())
+        .expect("a validation record")
+}
+
+#[test]
+fn wgpu_training_follows_the_cpu_run() {
+    if !wgpu_built() {
+        return;
+    }
+    let dir = scratch("wgpu-training");
+    let corpus = corpus(&dir);
+    let model = "llama-mini";
+    let (cpu, _) = train_on(&dir, &corpus, model, "flex");
+    let (gpu, log) = train_on(&dir, &corpus, model, "wgpu");
+    assert!(log.contains(" on wgpu;"), "{log}");
+    assert!(log.contains("precision fp32"), "{log}");
+    check_steps(model, &gpu, &cpu, STEP_TOLERANCE);
+    let (g, c) = (last_val_loss(&gpu), last_val_loss(&cpu));
+    assert!(
+        ((g - c) / c).abs() <= STEP_TOLERANCE,
+        "validation loss {g} on wgpu vs {c} on flex"
+    );
+    check_weights(model, &gpu, &cpu, 1e-4, 1e-3);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bench_train_measures_wgpu_beside_flex() {
+    if !wgpu_built() {
+        return;
+    }
+    let dir = scratch("wgpu-bench-train");
+    let json = dir.join("bench.json");
+    // Head dimension 32 and grouped queries, as llama-mini's.
+    let out = Command::new(env!("CARGO_BIN_EXE_ferrotron"))
+        .args([
+            "bench",
+            "train",
+            "--family",
+            "llama",
+            "--layers",
+            "1",
+            "--hidden",
+            "64",
+            "--heads",
+            "2",
+            "--kv-heads",
+            "1",
+            "--ffn",
+            "96",
+            "--vocab",
+            "64",
+            "--batch",
+            "2",
+            "--seq",
+            "16",
+            "--warmup",
+            "1",
+            "--steps",
+            "1",
+            "--backends",
+            "flex,wgpu",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .expect("the binary runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench train failed: {stderr}");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("--json written")).unwrap();
+    let results = doc["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2, "{doc}");
+    let (flex, wgpu) = (&results[0], &results[1]);
+    assert_eq!(flex["backend"], "flex");
+    assert_eq!(wgpu["backend"], "wgpu");
+    assert!(
+        wgpu["device"].as_str().unwrap().ends_with("(wgpu)"),
+        "the adapter's name: {wgpu}"
+    );
+    assert_eq!(wgpu["precision"], "fp32");
+    // The chunked head is a CPU operation; the GPU path forms the logits.
+    assert_eq!(wgpu["head"], "logits");
+    assert!(wgpu["peak_memory_bytes"].is_null());
+    assert!(wgpu["tokens_per_s"].as_f64().unwrap() > 0.0);
+    let (g, c) = (
+        wgpu["last_loss"].as_f64().unwrap(),
+        flex["last_loss"].as_f64().unwrap(),
+    );
+    assert!(
+        ((g - c) / c).abs() <= STEP_TOLERANCE,
+        "last loss {g} on wgpu vs {c} on flex"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
