@@ -3,8 +3,24 @@
 //! This facade re-exports the public API of the workspace crates:
 //! [`engine`] (numerics on one device: backends, optimizer, data, checkpoints,
 //! metrics), [`parallel`] (process groups, data parallelism, ZeRO, the
-//! training step and loop) and [`models`] (the configurable decoder and its
-//! presets).
+//! training step and loop), [`models`] (the configurable decoder and its
+//! presets) and [`job`] (what `ferrotron train` does: the sectioned
+//! [`JobConfig`], its validation, `parallelize` and [`Job`]).
+//!
+//! A whole training job, as `ferrotron train` runs it:
+//!
+//! ```no_run
+//! use ferrotron::{Job, JobConfig};
+//! use ferrotron::job::{PrintReport, World};
+//! let mut config = JobConfig::from_file("configs/gpt-mini.toml".as_ref())
+//!     .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+//! config.schedule.steps = 3;
+//! let valid = config.validate(&World::SINGLE).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+//! Job::new(valid)?.run(&mut PrintReport)?;
+//! # Ok::<(), anyhow::Error>(())
+//! ```
+//!
+//! The pieces underneath, for a loop of your own:
 //!
 //! ```no_run
 //! use burn::backend::{Autodiff, Flex};
@@ -33,9 +49,11 @@
 //! ```
 
 pub use ferrotron_engine as engine;
+pub use ferrotron_job as job;
 pub use ferrotron_models as models;
 pub use ferrotron_parallel as parallel;
 
 pub use ferrotron_engine::lm::CausalLm;
+pub use ferrotron_job::{Job, JobConfig};
 pub use ferrotron_models::{Decoder, DecoderConfig};
 pub use ferrotron_parallel::train::{LoopConfig, StepConfig, StepOutput, Trainer};

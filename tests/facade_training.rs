@@ -78,3 +78,58 @@ fn every_family_mini_preset_learns() {
         assert!(last < 0.8 * first, "{name}: loss {first:.3} -> {last:.3}");
     }
 }
+
+/// A whole job through the library, as `ferrotron train` runs it: the run
+/// directory holds the resolved configuration (which reads back as the
+/// same job), the run record, the metrics and a checkpoint.
+#[test]
+fn a_job_runs_through_the_library() {
+    use ferrotron::job::{run_files, PrintReport, World};
+    use ferrotron::JobConfig;
+    let dir = std::env::temp_dir().join(format!("ferrotron-facade-job-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let corpus = dir.join("corpus.txt");
+    let words = [
+        "the", "cat", "sat", "on", "a", "mat", "while", "dogs", "ran", "under", "bright", "stars",
+        "and", "quiet", "rivers", "sang", "of", "old", "kings", "who", "lost", "their", "crowns",
+        "to", "clever", "foxes",
+    ];
+    let text: String = (0..20_000usize)
+        .map(|i| {
+            let w = words[((i * 2654435761) >> 7) % words.len()];
+            if i % 11 == 10 {
+                format!("{w}.\n")
+            } else {
+                format!("{w} ")
+            }
+        })
+        .collect();
+    std::fs::write(&corpus, text).unwrap();
+    let mut config = JobConfig::default();
+    config.model.vocab_size = Some(300);
+    config.data.corpus = Some(corpus);
+    config.schedule.steps = 3;
+    config.schedule.seq_len = 32;
+    config.schedule.micro_batch = 2;
+    config.schedule.eval_every = 3;
+    config.metrics.sample_tokens = 0;
+    let out = dir.join("run");
+    config.checkpoint.out = Some(out.clone());
+    let valid = config.validate(&World::SINGLE).unwrap();
+    let resolved = valid.config().clone();
+    let summary = ferrotron::Job::new(valid)
+        .unwrap()
+        .run(&mut PrintReport)
+        .unwrap()
+        .unwrap();
+    assert_eq!(summary.steps.len(), 3);
+    let (written, record) = run_files::read_run_files(&out).unwrap();
+    assert_eq!(written, resolved);
+    assert_eq!(record.global_batch, 2);
+    assert_eq!(record.model.vocab_size, 300);
+    for file in ["metrics.jsonl", "tokenizer.json", "checkpoints/latest"] {
+        assert!(out.join(file).is_file(), "missing {file}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

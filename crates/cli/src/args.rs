@@ -5,15 +5,8 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use ferrotron_engine::checkpoint::FloatDtype;
-use ferrotron_engine::precision::Precision;
+use ferrotron_job::JobFlags;
 use ferrotron_models::hf::shards::parse_size;
-use ferrotron_models::Kernels;
-use ferrotron_parallel::recompute::Recompute;
-use ferrotron_parallel::zero::ZeroStage;
-
-use crate::comm::CommChoice;
-use crate::pipeline_check::PpSchedule;
-use crate::settings::{OnNonFinite, TrainSettings};
 
 /// Ferrotron: train GPT-2, Llama and BLOOM style language models.
 #[derive(Parser, Debug)]
@@ -204,6 +197,10 @@ pub struct PlanArgs {
     /// Print the memory and time breakdown of one choice (a label from the table).
     #[arg(long, value_name = "CHOICE")]
     pub explain: Option<String>,
+    /// Also write the best layout that `ferrotron train` runs today as a job file
+    /// (`ferrotron train --config FILE`), with the model, batch, precision and backend.
+    #[arg(long, value_name = "FILE")]
+    pub emit_config: Option<std::path::PathBuf>,
 }
 
 /// `ferrotron bench` subcommands.
@@ -263,272 +260,26 @@ pub struct KernelsBenchArgs {
     pub backends: Option<Vec<String>>,
 }
 
-/// `ferrotron train` flags; each overrides the same key of `--config`.
+/// `ferrotron train` flags: where the job starts from (`--config`,
+/// `--resume`), `--print-config`, and one flag per key of the job
+/// configuration, which overrides the same key of the file.
 #[derive(Args, Debug, Default)]
 pub struct TrainArgs {
-    /// TOML file of settings (keys as the flags, with underscores).
+    /// TOML job file: sections [model], [data], [optimizer], [schedule], [parallelism],
+    /// [precision], [checkpoint], [metrics], [backend] (see docs/training.md); flags override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Model preset: gpt-mini, llama-mini, bloom-mini, gpt2, gpt2-medium, gpt2-large,
-    /// gpt2-xl, llama2-7b, llama3-8b, llama3-70b, bloom-560m, bloom-7b1, bloom-176b.
-    #[arg(long)]
-    pub model: Option<String>,
-    /// Vocabulary size of the tokenizer and the model (default: the preset's).
-    #[arg(long)]
-    pub vocab_size: Option<usize>,
-    /// Longest sequence of a new model from a preset, tokens (its position table; default: the
-    /// preset's max_seq_len). Megatron's --max-position-embeddings.
-    #[arg(long)]
-    pub max_seq_len: Option<usize>,
-    /// Optimizer steps.
-    #[arg(long)]
-    pub steps: Option<usize>,
-    /// Sequences per micro-batch.
-    #[arg(long)]
-    pub micro_batch: Option<usize>,
-    /// Tokens per sequence.
-    #[arg(long)]
-    pub seq_len: Option<usize>,
-    /// Micro-batches accumulated per optimizer step.
-    #[arg(long)]
-    pub grad_accum: Option<usize>,
-    /// Peak learning rate.
-    #[arg(long)]
-    pub lr: Option<f64>,
-    /// Final learning rate of the cosine decay.
-    #[arg(long)]
-    pub min_lr: Option<f64>,
-    /// Linear warm-up steps (default: 20, or --steps when shorter); more than --steps is refused.
-    #[arg(long)]
-    pub warmup_steps: Option<usize>,
-    /// AdamW weight decay (not applied to norms and biases).
-    #[arg(long)]
-    pub weight_decay: Option<f64>,
-    /// AdamW beta1.
-    #[arg(long)]
-    pub beta1: Option<f64>,
-    /// AdamW beta2.
-    #[arg(long)]
-    pub beta2: Option<f64>,
-    /// AdamW epsilon.
-    #[arg(long)]
-    pub eps: Option<f64>,
-    /// Clip the global gradient norm to this value (0 disables).
-    #[arg(long)]
-    pub grad_clip: Option<f64>,
-    /// Seed of initialisation and data order.
-    #[arg(long)]
-    pub seed: Option<u64>,
-    /// Compute backend among those compiled in: flex (default), ndarray, wgpu, cuda, rocm.
-    #[arg(long)]
-    pub backend: Option<String>,
-    /// Run directory (default runs/<model>-<unix time>); must not hold a run already.
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-    /// UTF-8 text corpus, plain or .gz (default: the embedded Shakespeare).
-    #[arg(long)]
-    pub corpus: Option<PathBuf>,
-    /// Token shard set written by `ferrotron data prepare` (instead of --corpus); the model's
-    /// vocabulary is its tokenizer's unless --vocab-size is given.
-    #[arg(long, value_name = "DIR")]
-    pub data: Option<PathBuf>,
-    /// Fraction of the tokens held out for validation.
-    #[arg(long)]
-    pub val_fraction: Option<f64>,
-    /// Validate and checkpoint every N steps.
-    #[arg(long)]
-    pub eval_every: Option<usize>,
-    /// Validation batches per evaluation.
-    #[arg(long)]
-    pub eval_batches: Option<usize>,
-    /// Tokens sampled at the end of training (0 = none).
-    #[arg(long)]
-    pub sample_tokens: Option<usize>,
-    /// Prompt of the end-of-training sample.
-    #[arg(long)]
-    pub sample_prompt: Option<String>,
-    /// Device peak in TFLOP/s for MFU.
-    #[arg(long)]
-    pub peak_tflops: Option<f64>,
-    /// Device type whose data-sheet peak is used for MFU: a100, h100, h200, mi250x, mi300x.
-    #[arg(long)]
-    pub device_type: Option<String>,
-    /// Start from a Hugging Face model directory (config, weights, tokenizer) instead of --model.
-    #[arg(long)]
-    pub hf_dir: Option<PathBuf>,
-    /// At the end, also write the model as a Hugging Face directory (must be new or empty).
-    #[arg(long)]
-    pub hf_out: Option<PathBuf>,
-    /// Multi-rank runs: seconds every communicator operation may take (default 600); a rank
-    /// that waits longer fails naming the ranks that never arrived, and the job is aborted.
-    #[arg(long = "comm-timeout", value_name = "SECONDS")]
-    pub comm_timeout_s: Option<f64>,
-    /// Multi-rank runs: transport of every process group. auto (default) is mpi today; nccl
-    /// runs NCCL/RCCL through the run-time binding, bootstrapped over MPI (CPU backends with
-    /// FERROTRON_NCCL_LIBRARY naming a library that works on host memory, e.g. the test double).
-    #[arg(long, value_enum)]
-    pub comm: Option<CommChoice>,
-    /// Data-parallel degree (default: the world size / (tp x pp)); dp x tp x pp must equal the world size.
-    #[arg(long)]
-    pub dp: Option<usize>,
-    /// Tensor-parallel degree (Megatron-LM): attention heads, key/value heads, MLP units and
-    /// the vocabulary are split over tp ranks; tp must divide the heads, KV heads and ffn size.
-    #[arg(long)]
-    pub tp: Option<usize>,
-    /// Under --tp, pad the vocabulary to a multiple of this times tp (Megatron-LM's flag; the
-    /// padding is never predicted and is dropped from checkpoints).
-    #[arg(long, value_name = "N")]
-    pub make_vocab_size_divisible_by: Option<usize>,
-    /// Sequence parallelism (needs --tp > 1): norms and the residual stream split along the
-    /// sequence over the TP group; --seq-len must divide by tp.
-    #[arg(long)]
-    pub sp: bool,
-    /// Pipeline-parallel degree: the blocks split into pp contiguous stages (embedding on the
-    /// first, final norm, head and loss on the last); a step's micro-batches are its
-    /// --grad-accum micro-batches.
-    #[arg(long)]
-    pub pp: Option<usize>,
-    /// Pipeline schedule: gpipe, 1f1b (default) or interleaved (with --pp-virtual).
-    #[arg(long, value_enum)]
-    pub pp_schedule: Option<PpSchedule>,
-    /// Model chunks per stage for --pp-schedule interleaved (at least 2).
-    #[arg(long, value_name = "V")]
-    pub pp_virtual: Option<usize>,
-    /// Blocks per stage (per virtual stage when interleaved), comma-separated, e.g. 3,3;
-    /// default: as even as possible.
-    #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
-    pub pp_layers: Option<Vec<usize>>,
-    /// Gradient all-reduce bucket size for data parallelism, MiB.
-    #[arg(long)]
-    pub bucket_mb: Option<f64>,
-    /// ZeRO stage: 0 off, 1 shard optimizer state, 2 + gradients, 3 + parameters (FSDP).
-    #[arg(long)]
-    pub zero: Option<ZeroStage>,
-    /// Activation recomputation in backward: none, selective (the attention core: scores,
-    /// softmax, weighted values) or full (each block from its input); default none, full
-    /// under --zero 3 (which always recomputes blocks). full is refused with --pp > 1.
-    #[arg(long, value_name = "none|selective|full")]
-    pub recompute: Option<Recompute>,
-    /// Hot operations: fused (CubeCL kernels; cuda, rocm) or reference (plain Burn ops, the
-    /// head through the whole logits); default fused where the backend has them, else
-    /// reference with the head and loss computed in row blocks.
-    #[arg(long)]
-    pub kernels: Option<Kernels>,
-    /// Compute precision: fp32, bf16 or fp16 (master weights, gradients and AdamW state stay
-    /// fp32; fp16 adds dynamic loss scaling); default fp32 on CPUs, bf16 on cuda/rocm.
-    #[arg(long)]
-    pub precision: Option<Precision>,
-    /// Precision of the DP gradient reduction (all-reduce, ZeRO reduce-scatter): fp32
-    /// (default) or bf16.
-    #[arg(long, value_name = "DTYPE")]
-    pub reduce_dtype: Option<Precision>,
-    /// fp16: loss scale of the first step (default 65536 = 2^16).
-    #[arg(long, value_name = "SCALE")]
-    pub loss_scale_init: Option<f64>,
-    /// fp16: clean steps after which the loss scale doubles (default 2000).
-    #[arg(long, value_name = "STEPS")]
-    pub loss_scale_window: Option<usize>,
-    /// Write a complete checkpoint (model, optimizer, sampler, step) every N steps and after
-    /// the last (default: --eval-every; 0 = never).
-    #[arg(long)]
-    pub save_every: Option<usize>,
-    /// Complete checkpoints kept in RUN/checkpoints (the newest; default 2).
-    #[arg(long)]
-    pub keep_checkpoints: Option<usize>,
-    /// A non-finite loss or gradient norm: stop (default) or skip the step; the update is
-    /// never applied.
-    #[arg(long, value_enum)]
-    pub on_nonfinite: Option<OnNonFinite>,
-    /// With --on-nonfinite skip: stop after this many skipped steps in a row (default 5).
-    #[arg(long)]
-    pub max_skipped: Option<usize>,
-    /// Goldfish loss (Hans et al. 2024): drop about one target token in K (K >= 2) from the
-    /// training loss, chosen by hashing the --goldfish-context tokens before it, so the same
-    /// text always drops the same tokens (default: off). Validation is not masked.
-    #[arg(long, value_name = "K")]
-    pub goldfish_k: Option<usize>,
-    /// Goldfish loss: tokens hashed before each target (the paper's h; default 13), read from
-    /// the token stream, also before a sequence's first token.
-    #[arg(long, value_name = "H")]
-    pub goldfish_context: Option<usize>,
     /// Continue a run from its latest checkpoint (a run directory) or from a
     /// RUN/checkpoints/step-N directory, with the run's own settings; --steps may extend it.
     #[arg(long, value_name = "RUN_DIR")]
     pub resume: Option<PathBuf>,
-}
-
-impl TrainArgs {
-    /// Overrides `s` with every flag that was given (not `--config` or
-    /// `--resume`, which choose where the settings start from).
-    pub fn apply(self, s: &mut TrainSettings) {
-        macro_rules! set {
-            ($($f:ident),*) => { $( if let Some(v) = self.$f { s.$f = v; } )* };
-        }
-        set!(
-            model,
-            steps,
-            micro_batch,
-            seq_len,
-            grad_accum,
-            lr,
-            min_lr,
-            weight_decay,
-            beta1,
-            beta2,
-            eps,
-            grad_clip,
-            seed,
-            backend,
-            val_fraction,
-            eval_every,
-            eval_batches,
-            sample_tokens,
-            sample_prompt,
-            comm_timeout_s,
-            comm,
-            tp,
-            make_vocab_size_divisible_by,
-            pp,
-            pp_schedule,
-            pp_virtual,
-            bucket_mb,
-            zero,
-            keep_checkpoints,
-            on_nonfinite,
-            max_skipped,
-            goldfish_context,
-            reduce_dtype,
-            loss_scale_init,
-            loss_scale_window
-        );
-        if self.sp {
-            s.sp = true;
-        }
-        if self.pp_layers.is_some() {
-            s.pp_layers = self.pp_layers;
-        }
-        macro_rules! set_opt {
-            ($($f:ident),*) => { $( if self.$f.is_some() { s.$f = self.$f; } )* };
-        }
-        set_opt!(
-            vocab_size,
-            max_seq_len,
-            warmup_steps,
-            out,
-            corpus,
-            data,
-            peak_tflops,
-            device_type,
-            hf_dir,
-            hf_out,
-            dp,
-            recompute,
-            kernels,
-            save_every,
-            goldfish_k,
-            precision
-        );
-    }
+    /// Print the job configuration (defaults, then --config or the resumed run's, then the
+    /// flags) as TOML and exit; `--config` reads it back as the same job.
+    #[arg(long)]
+    pub print_config: bool,
+    /// The job's settings.
+    #[command(flatten)]
+    pub job: JobFlags,
 }
 
 /// `ferrotron generate` flags.

@@ -8,9 +8,9 @@ use ferrotron_engine::checkpoint::save_safetensors;
 use ferrotron_models::ops::{cross_entropy, TrainBackend};
 
 use crate::args::EvalArgs;
-use crate::dispatch::{dispatch, parse_backend, BackendTask};
 use crate::error::usage;
 use crate::source::ModelSource;
+use ferrotron_job::{dispatch, parse_backend, BackendTask};
 
 /// Runs `ferrotron eval`: prints `{"loss": <nats/token>, "tokens": <count>}`.
 pub fn eval(args: EvalArgs) -> anyhow::Result<()> {

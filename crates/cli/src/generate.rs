@@ -5,10 +5,10 @@ use ferrotron_models::ops::TrainBackend;
 use ferrotron_models::{generate as decode, SamplingConfig};
 
 use crate::args::GenerateArgs;
-use crate::dispatch::{dispatch, parse_backend, BackendTask};
 use crate::error::usage;
 use crate::source::ModelSource;
-use crate::train::sample;
+use ferrotron_job::sample;
+use ferrotron_job::{dispatch, parse_backend, BackendTask};
 
 /// Runs `ferrotron generate`.
 ///

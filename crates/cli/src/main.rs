@@ -2,23 +2,15 @@
 
 mod args;
 mod bench;
-mod comm;
 mod data;
-mod dispatch;
 mod error;
 mod eval;
 mod export;
 mod generate;
-mod memory_check;
-mod pipeline_check;
 mod plan;
-mod precision_check;
-mod resume;
-mod run_config;
-mod settings;
+mod plan_emit;
 mod source;
 mod train;
-mod train_data;
 
 use std::process::ExitCode;
 

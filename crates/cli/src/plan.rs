@@ -16,6 +16,7 @@ use ferrotron_parallel::zero::ZeroStage;
 
 use crate::args::PlanArgs;
 use crate::error::usage;
+use crate::plan_emit::emit_config;
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
@@ -303,6 +304,10 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let mut p = plan(&input);
+    if let Some(path) = &a.emit_config {
+        let label = emit_config(&a, &input, &p.feasible, path)?;
+        println!("wrote {} ({label})", path.display());
+    }
     if a.runnable {
         p.feasible.retain(|e| e.runs_today);
         p.rejected.retain(|r| r.estimate.runs_today);

@@ -14,7 +14,7 @@ use ferrotron_models::ops::KernelBackend;
 use ferrotron_models::{Decoder, DecoderConfig};
 
 use crate::error::usage;
-use crate::run_config::RunConfig;
+use ferrotron_job::run_files::read_run_files;
 
 /// A model read from disk: its shape, weights (our names) and tokenizer.
 pub struct ModelSource {
@@ -39,7 +39,8 @@ impl ModelSource {
     pub fn read(run: Option<&Path>, hf_dir: Option<&Path>) -> anyhow::Result<Self> {
         match (run, hf_dir) {
             (Some(run), None) => {
-                let rc = RunConfig::read(run)?;
+                let (job, record) = read_run_files(run)
+                    .map_err(|e| usage(format!("--run {}: {e}", run.display())))?;
                 let weights = run.join("model.safetensors");
                 let tensors = load_safetensors(&weights).map_err(|e| usage(e.to_string()))?;
                 let tok = run.join("tokenizer.json");
@@ -51,10 +52,10 @@ impl ModelSource {
                     SpecialTokens::default()
                 };
                 Ok(Self {
-                    config: rc.model,
+                    config: record.model,
                     tensors,
                     tokenizer: tok.exists().then_some(tok),
-                    backend: rc.train.backend,
+                    backend: job.backend.name,
                     name: weights.display().to_string(),
                     dtype: FloatDtype::F32,
                     special,

@@ -46,7 +46,11 @@ fn bad_input_is_a_one_line_error_with_exit_code_2_and_writes_nothing() {
         &out,
     );
     let bad_key = dir.join("bad.toml");
-    std::fs::write(&bad_key, "steps = 3\nlearning_rate = 0.1\n").unwrap();
+    std::fs::write(
+        &bad_key,
+        "[schedule]\nsteps = 3\n[optimizer]\nlearning_rate = 0.1\n",
+    )
+    .unwrap();
     assert_rejected(
         &["train", "--out", o, "--config", bad_key.to_str().unwrap()],
         &["learning_rate", "bad.toml"],
@@ -65,7 +69,7 @@ fn bad_input_is_a_one_line_error_with_exit_code_2_and_writes_nothing() {
     );
     assert_rejected(
         &["train", "--out", o, "--kernels", "fused"],
-        &["--kernels fused", "flex", "reference"],
+        &["backend.kernels (--kernels): fused", "flex", "reference"],
         &out,
     );
     assert_rejected(
@@ -143,13 +147,13 @@ fn bad_input_is_a_one_line_error_with_exit_code_2_and_writes_nothing() {
     );
     assert_rejected(
         &["train", "--out", o, "--max-seq-len", "0"],
-        &["--max-seq-len must be positive"],
+        &["model.max_seq_len (--max-seq-len): must be positive"],
         &out,
     );
     // An explicit warm-up longer than the run (the default shortens itself).
     assert_rejected(
         &["train", "--out", o, "--steps", "5", "--warmup-steps", "10"],
-        &["--warmup-steps 10 exceeds --steps 5"],
+        &["optimizer.warmup_steps (--warmup-steps): 10 exceeds --steps 5"],
         &out,
     );
     // A corpus too small for the vocabulary, or for the train/validation split.
@@ -176,6 +180,107 @@ fn bad_input_is_a_one_line_error_with_exit_code_2_and_writes_nothing() {
     );
 }
 
+/// The job file: `--print-config` prints the job as TOML and reading that
+/// back gives the same job; a misplaced key names its section; a file with
+/// three mistakes reports three lines; the repository's gpt-mini job runs.
+#[test]
+fn job_files_round_trip_name_misplaced_keys_and_run() {
+    let dir = scratch("job");
+    let printed = ferrotron(&[
+        "train",
+        "--print-config",
+        "--tp",
+        "2",
+        "--sp",
+        "--lr",
+        "3e-4",
+        "--pp-layers",
+        "2,2",
+    ]);
+    assert!(
+        printed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&printed.stderr)
+    );
+    let text = String::from_utf8(printed.stdout).unwrap();
+    assert!(
+        text.contains("[parallelism]\ntp = 2\nsp = true") && text.contains("lr = 0.0003"),
+        "{text}"
+    );
+    let file = dir.join("printed.toml");
+    std::fs::write(&file, &text).unwrap();
+    let again = ferrotron(&[
+        "train",
+        "--print-config",
+        "--config",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(String::from_utf8(again.stdout).unwrap(), text);
+
+    let out = dir.join("run");
+    let o = out.to_str().unwrap();
+    let misplaced = dir.join("misplaced.toml");
+    std::fs::write(&misplaced, "[optimizer]\nsteps = 3\n").unwrap();
+    assert_rejected(
+        &["train", "--out", o, "--config", misplaced.to_str().unwrap()],
+        &[
+            "misplaced.toml",
+            "[optimizer] has no key 'steps'",
+            "[schedule]",
+        ],
+        &out,
+    );
+    let flat = dir.join("flat.toml");
+    std::fs::write(&flat, "lr = 0.1\n").unwrap();
+    assert_rejected(
+        &["train", "--out", o, "--config", flat.to_str().unwrap()],
+        &["'lr' is not a section", "[optimizer]", "optimizer.lr"],
+        &out,
+    );
+    let three = dir.join("three.toml");
+    std::fs::write(
+        &three,
+        "[schedule]\nsteps = 0\nmicro_batch = 0\n[parallelism]\ntp = 3\n",
+    )
+    .unwrap();
+    let r = ferrotron(&["train", "--out", o, "--config", three.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(2), "{err}");
+    let lines: Vec<&str> = err.trim_end().lines().collect();
+    assert_eq!(lines.len(), 3, "{err}");
+    assert!(lines.iter().all(|l| l.starts_with("error: ")), "{err}");
+    assert!(
+        lines[0].contains("schedule.steps (--steps)") && lines[1].contains("schedule.micro_batch"),
+        "{err}"
+    );
+    assert!(lines[2].contains("world size 1 is not divisible by --tp 3"), "{err}");
+    assert!(!out.exists());
+
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/gpt-mini.toml");
+    let run = ferrotron(&[
+        "train",
+        "--config",
+        config.to_str().unwrap(),
+        "--steps",
+        "3",
+        "--sample-tokens",
+        "0",
+        "--out",
+        o,
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let resolved = std::fs::read_to_string(out.join("config.toml")).unwrap();
+    assert!(
+        resolved.contains("steps = 3") && resolved.contains("warmup_steps = 3"),
+        "{resolved}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn train_writes_a_complete_run_directory_and_generate_reads_it() {
     let dir = scratch("run");
@@ -200,7 +305,7 @@ fn train_writes_a_complete_run_directory_and_generate_reads_it() {
     let config = dir.join("run.toml");
     std::fs::write(
         &config,
-        "model = \"llama-mini\"\nsteps = 12\nmicro_batch = 4\n",
+        "[model]\nname = \"llama-mini\"\n[schedule]\nsteps = 12\nmicro_batch = 4\n",
     )
     .unwrap();
     let o = ferrotron(&[
@@ -236,7 +341,7 @@ fn train_writes_a_complete_run_directory_and_generate_reads_it() {
         assert!(out.join(file).is_file(), "missing {file}");
     }
     let resolved = std::fs::read_to_string(out.join("config.toml")).unwrap();
-    assert!(resolved.contains("model = \"llama-mini\"") && resolved.contains("steps = 12"));
+    assert!(resolved.contains("name = \"llama-mini\"") && resolved.contains("steps = 12"));
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(out.join("metrics.jsonl"))
         .unwrap()
         .lines()

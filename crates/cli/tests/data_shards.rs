@@ -158,7 +158,7 @@ fn training_on_shards_equals_training_on_the_same_tokens_in_memory() {
     assert_eq!(val_losses(&on_shards).len(), 3);
     assert_eq!(val_losses(&on_shards), val_losses(&in_memory));
     // The run records the shard set it trained on.
-    let config = std::fs::read_to_string(on_shards.join("config.toml")).unwrap();
+    let config = std::fs::read_to_string(on_shards.join("run.toml")).unwrap();
     assert!(
         config.contains("[shards]") && config.contains("index_sha256"),
         "{config}"

@@ -338,6 +338,79 @@ fn plan_ranks_llama3_8b_on_64_a100s_and_explains_a_choice() {
     assert!(!v["rejected"].as_array().unwrap().is_empty());
 }
 
+/// `--emit-config`: the best layout `train` runs today becomes a job file
+/// that `train --config` reads and that names the planner's choice.
+#[test]
+fn plan_emits_the_best_runnable_layout_as_a_job_file() {
+    let dir = scratch("plan-emit");
+    let file = dir.join("job.toml");
+    let f = file.to_str().unwrap();
+    let args = [
+        "plan",
+        "--model",
+        "llama3-8b",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "64",
+        "--seq-len",
+        "2048",
+        "--precision",
+        "fp32",
+    ];
+    let mut emit = args.to_vec();
+    emit.extend(["--emit-config", f]);
+    let out = ferrotron(&emit);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let label = stdout
+        .lines()
+        .next()
+        .unwrap()
+        .rsplit('(')
+        .next()
+        .unwrap()
+        .trim_end_matches(')')
+        .to_string();
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        text.contains(&format!("({label})")) && text.contains("name = \"llama3-8b\""),
+        "{text}"
+    );
+    // The planner's table names the same layout as the best one that runs today.
+    let mut json = args.to_vec();
+    json.push("--json");
+    let v: serde_json::Value = serde_json::from_slice(&ferrotron(&json).stdout).unwrap();
+    let today = v["feasible"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["runs_today"] == true)
+        .unwrap();
+    assert_eq!(today["label"], label.as_str());
+    let dp = today["choice"]["dp"].as_u64().unwrap();
+    assert!(text.contains(&format!("dp = {dp}")), "{text}");
+    let printed = ferrotron(&["train", "--config", f, "--print-config"]);
+    assert!(
+        printed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&printed.stderr)
+    );
+    // Shape flags cannot be written into a job file: refused, nothing written.
+    let other = dir.join("shaped.toml");
+    let mut shaped = emit.clone();
+    shaped.extend(["--layers", "8"]);
+    *shaped.iter_mut().find(|a| **a == f).unwrap() = other.to_str().unwrap();
+    let out = ferrotron(&shaped);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(!other.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn plan_bad_input_exits_2_naming_the_flag() {
     for (args, flag) in [

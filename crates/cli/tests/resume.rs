@@ -103,6 +103,7 @@ fn a_resumed_run_equals_the_uninterrupted_run_bit_for_bit() {
         "optimizer.safetensors",
         "state.json",
         "config.toml",
+        "run.toml",
     ] {
         assert!(ckpt.join("step-10").join(file).is_file(), "step-10/{file}");
     }

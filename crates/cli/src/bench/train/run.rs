@@ -6,20 +6,17 @@ use std::time::Instant;
 use ferrotron_engine::backend::{BackendKind, ALL_BACKENDS};
 use ferrotron_engine::data::Batch;
 use ferrotron_engine::metrics::{device_spec, measure_matmul_flops, HeapWindow};
-use ferrotron_engine::optim::{AdamWConfig, LrSchedule};
-use ferrotron_engine::precision::Precision;
 use ferrotron_models::ops::{choose_kernels, HeadLoss, TrainBackend};
 use ferrotron_models::{Decoder, DecoderConfig};
 use ferrotron_parallel::groups::ProcessGroups;
 use ferrotron_parallel::recompute::Recompute;
-use ferrotron_parallel::train::loss_scale::LossScaleConfig;
-use ferrotron_parallel::train::{ParallelConfig, StepConfig, Trainer};
 
 use super::args::TrainBenchArgs;
 use super::record::{Record, ResultFile, Skipped, SCHEMA};
 use super::{host, model, table, write_outputs};
-use crate::dispatch::{check_ready, dispatch, BackendTask};
 use crate::error::usage;
+use ferrotron_job::error::usage_lines;
+use ferrotron_job::{check_ready, dispatch, parallelize, BackendTask, JobConfig, World};
 
 /// Side of the square f32 matmul whose measured rate is a CPU's peak.
 const GEMM_N: usize = 1024;
@@ -148,15 +145,11 @@ impl BackendTask for StepBench<'_> {
                 "nothing: peak unknown (give --device-type or --peak-tflops)".to_string(),
             ),
         };
-        let precision = a.precision.unwrap_or(if kind.defaults_to_bf16() {
-            Precision::Bf16
-        } else {
-            Precision::Fp32
-        });
-        let config = DecoderConfig {
-            precision,
-            ..self.config.clone()
-        };
+        let valid = job_config(a, kind, &self.config)
+            .validate_for(&World::SINGLE, self.config.clone())
+            .map_err(|e| usage_lines(&e))?;
+        let config = valid.model().clone();
+        let precision = config.precision;
         let rss_reset = cpu && host::reset_peak_rss();
         let model = Decoder::<B>::new(&config, a.seed, &device)?;
         let head = match model.ops().head_loss() {
@@ -164,30 +157,7 @@ impl BackendTask for StepBench<'_> {
             HeadLoss::Logits => "logits",
         };
         let total = a.warmup + a.steps;
-        let step_config = StepConfig {
-            adamw: AdamWConfig::default(),
-            schedule: LrSchedule {
-                max_lr: 3e-4,
-                min_lr: 3e-4,
-                warmup_steps: 0,
-                total_steps: total,
-            },
-            grad_clip: 1.0,
-        };
-        let parallel = ParallelConfig {
-            recompute: a.recompute,
-            ..ParallelConfig::default()
-        };
-        let mut trainer = Trainer::parallel(
-            model,
-            step_config,
-            device.clone(),
-            ProcessGroups::single(),
-            parallel,
-        )?;
-        if precision == Precision::Fp16 {
-            trainer = trainer.with_loss_scaling(LossScaleConfig::default())?;
-        }
+        let mut trainer = parallelize(model, ProcessGroups::single(), &valid, &device)?;
         let mut peak_activation_bytes = None;
         let mut tokens = TokenStream(a.seed ^ 0x9e37_79b9_7f4a_7c15);
         let mut times = Vec::with_capacity(a.steps);
@@ -267,6 +237,26 @@ impl BackendTask for StepBench<'_> {
             last_loss,
         })
     }
+}
+
+/// The job a measurement runs: the model `config` on backend `kind` with
+/// the bench's batch, precision, recompute and kernels, a constant learning
+/// rate, nothing sampled; validated and parallelized as `train` does.
+fn job_config(a: &TrainBenchArgs, kind: BackendKind, config: &DecoderConfig) -> JobConfig {
+    let mut job = JobConfig::default();
+    job.backend.name = kind.name().into();
+    job.backend.kernels = config.kernels;
+    job.precision.compute = a.precision;
+    job.parallelism.recompute = Some(a.recompute);
+    job.optimizer.lr = 3e-4;
+    job.optimizer.min_lr = 3e-4;
+    job.optimizer.warmup_steps = Some(0);
+    job.schedule.steps = a.warmup + a.steps;
+    job.schedule.micro_batch = a.batch;
+    job.schedule.seq_len = a.seq;
+    job.schedule.seed = a.seed;
+    job.metrics.sample_tokens = 0;
+    job
 }
 
 /// Seeded token ids (splitmix64), uniform over the vocabulary.

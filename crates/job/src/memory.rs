@@ -1,12 +1,10 @@
-//! The memory pre-check of `ferrotron train`: the model's fp32 training
-//! state against the machine's memory, before the model is allocated.
+//! The memory pre-check: the model's fp32 training state against the
+//! machine's memory, before the model is allocated.
 
 use ferrotron_engine::backend::BackendKind;
 use ferrotron_engine::metrics::machine_memory_bytes;
 use ferrotron_models::DecoderConfig;
 use ferrotron_parallel::zero::{planned_state_bytes, ZeroStage};
-
-use crate::error::usage;
 
 /// GiB, for messages.
 fn gib(bytes: f64) -> f64 {
@@ -18,30 +16,29 @@ fn gib(bytes: f64) -> f64 {
 /// ranks) exceed the machine's total memory (`MemTotal`) on a CPU backend.
 /// Activations are not counted, and ranks sharing a machine are not
 /// summed: it catches the model that cannot fit, not every one that will
-/// not. GPU backends are not checked (the device memory is not queried);
-/// `note` receives a line saying so.
+/// not. GPU backends are not checked (the device memory is not queried):
+/// `Ok(Some(note))` says so, as it says when no `MemTotal` is readable.
 pub fn check_memory(
     model: &DecoderConfig,
     dp: usize,
     zero: ZeroStage,
     kind: BackendKind,
-    note: &mut dyn FnMut(String),
-) -> anyhow::Result<()> {
+) -> Result<Option<String>, String> {
     let params = model.num_params();
     let need = planned_state_bytes(params, dp, zero);
     if !kind.is_cpu() {
-        note(format!(
+        return Ok(Some(format!(
             "memory pre-check: not done on {kind} (device memory is not queried); training state {:.2} GiB per rank",
             gib(need.total() as f64)
-        ));
-        return Ok(());
+        )));
     }
     let Some(have) = machine_memory_bytes() else {
-        note("memory pre-check: not done (no MemTotal in /proc/meminfo)".into());
-        return Ok(());
+        return Ok(Some(
+            "memory pre-check: not done (no MemTotal in /proc/meminfo)".into(),
+        ));
     };
     if need.total() as u64 > have {
-        return Err(usage(format!(
+        return Err(format!(
             "the model ({:.2} B parameters) needs {:.1} GiB of training state per rank (fp32 parameters {:.1} + gradients {:.1} + AdamW state {:.1} GiB at ZeRO stage {zero} over dp {dp}), more than this machine's {:.1} GiB of memory (MemTotal); choose a smaller model or shard it with --zero over more ranks",
             params as f64 / 1e9,
             gib(need.total() as f64),
@@ -49,7 +46,7 @@ pub fn check_memory(
             gib(need.grad_bytes as f64),
             gib(need.optimizer_bytes as f64),
             gib(have as f64)
-        )));
+        ));
     }
-    Ok(())
+    Ok(None)
 }

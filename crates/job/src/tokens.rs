@@ -6,7 +6,6 @@
 use ferrotron_engine::data::{self, split_lengths, ShardSet, TokenRange, TokenSource, Tokenizer};
 
 use crate::error::usage;
-use crate::resume::Resume;
 
 /// Where the tokens are.
 enum Source {
@@ -86,37 +85,4 @@ impl TrainTokens {
             ),
         }
     }
-}
-
-/// Opens `--data DIR` and checks it against the run being resumed: the
-/// same shard set (tokenizer and index hashes), or an error naming the
-/// file that differs.
-pub fn open_shards(dir: &std::path::Path, resume: Option<&Resume>) -> anyhow::Result<ShardSet> {
-    let set = ShardSet::open(dir).map_err(|e| usage(format!("--data: {e}")))?;
-    let Some(r) = resume else {
-        return Ok(set);
-    };
-    let Some(was) = &r.config.shards else {
-        return Err(usage(format!(
-            "--resume: {} records no shard set; it did not train with --data",
-            r.dir.join("config.toml").display()
-        )));
-    };
-    let now = set.id();
-    for (file, then, got) in [
-        (
-            data::TOKENIZER_FILE,
-            &was.tokenizer_sha256,
-            &now.tokenizer_sha256,
-        ),
-        (data::INDEX_FILE, &was.index_sha256, &now.index_sha256),
-    ] {
-        if then != got {
-            return Err(usage(format!(
-                "--resume: {} has SHA-256 {got}, but the run trained on a shard set whose {file} had {then}; a resumed run keeps its data",
-                dir.join(file).display()
-            )));
-        }
-    }
-    Ok(set)
 }

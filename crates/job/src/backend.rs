@@ -1,4 +1,6 @@
-//! Runs one generic task on the backend chosen at run time.
+//! Runs one generic task on the backend chosen at run time: the one place
+//! a backend name becomes a Burn type. A library user implements
+//! [`BackendTask`] and calls [`dispatch`].
 
 use ferrotron_engine::backend::BackendKind;
 use ferrotron_models::ops::TrainBackend;
@@ -89,25 +91,27 @@ pub fn dispatch<T: BackendTask>(
 }
 
 /// Turns a panic of the GPU runtime (on any of its threads) into an error
-/// carrying the first panic message, which names the root cause.
+/// carrying the first panic message, which names the root cause. Every
+/// panic is still printed by the hook that was installed before (its
+/// message, and the backtrace under `RUST_BACKTRACE=1`): a GPU failure
+/// must say where it happened.
 #[cfg(any(feature = "cuda", feature = "rocm", feature = "wgpu"))]
 fn gpu_guard<R>(kind: BackendKind, f: impl FnOnce() -> anyhow::Result<R>) -> anyhow::Result<R> {
-    use std::sync::Mutex;
+    use std::sync::{Arc, Mutex};
     static FIRST_PANIC: Mutex<Option<String>> = Mutex::new(None);
-    let previous = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|info| {
-        let payload = info.payload();
-        let message = payload
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_default();
+    let previous: Arc<dyn Fn(&std::panic::PanicHookInfo<'_>) + Send + Sync> =
+        Arc::from(std::panic::take_hook());
+    let print = previous.clone();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = panic_message(info.payload());
         if let Ok(mut first) = FIRST_PANIC.lock() {
             first.get_or_insert(message);
         }
+        print(info);
     }));
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-    std::panic::set_hook(previous);
+    let _ = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| previous(info)));
     result.unwrap_or_else(|_| {
         let message = FIRST_PANIC
             .lock()
@@ -118,4 +122,14 @@ fn gpu_guard<R>(kind: BackendKind, f: impl FnOnce() -> anyhow::Result<R>) -> any
             "--backend {kind}: the GPU runtime failed: {message}"
         ))
     })
+}
+
+/// The text of a panic's payload (`panic!` with a message or a literal).
+#[cfg(any(feature = "cuda", feature = "rocm", feature = "wgpu"))]
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
 }

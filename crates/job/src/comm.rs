@@ -1,4 +1,4 @@
-//! `--comm`: which transport carries the collectives of a multi-rank run,
+//! `parallelism.comm`: which transport carries the collectives of a multi-rank run,
 //! and opening the job's communicator over it.
 
 use std::ffi::OsStr;
@@ -9,25 +9,12 @@ use ferrotron_engine::backend::BackendKind;
 use ferrotron_parallel::comm::nccl::{NcclLibrary, LIBRARY_ENV};
 use ferrotron_parallel::comm::{Communicator, SingleProcess};
 use ferrotron_parallel::launch::LaunchInfo;
-use serde::{Deserialize, Serialize};
 
+use crate::config::CommChoice;
 use crate::error::usage;
 
-/// `--comm`: the transport of every process group.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum CommChoice {
-    /// MPI on every backend today (NCCL/RCCL need device buffers, which
-    /// the NCCL communicator does not take yet).
-    #[default]
-    Auto,
-    /// Open MPI on host buffers.
-    Mpi,
-    /// NCCL / RCCL through the run-time binding, bootstrapped over MPI.
-    Nccl,
-}
-
 /// The transport chosen for a run.
+#[derive(Clone)]
 pub enum Transport {
     /// MPI.
     Mpi,
@@ -45,21 +32,21 @@ pub fn resolve(
     choice: CommChoice,
     kind: BackendKind,
     library: Option<&OsStr>,
-) -> anyhow::Result<Transport> {
+) -> Result<Transport, String> {
     match choice {
         CommChoice::Auto | CommChoice::Mpi => Ok(Transport::Mpi),
-        CommChoice::Nccl if !kind.is_cpu() => Err(usage(format!(
-            "--comm nccl with --backend {kind}: the NCCL communicator moves host buffers and does not take {kind} device buffers yet; use --comm mpi (or auto)"
-        ))),
+        CommChoice::Nccl if !kind.is_cpu() => Err(format!(
+            "nccl with --backend {kind}: the NCCL communicator moves host buffers and does not take {kind} device buffers yet; use --comm mpi (or auto)"
+        )),
         CommChoice::Nccl => match library {
-            None => Err(usage(format!(
-                "--comm nccl with --backend {kind}: NCCL and RCCL work on GPU memory and {kind} tensors are in host memory; \
+            None => Err(format!(
+                "nccl with --backend {kind}: NCCL and RCCL work on GPU memory and {kind} tensors are in host memory; \
                  set {LIBRARY_ENV} to a library that works on host memory (the test double built from crates/nccl-double) \
                  to run the CPU path through NCCL, or use --comm mpi"
-            ))),
+            )),
             Some(path) => NcclLibrary::load_from(Some(path))
                 .map(|lib| Transport::Nccl(Arc::new(lib)))
-                .map_err(|e| usage(format!("--comm nccl: {e}"))),
+                .map_err(|e| format!("nccl: {e}")),
         },
     }
 }
@@ -112,58 +99,4 @@ pub fn open(
         "{} started {} ranks, but this ferrotron was built without the `mpi` feature (cargo build --features mpi)",
         launch.launcher, launch.world_size
     )))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn message(r: anyhow::Result<Transport>) -> String {
-        match r {
-            Ok(_) => panic!("accepted"),
-            Err(e) => e.to_string(),
-        }
-    }
-
-    #[test]
-    fn auto_and_mpi_choose_mpi_on_every_backend() {
-        for kind in [
-            BackendKind::Flex,
-            BackendKind::Ndarray,
-            BackendKind::Cuda,
-            BackendKind::Rocm,
-        ] {
-            for choice in [CommChoice::Auto, CommChoice::Mpi] {
-                let lib = Some(OsStr::new("/nonexistent/libnccl.so.2"));
-                assert!(matches!(resolve(choice, kind, lib), Ok(Transport::Mpi)));
-            }
-        }
-    }
-
-    #[test]
-    fn nccl_on_a_cpu_backend_needs_the_library_variable() {
-        let msg = message(resolve(CommChoice::Nccl, BackendKind::Flex, None));
-        assert!(msg.starts_with("--comm nccl with --backend flex:"), "{msg}");
-        assert!(msg.contains(LIBRARY_ENV), "{msg}");
-        assert!(!msg.contains('\n'), "{msg}");
-    }
-
-    #[test]
-    fn nccl_with_a_library_that_does_not_open_names_the_file() {
-        let path = "/nonexistent/ferrotron/libnccl.so.2";
-        let msg = message(resolve(
-            CommChoice::Nccl,
-            BackendKind::Flex,
-            Some(OsStr::new(path)),
-        ));
-        assert!(msg.contains(&format!("{LIBRARY_ENV}={path}")), "{msg}");
-    }
-
-    #[test]
-    fn nccl_on_a_gpu_backend_is_refused_until_device_buffers_are_wired() {
-        for kind in [BackendKind::Cuda, BackendKind::Rocm] {
-            let msg = message(resolve(CommChoice::Nccl, kind, None));
-            assert!(msg.contains("--comm mpi"), "{msg}");
-        }
-    }
 }

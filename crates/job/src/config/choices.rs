@@ -1,0 +1,58 @@
+//! The enumerated settings of a job: `parallelism.pp_schedule`,
+//! `parallelism.comm` and `optimizer.on_nonfinite`.
+
+use ferrotron_parallel::pipeline::ScheduleKind;
+use serde::{Deserialize, Serialize};
+
+/// `parallelism.pp_schedule`: how a step's micro-batches flow through the
+/// stages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum PpSchedule {
+    /// Every forward, then every backward (all activations in flight).
+    Gpipe,
+    /// One forward, one backward (Megatron-LM's default): at most `pp`
+    /// micro-batches in flight.
+    #[default]
+    #[value(name = "1f1b")]
+    #[serde(rename = "1f1b")]
+    OneFOneB,
+    /// 1F1B over `pp_virtual` chunks per stage: the bubble shrinks by that factor.
+    Interleaved,
+}
+
+impl From<PpSchedule> for ScheduleKind {
+    fn from(s: PpSchedule) -> Self {
+        match s {
+            PpSchedule::Gpipe => ScheduleKind::GPipe,
+            PpSchedule::OneFOneB => ScheduleKind::OneFOneB,
+            PpSchedule::Interleaved => ScheduleKind::Interleaved,
+        }
+    }
+}
+
+/// `parallelism.comm`: the transport of every process group.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum CommChoice {
+    /// MPI on every backend today (NCCL/RCCL need device buffers, which
+    /// the NCCL communicator does not take yet).
+    #[default]
+    Auto,
+    /// Open MPI on host buffers.
+    Mpi,
+    /// NCCL / RCCL through the run-time binding, bootstrapped over MPI.
+    Nccl,
+}
+
+/// `optimizer.on_nonfinite`: the step's update is never applied; `stop`
+/// ends the run (exit 1) naming the step, `skip` goes on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum OnNonFinite {
+    /// End the run.
+    #[default]
+    Stop,
+    /// Skip the step and go on (up to `optimizer.max_skipped` in a row).
+    Skip,
+}

@@ -1,0 +1,198 @@
+//! The table of every job setting: section, key, type, default, flag.
+
+use std::path::PathBuf;
+
+use ferrotron_engine::precision::Precision;
+use ferrotron_models::Kernels;
+use ferrotron_parallel::recompute::Recompute;
+use ferrotron_parallel::zero::ZeroStage;
+
+use super::choices::{CommChoice, OnNonFinite, PpSchedule};
+use super::table::job_sections;
+use super::Key;
+
+job_sections! {
+    /// `[model]`: which model is trained.
+    [model] ModelSection {
+        /// Model preset: gpt-mini, llama-mini, bloom-mini, gpt2, gpt2-medium, gpt2-large,
+        /// gpt2-xl, llama2-7b, llama3-8b, llama3-70b, bloom-560m, bloom-7b1, bloom-176b.
+        name: String = "gpt-mini".into(), flag model: String;
+        /// Vocabulary size of the tokenizer and the model (default: the preset's, or the
+        /// shard set's tokenizer's).
+        vocab_size: Option<usize> = None, flag vocab_size: usize;
+        /// Longest sequence of a new model from a preset, tokens (its position table; default: the
+        /// preset's max_seq_len). Megatron's --max-position-embeddings.
+        max_seq_len: Option<usize> = None, flag max_seq_len: usize;
+        /// Start from a Hugging Face model directory (config, weights, tokenizer) instead of a
+        /// preset.
+        hf_dir: Option<PathBuf> = None, flag hf_dir: PathBuf;
+    }
+
+    /// `[data]`: what the model trains on.
+    [data] DataSection {
+        /// UTF-8 text corpus, plain or .gz (default: the embedded Shakespeare).
+        corpus: Option<PathBuf> = None, flag corpus: PathBuf;
+        /// Token shard set written by `ferrotron data prepare` (instead of a corpus),
+        /// memory-mapped; the model's vocabulary is its tokenizer's unless vocab_size is given.
+        #[arg(value_name = "DIR")]
+        shards: Option<PathBuf> = None, flag data: PathBuf;
+        /// Fraction of the tokens held out for validation, in (0, 1).
+        val_fraction: f64 = 0.1, flag val_fraction: f64;
+        /// Goldfish loss (Hans et al. 2024): drop about one target token in K (K >= 2) from the
+        /// training loss, chosen by hashing the goldfish_context tokens before it, so the same
+        /// text always drops the same tokens (default: off). Validation is not masked.
+        #[arg(value_name = "K")]
+        goldfish_k: Option<usize> = None, flag goldfish_k: usize;
+        /// Goldfish loss: tokens hashed before each target (the paper's h), read from the token
+        /// stream, also before a sequence's first token.
+        #[arg(value_name = "H")]
+        goldfish_context: usize = ferrotron_engine::data::DEFAULT_GOLDFISH_CONTEXT, flag goldfish_context: usize;
+    }
+
+    /// `[optimizer]`: AdamW, its learning-rate schedule and what a bad step does.
+    [optimizer] OptimizerSection {
+        /// Peak learning rate.
+        lr: f64 = 2e-3, flag lr: f64;
+        /// Final learning rate of the cosine decay.
+        min_lr: f64 = 1e-4, flag min_lr: f64;
+        /// Linear warm-up steps (default: 20, or the step count when shorter); more than the
+        /// step count is refused.
+        warmup_steps: Option<usize> = None, flag warmup_steps: usize;
+        /// AdamW decoupled weight decay (matrices and embeddings; not norms and biases).
+        weight_decay: f64 = 0.1, flag weight_decay: f64;
+        /// AdamW beta1, in [0, 1).
+        beta1: f64 = 0.9, flag beta1: f64;
+        /// AdamW beta2, in [0, 1).
+        beta2: f64 = 0.95, flag beta2: f64;
+        /// AdamW epsilon.
+        eps: f64 = 1e-8, flag eps: f64;
+        /// Clip the global gradient norm to this value (0 disables).
+        grad_clip: f64 = 1.0, flag grad_clip: f64;
+        /// A non-finite loss or gradient norm: stop (default) or skip the step; the update is
+        /// never applied.
+        #[arg(value_enum)]
+        on_nonfinite: OnNonFinite = OnNonFinite::Stop, flag on_nonfinite: OnNonFinite;
+        /// With on_nonfinite = skip: stop after this many skipped steps in a row.
+        max_skipped: usize = 5, flag max_skipped: usize;
+    }
+
+    /// `[schedule]`: how long the job trains and on what batches.
+    [schedule] ScheduleSection {
+        /// Optimizer steps.
+        steps: usize = 250, flag steps: usize;
+        /// Sequences per micro-batch.
+        micro_batch: usize = 8, flag micro_batch: usize;
+        /// Tokens per sequence.
+        seq_len: usize = 128, flag seq_len: usize;
+        /// Micro-batches accumulated per optimizer step (a pipeline's micro-batches).
+        grad_accum: usize = 1, flag grad_accum: usize;
+        /// Seed of initialisation and data order.
+        seed: u64 = 1337, flag seed: u64;
+        /// Validate (and by default checkpoint) every N steps.
+        eval_every: usize = 50, flag eval_every: usize;
+        /// Validation batches per evaluation.
+        eval_batches: usize = 8, flag eval_batches: usize;
+    }
+
+    /// `[parallelism]`: the mesh (dp x pp x tp ranks), ZeRO, recomputation
+    /// and the transport of the collectives.
+    [parallelism] ParallelismSection {
+        /// Data-parallel degree (default: the world size / (tp x pp)); dp x tp x pp must equal
+        /// the world size.
+        dp: Option<usize> = None, flag dp: usize;
+        /// Tensor-parallel degree (Megatron-LM): attention heads, key/value heads, MLP units and
+        /// the vocabulary are split over tp ranks; tp must divide the heads, KV heads and ffn size.
+        tp: usize = 1, flag tp: usize;
+        /// Sequence parallelism (needs tp > 1): norms and the residual stream split along the
+        /// sequence over the TP group; the sequence length must divide by tp.
+        #[arg(num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+        sp: bool = false, flag sp: bool;
+        /// Pipeline-parallel degree: the blocks split into pp contiguous stages (embedding on the
+        /// first, final norm, head and loss on the last); a step's micro-batches are its
+        /// grad_accum micro-batches.
+        pp: usize = 1, flag pp: usize;
+        /// Pipeline schedule: gpipe, 1f1b (default) or interleaved (with pp_virtual).
+        #[arg(value_enum)]
+        pp_schedule: PpSchedule = PpSchedule::OneFOneB, flag pp_schedule: PpSchedule;
+        /// Model chunks per stage for the interleaved schedule (at least 2).
+        #[arg(value_name = "V")]
+        pp_virtual: usize = 1, flag pp_virtual: usize;
+        /// Blocks per stage (per virtual stage when interleaved), e.g. 3,3 (a list in the file);
+        /// default: as even as possible.
+        #[arg(value_delimiter = ',', value_name = "N,N,...")]
+        pp_layers: Option<Vec<usize>> = None, flag pp_layers: Vec<usize>;
+        /// ZeRO stage: 0 off, 1 shard optimizer state, 2 + gradients, 3 + parameters (FSDP).
+        zero: ZeroStage = ZeroStage::Off, flag zero: ZeroStage;
+        /// Activation recomputation in backward: none, selective (the attention core: scores,
+        /// softmax, weighted values) or full (each block from its input); default none, full
+        /// under ZeRO-3 (which always recomputes blocks). full is refused with pp > 1.
+        #[arg(value_name = "none|selective|full")]
+        recompute: Option<Recompute> = None, flag recompute: Recompute;
+        /// Gradient all-reduce bucket size for data parallelism (and ZeRO-1/2's units), MiB.
+        bucket_mb: f64 = ferrotron_parallel::data::DEFAULT_BUCKET_MB, flag bucket_mb: f64;
+        /// Under tp, pad the vocabulary to a multiple of this times tp (Megatron-LM's flag; the
+        /// padding is never predicted and is dropped from checkpoints).
+        #[arg(value_name = "N")]
+        make_vocab_size_divisible_by: usize = ferrotron_parallel::tensor::DEFAULT_VOCAB_DIVISIBLE_BY, flag make_vocab_size_divisible_by: usize;
+        /// Multi-rank runs: transport of every process group. auto (default) is mpi today; nccl
+        /// runs NCCL/RCCL through the run-time binding, bootstrapped over MPI (CPU backends with
+        /// FERROTRON_NCCL_LIBRARY naming a library that works on host memory, e.g. the test double).
+        #[arg(value_enum)]
+        comm: CommChoice = CommChoice::Auto, flag comm: CommChoice;
+        /// Multi-rank runs: seconds every communicator operation may take; a rank that waits
+        /// longer fails naming the ranks that never arrived, and the job is aborted.
+        #[arg(value_name = "SECONDS")]
+        comm_timeout_s: f64 = ferrotron_parallel::comm::DEFAULT_TIMEOUT.as_secs_f64(), flag comm_timeout: f64;
+    }
+
+    /// `[precision]`: the compute dtype and the reduction dtype.
+    [precision] PrecisionSection {
+        /// Compute precision: fp32, bf16 or fp16 (master weights, gradients and AdamW state stay
+        /// fp32; fp16 adds dynamic loss scaling); default fp32 on CPUs and wgpu, bf16 on cuda/rocm.
+        compute: Option<Precision> = None, flag precision: Precision;
+        /// Precision of the DP gradient reduction (all-reduce, ZeRO reduce-scatter): fp32 or bf16.
+        #[arg(value_name = "DTYPE")]
+        reduce_dtype: Precision = Precision::Fp32, flag reduce_dtype: Precision;
+        /// fp16: loss scale of the first step (default 65536 = 2^16).
+        #[arg(value_name = "SCALE")]
+        loss_scale_init: f64 = ferrotron_parallel::train::loss_scale::DEFAULT_INIT_SCALE, flag loss_scale_init: f64;
+        /// fp16: clean steps after which the loss scale doubles.
+        #[arg(value_name = "STEPS")]
+        loss_scale_window: usize = ferrotron_parallel::train::loss_scale::DEFAULT_WINDOW, flag loss_scale_window: usize;
+    }
+
+    /// `[checkpoint]`: the run directory, checkpoints and the export.
+    [checkpoint] CheckpointSection {
+        /// Run directory (default runs/<model>-<unix time>); must not hold a run already.
+        out: Option<PathBuf> = None, flag out: PathBuf;
+        /// Write a complete checkpoint (model, optimizer, sampler, step) every N steps and after
+        /// the last (default: eval_every; 0 = never).
+        save_every: Option<usize> = None, flag save_every: usize;
+        /// Complete checkpoints kept in RUN/checkpoints (the newest).
+        keep_checkpoints: usize = 2, flag keep_checkpoints: usize;
+        /// At the end, also write the model as a Hugging Face directory (must be new or empty).
+        hf_out: Option<PathBuf> = None, flag hf_out: PathBuf;
+    }
+
+    /// `[metrics]`: MFU's peak and the end-of-run sample.
+    [metrics] MetricsSection {
+        /// Device peak in TFLOP/s for MFU (overrides device_type).
+        peak_tflops: Option<f64> = None, flag peak_tflops: f64;
+        /// Device type whose data-sheet peak is used for MFU: a100, h100, h200, mi250x, mi300x.
+        device_type: Option<String> = None, flag device_type: String;
+        /// Tokens sampled at the end of training (0 = none).
+        sample_tokens: usize = 120, flag sample_tokens: usize;
+        /// Prompt of the end-of-training sample.
+        sample_prompt: String = "ROMEO:".into(), flag sample_prompt: String;
+    }
+
+    /// `[backend]`: where the job computes.
+    [backend] BackendSection {
+        /// Compute backend among those compiled in: flex (default), ndarray, wgpu, cuda, rocm.
+        name: String = "flex".into(), flag backend: String;
+        /// Hot operations: fused (CubeCL kernels; cuda, rocm, wgpu) or reference (plain Burn ops,
+        /// the head through the whole logits); default fused where the backend has them, else
+        /// Ferrotron's CPU operations on flex.
+        kernels: Option<Kernels> = None, flag kernels: Kernels;
+    }
+}

@@ -1,0 +1,126 @@
+//! `Job`: a validated job run end to end on this rank — open the
+//! communicator, read and tokenize the data, write the run directory, then
+//! on the job's backend build or load the model, `parallelize` it, restore
+//! a resumed run, train with checkpoints, and at the end export and sample.
+//! `ferrotron train` is this plus argument parsing and a progress bar.
+//!
+//! ```no_run
+//! use ferrotron_job::{JobConfig, Job, PrintReport, World};
+//! let mut config = JobConfig::default();
+//! config.schedule.steps = 20;
+//! config.checkpoint.out = Some("runs/example".into());
+//! let valid = config.validate(&World::SINGLE).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+//! let summary = Job::new(valid)?.run(&mut PrintReport)?;
+//! println!("{:?}", summary.map(|s| s.validations));
+//! # Ok::<(), anyhow::Error>(())
+//! ```
+
+mod finish;
+pub use finish::sample;
+mod prepare;
+mod train;
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use ferrotron_parallel::comm::Communicator;
+use ferrotron_parallel::train::{Progress, RunSummary};
+
+use crate::backend::dispatch;
+use crate::comm;
+use crate::error::{Interrupted, UsageError};
+use crate::validate::ValidJob;
+
+/// Where a job's log lines and progress go (rank 0 only).
+pub trait Report: Progress {
+    /// One line of the job's log.
+    fn line(&mut self, text: &str);
+}
+
+/// Prints the log lines on standard output and reports no progress.
+pub struct PrintReport;
+
+impl Progress for PrintReport {}
+
+impl Report for PrintReport {
+    fn line(&mut self, text: &str) {
+        println!("{text}");
+    }
+}
+
+/// A validated job with its communicator.
+pub struct Job {
+    valid: ValidJob,
+    comm: Arc<dyn Communicator>,
+    stop: Option<Arc<AtomicBool>>,
+}
+
+impl Job {
+    /// The job with the communicator of its world (MPI, or NCCL over MPI;
+    /// none for one rank).
+    pub fn new(valid: ValidJob) -> anyhow::Result<Self> {
+        let comm = comm::open(
+            &valid.world,
+            valid.transport.clone(),
+            valid.config.comm_timeout(),
+        )?;
+        Ok(Self {
+            valid,
+            comm,
+            stop: None,
+        })
+    }
+
+    /// Stops the job after the current step, with a checkpoint, when `flag`
+    /// is set (by SIGINT / SIGTERM in `ferrotron train`).
+    pub fn with_stop(mut self, flag: Arc<AtomicBool>) -> Self {
+        self.stop = Some(flag);
+        self
+    }
+
+    /// Runs the job; rank 0 gets the loop's summary. In a multi-rank job an
+    /// error on any rank (other than a requested stop) aborts the whole job
+    /// (`MPI_Abort`, exit 2 for bad input, else 1) instead of leaving the
+    /// other ranks waiting.
+    pub fn run(self, report: &mut dyn Report) -> anyhow::Result<Option<RunSummary>> {
+        let comm = self.comm.clone();
+        let result = self.run_here(report);
+        if let Err(e) = &result {
+            if comm.world_size() > 1 && e.downcast_ref::<Interrupted>().is_none() {
+                let code = if e.downcast_ref::<UsageError>().is_some() {
+                    2
+                } else {
+                    1
+                };
+                // One write, so that the lines of two failing ranks do not interleave.
+                let line = format!("error (rank {}): {e:#}\n", comm.rank());
+                let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+                comm.abort(code);
+            }
+        }
+        result
+    }
+
+    fn run_here(self, report: &mut dyn Report) -> anyhow::Result<Option<RunSummary>> {
+        let Job {
+            mut valid,
+            comm,
+            stop,
+        } = self;
+        if comm.rank() == 0 {
+            for note in &valid.notes {
+                report.line(note);
+            }
+        }
+        let prepared = prepare::prepare(&mut valid, &comm, report)?;
+        let (kind, gpu) = (valid.kind, valid.world.local_rank);
+        let task = train::TrainTask {
+            job: valid,
+            prepared,
+            comm,
+            stop,
+            report,
+        };
+        dispatch(kind, gpu, task)
+    }
+}

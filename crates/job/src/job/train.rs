@@ -1,0 +1,207 @@
+//! The backend-generic part of a job: build or load the model,
+//! `parallelize` it, restore a resumed run, and run the training loop.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Instant;
+
+use ferrotron_engine::backend::BackendKind;
+use ferrotron_engine::data::{self, BatchSampler, TokenSource};
+use ferrotron_engine::metrics;
+use ferrotron_engine::params::load_named_tensors;
+use ferrotron_engine::precision::Precision;
+use ferrotron_models::ops::TrainBackend;
+use ferrotron_models::Decoder;
+use ferrotron_parallel::comm::Communicator;
+use ferrotron_parallel::groups::ProcessGroups;
+use ferrotron_parallel::recompute::Recompute;
+use ferrotron_parallel::train::{
+    self, LoopConfig, LoopError, NonFinite, RunSummary, Silent, TokenWindows,
+};
+
+use super::prepare::Prepared;
+use super::{finish, Report};
+use crate::backend::BackendTask;
+use crate::config::OnNonFinite;
+use crate::error::{usage, Interrupted};
+use crate::parallelize::{parallelize, Parallelized};
+use crate::validate::ValidJob;
+
+/// A job on one backend.
+pub(super) struct TrainTask<'a> {
+    pub job: ValidJob,
+    pub prepared: Prepared,
+    /// This rank's communicator over the whole job.
+    pub comm: Arc<dyn Communicator>,
+    /// Set by SIGINT / SIGTERM.
+    pub stop: Option<Arc<AtomicBool>>,
+    pub report: &'a mut dyn Report,
+}
+
+impl TrainTask<'_> {
+    /// A line of the log, on rank 0.
+    fn say(&mut self, text: impl AsRef<str>) {
+        if self.comm.rank() == 0 {
+            self.report.line(text.as_ref());
+        }
+    }
+
+    /// The rank's trainer: the model built (or loaded) and parallelized,
+    /// a resumed run's optimizer state restored.
+    fn trainer<B: TrainBackend>(&mut self, device: &B::Device) -> anyhow::Result<Parallelized<B>> {
+        let (job, mc) = (&self.job, &self.job.model);
+        let groups = ProcessGroups::new(self.comm.clone(), job.mesh)?;
+        let mut model = Decoder::<B>::new(mc, job.config.schedule.seed, device)?;
+        if let Some((initial, name)) = self.prepared.initial.take() {
+            model = load_named_tensors(model, initial, &name)?;
+        }
+        let mut trainer = parallelize(model, groups, job, device)?;
+        let precision = mc.precision;
+        let pr = &job.config.precision;
+        self.say(format!(
+            "precision {precision} (master weights, gradients and AdamW state f32); gradients reduced in {}{}",
+            pr.reduce_dtype,
+            if precision == Precision::Fp16 {
+                format!("; dynamic loss scale from {} (doubles after {} clean steps)", pr.loss_scale_init, pr.loss_scale_window)
+            } else {
+                String::new()
+            }
+        ));
+        if let Some((state, moments, dir)) = self.prepared.restore.take() {
+            if let Some(scaler) = state.loss_scaler {
+                trainer.restore_loss_scaler(scaler);
+            }
+            trainer
+                .restore(state.step, state.optimizer_steps, moments)
+                .map_err(|e| {
+                    usage(format!(
+                        "--resume: {}: {e}",
+                        dir.join("optimizer.safetensors").display()
+                    ))
+                })?;
+            self.say(format!(
+                "resumed from {} (step {})",
+                dir.display(),
+                state.step
+            ));
+        }
+        Ok(trainer)
+    }
+
+    /// The training loop's plan.
+    fn loop_config(
+        &mut self,
+        kind: BackendKind,
+        peak_flops: f64,
+        recompute: Recompute,
+    ) -> LoopConfig {
+        let (c, mc) = (&self.job.config, &self.job.model);
+        let seq_len = c.schedule.seq_len;
+        let lead = self.comm.rank() == 0;
+        LoopConfig {
+            steps: c.schedule.steps,
+            micro_batch: c.schedule.micro_batch,
+            grad_accum: c.schedule.grad_accum,
+            eval_every: c.schedule.eval_every,
+            flops_per_token: mc.train_flops_per_token(seq_len, recompute),
+            model_flops_per_token: mc.train_flops_per_token(seq_len, Recompute::None),
+            peak_flops,
+            run_dir: Some(self.job.out.clone()),
+            save_every: c.save_every(),
+            keep_checkpoints: c.checkpoint.keep_checkpoints,
+            checkpoint_files: self.prepared.run_files.clone(),
+            on_nonfinite: match c.optimizer.on_nonfinite {
+                OnNonFinite::Stop => NonFinite::Stop,
+                OnNonFinite::Skip => NonFinite::Skip {
+                    max_in_a_row: c.optimizer.max_skipped,
+                },
+            },
+            stop: self.stop.clone(),
+            goldfish: c.goldfish(),
+            energy: if lead {
+                finish::open_energy(kind, self.job.world.local_rank, self.report)
+            } else {
+                None
+            },
+            // The host heap holds the activations on the CPU backends only.
+            measure_heap: kind.is_cpu(),
+        }
+    }
+}
+
+impl BackendTask for TrainTask<'_> {
+    type Output = Option<RunSummary>;
+
+    fn run<B: TrainBackend>(
+        mut self,
+        kind: BackendKind,
+        device: B::Device,
+    ) -> anyhow::Result<Option<RunSummary>> {
+        let lead = self.comm.rank() == 0;
+        let out = self.job.out.clone();
+        self.say(format!("run directory: {}", out.display()));
+        self.say(self.job.mesh.describe());
+        let t0 = Instant::now();
+        let c = self.job.config.clone();
+        let tokens = self
+            .prepared
+            .tokens
+            .take()
+            .expect("prepare reads the tokens");
+        let (train_tokens, val_tokens) = (tokens.train(), tokens.val());
+        let sampler = match self.prepared.restore.as_ref().and_then(|r| r.0.sampler) {
+            Some(state) if state.tokens_len != train_tokens.len() => {
+                return Err(usage(format!(
+                    "--resume: the checkpoint's sampler drew from {} training tokens, this data gives {}",
+                    state.tokens_len,
+                    train_tokens.len()
+                )))
+            }
+            Some(state) => BatchSampler::from_state(state)?,
+            None => BatchSampler::new(train_tokens.len(), c.schedule.seq_len, c.schedule.seed)?,
+        };
+        let val_batches = data::eval_batches(
+            &val_tokens,
+            c.schedule.seq_len,
+            c.schedule.micro_batch,
+            c.schedule.eval_batches,
+        );
+        let mut trainer = self.trainer::<B>(&device)?;
+        let peak = match self.job.peak_flops {
+            Some(p) => p,
+            None => {
+                let p = metrics::measure_matmul_flops::<B::InnerBackend>(&device, 512, 3);
+                self.say(format!(
+                    "MFU is relative to this {kind} device's measured f32 matmul rate, {:.1} GFLOP/s (set --peak-tflops or --device-type for a data-sheet peak)",
+                    p / 1e9
+                ));
+                p
+            }
+        };
+        self.say(finish::describe_run(&self.job, kind, &trainer));
+        let plan = self.loop_config(kind, peak, trainer.recompute());
+        let mut batches = TokenWindows {
+            sampler,
+            tokens: &train_tokens,
+        };
+        let mut silent = Silent;
+        let progress: &mut dyn train::Progress = if lead { &mut *self.report } else { &mut silent };
+        let summary = match train::run(&mut trainer, &mut batches, &val_batches, &plan, progress) {
+            Ok(summary) => summary,
+            Err(LoopError::Stopped { step, checkpoint }) => {
+                let message = match checkpoint {
+                    Some(dir) => format!(
+                        "stopped after step {step} by a signal; checkpoint {}; continue with: ferrotron train --resume {}",
+                        dir.display(),
+                        out.display()
+                    ),
+                    None => format!("stopped after step {step} by a signal"),
+                };
+                return Err(Interrupted(if lead { message } else { String::new() }).into());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        finish::finish::<B>(&mut self, trainer, &summary, t0, &device)?;
+        Ok(lead.then_some(summary))
+    }
+}

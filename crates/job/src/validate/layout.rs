@@ -1,0 +1,209 @@
+//! Checks of the backend, the mesh and the layout against the model:
+//! precision, tensor and pipeline parallelism, kernels, memory.
+
+use ferrotron_engine::backend::{BackendKind, ALL_BACKENDS};
+use ferrotron_engine::metrics;
+use ferrotron_engine::precision::Precision;
+use ferrotron_models::ops::choose_kernels;
+use ferrotron_models::tensor_parallel::check_tp;
+use ferrotron_models::DecoderConfig;
+use ferrotron_parallel::comm::nccl::LIBRARY_ENV;
+use ferrotron_parallel::mesh::Mesh;
+use ferrotron_parallel::pipeline::{stage_actions, PipeShape, ScheduleKind, StageLayout};
+use ferrotron_parallel::zero::ZeroStage;
+
+use super::{Here, Problems, World};
+use crate::backend::check_ready;
+use crate::comm::{self, Transport};
+use crate::config::JobConfig;
+use crate::memory::check_memory;
+
+/// The backend `backend.name` names, if compiled in and able to start
+/// here, and the transport of its collectives.
+pub(super) fn backend(
+    c: &JobConfig,
+    here: Here,
+    p: &mut Problems,
+) -> Option<(BackendKind, Transport)> {
+    let name = &c.backend.name;
+    if here == Here::No {
+        // Any backend name, compiled into this build or not.
+        let kind = ALL_BACKENDS.into_iter().find(|k| k.name() == name);
+        if kind.is_none() {
+            let names: Vec<&str> = ALL_BACKENDS.iter().map(|k| k.name()).collect();
+            p.key(
+                "backend",
+                "name",
+                format!("unknown backend '{name}'; known: {}", names.join(", ")),
+            );
+        }
+        return kind.map(|k| (k, Transport::Mpi));
+    }
+    let kind = match name.parse::<BackendKind>() {
+        Ok(kind) => kind,
+        Err(e) => {
+            p.key("backend", "name", e.to_string());
+            return None;
+        }
+    };
+    if let Err(e) = check_ready(kind) {
+        p.key("backend", "name", e);
+        return None;
+    }
+    let library = std::env::var_os(LIBRARY_ENV);
+    match comm::resolve(c.parallelism.comm, kind, library.as_deref()) {
+        Ok(t) => Some((kind, t)),
+        Err(e) => {
+            p.key("parallelism", "comm", e);
+            None
+        }
+    }
+}
+
+/// The mesh of `parallelism.{dp,tp,pp}` over `world`.
+pub(super) fn mesh(c: &JobConfig, world: &World, p: &mut Problems) -> Option<Mesh> {
+    let par = &c.parallelism;
+    if par.tp == 0 || par.pp == 0 || par.dp == Some(0) {
+        return None; // reported by the field checks
+    }
+    match Mesh::new(par.dp, par.tp, par.pp, world.world_size) {
+        Ok(m) => Some(m),
+        Err(e) => {
+            p.other(
+                format!("parallelism (dp x tp x pp over {} ranks)", world.world_size),
+                e.to_string(),
+            );
+            None
+        }
+    }
+}
+
+/// The peak FLOP/s used for MFU: `metrics.peak_tflops`, the data sheet of
+/// `metrics.device_type`, or (None) to measure.
+pub(super) fn peak(c: &JobConfig, p: &mut Problems) -> Option<f64> {
+    if let Some(t) = c.metrics.peak_tflops {
+        return Some(t * 1e12);
+    }
+    let name = c.metrics.device_type.as_ref()?;
+    let peak = metrics::peak_flops_for(name);
+    if peak.is_none() {
+        let known: Vec<&str> = metrics::PEAK_FLOPS_TABLE.iter().map(|(n, _)| *n).collect();
+        p.key(
+            "metrics",
+            "device_type",
+            format!(
+                "unknown device '{name}'; known: {} (or give --peak-tflops)",
+                known.join(", ")
+            ),
+        );
+    }
+    peak
+}
+
+/// Resolves the model's precision and kernels into `model` and checks the
+/// layout against it; `notes` gets the warnings of a layout that runs but
+/// wastes time.
+pub(super) fn check_with_model(
+    c: &JobConfig,
+    kind: BackendKind,
+    mesh: &Mesh,
+    model: &mut DecoderConfig,
+    here: Here,
+    p: &mut Problems,
+    notes: &mut Vec<String>,
+) {
+    model.kernels = c.backend.kernels;
+    model.precision = c.precision.compute.unwrap_or(if kind.defaults_to_bf16() {
+        Precision::Bf16
+    } else {
+        Precision::Fp32
+    });
+    if model.precision != Precision::Fp32 {
+        for (key, degree) in [("tp", mesh.tp), ("pp", mesh.pp)] {
+            if degree > 1 {
+                p.key("precision", "compute", format!(
+                    "{} with --{key} {degree}: mixed precision is not implemented with tensor or pipeline parallelism yet; use --precision fp32",
+                    model.precision
+                ));
+            }
+        }
+    } else if let Err(e) = check_tp(model, mesh.tp) {
+        p.key("parallelism", "tp", format!("{}: {e}", mesh.tp));
+    }
+    check_pipeline(c, model, mesh, p, notes);
+    if let Err(e) = choose_kernels(model, kind.is_cpu().then(|| kind.name())) {
+        p.key("backend", "kernels", e.problem);
+    }
+    if c.schedule.seq_len > model.max_seq_len {
+        p.key(
+            "schedule",
+            "seq_len",
+            format!(
+            "{} exceeds the model's max_seq_len {} (a new model from a preset takes --max-seq-len)",
+            c.schedule.seq_len, model.max_seq_len
+        ),
+        );
+    }
+    if here == Here::No {
+        return;
+    }
+    match check_memory(model, mesh.dp, c.parallelism.zero, kind) {
+        Ok(Some(note)) => notes.push(note),
+        Ok(None) => {}
+        Err(problem) => p.other("memory", problem),
+    }
+}
+
+/// Refuses a pipeline that cannot run `model`, and notes a schedule that
+/// runs but wastes most of the step (1F1B with fewer micro-batches than
+/// stages).
+fn check_pipeline(
+    c: &JobConfig,
+    model: &DecoderConfig,
+    mesh: &Mesh,
+    p: &mut Problems,
+    notes: &mut Vec<String>,
+) {
+    let par = &c.parallelism;
+    let kind = ScheduleKind::from(par.pp_schedule);
+    if mesh.pp == 1 {
+        if par.pp_virtual != 1 || par.pp_layers.is_some() {
+            p.key("parallelism", "pp_virtual", "--pp-virtual and --pp-layers need --pp above 1 (they split the model into pipeline stages)");
+        }
+        return;
+    }
+    if par.zero == ZeroStage::Three {
+        p.key("parallelism", "zero", format!(
+            "3 with --pp {}: ZeRO-3 shards whole-model units and cannot run on pipeline stages; use --zero 1 or 2",
+            mesh.pp
+        ));
+    }
+    let grad_accum = c.schedule.grad_accum;
+    let shape = PipeShape {
+        stages: mesh.pp,
+        micro_batches: grad_accum,
+        chunks: par.pp_virtual,
+    };
+    if let Err(e) = stage_actions(kind, shape, 0) {
+        p.key("parallelism", "pp_schedule", e.to_string());
+        return;
+    }
+    let interleaved = kind == ScheduleKind::Interleaved;
+    if let Err(e) = StageLayout::new(
+        model.n_layers,
+        mesh.pp,
+        par.pp_virtual,
+        par.pp_layers.as_deref(),
+        interleaved,
+    ) {
+        p.key("parallelism", "pp_layers", e.to_string());
+    }
+    if kind == ScheduleKind::OneFOneB && grad_accum < mesh.pp {
+        notes.push(format!(
+            "warning: --grad-accum {grad_accum} < --pp {}: 1F1B runs, but most of each step is pipeline bubble ((pp-1)/m = {:.0}%); use --grad-accum {} or more",
+            mesh.pp,
+            100.0 * (mesh.pp - 1) as f64 / grad_accum as f64,
+            mesh.pp
+        ));
+    }
+}

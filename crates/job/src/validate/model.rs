@@ -1,0 +1,112 @@
+//! The architecture a job trains: a preset, a Hugging Face `config.json`
+//! (read alone; the weights load when the job runs) or the resumed run's,
+//! with `model.vocab_size` and `model.max_seq_len` applied; and the shard
+//! set, whose tokenizer sets the vocabulary.
+
+use ferrotron_engine::data::ShardSet;
+use ferrotron_models::hf::from_hf_config;
+use ferrotron_models::presets::{preset, PRESET_NAMES};
+use ferrotron_models::DecoderConfig;
+
+use super::Problems;
+use crate::config::JobConfig;
+use crate::resume::Resume;
+
+/// Opens `data.shards` (checked against the resumed run's shard set).
+pub(super) fn shards(c: &JobConfig, resume: Option<&Resume>, p: &mut Problems) -> Option<ShardSet> {
+    let dir = c.data.shards.as_ref()?;
+    match ShardSet::open(dir) {
+        Ok(set) => {
+            if let Some(r) = resume {
+                if let Err(e) = r.check_shards(&set, dir) {
+                    p.key("data", "shards", e);
+                }
+            }
+            Some(set)
+        }
+        Err(e) => {
+            p.key("data", "shards", e.to_string());
+            None
+        }
+    }
+}
+
+/// The architecture of the job's model, or `None` with the problem noted.
+pub(super) fn architecture(
+    c: &JobConfig,
+    resume: Option<&Resume>,
+    shards: Option<&ShardSet>,
+    p: &mut Problems,
+) -> Option<DecoderConfig> {
+    if let Some(r) = resume {
+        return Some(r.record.model.clone());
+    }
+    let m = &c.model;
+    let mut model = match &m.hf_dir {
+        Some(dir) => match from_hf_config(&dir.join("config.json")) {
+            Ok((_, config)) => config,
+            Err(e) => {
+                p.key("model", "hf_dir", format!("{}: {e}", dir.display()));
+                return None;
+            }
+        },
+        None => match preset(&m.name) {
+            Some(config) => config,
+            None => {
+                p.key(
+                    "model",
+                    "name",
+                    format!(
+                        "unknown preset '{}'; available: {}",
+                        m.name,
+                        PRESET_NAMES.join(", ")
+                    ),
+                );
+                return None;
+            }
+        },
+    };
+    let from_hf = m.hf_dir.is_some();
+    let min_vocab = ferrotron_engine::data::MIN_VOCAB_SIZE;
+    // Values the field checks refused are not applied.
+    match (m.vocab_size.filter(|&v| v >= min_vocab), shards) {
+        (Some(v), _) if from_hf && v != model.vocab_size => {
+            p.key(
+                "model",
+                "vocab_size",
+                format!(
+                    "{v}: the --hf-dir model has vocab_size {}",
+                    model.vocab_size
+                ),
+            );
+        }
+        (Some(v), _) => model.vocab_size = v,
+        // The model's vocabulary is the shard set's tokenizer's.
+        (None, Some(set)) if !from_hf => model.vocab_size = set.index().vocab_size,
+        (None, _) => {}
+    }
+    if let Some(set) = shards {
+        let n = set.index().vocab_size;
+        if n > model.vocab_size {
+            p.key("data", "shards", format!(
+                "{}: its tokenizer has {n} tokens, more than the model's vocabulary of {}; give --vocab-size {n} or more",
+                set.dir().display(),
+                model.vocab_size
+            ));
+        }
+    }
+    if let Some(n) = m.max_seq_len.filter(|&n| n > 0) {
+        if from_hf && n != model.max_seq_len {
+            p.key(
+                "model",
+                "max_seq_len",
+                format!(
+                    "{n}: the --hf-dir model has max_seq_len {}",
+                    model.max_seq_len
+                ),
+            );
+        }
+        model.max_seq_len = n;
+    }
+    Some(model)
+}

@@ -1,0 +1,134 @@
+//! Checks of what a job writes: the run directory and the Hugging Face
+//! export, which must be new or empty and apart from the inputs.
+
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ferrotron_models::hf::Family;
+use ferrotron_models::DecoderConfig;
+
+use super::{Here, Problems, World};
+use crate::config::JobConfig;
+use crate::resume::Resume;
+
+/// The run directory: the resumed run's, `checkpoint.out`, or
+/// `runs/<model>-<unix time>`. A new run's must be empty (checked on rank
+/// 0, which creates it) and a multi-rank run must name it.
+pub(super) fn run_dir(
+    c: &JobConfig,
+    world: &World,
+    resume: Option<&Resume>,
+    here: Here,
+    p: &mut Problems,
+) -> Option<PathBuf> {
+    let out = &c.checkpoint.out;
+    if let Some(r) = resume {
+        if out.is_some()
+            && *out != r.config.checkpoint.out
+            && out.as_deref() != Some(r.run.as_path())
+        {
+            p.key(
+                "checkpoint",
+                "out",
+                format!("with --resume: the run's directory is {}", r.run.display()),
+            );
+        }
+        return Some(r.run.clone());
+    }
+    if world.world_size > 1 && out.is_none() {
+        p.key(
+            "checkpoint",
+            "out",
+            "is required in a multi-rank run (every rank must name the same run directory)",
+        );
+        return None;
+    }
+    let dir = out
+        .clone()
+        .unwrap_or_else(|| default_run_dir(&c.model.name));
+    if here == Here::Yes && world.rank == 0 && !is_empty(&dir) {
+        p.key(
+            "checkpoint",
+            "out",
+            format!(
+                "{}: directory is not empty; choose a new run directory",
+                dir.display()
+            ),
+        );
+    }
+    Some(dir)
+}
+
+/// Checks the export (`checkpoint.hf_out`) and that no output overlaps
+/// another or replaces an input.
+pub(super) fn check_outputs(c: &JobConfig, model: &DecoderConfig, out: &Path, p: &mut Problems) {
+    if let Some(dir) = &c.checkpoint.hf_out {
+        if let Err(e) = Family::of(model) {
+            p.key("checkpoint", "hf_out", e.to_string());
+        }
+        if !is_empty(dir) {
+            p.key(
+                "checkpoint",
+                "hf_out",
+                format!(
+                    "{}: directory is not empty; choose a new directory",
+                    dir.display()
+                ),
+            );
+        }
+    }
+    paths_apart(c, out, p);
+}
+
+/// Whether `dir` is missing or empty.
+pub fn is_empty(dir: &Path) -> bool {
+    !std::fs::read_dir(dir)
+        .map(|mut d| d.next().is_some())
+        .unwrap_or(false)
+}
+
+/// Refuses outputs that overlap: the run directory `out` and the export
+/// inside one another, or an output equal to an input (the corpus, the
+/// Hugging Face directory). Paths are compared made absolute, without
+/// following links.
+fn paths_apart(c: &JobConfig, out: &Path, p: &mut Problems) {
+    let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let out = abs(out);
+    let hf_out = c.checkpoint.hf_out.as_deref().map(abs);
+    if let Some(hf) = &hf_out {
+        if out.starts_with(hf) || hf.starts_with(&out) {
+            p.key("checkpoint", "hf_out", format!(
+                "{} and --out {}: one is inside the other; the run directory and the export must be apart",
+                hf.display(),
+                out.display()
+            ));
+        }
+    }
+    let outputs = [("out", Some(out)), ("hf_out", hf_out)];
+    let inputs = [("--corpus", &c.data.corpus), ("--hf-dir", &c.model.hf_dir)];
+    for (key, output) in &outputs {
+        for (in_flag, input) in inputs {
+            if let (Some(o), Some(i)) = (output, input.as_deref().map(abs)) {
+                if *o == i {
+                    p.key(
+                        "checkpoint",
+                        key,
+                        format!(
+                            "{} is also {in_flag}: an output must not replace an input",
+                            o.display()
+                        ),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Where the run goes when `checkpoint.out` is not given.
+fn default_run_dir(model: &str) -> PathBuf {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    Path::new("runs").join(format!("{model}-{secs}"))
+}

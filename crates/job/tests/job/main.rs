@@ -1,0 +1,5 @@
+//! The job layer's tests, in one binary (each test binary links all of Burn).
+
+mod comm;
+mod config;
+mod validate;

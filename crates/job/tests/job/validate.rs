@@ -1,0 +1,131 @@
+//! `JobConfig::validate` and `check_portable`: every problem at once, one
+//! line each naming the key; the repository's job files are valid.
+
+use std::path::Path;
+
+use ferrotron_job::{JobConfig, World};
+
+fn problems(job: &JobConfig, world_size: usize) -> Vec<String> {
+    job.check_portable(world_size)
+        .unwrap_err()
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+}
+
+#[test]
+fn a_job_with_three_mistakes_reports_three_lines() {
+    let job = JobConfig::from_toml_str(
+        "[schedule]\nsteps = 0\n[optimizer]\nbeta1 = 1.5\n[data]\ngoldfish_k = 1\n",
+        "three.toml",
+    )
+    .unwrap();
+    let p = problems(&job, 1);
+    assert_eq!(p.len(), 3, "{p:#?}");
+    assert!(
+        p[1].starts_with("optimizer.beta1 (--beta1): must be in [0, 1)"),
+        "{p:#?}"
+    );
+    assert!(
+        p[0].starts_with("schedule.steps (--steps): must be positive"),
+        "{p:#?}"
+    );
+    assert!(
+        p[2].starts_with("data.goldfish_k (--goldfish-k): must be at least 2"),
+        "{p:#?}"
+    );
+    assert!(p.iter().all(|l| !l.contains('\n')), "{p:#?}");
+}
+
+#[test]
+fn the_layout_is_checked_against_the_model() {
+    // llama-mini has 2 KV heads: tp 4 cannot split them.
+    let job = JobConfig::from_toml_str(
+        "[model]\nname = \"llama-mini\"\n[parallelism]\ntp = 4\n[checkpoint]\nout = \"x\"\n",
+        "tp.toml",
+    )
+    .unwrap();
+    let p = problems(&job, 4);
+    assert_eq!(p.len(), 1, "{p:#?}");
+    assert!(p[0].starts_with("parallelism.tp (--tp): 4:"), "{p:#?}");
+}
+
+#[test]
+fn model_free_and_model_checks_are_reported_together() {
+    let job = JobConfig::from_toml_str(
+        "[model]\nname = \"gpt-mini\"\n[schedule]\nseq_len = 100000\n[optimizer]\nlr = -1.0\n[parallelism]\nsp = true\n",
+        "both.toml",
+    )
+    .unwrap();
+    let p = problems(&job, 1);
+    assert!(
+        p.iter()
+            .any(|l| l.starts_with("optimizer.lr (--lr): must be positive")),
+        "{p:#?}"
+    );
+    assert!(
+        p.iter()
+            .any(|l| l.starts_with("parallelism.sp (--sp): needs --tp above 1")),
+        "{p:#?}"
+    );
+    assert!(
+        p.iter()
+            .any(|l| l.starts_with("schedule.seq_len (--seq-len): 100000 exceeds")),
+        "{p:#?}"
+    );
+}
+
+#[test]
+fn a_world_the_mesh_does_not_fill_is_refused() {
+    let job = JobConfig::from_toml_str(
+        "[parallelism]\ntp = 2\ndp = 2\n[checkpoint]\nout = \"x\"\n",
+        "mesh.toml",
+    )
+    .unwrap();
+    let p = problems(&job, 6);
+    assert!(
+        p.iter()
+            .any(|l| l.starts_with("parallelism (dp x tp x pp over 6 ranks)")),
+        "{p:#?}"
+    );
+}
+
+#[test]
+fn a_valid_job_resolves_its_defaults() {
+    let dir = std::env::temp_dir().join(format!("ferrotron-job-valid-{}", std::process::id()));
+    let mut job = JobConfig::default();
+    job.schedule.steps = 7;
+    job.checkpoint.out = Some(dir.clone());
+    let valid = job.validate(&World::SINGLE).unwrap();
+    assert_eq!(valid.config().optimizer.warmup_steps, Some(7));
+    assert_eq!(
+        valid.config().checkpoint.out.as_deref(),
+        Some(dir.as_path())
+    );
+    let preset = ferrotron_models::presets::preset("gpt-mini").unwrap();
+    assert_eq!(valid.model().vocab_size, preset.vocab_size);
+    assert!(!dir.exists(), "validation wrote {}", dir.display());
+}
+
+/// The repository's job files: each parses and passes every check that
+/// does not look at this machine, on the world its layout names.
+#[test]
+fn every_job_file_in_configs_validates() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "toml") {
+            continue;
+        }
+        let job =
+            JobConfig::from_file(&path).unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
+        let par = &job.parallelism;
+        let world = par.dp.unwrap_or(1) * par.tp * par.pp;
+        if let Err(e) = job.check_portable(world) {
+            panic!("{} on {world} ranks: {e:#?}", path.display());
+        }
+        seen += 1;
+    }
+    assert!(seen >= 5, "only {seen} job files in {}", dir.display());
+}
