@@ -253,7 +253,10 @@ fn job_files_round_trip_name_misplaced_keys_and_run() {
         lines[0].contains("schedule.steps (--steps)") && lines[1].contains("schedule.micro_batch"),
         "{err}"
     );
-    assert!(lines[2].contains("world size 1 is not divisible by --tp 3"), "{err}");
+    assert!(
+        lines[2].contains("world size 1 is not divisible by --tp 3"),
+        "{err}"
+    );
     assert!(!out.exists());
 
     let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/gpt-mini.toml");

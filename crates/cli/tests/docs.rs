@@ -14,13 +14,15 @@
 //! - every option of `ferrotron train --help` is documented in its key
 //!   table, except the few that are not configuration keys;
 //! - each row of that table names one `section.key` of a known section and
-//!   a flag of `ferrotron train`. Checking the keys against `JobConfig`
-//!   itself is left to [`job_config_keys`].
+//!   a flag of `ferrotron train`, and the keys are exactly `JobConfig`'s
+//!   (every key documented, no key that does not exist).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
+
+use ferrotron_job::SECTIONS;
 
 #[path = "../../../tests/support/deadline.rs"]
 mod deadline;
@@ -61,32 +63,14 @@ const FOREIGN: &[&str] = &[
 
 /// Options of `ferrotron train` that are not configuration keys, so they
 /// have no row in docs/training.md's key table.
-const TRAIN_FLAGS_NOT_KEYS: &[&str] = &["--help", "--config", "--resume"];
+const TRAIN_FLAGS_NOT_KEYS: &[&str] = &["--help", "--config", "--resume", "--print-config"];
 
-/// The sections of the job file (the lead's layout of `JobConfig`, issue
-/// 29 §1).
-const SECTIONS: &[&str] = &[
-    "model",
-    "data",
-    "optimizer",
-    "schedule",
-    "parallelism",
-    "precision",
-    "checkpoint",
-    "metrics",
-    "backend",
-];
-
-/// THE PLACE FOR THE `section.key` CHECK AGAINST `JobConfig` (issue 29 §4).
-///
-/// Not written yet: `JobConfig` does not exist on this branch, and a
-/// hand-copied list here would check the docs against themselves. When it
-/// lands, return `JobConfig`'s own list of `section.key` names (from the
-/// structs, not a copy); [`training_keys_match_the_job_config`] then
+/// `JobConfig`'s own list of `section.key` names (from the table that
+/// declares the keys, not a copy): [`training_keys_match_the_job_config`]
 /// requires every documented key to be a `JobConfig` key and every
 /// `JobConfig` key to be documented.
-fn job_config_keys() -> Option<BTreeSet<String>> {
-    None
+fn job_config_keys() -> BTreeSet<String> {
+    ferrotron_job::KEYS.iter().map(|k| k.path()).collect()
 }
 
 fn repo_root() -> PathBuf {
@@ -394,10 +378,7 @@ fn training_keys_match_the_job_config() {
         .iter()
         .map(|cells| cells[0].trim_matches('`').to_string())
         .collect();
-    let Some(keys) = job_config_keys() else {
-        eprintln!("job_config_keys() is not written yet (JobConfig, issue 29): the section.key names are checked only for their sections");
-        return;
-    };
+    let keys = job_config_keys();
     let undocumented: Vec<_> = keys.difference(&documented).collect();
     let unknown: Vec<_> = documented.difference(&keys).collect();
     assert!(

@@ -2,6 +2,23 @@
 //! place and in torchtitan's order — tensor (and sequence) parallelism,
 //! then recomputation, the pipeline split, and the gradient-sync strategy
 //! (DDP or ZeRO) over the data-parallel group.
+//!
+//! ```no_run
+//! use burn::backend::{Autodiff, Flex};
+//! use ferrotron_job::{parallelize, JobConfig, World};
+//! use ferrotron_models::Decoder;
+//! use ferrotron_parallel::groups::ProcessGroups;
+//!
+//! let job = JobConfig::default()
+//!     .validate(&World::SINGLE)
+//!     .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+//! let device = Default::default();
+//! let model = Decoder::<Autodiff<Flex>>::new(job.model(), 0, &device)?;
+//! // One rank: no sharding, DDP over a group of one.
+//! let trainer = parallelize(model, ProcessGroups::single(), &job, &device)?;
+//! println!("recompute {}", trainer.recompute());
+//! # Ok::<(), anyhow::Error>(())
+//! ```
 
 use ferrotron_engine::optim::{AdamWConfig, LrSchedule};
 use ferrotron_engine::precision::Precision;
