@@ -3,10 +3,12 @@
 //! How a process learns its rank ([`launch`]), the device mesh ([`mesh`])
 //! and the process groups split along it ([`groups`]), the communicators
 //! ([`comm`]), the one flat layout of parameters and gradients ([`flat`]),
-//! data parallelism ([`data`]) and ZeRO ([`zero`]) as gradient-sync
-//! strategies, tensor parallelism ([`tensor`]), pipeline parallelism and
-//! its schedules ([`pipeline`]), activation recomputation ([`recompute`]),
-//! the training step and loop
+//! the gradient-sync contract and the global gradient norm
+//! ([`grad_sync`]), a micro-batch's forward and backward under that
+//! contract ([`micro_batch`]), data parallelism ([`data`]) and ZeRO
+//! ([`zero`]) as gradient-sync strategies, tensor parallelism ([`tensor`]),
+//! pipeline parallelism and its schedules ([`pipeline`]), activation
+//! recomputation ([`recompute`]), the training step and loop
 //! ([`train`]), and the planner that picks a layout before a job runs
 //! ([`plan`]). A single-device
 //! run is the parallel code with every degree set to 1 (DESIGN.md).
@@ -14,9 +16,11 @@
 pub mod comm;
 pub mod data;
 pub mod flat;
+pub mod grad_sync;
 pub mod groups;
 pub mod launch;
 pub mod mesh;
+pub mod micro_batch;
 pub mod pipeline;
 pub mod plan;
 pub mod recompute;

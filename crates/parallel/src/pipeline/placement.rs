@@ -27,7 +27,7 @@ use super::layout::StageLayout;
 use crate::comm::tensor::host_f32;
 use crate::comm::{CommError, Communicator};
 use crate::flat::Infos;
-use crate::train::sync::WholeMoments;
+use crate::grad_sync::WholeMoments;
 use crate::zero::tensors::{Assign, Release};
 
 /// The parameters of one stage of a pipeline, and its PP group.

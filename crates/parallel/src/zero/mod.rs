@@ -17,7 +17,7 @@
 //!   sums). The update is stage 1's.
 //! - Stage 3: between steps a rank holds only its chunk of the parameters
 //!   (the model's tensors are one-element placeholders). A step runs unit
-//!   by unit ([`crate::train::micro_batch::unit_by_unit`]: the trainer
+//!   by unit ([`crate::micro_batch::unit_by_unit`]: the trainer
 //!   always runs ZeRO-3 with full recomputation): a block is
 //!   all-gathered just before it runs and freed after, and gathered again
 //!   for its recomputation in backward, after which its gradients are
@@ -33,7 +33,7 @@
 //! once, so under stage 2 a micro-batch's full gradients exist until they
 //! are reduce-scattered; under stage 3 only one block's do.
 //!
-//! [`GradSync`]: crate::train::sync::GradSync
+//! [`GradSync`]: crate::grad_sync::GradSync
 
 mod exchange;
 mod planned;
@@ -62,8 +62,8 @@ use crate::comm::tensor::host_f32;
 use crate::comm::{CommError, Communicator};
 use crate::data::ReplicatedGrads;
 use crate::flat::{param_infos, unit_params, FlatLayout, Piece};
-use crate::train::norm::{group_sum, NormShares};
-use crate::train::sync::{GradSync, Synced, WholeMoments};
+use crate::grad_sync::norm::{group_sum, NormShares};
+use crate::grad_sync::{GradSync, Synced, WholeMoments};
 
 pub use self::planned::planned_state_bytes;
 
