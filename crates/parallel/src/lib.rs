@@ -12,6 +12,11 @@
 //! ([`train`]), and the planner that picks a layout before a job runs
 //! ([`plan`]). A single-device
 //! run is the parallel code with every degree set to 1 (DESIGN.md).
+//!
+//! Imports run one way: the contracts ([`grad_sync`], [`micro_batch`],
+//! [`flat`]) import no strategy; the strategies ([`data`]; [`zero`], whose
+//! stage 1 reuses DDP's replicated gradients) and the pipeline import the
+//! contracts; [`train`] imports them all, and nothing imports [`train`].
 
 pub mod comm;
 pub mod data;

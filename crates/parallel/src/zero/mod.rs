@@ -37,7 +37,6 @@
 
 mod exchange;
 mod planned;
-pub(crate) mod tensors;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -57,10 +56,10 @@ use serde::{Deserialize, Serialize};
 use self::exchange::{
     all_gather_unit, chunk_from_pieces, flat_unit, reduce_scatter_avg, split_chunk,
 };
-use self::tensors::{Assign, GradValues, ParamBytes, PieceTensors, Release};
 use crate::comm::tensor::host_f32;
 use crate::comm::{CommError, Communicator};
 use crate::data::ReplicatedGrads;
+use crate::flat::tensors::{Assign, GradValues, ParamBytes, PieceTensors, Release};
 use crate::flat::{param_infos, unit_params, FlatLayout, Piece};
 use crate::grad_sync::norm::{group_sum, NormShares};
 use crate::grad_sync::{GradSync, Synced, WholeMoments};
