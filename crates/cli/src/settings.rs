@@ -203,7 +203,7 @@ impl Default for TrainSettings {
             pp_schedule: PpSchedule::OneFOneB,
             pp_virtual: 1,
             pp_layers: None,
-            bucket_mb: ferrotron_parallel::data::DEFAULT_BUCKET_MB,
+            bucket_mb: ferrotron_parallel::ddp::DEFAULT_BUCKET_MB,
             zero: ZeroStage::Off,
             recompute: None,
             kernels: None,

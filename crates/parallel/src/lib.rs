@@ -5,7 +5,7 @@
 //! ([`comm`]), the one flat layout of parameters and gradients ([`flat`]),
 //! the gradient-sync contract and the global gradient norm
 //! ([`grad_sync`]), a micro-batch's forward and backward under that
-//! contract ([`micro_batch`]), data parallelism ([`data`]) and ZeRO
+//! contract ([`micro_batch`]), data parallelism ([`ddp`]) and ZeRO
 //! ([`zero`]) as gradient-sync strategies, tensor parallelism ([`tensor`]),
 //! pipeline parallelism and its schedules ([`pipeline`]), activation
 //! recomputation ([`recompute`]), the training step and loop
@@ -14,12 +14,12 @@
 //! run is the parallel code with every degree set to 1 (DESIGN.md).
 //!
 //! Imports run one way: the contracts ([`grad_sync`], [`micro_batch`],
-//! [`flat`]) import no strategy; the strategies ([`data`]; [`zero`], whose
+//! [`flat`]) import no strategy; the strategies ([`ddp`]; [`zero`], whose
 //! stage 1 reuses DDP's replicated gradients) and the pipeline import the
 //! contracts; [`train`] imports them all, and nothing imports [`train`].
 
 pub mod comm;
-pub mod data;
+pub mod ddp;
 pub mod flat;
 pub mod grad_sync;
 pub mod groups;

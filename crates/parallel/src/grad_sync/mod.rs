@@ -2,14 +2,14 @@
 //! to a unit's parameters around its use and to the gradients of a
 //! micro-batch, and how the step's update is applied across the DP group.
 //!
-//! Implemented by [`Ddp`](crate::data::Ddp) (ZeRO-0) and
+//! Implemented by [`Ddp`](crate::ddp::Ddp) (ZeRO-0) and
 //! [`Zero`](crate::zero::Zero) (stages 1-3). The micro-batch schedules
 //! ([`crate::micro_batch`], and the pipeline's executor) call these hooks
 //! and know nothing of the stage, in the way FSDP hooks wrap modules in
 //! torchtitan. [`norm`] is the global gradient norm the strategies and the
 //! trainer compute with.
 //!
-//! This module is the contract: the strategies (`data`, `zero`), the
+//! This module is the contract: the strategies (`ddp`, `zero`), the
 //! pipeline and the trainer (`train`) import it, and it imports none of them.
 
 pub mod norm;

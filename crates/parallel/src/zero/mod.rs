@@ -58,7 +58,7 @@ use self::exchange::{
 };
 use crate::comm::tensor::host_f32;
 use crate::comm::{CommError, Communicator};
-use crate::data::ReplicatedGrads;
+use crate::ddp::ReplicatedGrads;
 use crate::flat::tensors::{Assign, GradValues, ParamBytes, PieceTensors, Release};
 use crate::flat::{param_infos, unit_params, FlatLayout, Piece};
 use crate::grad_sync::norm::{group_sum, NormShares};
