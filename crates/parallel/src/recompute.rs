@@ -11,7 +11,7 @@
 //!   the per-row log-sum-exp, FlashAttention-2's recomputation).
 //! - `full` (activation checkpointing): each block keeps only its input;
 //!   its forward runs again in backward. The step does it (the block-by-block
-//!   schedule of ZeRO-3, `train::micro_batch::unit_by_unit`), so ZeRO-3 is
+//!   schedule of ZeRO-3, `micro_batch::unit_by_unit`), so ZeRO-3 is
 //!   always `full`.
 //!
 //! Applied in torchtitan's order: tensor parallelism, then recomputation,

@@ -129,7 +129,7 @@ job_sections! {
         #[arg(value_name = "none|selective|full")]
         recompute: Option<Recompute> = None, flag recompute: Recompute;
         /// Gradient all-reduce bucket size for data parallelism (and ZeRO-1/2's units), MiB.
-        bucket_mb: f64 = ferrotron_parallel::data::DEFAULT_BUCKET_MB, flag bucket_mb: f64;
+        bucket_mb: f64 = ferrotron_parallel::ddp::DEFAULT_BUCKET_MB, flag bucket_mb: f64;
         /// Under tp, pad the vocabulary to a multiple of this times tp (Megatron-LM's flag; the
         /// padding is never predicted and is dropped from checkpoints).
         #[arg(value_name = "N")]

@@ -26,9 +26,9 @@ use super::placement::Placement;
 use super::schedule::{Action, Payload, PipeShape, Transfer};
 use crate::comm::tensor::host_f32;
 use crate::comm::{CommError, Communicator, Incoming, Outgoing};
+use crate::grad_sync::GradSync;
+use crate::micro_batch::batch_tensors;
 use crate::tensor::PartialGrads;
-use crate::train::micro_batch::batch_tensors;
-use crate::train::sync::GradSync;
 
 /// What a forward left for its backward.
 enum Output<B: AutodiffBackend> {

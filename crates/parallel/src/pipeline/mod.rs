@@ -36,8 +36,8 @@ pub use simulate::{simulate, simulate_lists, SimError, Stuck, Timeline};
 use self::executor::{StageClock, StageStep};
 use self::placement::Placement;
 use crate::comm::{CommError, Communicator};
+use crate::grad_sync::{GradSync, WholeMoments};
 use crate::tensor::PartialGrads;
-use crate::train::sync::{GradSync, WholeMoments};
 
 /// How the model is pipelined (`--pp-schedule`, `--pp-virtual`, `--pp-layers`);
 /// the number of stages is the PP group's size.

@@ -26,9 +26,9 @@ use ferrotron_engine::lm::{LmUnit, LmUnits};
 use super::layout::StageLayout;
 use crate::comm::tensor::host_f32;
 use crate::comm::{CommError, Communicator};
+use crate::flat::tensors::{Assign, Release};
 use crate::flat::Infos;
-use crate::train::sync::WholeMoments;
-use crate::zero::tensors::{Assign, Release};
+use crate::grad_sync::WholeMoments;
 
 /// The parameters of one stage of a pipeline, and its PP group.
 pub(crate) struct Placement {

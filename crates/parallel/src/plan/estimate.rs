@@ -11,7 +11,7 @@ use super::memory::{layout_state_bytes, Held};
 use super::split::stage_blocks;
 use super::time::{block_flops, step_time, StageParams, TimeEstimate};
 use super::{Choice, PlanInput};
-use crate::data::bucket_elems;
+use crate::ddp::bucket_elems;
 use crate::pipeline::StageLayout;
 use crate::zero::ZeroStage;
 

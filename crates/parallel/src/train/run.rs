@@ -36,6 +36,7 @@ use std::time::Instant;
 
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::TensorData;
 use ferrotron_engine::checkpoint::{save_safetensors, write_atomic, CheckpointError};
 use ferrotron_engine::data::{Batch, BatchSampler, Goldfish, SamplerState, TokenSource};
 use ferrotron_engine::lm::{CausalLm, LmUnits};
@@ -46,7 +47,7 @@ use ferrotron_engine::metrics::{
 
 use super::checkpoint;
 use super::step::Trainer;
-use crate::comm::CommError;
+use crate::comm::{CommError, Communicator};
 use crate::tensor::ShardError;
 
 /// A source of micro-batches, drawn in the same order on every rank.
@@ -287,6 +288,17 @@ impl Writer {
                 source,
             })
     }
+
+    /// Plots the whole run's curves (read back from `metrics.jsonl`) into
+    /// `loss.svg`.
+    fn plot(&self) -> Result<(), LoopError> {
+        let (train, val) = curves(&self.dir.join("metrics.jsonl"));
+        write_atomic(
+            &self.dir.join("loss.svg"),
+            write_loss_svg(&train, &val).as_bytes(),
+        )?;
+        Ok(())
+    }
 }
 
 /// The curves of a whole run, read back from its `metrics.jsonl` (a
@@ -338,156 +350,50 @@ where
     M::InnerModule: CausalLm<B::InnerBackend>,
 {
     let world = trainer.groups().world().clone();
-    let lead = world.rank() == 0;
-    let dp = trainer.groups().dp().clone();
-    let (dp_size, dp_rank) = (dp.world_size(), dp.rank());
+    let dp = trainer.groups().dp();
+    let place = Place {
+        lead: world.rank() == 0,
+        world_size: world.world_size(),
+        dp_size: dp.world_size(),
+        dp_rank: dp.rank(),
+    };
     let resumed = trainer.steps_done() > 0;
-    let mut writer = match (&config.run_dir, lead) {
-        (Some(dir), true) => Some(Writer::open(dir, resumed)?),
-        _ => None,
-    };
-    let mut summary = RunSummary::default();
-    let validate = |trainer: &Trainer<B, M>,
-                    step: usize,
-                    summary: &mut RunSummary,
-                    writer: &mut Option<Writer>,
-                    progress: &mut dyn Progress|
-     -> Result<(), LoopError> {
-        // Gathering the model is a collective under ZeRO-3 (and joining
-        // its TP blocks one under TP): every rank takes part, once for the
-        // loss and the weights.
-        let model = trainer.full_model()?;
-        let val_loss = trainer.mean_loss(&model.valid(), val);
-        finite(step, "validation loss", val_loss)?;
-        let weights = if step > 0 {
-            Some(trainer.whole_named(&model)?)
-        } else {
-            None
-        };
-        if let Some(w) = writer.as_mut() {
-            w.record(&ValRecord { step, val_loss })?;
-            if let Some(weights) = &weights {
-                save_safetensors(&w.dir.join("model.safetensors"), weights)?;
-            }
-        }
-        summary.validations.push((step, val_loss));
-        if lead {
-            progress.validation(step, val_loss, summary.steps.last());
-        }
-        Ok(())
-    };
-    // A complete checkpoint (a collective: the state is gathered).
-    let save = |trainer: &Trainer<B, M>,
-                batches: &dyn BatchSource|
-     -> Result<Option<PathBuf>, LoopError> {
-        let Some(dir) = &config.run_dir else {
-            return Ok(None);
-        };
-        let state = trainer.state()?;
-        if !lead {
-            return Ok(None);
-        }
-        let root = dir.join("checkpoints");
-        std::fs::create_dir_all(&root).map_err(|source| CheckpointError::Io {
-            path: root.display().to_string(),
-            source,
-        })?;
-        let written = checkpoint::write(
-            &root,
-            &state,
-            batches.state(),
-            &config.checkpoint_files,
-            config.keep_checkpoints,
-        )?;
-        Ok(Some(written))
+    let mut reports = Reports {
+        lead: place.lead,
+        writer: match (&config.run_dir, place.lead) {
+            (Some(dir), true) => Some(Writer::open(dir, resumed)?),
+            _ => None,
+        },
+        progress,
+        summary: RunSummary::default(),
     };
     if !resumed {
-        validate(trainer, 0, &mut summary, &mut writer, progress)?;
+        validate(trainer, val, 0, &mut reports)?;
     }
     let mut skipped_in_a_row = 0;
     for step in trainer.steps_done() + 1..=config.steps {
-        let micro: Vec<Batch> = (0..config.grad_accum * dp_size)
-            .map(|_| match &config.goldfish {
-                Some(goldfish) => batches.next_goldfish_batch(config.micro_batch, goldfish),
-                None => batches.next_batch(config.micro_batch),
-            })
-            .skip(dp_rank)
-            .step_by(dp_size)
-            .collect();
-        let meter = config.energy.as_ref().filter(|_| lead);
-        let before = meter.and_then(|m| m.read().ok());
-        let heap = (config.measure_heap && lead)
-            .then(HeapWindow::open)
-            .flatten();
-        let t = Instant::now();
-        let o = trainer.step(&micro)?;
-        let dt = t.elapsed().as_secs_f64();
-        let peak_activation_bytes = heap.map(|w| w.peak_above_start() as u64);
-        let energy_j = meter.zip(before).and_then(|(m, b)| m.joules_since(&b).ok());
-        // A GPU counter covers one rank's share of the step's tokens.
-        let covered_tokens = match meter.map(EnergyMeter::coverage) {
-            Some(Coverage::Device) => o.tokens as f64 / world.world_size() as f64,
-            _ => o.tokens as f64,
-        };
-        // Tokens per second of one model replica's devices.
-        let replica_rate = o.tokens as f64 / dt / dp_size as f64;
-        let flops = config.flops_per_token * replica_rate;
-        let record = StepRecord {
-            step,
-            loss: o.loss,
-            lr: o.lr,
-            grad_norm: o.grad_norm,
-            tokens_per_s: o.tokens as f64 / dt,
-            tflops_per_device: flops / 1e12,
-            mfu: config.model_flops_per_token * replica_rate / config.peak_flops,
-            hfu: flops / config.peak_flops,
-            step_time_s: dt,
-            memory: trainer.memory(),
-            peak_activation_bytes,
-            energy_j,
-            tokens_per_joule: energy_j.filter(|&j| j > 0.0).map(|j| covered_tokens / j),
-            skipped: o.skipped,
-            pipeline: o.pipeline,
-            loss_scale: o.loss_scale,
-            skipped_steps: o.skipped_steps,
-        };
-        if let Some(w) = writer.as_mut() {
-            w.record(&record)?;
-        }
-        if lead {
-            progress.step(&record);
-        }
-        summary.steps.push(record);
+        let micro = draw(batches, config, place);
+        let (record, overflow) = timed_step(trainer, &micro, config, place, step)?;
+        let (skipped, loss, grad_norm) = (record.skipped, record.loss, record.grad_norm);
+        reports.step(record)?;
         // Loss scaling's own skip (the scale was halved) is not a fault:
         // the run goes on with its cadence.
-        if o.skipped && !o.overflow {
+        if skipped && !overflow {
             skipped_in_a_row += 1;
-            let allowed = match config.on_nonfinite {
-                NonFinite::Stop => 0,
-                NonFinite::Skip { max_in_a_row } => max_in_a_row,
-            };
-            if skipped_in_a_row > allowed {
-                finite(step, "loss", o.loss)?;
-                finite(step, "gradient norm", o.grad_norm)?;
+            if skipped_in_a_row > skips_allowed(config.on_nonfinite) {
+                finite(step, "loss", loss)?;
+                finite(step, "gradient norm", grad_norm)?;
             }
             continue;
         }
         skipped_in_a_row = 0;
         if step % config.eval_every == 0 || step == config.steps {
-            validate(trainer, step, &mut summary, &mut writer, progress)?;
+            validate(trainer, val, step, &mut reports)?;
         }
-        let stop = match &config.stop {
-            // Every rank must stop at the same step: any rank's request counts.
-            Some(flag) => {
-                let mut any = [f32::from(u8::from(flag.load(Ordering::SeqCst)))];
-                world.all_reduce_sum(&mut any)?;
-                any[0] > 0.0
-            }
-            None => false,
-        };
+        let stop = stop_requested(config, &*world)?;
         let due = config.save_every > 0 && (step % config.save_every == 0 || step == config.steps);
         if due || stop {
-            let written = save(trainer, batches)?;
+            let written = save(trainer, batches, config, place.lead)?;
             if stop {
                 return Err(LoopError::Stopped {
                     step,
@@ -496,12 +402,219 @@ where
             }
         }
     }
-    if let Some(w) = &writer {
-        let (train, val) = curves(&w.dir.join("metrics.jsonl"));
-        write_atomic(
-            &w.dir.join("loss.svg"),
-            write_loss_svg(&train, &val).as_bytes(),
-        )?;
+    if let Some(w) = &reports.writer {
+        w.plot()?;
     }
-    Ok(summary)
+    Ok(reports.summary)
+}
+
+/// This rank's place in the job, as the loop needs it.
+#[derive(Clone, Copy)]
+struct Place {
+    /// World rank 0: writes the run directory and reports progress.
+    lead: bool,
+    /// Ranks of the job.
+    world_size: usize,
+    /// Ranks of the DP group.
+    dp_size: usize,
+    /// This rank's index in the DP group.
+    dp_rank: usize,
+}
+
+/// Where the loop reports: every rank's summary, rank 0's files and progress.
+struct Reports<'a> {
+    lead: bool,
+    /// Rank 0's run directory, if any.
+    writer: Option<Writer>,
+    progress: &'a mut dyn Progress,
+    summary: RunSummary,
+}
+
+impl Reports<'_> {
+    /// Records a step: `metrics.jsonl` and progress (rank 0), the summary.
+    fn step(&mut self, record: StepRecord) -> Result<(), LoopError> {
+        if let Some(w) = self.writer.as_mut() {
+            w.record(&record)?;
+        }
+        if self.lead {
+            self.progress.step(&record);
+        }
+        self.summary.steps.push(record);
+        Ok(())
+    }
+
+    /// Records a validation: `metrics.jsonl` and `model.safetensors` (the
+    /// `weights`, if given) on rank 0, the summary, progress (rank 0).
+    fn validation(
+        &mut self,
+        step: usize,
+        val_loss: f64,
+        weights: Option<&[(String, TensorData)]>,
+    ) -> Result<(), LoopError> {
+        if let Some(w) = self.writer.as_mut() {
+            w.record(&ValRecord { step, val_loss })?;
+            if let Some(weights) = weights {
+                save_safetensors(&w.dir.join("model.safetensors"), weights)?;
+            }
+        }
+        self.summary.validations.push((step, val_loss));
+        if self.lead {
+            self.progress
+                .validation(step, val_loss, self.summary.steps.last());
+        }
+        Ok(())
+    }
+}
+
+/// This rank's micro-batches of the next global batch: `grad_accum x dp`
+/// drawn in order from `batches` (masked as drawn under goldfish), of
+/// which DP rank `r` keeps `r, r + dp, ...`.
+fn draw(batches: &mut dyn BatchSource, config: &LoopConfig, place: Place) -> Vec<Batch> {
+    (0..config.grad_accum * place.dp_size)
+        .map(|_| match &config.goldfish {
+            Some(goldfish) => batches.next_goldfish_batch(config.micro_batch, goldfish),
+            None => batches.next_batch(config.micro_batch),
+        })
+        .skip(place.dp_rank)
+        .step_by(place.dp_size)
+        .collect()
+}
+
+/// Takes step `step` on `micro` and measures it (time, energy and heap on
+/// rank 0): its record, and whether it was skipped for a loss-scale
+/// overflow.
+fn timed_step<B, M>(
+    trainer: &mut Trainer<B, M>,
+    micro: &[Batch],
+    config: &LoopConfig,
+    place: Place,
+    step: usize,
+) -> Result<(StepRecord, bool), LoopError>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B> + LmUnits<B> + 'static,
+    M::InnerModule: CausalLm<B::InnerBackend>,
+{
+    let meter = config.energy.as_ref().filter(|_| place.lead);
+    let before = meter.and_then(|m| m.read().ok());
+    let heap = (config.measure_heap && place.lead)
+        .then(HeapWindow::open)
+        .flatten();
+    let t = Instant::now();
+    let o = trainer.step(micro)?;
+    let dt = t.elapsed().as_secs_f64();
+    let peak_activation_bytes = heap.map(|w| w.peak_above_start() as u64);
+    let energy_j = meter.zip(before).and_then(|(m, b)| m.joules_since(&b).ok());
+    // A GPU counter covers one rank's share of the step's tokens.
+    let covered_tokens = match meter.map(EnergyMeter::coverage) {
+        Some(Coverage::Device) => o.tokens as f64 / place.world_size as f64,
+        _ => o.tokens as f64,
+    };
+    // Tokens per second of one model replica's devices.
+    let replica_rate = o.tokens as f64 / dt / place.dp_size as f64;
+    let flops = config.flops_per_token * replica_rate;
+    let record = StepRecord {
+        step,
+        loss: o.loss,
+        lr: o.lr,
+        grad_norm: o.grad_norm,
+        tokens_per_s: o.tokens as f64 / dt,
+        tflops_per_device: flops / 1e12,
+        mfu: config.model_flops_per_token * replica_rate / config.peak_flops,
+        hfu: flops / config.peak_flops,
+        step_time_s: dt,
+        memory: trainer.memory(),
+        peak_activation_bytes,
+        energy_j,
+        tokens_per_joule: energy_j.filter(|&j| j > 0.0).map(|j| covered_tokens / j),
+        skipped: o.skipped,
+        pipeline: o.pipeline,
+        loss_scale: o.loss_scale,
+        skipped_steps: o.skipped_steps,
+    };
+    Ok((record, o.overflow))
+}
+
+/// Skipped steps in a row that the run goes on after.
+fn skips_allowed(on_nonfinite: NonFinite) -> usize {
+    match on_nonfinite {
+        NonFinite::Stop => 0,
+        NonFinite::Skip { max_in_a_row } => max_in_a_row,
+    }
+}
+
+/// Validates the model at `step` and reports it; after step 0 rank 0 also
+/// writes the weights.
+fn validate<B, M>(
+    trainer: &Trainer<B, M>,
+    val: &[Batch],
+    step: usize,
+    reports: &mut Reports<'_>,
+) -> Result<(), LoopError>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B> + LmUnits<B> + 'static,
+    M::InnerModule: CausalLm<B::InnerBackend>,
+{
+    // Gathering the model is a collective under ZeRO-3 (and joining
+    // its TP blocks one under TP): every rank takes part, once for the
+    // loss and the weights.
+    let model = trainer.full_model()?;
+    let val_loss = trainer.mean_loss(&model.valid(), val);
+    finite(step, "validation loss", val_loss)?;
+    let weights = if step > 0 {
+        Some(trainer.whole_named(&model)?)
+    } else {
+        None
+    };
+    reports.validation(step, val_loss, weights.as_deref())
+}
+
+/// Whether any rank was asked to stop (a collective when `config.stop`
+/// is set: every rank must stop at the same step).
+fn stop_requested(config: &LoopConfig, world: &dyn Communicator) -> Result<bool, CommError> {
+    match &config.stop {
+        Some(flag) => {
+            let mut any = [f32::from(u8::from(flag.load(Ordering::SeqCst)))];
+            world.all_reduce_sum(&mut any)?;
+            Ok(any[0] > 0.0)
+        }
+        None => Ok(false),
+    }
+}
+
+/// A complete checkpoint (a collective: the state is gathered), written
+/// by rank 0 under the run directory's `checkpoints/`; returns where
+/// (`None` on the other ranks or without a run directory).
+fn save<B, M>(
+    trainer: &Trainer<B, M>,
+    batches: &dyn BatchSource,
+    config: &LoopConfig,
+    lead: bool,
+) -> Result<Option<PathBuf>, LoopError>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B> + LmUnits<B> + 'static,
+    M::InnerModule: CausalLm<B::InnerBackend>,
+{
+    let Some(dir) = &config.run_dir else {
+        return Ok(None);
+    };
+    let state = trainer.state()?;
+    if !lead {
+        return Ok(None);
+    }
+    let root = dir.join("checkpoints");
+    std::fs::create_dir_all(&root).map_err(|source| CheckpointError::Io {
+        path: root.display().to_string(),
+        source,
+    })?;
+    let written = checkpoint::write(
+        &root,
+        &state,
+        batches.state(),
+        &config.checkpoint_files,
+        config.keep_checkpoints,
+    )?;
+    Ok(Some(written))
 }

@@ -15,13 +15,13 @@ use ferrotron_engine::precision::Precision;
 use serde::{Deserialize, Serialize};
 
 use super::loss_scale::{LossScaleConfig, LossScaler, ScaleOutcome};
-use super::micro_batch::{batch_tensors, unit_by_unit, whole_graph};
-use super::norm::{global_norm, group_sum, NormShares};
-use super::sync::{GradSync, Synced, WholeMoments};
 use crate::comm::CommError;
-use crate::data::{bucket_elems, Ddp, DEFAULT_BUCKET_MB};
+use crate::ddp::{bucket_elems, Ddp, DEFAULT_BUCKET_MB};
 use crate::flat::param_infos;
+use crate::grad_sync::norm::{global_norm, group_sum, NormShares};
+use crate::grad_sync::{GradSync, Synced, WholeMoments};
 use crate::groups::ProcessGroups;
+use crate::micro_batch::{batch_tensors, unit_by_unit, whole_graph};
 use crate::pipeline::{Pipeline, PipelineConfig, PipelineError};
 use crate::recompute::{Recompute, RecomputeError};
 use crate::tensor::{PartialGrads, ShardError, ShardPlan, TpGroup};
@@ -56,7 +56,7 @@ pub struct ParallelConfig {
     pub recompute: Recompute,
     /// The precision gradients are reduced in over the DP group
     /// (`--reduce-dtype`): f32, or rounded to bf16 before and after the
-    /// collective (see `crate::data`); the accumulation stays f32.
+    /// collective (see `crate::ddp`); the accumulation stays f32.
     pub reduce: Precision,
 }
 

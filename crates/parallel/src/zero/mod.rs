@@ -17,7 +17,7 @@
 //!   sums). The update is stage 1's.
 //! - Stage 3: between steps a rank holds only its chunk of the parameters
 //!   (the model's tensors are one-element placeholders). A step runs unit
-//!   by unit ([`crate::train::micro_batch::unit_by_unit`]: the trainer
+//!   by unit ([`crate::micro_batch::unit_by_unit`]: the trainer
 //!   always runs ZeRO-3 with full recomputation): a block is
 //!   all-gathered just before it runs and freed after, and gathered again
 //!   for its recomputation in backward, after which its gradients are
@@ -33,11 +33,10 @@
 //! once, so under stage 2 a micro-batch's full gradients exist until they
 //! are reduce-scattered; under stage 3 only one block's do.
 //!
-//! [`GradSync`]: crate::train::sync::GradSync
+//! [`GradSync`]: crate::grad_sync::GradSync
 
 mod exchange;
 mod planned;
-pub(crate) mod tensors;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -57,13 +56,13 @@ use serde::{Deserialize, Serialize};
 use self::exchange::{
     all_gather_unit, chunk_from_pieces, flat_unit, reduce_scatter_avg, split_chunk,
 };
-use self::tensors::{Assign, GradValues, ParamBytes, PieceTensors, Release};
 use crate::comm::tensor::host_f32;
 use crate::comm::{CommError, Communicator};
-use crate::data::ReplicatedGrads;
+use crate::ddp::ReplicatedGrads;
+use crate::flat::tensors::{Assign, GradValues, ParamBytes, PieceTensors, Release};
 use crate::flat::{param_infos, unit_params, FlatLayout, Piece};
-use crate::train::norm::{group_sum, NormShares};
-use crate::train::sync::{GradSync, Synced, WholeMoments};
+use crate::grad_sync::norm::{group_sum, NormShares};
+use crate::grad_sync::{GradSync, Synced, WholeMoments};
 
 pub use self::planned::planned_state_bytes;
 

@@ -18,7 +18,8 @@
 //! accumulating mean (ZeRO-3: all-gather, free, reduce-scatter; the other
 //! strategies: nothing, nothing, keep); these functions never look at the
 //! stage. The trainer picks [`unit_by_unit`] for full recomputation, which
-//! ZeRO-3 always is.
+//! ZeRO-3 always is. The pipeline's executor ([`crate::pipeline`]) is one
+//! more such schedule, over stages, calling the same hooks.
 
 use burn::module::AutodiffModule;
 use burn::optim::{GradientsAccumulator, GradientsParams};
@@ -27,8 +28,8 @@ use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
 use ferrotron_engine::data::Batch;
 use ferrotron_engine::lm::{LmUnit, LmUnits};
 
-use super::sync::GradSync;
 use crate::comm::CommError;
+use crate::grad_sync::GradSync;
 use crate::tensor::PartialGrads;
 
 /// Token ids of a batch as `(inputs, targets)`, each `[batch, seq_len]`.

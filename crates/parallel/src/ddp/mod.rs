@@ -30,10 +30,10 @@ use ferrotron_engine::precision::Precision;
 
 use crate::comm::tensor::{from_host, host_f32};
 use crate::comm::{CommError, Communicator};
+use crate::flat::tensors::{GradBytes, ParamBytes};
 use crate::flat::{param_infos, FlatLayout, Unit};
-use crate::train::norm::{weighted_squares, NormShares};
-use crate::train::sync::{GradSync, Synced, WholeMoments};
-use crate::zero::tensors::{GradBytes, ParamBytes};
+use crate::grad_sync::norm::{weighted_squares, NormShares};
+use crate::grad_sync::{GradSync, Synced, WholeMoments};
 
 /// Default all-reduce bucket size, MiB (as PyTorch DDP's `bucket_cap_mb`).
 pub const DEFAULT_BUCKET_MB: f64 = 25.0;

@@ -1,4 +1,8 @@
-//! Moving parameters and gradients between a model and flat host vectors.
+//! Moving parameters and gradients between a model and flat host vectors:
+//! a rank's pieces of the parameters or gradients ([`PieceTensors`],
+//! [`GradValues`]), the bytes a module holds ([`ParamBytes`],
+//! [`GradBytes`]), and replacing parameters by given values ([`Assign`])
+//! or by placeholders ([`Release`], ZeRO-3 and the pipeline's stages).
 
 use std::collections::{HashMap, HashSet};
 
@@ -7,9 +11,8 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 
+use super::Piece;
 use crate::comm::tensor::host_f32;
-
-use crate::flat::Piece;
 
 /// This rank's pieces of the parameters, or with `grads` of their
 /// gradients, as rank-1 tensors on the device: elements `start..end` of

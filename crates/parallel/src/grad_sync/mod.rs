@@ -2,10 +2,17 @@
 //! to a unit's parameters around its use and to the gradients of a
 //! micro-batch, and how the step's update is applied across the DP group.
 //!
-//! Implemented by [`Ddp`](crate::data::Ddp) (ZeRO-0) and
-//! [`Zero`](crate::zero::Zero) (stages 1-3). The micro-batch schedule
-//! ([`super::micro_batch`]) calls these hooks and knows nothing of the
-//! stage, in the way FSDP hooks wrap modules in torchtitan.
+//! Implemented by [`Ddp`](crate::ddp::Ddp) (ZeRO-0) and
+//! [`Zero`](crate::zero::Zero) (stages 1-3). The micro-batch schedules
+//! ([`crate::micro_batch`], and the pipeline's executor) call these hooks
+//! and know nothing of the stage, in the way FSDP hooks wrap modules in
+//! torchtitan. [`norm`] is the global gradient norm the strategies and the
+//! trainer compute with.
+//!
+//! This module is the contract: the strategies (`ddp`, `zero`), the
+//! pipeline and the trainer (`train`) import it, and it imports none of them.
+
+pub mod norm;
 
 use std::collections::HashMap;
 
@@ -16,7 +23,7 @@ use ferrotron_engine::lm::{LmUnit, LmUnits};
 use ferrotron_engine::metrics::MemoryBytes;
 use ferrotron_engine::optim::AdamW;
 
-use super::norm::NormShares;
+use self::norm::NormShares;
 use crate::comm::CommError;
 
 /// The outcome of [`GradSync::apply`].

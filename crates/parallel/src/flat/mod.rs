@@ -13,7 +13,14 @@
 //! DDP is ZeRO-0 on this layout: it all-reduces each unit's gradients
 //! (every rank keeps the whole unit) where ZeRO reduce-scatters them.
 //!
+//! `tensors` holds the module visitors and mappers that move parameters
+//! and gradients between a model and this layout (a rank's pieces, bytes
+//! held, assigning gathered values, releasing to placeholders), shared by
+//! DDP, ZeRO and the pipeline's placement.
+//!
 //! [`LmUnit`]: ferrotron_engine::lm::LmUnit
+
+pub(crate) mod tensors;
 
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::Backend;
