@@ -24,19 +24,25 @@ pub const INTERRUPTED_EXIT: u8 = 75;
 #[error("{0}")]
 pub struct Interrupted(pub String);
 
-/// One problem of a job's configuration, naming its key (`section.key`,
-/// with the flag that sets it) or the file.
+/// One problem of a job's configuration: of a key (`optimizer.lr: --lr
+/// must be positive, got 0`), or of a file, the launch or the machine.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ConfigError {
-    /// `section.key (--flag)`, or a file or launcher name.
-    pub place: String,
+    /// `section.key`, when the problem is a key's.
+    pub key: Option<String>,
+    /// The key's flag (`--lr`), or the file, launch or resource the
+    /// problem is about.
+    pub subject: String,
     /// What is wrong and what would be right.
     pub problem: String,
 }
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.place, self.problem)
+        match &self.key {
+            Some(key) => write!(f, "{key}: {} {}", self.subject, self.problem),
+            None => write!(f, "{}: {}", self.subject, self.problem),
+        }
     }
 }
 

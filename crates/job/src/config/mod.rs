@@ -73,7 +73,8 @@ impl JobConfig {
     pub fn from_file(path: &Path) -> Result<Self, Vec<ConfigError>> {
         let text = std::fs::read_to_string(path).map_err(|e| {
             vec![ConfigError {
-                place: path.display().to_string(),
+                key: None,
+                subject: path.display().to_string(),
                 problem: format!("cannot read: {e}"),
             }]
         })?;
@@ -83,7 +84,8 @@ impl JobConfig {
     /// Parses the TOML text of a job file named `file` (for messages).
     pub fn from_toml_str(text: &str, file: &str) -> Result<Self, Vec<ConfigError>> {
         let err = |problem: String| ConfigError {
-            place: file.to_string(),
+            key: None,
+            subject: file.to_string(),
             problem,
         };
         let table: toml::Table = text

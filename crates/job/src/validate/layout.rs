@@ -42,12 +42,12 @@ pub(super) fn backend(
     let kind = match name.parse::<BackendKind>() {
         Ok(kind) => kind,
         Err(e) => {
-            p.key("backend", "name", e.to_string());
+            p.key("backend", "name", format!("{name}: {e}"));
             return None;
         }
     };
     if let Err(e) = check_ready(kind) {
-        p.key("backend", "name", e);
+        p.key("backend", "name", format!("{name}: {e}"));
         return None;
     }
     let library = std::env::var_os(LIBRARY_ENV);
@@ -128,7 +128,11 @@ pub(super) fn check_with_model(
             }
         }
     } else if let Err(e) = check_tp(model, mesh.tp) {
-        p.key("parallelism", "tp", format!("{}: {e}", mesh.tp));
+        p.key(
+            "parallelism",
+            "tp",
+            format!("{}: {} {}", mesh.tp, e.field, e.problem),
+        );
     }
     check_pipeline(c, model, mesh, p, notes);
     if let Err(e) = choose_kernels(model, kind.is_cpu().then(|| kind.name())) {
@@ -168,7 +172,11 @@ fn check_pipeline(
     let kind = ScheduleKind::from(par.pp_schedule);
     if mesh.pp == 1 {
         if par.pp_virtual != 1 || par.pp_layers.is_some() {
-            p.key("parallelism", "pp_virtual", "--pp-virtual and --pp-layers need --pp above 1 (they split the model into pipeline stages)");
+            p.key(
+                "parallelism",
+                "pp_virtual",
+                "and --pp-layers need --pp above 1 (they split the model into pipeline stages)",
+            );
         }
         return;
     }
@@ -185,7 +193,7 @@ fn check_pipeline(
         chunks: par.pp_virtual,
     };
     if let Err(e) = stage_actions(kind, shape, 0) {
-        p.key("parallelism", "pp_schedule", e.to_string());
+        p.other("parallelism.pp_schedule", format!("--pp-schedule: {e}"));
         return;
     }
     let interleaved = kind == ScheduleKind::Interleaved;
@@ -196,7 +204,8 @@ fn check_pipeline(
         par.pp_layers.as_deref(),
         interleaved,
     ) {
-        p.key("parallelism", "pp_layers", e.to_string());
+        // The layout's errors name their flags.
+        p.other("parallelism.pp_layers", e.to_string());
     }
     if kind == ScheduleKind::OneFOneB && grad_accum < mesh.pp {
         notes.push(format!(

@@ -19,7 +19,7 @@ use ferrotron_parallel::mesh::Mesh;
 use ferrotron_parallel::recompute::Recompute;
 
 use crate::comm::Transport;
-use crate::config::{place, JobConfig};
+use crate::config::{JobConfig, Key};
 use crate::error::ConfigError;
 use crate::resume::Resume;
 
@@ -41,17 +41,23 @@ pub(crate) struct Problems(pub(crate) Vec<ConfigError>);
 
 impl Problems {
     /// A problem of `section.key`.
+    /// Named `section.key: --flag PROBLEM`, so `problem` reads on from the
+    /// flag (`must be positive, got 0`, `4: does not divide ...`).
     pub(crate) fn key(&mut self, section: &str, key: &str, problem: impl Into<String>) {
+        let flag = Key::find(section, key).map_or_else(String::new, Key::flag);
         self.0.push(ConfigError {
-            place: place(section, key),
+            key: Some(format!("{section}.{key}")),
+            subject: flag,
             problem: problem.into(),
         });
     }
 
-    /// A problem of something that is not a key (a file, the launcher).
-    pub(crate) fn other(&mut self, place: impl Into<String>, problem: impl Into<String>) {
+    /// A problem of something that is not a single key (several keys, a
+    /// file, the launch, the machine): `subject: problem`.
+    pub(crate) fn other(&mut self, subject: impl Into<String>, problem: impl Into<String>) {
         self.0.push(ConfigError {
-            place: place.into(),
+            key: None,
+            subject: subject.into(),
             problem: problem.into(),
         });
     }

@@ -19,13 +19,13 @@ pub(super) fn shards(c: &JobConfig, resume: Option<&Resume>, p: &mut Problems) -
         Ok(set) => {
             if let Some(r) = resume {
                 if let Err(e) = r.check_shards(&set, dir) {
-                    p.key("data", "shards", e);
+                    p.other("data.shards", e);
                 }
             }
             Some(set)
         }
         Err(e) => {
-            p.key("data", "shards", e.to_string());
+            p.other("data.shards", format!("--data: {e}"));
             None
         }
     }

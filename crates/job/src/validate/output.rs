@@ -64,7 +64,7 @@ pub(super) fn run_dir(
 pub(super) fn check_outputs(c: &JobConfig, model: &DecoderConfig, out: &Path, p: &mut Problems) {
     if let Some(dir) = &c.checkpoint.hf_out {
         if let Err(e) = Family::of(model) {
-            p.key("checkpoint", "hf_out", e.to_string());
+            p.key("checkpoint", "hf_out", format!("{}: {e}", dir.display()));
         }
         if !is_empty(dir) {
             p.key(
