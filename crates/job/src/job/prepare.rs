@@ -26,6 +26,9 @@ use crate::validate::ValidJob;
 /// directory.
 pub(super) type Restore = (CheckpointState, BTreeMap<String, TensorData>, PathBuf);
 
+/// Initial weights by parameter name, and the file they came from.
+pub(super) type Initial = (BTreeMap<String, TensorData>, String);
+
 /// What the backend-generic part of a job starts from.
 pub(super) struct Prepared {
     /// The run's tokenizer (its `tokenizer.json` is in the run directory).
@@ -34,7 +37,7 @@ pub(super) struct Prepared {
     pub tokens: Option<TrainTokens>,
     /// Initial weights (from `model.hf_dir` or the resumed checkpoint)
     /// instead of a seeded initialisation, and the file they came from.
-    pub initial: Option<(BTreeMap<String, TensorData>, String)>,
+    pub initial: Option<Initial>,
     /// A resumed run's state.
     pub restore: Option<Restore>,
     /// Begin/end-of-sequence ids of `model.hf_dir`, written with the
@@ -184,10 +187,7 @@ fn write_run_dir(
 fn initial_weights(
     job: &ValidJob,
     hf: Option<BTreeMap<String, TensorData>>,
-) -> anyhow::Result<(
-    Option<(BTreeMap<String, TensorData>, String)>,
-    Option<Restore>,
-)> {
+) -> anyhow::Result<(Option<Initial>, Option<Restore>)> {
     match &job.resume {
         Some(r) => {
             let name = r.dir.join("model.safetensors").display().to_string();

@@ -198,7 +198,7 @@ fn validate(
         config,
         kind,
         transport,
-        world: world.clone(),
+        world: *world,
         mesh,
         model,
         recompute,
