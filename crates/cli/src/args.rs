@@ -270,9 +270,15 @@ pub struct TrainArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Continue a run from its latest checkpoint (a run directory) or from a
-    /// RUN/checkpoints/step-N directory, with the run's own settings; --steps may extend it.
+    /// RUN/checkpoints/step-N directory, with the run's own settings; the layout, cadences and
+    /// outputs may change, what the remaining steps compute only under --override.
     #[arg(long, value_name = "RUN_DIR")]
     pub resume: Option<PathBuf>,
+    /// With --resume: let the key section.key (e.g. optimizer.lr, schedule.steps) change
+    /// although it changes how the run continues; repeat for several keys. Recorded in
+    /// metrics.jsonl at the first step it applies to.
+    #[arg(long = "override", value_name = "KEY")]
+    pub overrides: Vec<String>,
     /// Print the job configuration (defaults, then --config or the resumed run's, then the
     /// flags) as TOML and exit; `--config` reads it back as the same job.
     #[arg(long)]

@@ -29,6 +29,11 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
             "--model with --hf-dir: the model comes from --hf-dir's config.json; give one of them",
         ));
     }
+    if args.resume.is_none() && !args.overrides.is_empty() {
+        return Err(usage(
+            "--override without --resume: a new run takes its settings from --config and the flags",
+        ));
+    }
     let (mut config, resume) = match (&args.resume, &args.config) {
         (Some(_), Some(_)) => {
             return Err(usage(
@@ -36,7 +41,7 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
             ))
         }
         (Some(path), None) => {
-            let r = Resume::open(path)?;
+            let r = Resume::open(path)?.overriding(args.overrides.clone());
             (r.config.clone(), Some(r))
         }
         (None, Some(path)) => (JobConfig::from_file(path).map_err(|e| usage_lines(&e))?, None),

@@ -11,8 +11,7 @@ use std::time::Duration;
 use ferrotron_engine::data::{encode, ShardSet, TokenSource, Tokenizer};
 
 mod common;
-#[path = "../../../tests/support/deadline.rs"]
-mod deadline;
+use ferrotron_test_support::deadline;
 
 use common::{copy_dir, corpus, records, scratch, step_losses};
 
@@ -223,7 +222,7 @@ fn a_data_run_resumes_exactly_and_refuses_another_shard_set() {
     std::fs::remove_dir_all(&shards).unwrap();
     std::fs::rename(&other, &shards).unwrap();
     let before = std::fs::read(copy.join("metrics.jsonl")).unwrap();
-    let o = ferrotron(&["train", "--resume", copy.to_str().unwrap(), "--steps", "9"]);
+    let o = ferrotron(&["train", "--resume", copy.to_str().unwrap()]);
     refused(&o, &["index.json", "SHA-256", "keeps its data"]);
     assert_eq!(std::fs::read(copy.join("metrics.jsonl")).unwrap(), before);
     let _ = std::fs::remove_dir_all(&dir);

@@ -24,8 +24,7 @@ use std::time::Duration;
 
 use ferrotron_job::SECTIONS;
 
-#[path = "../../../tests/support/deadline.rs"]
-mod deadline;
+use ferrotron_test_support::deadline;
 
 /// The subcommands whose `--help` lists the flags the docs may name.
 const SUBCOMMANDS: &[&[&str]] = &[
@@ -63,7 +62,13 @@ const FOREIGN: &[&str] = &[
 
 /// Options of `ferrotron train` that are not configuration keys, so they
 /// have no row in docs/training.md's key table.
-const TRAIN_FLAGS_NOT_KEYS: &[&str] = &["--help", "--config", "--resume", "--print-config"];
+const TRAIN_FLAGS_NOT_KEYS: &[&str] = &[
+    "--help",
+    "--config",
+    "--resume",
+    "--override",
+    "--print-config",
+];
 
 /// `JobConfig`'s own list of `section.key` names (from the table that
 /// declares the keys, not a copy): [`training_keys_match_the_job_config`]

@@ -14,8 +14,7 @@ use std::time::Duration;
 use ferrotron_engine::data::{embedded_corpus, encode, split_lengths, Tokenizer};
 
 mod common;
-#[path = "../../../tests/support/deadline.rs"]
-mod deadline;
+use ferrotron_test_support::deadline;
 #[path = "common/equivalence.rs"]
 mod equivalence;
 #[path = "common/mpirun.rs"]
@@ -128,6 +127,8 @@ fn a_goldfish_run_trains_records_its_mask_and_validates_unmasked() {
         fish,
         "--steps",
         "4",
+        "--override",
+        "schedule.steps",
         "--goldfish-k",
         "3",
     ]);
@@ -137,7 +138,15 @@ fn a_goldfish_run_trains_records_its_mask_and_validates_unmasked() {
         err.contains("--goldfish-k") && err.trim_end().lines().count() == 1,
         "{err}"
     );
-    let stdout = succeeded(&ferrotron(&["train", "--resume", fish, "--steps", "4"]));
+    let stdout = succeeded(&ferrotron(&[
+        "train",
+        "--resume",
+        fish,
+        "--steps",
+        "4",
+        "--override",
+        "schedule.steps",
+    ]));
     assert!(
         stdout.contains("goldfish loss: about 1 training target in 2"),
         "{stdout}"

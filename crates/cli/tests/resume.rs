@@ -9,8 +9,7 @@ use std::time::{Duration, Instant};
 use ferrotron_engine::checkpoint::load_safetensors;
 
 mod common;
-#[path = "../../../tests/support/deadline.rs"]
-mod deadline;
+use ferrotron_test_support::deadline;
 
 use common::{copy_dir, corpus, scratch, step_losses};
 
@@ -169,10 +168,8 @@ fn sigterm_writes_a_checkpoint_and_the_resumed_run_reproduces_the_losses() {
         std::thread::sleep(Duration::from_millis(10));
     }
     let pid = child.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
+    assert!(deadline::output(Command::new("kill").args(["-TERM", &pid]))
+        .status
         .success());
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -263,6 +260,10 @@ fn bad_resumes_and_non_finite_settings_are_refused_before_anything_is_written() 
         (vec!["--lr", "0.01", "--min-lr", "0.1"], "--min-lr"),
         (vec!["--keep-checkpoints", "0"], "--keep-checkpoints"),
         (vec!["--resume", "/nonexistent/run"], "/nonexistent/run"),
+        (
+            vec!["--lr", "0.01", "--override", "optimizer.lr"],
+            "--override without --resume",
+        ),
     ] {
         let mut args = vec!["train", "--out", &o_str];
         args.extend(flags.iter().copied());
@@ -286,6 +287,30 @@ fn bad_resumes_and_non_finite_settings_are_refused_before_anything_is_written() 
             vec!["--steps", "3"],
             "--steps 3 is before the checkpoint's step 4",
         ),
+        (
+            vec!["--lr", "0.01"],
+            "--lr 0.01 differs from the run's 0.002, which changes how the run continues; pass --override optimizer.lr",
+        ),
+        (
+            vec!["--kernels", "reference"],
+            "pass --override backend.kernels",
+        ),
+        (
+            vec!["--steps", "8"],
+            "pass --override schedule.steps",
+        ),
+        (
+            vec!["--override", "optimizer.learning_rate"],
+            "--override optimizer.learning_rate: no such key",
+        ),
+        (
+            vec!["--seq-len", "16", "--override", "schedule.seq_len"],
+            "--override schedule.seq_len: a resumed run keeps its model and data",
+        ),
+        (
+            vec!["--eval-every", "3", "--override", "schedule.eval_every"],
+            "--override schedule.eval_every: it may change without --override",
+        ),
     ] {
         let mut args = vec!["train", "--resume", run.to_str().unwrap()];
         args.extend(flags.iter().copied());
@@ -298,9 +323,92 @@ fn bad_resumes_and_non_finite_settings_are_refused_before_anything_is_written() 
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A resumed run changes what its remaining steps compute only for the
+/// keys `--override` names: the learning rate and the schedule's length
+/// here. The change is recorded in `metrics.jsonl` at the first step it
+/// applies to, and the continuation follows the new schedule: its learning
+/// rates equal those of a run started with the new settings.
+#[test]
+fn overrides_change_a_resumed_run_and_are_recorded_at_their_first_step() {
+    let dir = scratch("resume-override");
+    let corpus = corpus(&dir);
+    let run = dir.join("run");
+    let mut args = common(&corpus, 4);
+    args.extend(["--out".to_string(), run.display().to_string()]);
+    ok(&train(&args), "the run to resume");
+    let fresh = dir.join("fresh");
+    let mut args = common(&corpus, 6);
+    args.extend(["--lr", "0.001", "--out"].map(String::from));
+    args.push(fresh.display().to_string());
+    ok(&train(&args), "a run with the new settings");
+
+    let o = ferrotron(&[
+        "train",
+        "--resume",
+        run.to_str().unwrap(),
+        "--lr",
+        "0.001",
+        "--steps",
+        "6",
+        "--override",
+        "optimizer.lr",
+        "--override",
+        "schedule.steps",
+    ]);
+    ok(&o, "the resumed run with overrides");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains(
+            "from step 5, overridden: optimizer.lr 0.002 -> 0.001, schedule.steps 4 -> 6"
+        ),
+        "{stdout}"
+    );
+    let records = common::records(&run);
+    let overrides: Vec<_> = records
+        .iter()
+        .filter(|r| r.get("override").is_some())
+        .collect();
+    assert_eq!(
+        overrides,
+        [
+            &serde_json::json!({"step": 5, "override": "optimizer.lr", "was": 0.002, "now": 0.001}),
+            &serde_json::json!({"step": 5, "override": "schedule.steps", "was": 4, "now": 6}),
+        ]
+    );
+    let lr = |run: &Path, step: u64| -> f64 {
+        common::step_records(run)
+            .iter()
+            .find(|r| r["step"] == step)
+            .map(|r| r["lr"].as_f64().unwrap())
+            .unwrap()
+    };
+    for step in [5, 6] {
+        assert_eq!(lr(&run, step), lr(&fresh, step), "step {step}");
+    }
+    let config = std::fs::read_to_string(run.join("checkpoints/step-6/config.toml")).unwrap();
+    assert!(
+        config.contains("lr = 0.001") && config.contains("steps = 6"),
+        "{config}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Whether a checkpoint's temporary directory (`checkpoints/.step-N.tmp`)
+/// is in `run`: a write that was cut off.
+fn has_temp_checkpoint(run: &Path) -> bool {
+    std::fs::read_dir(run.join("checkpoints"))
+        .map(|d| {
+            d.flatten()
+                .any(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        })
+        .unwrap_or(false)
+}
+
 /// 20 runs killed with SIGKILL at spread-out moments while they write a
-/// checkpoint every step: `latest` always names a checkpoint that loads.
-/// Then a truncated checkpoint is an error naming its file.
+/// checkpoint every step: each kill lands on a running process (counted
+/// when it cut a write off), `latest` always names a checkpoint that
+/// loads, and a run resumed after them succeeds. Then a truncated
+/// checkpoint is an error naming its file, exit 2.
 #[test]
 fn sigkill_during_checkpoint_writes_always_leaves_a_loadable_latest() {
     use ferrotron_parallel::train::checkpoint::{read_state, resolve};
@@ -312,6 +420,7 @@ fn sigkill_during_checkpoint_writes_always_leaves_a_loadable_latest() {
     args.push(run.display().to_string());
     ok(&train(&args), "the first two steps");
     let run_str = run.display().to_string();
+    let mut mid_write = 0;
     for i in 0..20u64 {
         let mut child = Command::new(env!("CARGO_BIN_EXE_ferrotron"))
             .args([
@@ -320,6 +429,8 @@ fn sigkill_during_checkpoint_writes_always_leaves_a_loadable_latest() {
                 &run_str,
                 "--steps",
                 "100000",
+                "--override",
+                "schedule.steps",
                 "--save-every",
                 "1",
             ])
@@ -329,8 +440,22 @@ fn sigkill_during_checkpoint_writes_always_leaves_a_loadable_latest() {
             .unwrap();
         // 0.3 s to 2.2 s: tokenizer loading, then steps with checkpoint writes.
         std::thread::sleep(Duration::from_millis(300 + (i * 7919) % 1900));
+        // The kill must land on a running process (one that was refused or
+        // crashed would leave `latest` intact without testing anything).
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "kill {i}: the run ended before it was killed"
+        );
         child.kill().unwrap();
-        child.wait().unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9),
+            "kill {i}: {status}"
+        );
+        if has_temp_checkpoint(&run) {
+            mid_write += 1;
+        }
         let latest = resolve(&run).unwrap_or_else(|e| panic!("kill {i}: {e}"));
         let state = read_state(&latest).unwrap_or_else(|e| panic!("kill {i}: {e}"));
         assert!(state.step >= 2, "kill {i}");
@@ -339,12 +464,35 @@ fn sigkill_during_checkpoint_writes_always_leaves_a_loadable_latest() {
         }
     }
     let latest = resolve(&run).unwrap();
+    let steps = read_state(&latest).unwrap().step;
+    eprintln!("20 kills: {mid_write} left a checkpoint half-written; the run reached step {steps}");
+    assert!(
+        steps > 2,
+        "no kill came after a step: the runs never trained"
+    );
+    // A run resumed after the kills succeeds (and removes what a kill left).
+    let o = ferrotron(&[
+        "train",
+        "--resume",
+        &run_str,
+        "--steps",
+        &(steps + 1).to_string(),
+        "--override",
+        "schedule.steps",
+    ]);
+    ok(&o, "the run resumed after 20 kills");
+    assert!(
+        !has_temp_checkpoint(&run),
+        "a half-written checkpoint was left"
+    );
+    let latest = resolve(&run).unwrap();
+    assert_eq!(read_state(&latest).unwrap().step, steps + 1);
     let optimizer = latest.join("optimizer.safetensors");
     let bytes = std::fs::read(&optimizer).unwrap();
     std::fs::write(&optimizer, &bytes[..bytes.len() / 2]).unwrap();
-    let o = ferrotron(&["train", "--resume", &run_str, "--steps", "100000"]);
+    let o = ferrotron(&["train", "--resume", &run_str]);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success());
+    assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("optimizer.safetensors"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

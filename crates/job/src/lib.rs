@@ -24,11 +24,11 @@ pub mod tokens;
 mod validate;
 
 pub use backend::{check_ready, dispatch, parse_backend, BackendTask};
-pub use config::{JobConfig, JobFlags, Key, KEYS, SECTIONS};
+pub use config::{Change, JobConfig, JobFlags, Key, KEYS, SECTIONS};
 pub use error::{ConfigError, Interrupted, UsageError, INTERRUPTED_EXIT};
 pub use job::{Job, PrintReport, Report};
 pub use parallelize::{parallelize, Parallelized};
-pub use resume::Resume;
+pub use resume::{on_resume, OnResume, Resume};
 pub use validate::{ValidJob, World, DEFAULT_WARMUP_STEPS};
 
 /// Samples text from a model (the end-of-run sample of [`Job::run`]).

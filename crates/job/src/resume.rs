@@ -9,7 +9,7 @@ use ferrotron_engine::checkpoint::load_safetensors;
 use ferrotron_engine::data::{self, ShardSet};
 use ferrotron_parallel::train::checkpoint::{self, CheckpointState};
 
-use crate::config::JobConfig;
+use crate::config::{Change, JobConfig, Key, KEYS};
 use crate::error::usage;
 use crate::run_files::{read_run_files, RunRecord, RECORD_FILE};
 use crate::validate::Problems;
@@ -26,6 +26,39 @@ pub struct Resume {
     pub config: JobConfig,
     /// What the run resolved (architecture, global batch, shard set).
     pub record: RunRecord,
+    /// The keys `--override` names.
+    overrides: Vec<String>,
+    /// The changes made under `--override`, once validated.
+    overridden: Vec<Change>,
+}
+
+/// How a key may differ when a run resumes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnResume {
+    /// Never: the checkpoint holds this model, trained on this data in
+    /// this order (`[model]`, `[data]`, `schedule.seq_len`, `schedule.seed`).
+    Kept,
+    /// Freely: it changes how the same steps are computed (the layout,
+    /// micro-batching at the same global batch, recomputation, transport)
+    /// or what is recorded and where (`[parallelism]`, `[checkpoint]`,
+    /// `[metrics]`, the validation cadence), not what is computed.
+    Free,
+    /// Only under `--override KEY`: it changes what the remaining steps
+    /// compute (`[optimizer]`, `schedule.steps` (the learning-rate
+    /// schedule's length), `[precision]`, `[backend]`).
+    Override,
+}
+
+/// How `key` may differ when a run resumes.
+pub fn on_resume(key: &Key) -> OnResume {
+    match (key.section, key.name) {
+        ("model" | "data", _) | ("schedule", "seq_len" | "seed") => OnResume::Kept,
+        ("parallelism" | "checkpoint" | "metrics", _)
+        | ("schedule", "micro_batch" | "grad_accum" | "eval_every" | "eval_batches") => {
+            OnResume::Free
+        }
+        _ => OnResume::Override,
+    }
 }
 
 impl Resume {
@@ -51,40 +84,48 @@ impl Resume {
             state,
             config,
             record,
+            overrides: Vec::new(),
+            overridden: Vec::new(),
         })
     }
 
-    /// Notes settings of `c` (the run's, with the flags given) that would
-    /// change the model, the data the run trains on or its goldfish mask.
-    /// The step count, cadences, the DP and TP sizes and the ZeRO stage may
-    /// change (checkpoints hold whole tensors); the global batch
-    /// (`dp x micro-batch x grad-accum`) may not.
-    pub(crate) fn check(&self, c: &JobConfig, world_size: usize, p: &mut Problems) {
-        let was = &self.config;
-        macro_rules! same {
-            ($($section:ident . $field:ident),* $(,)?) => {$(
-                if c.$section.$field != was.$section.$field {
-                    p.key(stringify!($section), stringify!($field), format!(
-                        "{:?} differs from the run's {:?}; a resumed run keeps its model and data",
-                        c.$section.$field, was.$section.$field
-                    ));
+    /// Allows the keys `keys` (`section.key`, from `--override`) to change
+    /// although they change what the remaining steps compute.
+    pub fn overriding(mut self, keys: Vec<String>) -> Self {
+        self.overrides = keys;
+        self
+    }
+
+    /// The keys changed under `--override` (known once validated).
+    pub fn overridden(&self) -> &[Change] {
+        &self.overridden
+    }
+
+    /// Notes the settings of `c` (the run's, with the flags given) that may
+    /// not change ([`on_resume`]), and `--override` keys that are unknown,
+    /// kept or free; keeps the overridden changes. The global
+    /// batch (`dp x micro-batch x grad-accum`) may not change either, and
+    /// the steps may not end before the checkpoint's.
+    pub(crate) fn check(&mut self, c: &JobConfig, world_size: usize, p: &mut Problems) {
+        let changes = c.changes(&self.config);
+        self.overridden.clear();
+        for change in changes.iter() {
+            let (key, was, now) = (change.key, change.was_text(), change.now_text());
+            match on_resume(key) {
+                OnResume::Free => {}
+                OnResume::Kept => p.key(key.section, key.name, format!(
+                    "{now} differs from the run's {was}; a resumed run keeps its model and data"
+                )),
+                OnResume::Override if self.overrides.contains(&key.path()) => {
+                    self.overridden.push(change.clone())
                 }
-            )*};
+                OnResume::Override => p.key(key.section, key.name, format!(
+                    "{now} differs from the run's {was}, which changes how the run continues; pass --override {} to change it",
+                    key.path()
+                )),
+            }
         }
-        same!(
-            model.name,
-            model.vocab_size,
-            model.max_seq_len,
-            model.hf_dir,
-            schedule.seq_len,
-            schedule.seed,
-            data.corpus,
-            data.shards,
-            data.val_fraction,
-            data.goldfish_k,
-            data.goldfish_context,
-            backend.kernels,
-        );
+        self.check_overrides(p);
         let par = &c.parallelism;
         let dp_now = par.dp.unwrap_or(world_size / (par.tp * par.pp).max(1));
         let now = dp_now * c.schedule.micro_batch * c.schedule.grad_accum;
@@ -103,6 +144,28 @@ impl Resume {
                     c.schedule.steps, self.state.step
                 ),
             );
+        }
+    }
+
+    /// Each `--override` key must name a key of the override class (it may
+    /// stay unchanged: a requeued job repeats its command line).
+    fn check_overrides(&self, p: &mut Problems) {
+        for path in &self.overrides {
+            let Some(key) = KEYS.iter().find(|k| k.path() == *path) else {
+                p.other(
+                    format!("--override {path}"),
+                    "no such key; keys are section.key, e.g. optimizer.lr (see --print-config)",
+                );
+                continue;
+            };
+            let problem = match on_resume(key) {
+                OnResume::Kept => "a resumed run keeps its model and data; start a new run instead",
+                OnResume::Free => "it may change without --override",
+                // Unchanged is fine: a requeued job repeats its command
+                // line after its first resume took the change.
+                OnResume::Override => continue,
+            };
+            p.other(format!("--override {path}"), problem);
         }
     }
 

@@ -86,6 +86,21 @@ pub struct ValRecord {
     pub val_loss: f64,
 }
 
+/// A setting a resumed run changed under `--override`, recorded once, at
+/// the first step that uses the new value.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OverrideRecord {
+    /// The first optimizer step (1-based) computed with the new value.
+    pub step: usize,
+    /// The key, `section.key` (`optimizer.lr`).
+    #[serde(rename = "override")]
+    pub key: String,
+    /// Its value before (`null`: unset).
+    pub was: serde_json::Value,
+    /// Its value from `step` on.
+    pub now: serde_json::Value,
+}
+
 /// Appends records to a `metrics.jsonl` file, flushing after each line.
 pub struct MetricsWriter {
     out: BufWriter<File>,

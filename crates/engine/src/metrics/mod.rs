@@ -14,7 +14,7 @@ mod plot;
 pub use device::{device_spec, DeviceSpec, DEVICES};
 pub use energy::{EnergyMeter, EnergyProbe};
 pub use heap::{heap_bytes, CountingAllocator, HeapWindow};
-pub use jsonl::{MetricsWriter, StepRecord, ValRecord};
+pub use jsonl::{MetricsWriter, OverrideRecord, StepRecord, ValRecord};
 pub use memory::{machine_memory_bytes, MemoryBytes};
 pub use peak::{measure_matmul_flops, peak_flops_for, PEAK_FLOPS_TABLE};
 pub use pipeline::PipelineTimes;

@@ -12,12 +12,14 @@
 //! assert_eq!(JobConfig::from_toml_str(&text, "again.toml").unwrap(), job);
 //! ```
 
+mod change;
 mod choices;
 mod sections;
 mod table;
 
 use std::path::Path;
 
+pub use change::Change;
 pub use choices::{CommChoice, OnNonFinite, PpSchedule};
 pub use sections::*;
 

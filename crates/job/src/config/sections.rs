@@ -9,7 +9,7 @@ use ferrotron_parallel::zero::ZeroStage;
 
 use super::choices::{CommChoice, OnNonFinite, PpSchedule};
 use super::table::job_sections;
-use super::Key;
+use super::{Change, Key};
 
 job_sections! {
     /// `[model]`: which model is trained.

@@ -99,6 +99,22 @@ macro_rules! job_sections {
             }
         }
 
+        impl JobConfig {
+            /// The keys whose values differ between `self` and `was`, in
+            /// the order of [`KEYS`], with both values.
+            pub fn changes(&self, was: &JobConfig) -> Vec<Change> {
+                let mut changed = Vec::new();
+                let mut keys = KEYS.iter();
+                $($(
+                    let key = keys.next().expect("one key per field");
+                    if self.$section.$field != was.$section.$field {
+                        changed.push(Change::new(key, &was.$section.$field, &self.$section.$field));
+                    }
+                )*)*
+                changed
+            }
+        }
+
         /// Every key of [`JobConfig`], in the order of the sections.
         pub const KEYS: &[Key] = &[
             $($( Key { section: stringify!($section), name: stringify!($field), flag_field: stringify!($flag) }, )*)*

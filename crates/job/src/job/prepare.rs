@@ -191,9 +191,11 @@ fn initial_weights(
     match &job.resume {
         Some(r) => {
             let name = r.dir.join("model.safetensors").display().to_string();
+            // A damaged checkpoint is bad input: exit 2, naming the file.
+            let bad = |e: anyhow::Error| usage(format!("--resume: {e:#}"));
             Ok((
-                Some((r.model()?, name)),
-                Some((r.state.clone(), r.moments()?, r.dir.clone())),
+                Some((r.model().map_err(bad)?, name)),
+                Some((r.state.clone(), r.moments().map_err(bad)?, r.dir.clone())),
             ))
         }
         None => {

@@ -5,9 +5,11 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
+use anyhow::Context;
+
 use ferrotron_engine::backend::BackendKind;
 use ferrotron_engine::data::{self, BatchSampler, TokenSource};
-use ferrotron_engine::metrics;
+use ferrotron_engine::metrics::{self, MetricsWriter, OverrideRecord};
 use ferrotron_engine::params::load_named_tensors;
 use ferrotron_engine::precision::Precision;
 use ferrotron_models::ops::TrainBackend;
@@ -86,6 +88,41 @@ impl TrainTask<'_> {
             ));
         }
         Ok(trainer)
+    }
+
+    /// Rank 0 records the settings a resumed run changed under
+    /// `--override`: in `metrics.jsonl`, at the first step that uses them,
+    /// and in the log.
+    fn record_overrides(&mut self) -> anyhow::Result<()> {
+        let Some(r) = &self.job.resume else {
+            return Ok(());
+        };
+        if self.comm.rank() != 0 || r.overridden().is_empty() {
+            return Ok(());
+        }
+        let step = r.state.step + 1;
+        let path = self.job.out.join("metrics.jsonl");
+        let mut metrics =
+            MetricsWriter::append(&path).with_context(|| format!("opening {}", path.display()))?;
+        let mut said = Vec::new();
+        for c in r.overridden() {
+            metrics
+                .write(&OverrideRecord {
+                    step,
+                    key: c.key.path(),
+                    was: c.was.clone(),
+                    now: c.now.clone(),
+                })
+                .with_context(|| format!("writing {}", path.display()))?;
+            said.push(format!(
+                "{} {} -> {}",
+                c.key.path(),
+                c.was_text(),
+                c.now_text()
+            ));
+        }
+        self.say(format!("from step {step}, overridden: {}", said.join(", ")));
+        Ok(())
     }
 
     /// The training loop's plan.
@@ -167,6 +204,7 @@ impl BackendTask for TrainTask<'_> {
             c.schedule.eval_batches,
         );
         let mut trainer = self.trainer::<B>(&device)?;
+        self.record_overrides()?;
         let peak = match self.job.peak_flops {
             Some(p) => p,
             None => {

@@ -159,13 +159,13 @@ impl Resume {
 fn validate(
     mut config: JobConfig,
     world: &World,
-    resume: Option<Resume>,
+    mut resume: Option<Resume>,
     explicit: Option<DecoderConfig>,
     here: Here,
 ) -> Result<ValidJob, Vec<ConfigError>> {
     let mut p = Problems::default();
     fields::check_fields(&config, &mut p);
-    if let Some(r) = &resume {
+    if let Some(r) = &mut resume {
         r.check(&config, world.world_size, &mut p);
     }
     let backend = layout::backend(&config, here, &mut p);
@@ -188,7 +188,8 @@ fn validate(
         return Err(p.0);
     };
     layout::check_with_model(&config, kind, &mesh, &mut model, here, &mut p, &mut notes);
-    output::check_outputs(&config, &model, &out, &mut p);
+    let writer = here == Here::Yes && world.rank == 0;
+    output::check_outputs(&config, &model, &out, writer, &mut p);
     if !p.0.is_empty() {
         return Err(p.0);
     }

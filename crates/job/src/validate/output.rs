@@ -33,6 +33,9 @@ pub(super) fn run_dir(
                 format!("with --resume: the run's directory is {}", r.run.display()),
             );
         }
+        if here == Here::Yes && world.rank == 0 {
+            probe("checkpoint", "out", &r.run, p);
+        }
         return Some(r.run.clone());
     }
     if world.world_size > 1 && out.is_none() {
@@ -56,13 +59,26 @@ pub(super) fn run_dir(
             ),
         );
     }
+    if here == Here::Yes && world.rank == 0 {
+        probe("checkpoint", "out", &dir, p);
+    }
     Some(dir)
 }
 
-/// Checks the export (`checkpoint.hf_out`) and that no output overlaps
-/// another or replaces an input.
-pub(super) fn check_outputs(c: &JobConfig, model: &DecoderConfig, out: &Path, p: &mut Problems) {
+/// Checks the export (`checkpoint.hf_out`; on rank 0 of a job that runs
+/// here, that it can be written) and that no output overlaps another or
+/// replaces an input.
+pub(super) fn check_outputs(
+    c: &JobConfig,
+    model: &DecoderConfig,
+    out: &Path,
+    writer: bool,
+    p: &mut Problems,
+) {
     if let Some(dir) = &c.checkpoint.hf_out {
+        if writer {
+            probe("checkpoint", "hf_out", dir, p);
+        }
         if let Err(e) = Family::of(model) {
             p.key("checkpoint", "hf_out", format!("{}: {e}", dir.display()));
         }
@@ -78,6 +94,38 @@ pub(super) fn check_outputs(c: &JobConfig, model: &DecoderConfig, out: &Path, p:
         }
     }
     paths_apart(c, out, p);
+}
+
+/// Notes a problem of `section.key` when the directory `dir` could not be
+/// created and written: the nearest of it and its ancestors that exists
+/// must be a directory that takes a new file (one is created and removed
+/// at once), so a read-only or missing file system is found before
+/// training rather than at the first checkpoint.
+fn probe(section: &str, key: &str, dir: &Path, p: &mut Problems) {
+    let mut at = dir;
+    while !at.exists() {
+        at = match at.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent,
+            _ => Path::new("."),
+        };
+    }
+    let problem = if !at.is_dir() {
+        format!("{}: {} is not a directory", dir.display(), at.display())
+    } else {
+        let file = at.join(format!(".ferrotron-write-probe-{}", std::process::id()));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&file)
+        {
+            Ok(_) => {
+                let _ = std::fs::remove_file(&file);
+                return;
+            }
+            Err(e) => format!("{}: cannot write in {}: {e}", dir.display(), at.display()),
+        }
+    };
+    p.key(section, key, problem);
 }
 
 /// Whether `dir` is missing or empty.

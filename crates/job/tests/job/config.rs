@@ -146,3 +146,70 @@ fn every_key_has_a_distinct_flag() {
     flags.dedup();
     assert_eq!(flags.len(), n);
 }
+
+#[test]
+fn changes_lists_the_keys_that_differ_with_both_values() {
+    let was = JobConfig::default();
+    let mut now = was.clone();
+    now.optimizer.lr = 1e-3;
+    now.parallelism.dp = Some(2);
+    now.backend.kernels = Some(ferrotron_models::Kernels::Reference);
+    let changes = now.changes(&was);
+    let got: Vec<(String, String, String)> = changes
+        .iter()
+        .map(|c| (c.key.path(), c.was_text(), c.now_text()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("optimizer.lr".into(), "0.002".into(), "0.001".into()),
+            ("parallelism.dp".into(), "unset".into(), "2".into()),
+            ("backend.kernels".into(), "unset".into(), "reference".into()),
+        ]
+    );
+    assert!(was.changes(&was).is_empty());
+}
+
+/// docs/checkpoints.md's table of what may change on `--resume` lists each
+/// key (by itself or by its `[section]`) in the row of its class, as
+/// `on_resume` decides it, and every key is listed.
+#[test]
+fn the_resume_classes_in_the_docs_are_those_of_on_resume() {
+    use ferrotron_job::{on_resume, OnResume, KEYS};
+    let page = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/checkpoints.md"),
+    )
+    .unwrap();
+    let row = |class: &str| -> Vec<String> {
+        let line = page
+            .lines()
+            .find(|l| l.starts_with(&format!("| {class} |")))
+            .unwrap_or_else(|| panic!("docs/checkpoints.md has no '| {class} |' row"));
+        let keys = line.split('|').nth(2).unwrap();
+        keys.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect()
+    };
+    let rows = [
+        (OnResume::Free, row("free")),
+        (OnResume::Override, row("override")),
+        (OnResume::Kept, row("kept")),
+    ];
+    for key in KEYS {
+        let listed: Vec<OnResume> = rows
+            .iter()
+            .filter(|(_, names)| {
+                names.contains(&key.path()) || names.contains(&format!("[{}]", key.section))
+            })
+            .map(|(class, _)| *class)
+            .collect();
+        assert_eq!(
+            listed,
+            [on_resume(key)],
+            "{}: docs/checkpoints.md lists it under {listed:?}",
+            key.path()
+        );
+    }
+}

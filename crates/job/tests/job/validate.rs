@@ -129,3 +129,42 @@ fn every_job_file_in_configs_validates() {
     }
     assert!(seen >= 5, "only {seen} job files in {}", dir.display());
 }
+
+/// Outputs that cannot be written are found by validation, naming the key,
+/// and the probe leaves nothing behind: /proc takes no new file, even as
+/// root (file permissions would not stop root).
+#[test]
+fn outputs_that_cannot_be_written_are_refused_before_training() {
+    let mut job = JobConfig::default();
+    job.checkpoint.out = Some("/proc/ferrotron-run/new".into());
+    job.checkpoint.hf_out = Some("/proc/ferrotron-export".into());
+    let lines: Vec<String> = job
+        .validate(&World::SINGLE)
+        .err()
+        .expect("refused")
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(
+        lines[0]
+            .starts_with("checkpoint.out: --out /proc/ferrotron-run/new: cannot write in /proc"),
+        "{lines:?}"
+    );
+    assert!(
+        lines[1].starts_with(
+            "checkpoint.hf_out: --hf-out /proc/ferrotron-export: cannot write in /proc"
+        ),
+        "{lines:?}"
+    );
+
+    // A writable place passes, and the probe file is gone.
+    let dir = std::env::temp_dir().join(format!("ferrotron-job-probe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut job = JobConfig::default();
+    job.checkpoint.out = Some(dir.join("run"));
+    job.checkpoint.hf_out = Some(dir.join("export"));
+    job.validate(&World::SINGLE).unwrap();
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+    std::fs::remove_dir(&dir).unwrap();
+}
