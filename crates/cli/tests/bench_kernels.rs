@@ -8,17 +8,19 @@
 
 use std::process::Command;
 
+use ferrotron_test_support::deadline;
+
 #[cfg(feature = "kernels-bench")]
 #[test]
 fn quick_bench_writes_a_json_row_per_kernel_with_positive_times() {
     let json = std::env::temp_dir().join(format!("ferrotron-bench-{}.json", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_ferrotron"))
-        .args(["bench", "kernels", "--quick", "--reps", "1", "--json"])
-        .arg(&json)
-        // The autotune level is chosen for the adapter by the binary.
-        .env_remove("CUBECL_AUTOTUNE_LEVEL")
-        .output()
-        .expect("the binary runs");
+    let out = deadline::output(
+        Command::new(env!("CARGO_BIN_EXE_ferrotron"))
+            .args(["bench", "kernels", "--quick", "--reps", "1", "--json"])
+            .arg(&json)
+            // The autotune level is chosen for the adapter by the binary.
+            .env_remove("CUBECL_AUTOTUNE_LEVEL"),
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench failed: {stderr}");
     assert!(
@@ -106,22 +108,22 @@ fn the_cmma_kernel_runs_when_named_and_says_where_it_cannot() {
     // reason the fused path is absent.
     let json =
         std::env::temp_dir().join(format!("ferrotron-bench-cmma-{}.json", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_ferrotron"))
-        .args([
-            "bench",
-            "kernels",
-            "--quick",
-            "--reps",
-            "1",
-            "--backends",
-            "wgpu",
-        ])
-        .arg("--only")
-        .arg("attention_cmma_bf16")
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("the binary runs");
+    let out = deadline::output(
+        Command::new(env!("CARGO_BIN_EXE_ferrotron"))
+            .args([
+                "bench",
+                "kernels",
+                "--quick",
+                "--reps",
+                "1",
+                "--backends",
+                "wgpu",
+            ])
+            .arg("--only")
+            .arg("attention_cmma_bf16")
+            .arg("--json")
+            .arg(&json),
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench failed: {stderr}");
     let doc: serde_json::Value =
@@ -146,10 +148,13 @@ fn the_cmma_kernel_runs_when_named_and_says_where_it_cannot() {
 #[cfg(feature = "kernels-bench")]
 #[test]
 fn a_backend_not_compiled_in_is_refused_by_name() {
-    let out = Command::new(env!("CARGO_BIN_EXE_ferrotron"))
-        .args(["bench", "kernels", "--quick", "--backends", "flex,metal"])
-        .output()
-        .expect("the binary runs");
+    let out = deadline::output(Command::new(env!("CARGO_BIN_EXE_ferrotron")).args([
+        "bench",
+        "kernels",
+        "--quick",
+        "--backends",
+        "flex,metal",
+    ]));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("--backends metal"), "{stderr}");
@@ -160,10 +165,9 @@ fn a_backend_not_compiled_in_is_refused_by_name() {
 #[test]
 fn bench_kernels_without_the_feature_exits_2_naming_it() {
     println!("skipped the quick benchmark: built without --features kernels-bench");
-    let out = Command::new(env!("CARGO_BIN_EXE_ferrotron"))
-        .args(["bench", "kernels", "--quick"])
-        .output()
-        .expect("the binary runs");
+    let out = deadline::output(
+        Command::new(env!("CARGO_BIN_EXE_ferrotron")).args(["bench", "kernels", "--quick"]),
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");

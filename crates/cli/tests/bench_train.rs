@@ -7,13 +7,12 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use ferrotron_test_support::deadline;
+
 use serde_json::Value;
 
 fn ferrotron(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferrotron"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
+    deadline::output(Command::new(env!("CARGO_BIN_EXE_ferrotron")).args(args))
 }
 
 /// `name` in a directory of its own for `test` (tests run in parallel).

@@ -3,11 +3,10 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use ferrotron_test_support::deadline;
+
 fn ferrotron(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferrotron"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
+    deadline::output(Command::new(env!("CARGO_BIN_EXE_ferrotron")).args(args))
 }
 
 fn scratch(name: &str) -> PathBuf {
@@ -363,17 +362,17 @@ fn train_writes_a_complete_run_directory_and_generate_reads_it() {
     }
     assert!(stdout.contains("--- sample ---"), "{stdout}");
 
-    let g = Command::new(env!("CARGO_BIN_EXE_ferrotron"))
-        .args([
-            "generate",
-            "--run",
-            out.to_str().unwrap(),
-            "--prompt",
-            "The cat",
-        ])
-        .args(["--max-new-tokens", "8", "--temperature", "0"])
-        .output()
-        .unwrap();
+    let g = deadline::output(
+        Command::new(env!("CARGO_BIN_EXE_ferrotron"))
+            .args([
+                "generate",
+                "--run",
+                out.to_str().unwrap(),
+                "--prompt",
+                "The cat",
+            ])
+            .args(["--max-new-tokens", "8", "--temperature", "0"]),
+    );
     assert!(g.status.success(), "{}", String::from_utf8_lossy(&g.stderr));
     assert!(String::from_utf8_lossy(&g.stdout).starts_with("The cat"));
 

@@ -15,8 +15,6 @@ use std::time::Duration;
 use ferrotron_engine::checkpoint::load_safetensors;
 
 mod common;
-#[path = "../../../tests/support/deadline.rs"]
-mod deadline;
 #[path = "common/mpirun.rs"]
 mod mpirun;
 

@@ -5,14 +5,13 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use ferrotron_test_support::deadline;
+
 use burn::tensor::TensorData;
 use ferrotron_engine::checkpoint::{load_safetensors, save_safetensors};
 
 fn ferrotron(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferrotron"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
+    deadline::output(Command::new(env!("CARGO_BIN_EXE_ferrotron")).args(args))
 }
 
 fn fixture(name: &str) -> PathBuf {

@@ -12,8 +12,6 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 mod common;
-#[path = "../../../tests/support/deadline.rs"]
-mod deadline;
 #[path = "common/mpirun.rs"]
 mod mpirun;
 

@@ -19,12 +19,11 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 mod common;
-#[path = "../../../tests/support/deadline.rs"]
-mod deadline;
+use ferrotron_test_support::deadline;
+use ferrotron_test_support::skip::skip;
 #[path = "common/mpirun.rs"]
 mod mpirun;
-#[path = "../../../tests/support/nccl_double.rs"]
-mod nccl_double;
+use ferrotron_test_support::nccl_double;
 
 use common::{corpus, max_weight_rel_err, scratch, step_losses};
 use mpirun::{ferrotron_on, RunFlags, DEADLINE};
@@ -58,7 +57,7 @@ fn text(o: &Output) -> String {
 /// compares losses and weights.
 fn dp2_through_nccl_matches_single_rank(model: &str) {
     if !cfg!(feature = "mpi") {
-        eprintln!("SKIPPED: ferrotron was built without the `mpi` feature; run `cargo test -p ferrotron-cli --features mpi`");
+        skip("ferrotron was built without the `mpi` feature; run `cargo test -p ferrotron-cli --features mpi`");
         return;
     }
     let lib = nccl_double::library();

@@ -18,8 +18,7 @@ use std::process::Command;
 use std::time::Duration;
 
 mod common;
-#[path = "../../../tests/support/deadline.rs"]
-mod deadline;
+use ferrotron_test_support::deadline;
 #[path = "common/equivalence.rs"]
 mod equivalence;
 #[path = "common/mpirun.rs"]

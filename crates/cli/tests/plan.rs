@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod common;
-#[path = "../../../tests/support/deadline.rs"]
-mod deadline;
+use ferrotron_test_support::deadline;
+use ferrotron_test_support::skip::skip;
 #[path = "common/mpirun.rs"]
 mod mpirun;
 
@@ -28,10 +28,7 @@ use common::{corpus, plan_cpu_args, scratch, step_records};
 use mpirun::{ferrotron_on, DEADLINE};
 
 fn ferrotron(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferrotron"))
-        .args(args)
-        .output()
-        .unwrap()
+    deadline::output(Command::new(env!("CARGO_BIN_EXE_ferrotron")).args(args))
 }
 
 /// `ferrotron train ARGS` on `ranks` processes (1: no mpirun), under the
@@ -138,9 +135,7 @@ fn planned_memory_classes_equal_the_measured_ones_on_one_rank_dp2_zero_0_to_3_an
                 runs.push((4, zero, format!("dp2-tp1-pp2-z{zero}-mb{MICRO}-none")));
             }
         } else {
-            eprintln!(
-                "SKIPPED the dp2 and pp2 runs: ferrotron was built without the `mpi` feature"
-            );
+            skip("the dp2 and pp2 runs: ferrotron was built without the `mpi` feature");
         }
         for (ranks, zero, label) in runs {
             let out: PathBuf = dir.join(format!("{model}-{label}"));
@@ -206,7 +201,7 @@ fn planned_memory_classes_equal_the_measured_ones_on_one_rank_dp2_zero_0_to_3_an
 #[test]
 fn the_today_column_is_what_train_accepts() {
     if !cfg!(feature = "mpi") {
-        eprintln!("SKIPPED: ferrotron was built without the `mpi` feature (2- and 4-rank runs)");
+        skip("ferrotron was built without the `mpi` feature (2- and 4-rank runs)");
         return;
     }
     let dir = scratch("plan-today");

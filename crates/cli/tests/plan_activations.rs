@@ -10,6 +10,8 @@
 
 use std::process::Command;
 
+use ferrotron_test_support::deadline;
+
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::{Int, Tensor, TensorData};
 use ferrotron_engine::lm::CausalLm;
@@ -55,11 +57,11 @@ fn stored_by_forward(model: &str, batch: usize, seq: usize) -> f64 {
 /// CPU rank under the activation model `activations`.
 fn planned(model: &str, batch: usize, seq: usize, activations: &str) -> f64 {
     let label = format!("dp1-tp1-pp1-z0-mb{batch}-none");
-    let out = Command::new(env!("CARGO_BIN_EXE_ferrotron"))
-        .args(plan_cpu_args(model, VOCAB, 1, batch, seq))
-        .args(["--explain", &label, "--json", "--activations", activations])
-        .output()
-        .unwrap();
+    let out = deadline::output(
+        Command::new(env!("CARGO_BIN_EXE_ferrotron"))
+            .args(plan_cpu_args(model, VOCAB, 1, batch, seq))
+            .args(["--explain", &label, "--json", "--activations", activations]),
+    );
     assert!(
         out.status.success(),
         "{}",

@@ -5,15 +5,14 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use ferrotron_test_support::deadline;
+
 mod common;
 
 use common::{scratch, step_records};
 
 fn ferrotron(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferrotron"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
+    deadline::output(Command::new(env!("CARGO_BIN_EXE_ferrotron")).args(args))
 }
 
 /// A corpus of a few thousand words (a tokenizer of 300 trains in well

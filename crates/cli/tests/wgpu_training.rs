@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod common;
-#[path = "../../../tests/support/deadline.rs"]
-mod deadline;
+use ferrotron_test_support::deadline;
+use ferrotron_test_support::skip::skip;
 #[path = "common/equivalence.rs"]
 mod equivalence;
 #[path = "common/mpirun.rs"]
@@ -38,9 +38,9 @@ const STEP_TOLERANCE: f64 = 1e-4;
 /// `false` (and a printed reason) when the binary has no wgpu backend.
 fn wgpu_built() -> bool {
     if !cfg!(feature = "wgpu") {
-        eprintln!(
-            "SKIPPED: ferrotron was built without the `wgpu` feature; run `scripts/test --mpi` \
-             (or `cargo test -p ferrotron-cli --features wgpu`)"
+        skip(
+            "ferrotron was built without the `wgpu` feature; run `scripts/test --mpi` \
+             (or `cargo test -p ferrotron-cli --features wgpu`)",
         );
     }
     cfg!(feature = "wgpu")
@@ -102,39 +102,39 @@ fn bench_train_measures_wgpu_beside_flex() {
     let dir = scratch("wgpu-bench-train");
     let json = dir.join("bench.json");
     // Head dimension 32 and grouped queries, as llama-mini's.
-    let out = Command::new(env!("CARGO_BIN_EXE_ferrotron"))
-        .args([
-            "bench",
-            "train",
-            "--family",
-            "llama",
-            "--layers",
-            "1",
-            "--hidden",
-            "64",
-            "--heads",
-            "2",
-            "--kv-heads",
-            "1",
-            "--ffn",
-            "96",
-            "--vocab",
-            "64",
-            "--batch",
-            "2",
-            "--seq",
-            "16",
-            "--warmup",
-            "1",
-            "--steps",
-            "1",
-            "--backends",
-            "flex,wgpu",
-            "--json",
-        ])
-        .arg(&json)
-        .output()
-        .expect("the binary runs");
+    let out = deadline::output(
+        Command::new(env!("CARGO_BIN_EXE_ferrotron"))
+            .args([
+                "bench",
+                "train",
+                "--family",
+                "llama",
+                "--layers",
+                "1",
+                "--hidden",
+                "64",
+                "--heads",
+                "2",
+                "--kv-heads",
+                "1",
+                "--ffn",
+                "96",
+                "--vocab",
+                "64",
+                "--batch",
+                "2",
+                "--seq",
+                "16",
+                "--warmup",
+                "1",
+                "--steps",
+                "1",
+                "--backends",
+                "flex,wgpu",
+                "--json",
+            ])
+            .arg(&json),
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench train failed: {stderr}");
     let doc: serde_json::Value =

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 #[cfg(feature = "mpi")]
 mod contract;
-#[path = "../../../tests/support/deadline.rs"]
-mod deadline;
+use ferrotron_test_support::deadline;
+use ferrotron_test_support::skip::skip;
 
 /// When a job that never ends is killed (one job takes seconds).
 const DEADLINE: Duration = Duration::from_secs(300);
@@ -21,7 +21,7 @@ const DEADLINE: Duration = Duration::from_secs(300);
 #[test]
 fn mpi_communicator_operations_are_correct_on_2_3_and_4_ranks() {
     if !cfg!(feature = "mpi") {
-        eprintln!("SKIPPED: built without the `mpi` feature; run `cargo test -p ferrotron-parallel --features mpi`");
+        skip("built without the `mpi` feature; run `cargo test -p ferrotron-parallel --features mpi`");
         return;
     }
     let exe = std::env::current_exe().unwrap();

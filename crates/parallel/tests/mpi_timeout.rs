@@ -11,8 +11,8 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-#[path = "../../../tests/support/deadline.rs"]
-mod deadline;
+use ferrotron_test_support::deadline;
+use ferrotron_test_support::skip::skip;
 
 /// The job must end well before the hanging rank would wake up.
 const BOUND: Duration = Duration::from_secs(20);
@@ -50,7 +50,7 @@ fn mpirun_3(worker: &str) -> (bool, String, Duration) {
 #[test]
 fn a_rank_that_hangs_past_the_timeout_is_named_and_the_job_ends() {
     if !cfg!(feature = "mpi") {
-        eprintln!("SKIPPED: built without the `mpi` feature; run `cargo test -p ferrotron-parallel --features mpi`");
+        skip("built without the `mpi` feature; run `cargo test -p ferrotron-parallel --features mpi`");
         return;
     }
     let (ok, text, took) = mpirun_3("hanging_rank_worker");
@@ -68,7 +68,7 @@ fn a_rank_that_hangs_past_the_timeout_is_named_and_the_job_ends() {
 #[test]
 fn a_rank_that_exits_abruptly_ends_the_job() {
     if !cfg!(feature = "mpi") {
-        eprintln!("SKIPPED: built without the `mpi` feature; run `cargo test -p ferrotron-parallel --features mpi`");
+        skip("built without the `mpi` feature; run `cargo test -p ferrotron-parallel --features mpi`");
         return;
     }
     let (ok, text, took) = mpirun_3("exiting_rank_worker");

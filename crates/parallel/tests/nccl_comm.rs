@@ -14,10 +14,9 @@ use std::time::Duration;
 
 #[cfg(feature = "mpi")]
 mod contract;
-#[path = "../../../tests/support/deadline.rs"]
-mod deadline;
-#[path = "../../../tests/support/nccl_double.rs"]
-mod nccl_double;
+use ferrotron_test_support::deadline;
+use ferrotron_test_support::nccl_double;
+use ferrotron_test_support::skip::skip;
 
 /// When a job that never ends is killed (one job takes seconds).
 const DEADLINE: Duration = Duration::from_secs(300);
@@ -25,7 +24,7 @@ const DEADLINE: Duration = Duration::from_secs(300);
 /// `false` (and a printed reason) without the `mpi` feature.
 fn mpi_built() -> bool {
     if !cfg!(feature = "mpi") {
-        eprintln!("SKIPPED: built without the `mpi` feature; run `cargo test -p ferrotron-parallel --features mpi`");
+        skip("built without the `mpi` feature; run `cargo test -p ferrotron-parallel --features mpi`");
     }
     cfg!(feature = "mpi")
 }

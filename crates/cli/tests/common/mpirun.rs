@@ -8,7 +8,8 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use crate::deadline;
+use ferrotron_test_support::deadline;
+use ferrotron_test_support::skip::skip;
 
 /// When a training run that never ends is killed: far beyond a normal run,
 /// even on 2 shared cores.
@@ -17,9 +18,7 @@ pub const DEADLINE: Duration = Duration::from_secs(900);
 /// `false` (and a printed reason) when the binary has no MPI support.
 pub fn mpi_built() -> bool {
     if !cfg!(feature = "mpi") {
-        eprintln!(
-            "SKIPPED: ferrotron was built without the `mpi` feature; run `cargo test -p ferrotron-cli --features mpi`"
-        );
+        skip("ferrotron was built without the `mpi` feature; run `cargo test -p ferrotron-cli --features mpi`");
     }
     cfg!(feature = "mpi")
 }

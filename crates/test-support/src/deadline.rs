@@ -6,14 +6,22 @@
 //! The child runs in its own process group, so `mpirun`, its daemons and
 //! its ranks are killed together: killing `mpirun` alone would leave ranks
 //! holding the output pipes open, and reading them would hang in turn.
-//! Shared by the test crates through `#[path]` (`crates/*/tests`).
-#![allow(dead_code)] // each test binary uses a different subset
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Output, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// The deadline of [`output`]: longer than any single test process runs.
+pub const DEFAULT: Duration = Duration::from_secs(600);
+
+/// [`output_within`] with the [`DEFAULT`] deadline; panics naming the
+/// command if it cannot start.
+pub fn output(cmd: &mut Command) -> Output {
+    let what = format!("{cmd:?}");
+    output_within(cmd, DEFAULT).unwrap_or_else(|e| panic!("{what} could not start: {e}"))
+}
 
 /// Runs `cmd` like `Command::output`, but if it has not ended after
 /// `deadline`, kills its process group and panics with the command, the
@@ -86,33 +94,38 @@ fn kill_group(child: &Child) {
         .status();
 }
 
-#[test]
-fn a_child_past_its_deadline_is_killed_with_its_descendants_and_fails_the_test() {
-    // The background `sleep` holds the output pipe open: only killing the
-    // whole group lets the reads end.
-    let started = Instant::now();
-    let result = std::panic::catch_unwind(|| {
-        output_within(
-            Command::new("sh").args(["-c", "echo started; sleep 30 & sleep 30"]),
-            Duration::from_millis(500),
-        )
-    });
-    let message = *result
-        .expect_err("a hang must fail")
-        .downcast::<String>()
-        .unwrap();
-    assert!(message.contains("killed its process group"), "{message}");
-    assert!(message.contains("started"), "{message}");
-    assert!(started.elapsed() < Duration::from_secs(10));
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    let o = output_within(
-        Command::new("sh").args(["-c", "echo out; echo err >&2; exit 3"]),
-        Duration::from_secs(60),
-    )
-    .unwrap();
-    assert_eq!(o.status.code(), Some(3));
-    assert_eq!(
-        (&o.stdout[..], &o.stderr[..]),
-        (&b"out\n"[..], &b"err\n"[..])
-    );
+    #[test]
+    fn a_child_past_its_deadline_is_killed_with_its_descendants_and_fails_the_test() {
+        // The background `sleep` holds the output pipe open: only killing the
+        // whole group lets the reads end.
+        let started = Instant::now();
+        let result = std::panic::catch_unwind(|| {
+            output_within(
+                Command::new("sh").args(["-c", "echo started; sleep 30 & sleep 30"]),
+                Duration::from_millis(500),
+            )
+        });
+        let message = *result
+            .expect_err("a hang must fail")
+            .downcast::<String>()
+            .unwrap();
+        assert!(message.contains("killed its process group"), "{message}");
+        assert!(message.contains("started"), "{message}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+
+        let o = output_within(
+            Command::new("sh").args(["-c", "echo out; echo err >&2; exit 3"]),
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        assert_eq!(o.status.code(), Some(3));
+        assert_eq!(
+            (&o.stdout[..], &o.stderr[..]),
+            (&b"out\n"[..], &b"err\n"[..])
+        );
+    }
 }

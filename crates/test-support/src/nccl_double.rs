@@ -1,8 +1,6 @@
 //! Where the NCCL test double (`crates/nccl-double`) is for a test run.
 //! Cargo builds it before the tests of the crates that name it as a
 //! dev-dependency, next to their test executables (`target/debug/deps`).
-//! Shared by the test crates through `#[path]` (`crates/*/tests`).
-#![allow(dead_code)] // each test binary uses a different subset
 
 use std::path::PathBuf;
 
