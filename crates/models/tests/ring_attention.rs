@@ -187,8 +187,8 @@ fn simulated(kernel: &HostBlockAttention, cp: usize, whole: &[HeadBuf; 4]) -> [H
         .each_ref()
         .map(|x| (0..cp).map(|r| part(layout, x, r)).collect::<Vec<_>>());
     let mut outs = Vec::new();
-    for r in 0..cp {
-        let mut state = RingForward::new(kernel, layout, r, &qs[r]);
+    for (r, q) in qs.iter().enumerate() {
+        let mut state = RingForward::new(kernel, layout, r, q);
         for t in 0..cp {
             let s = source(r, t, cp);
             state.step(s, &ks[s], &vs[s]);

@@ -164,8 +164,8 @@ fn simulated(
     let [qs, ks, vs, gs]: [Vec<HeadBuf>; 4] =
         [q, k, v, d_out].map(|x| (0..cp).map(|r| part(x, r)).collect());
     let mut outs = Vec::new();
-    for r in 0..cp {
-        let mut state = RingForward::new(kernel, layout, r, &qs[r]);
+    for (r, q) in qs.iter().enumerate() {
+        let mut state = RingForward::new(kernel, layout, r, q);
         for t in 0..cp {
             let s = source(r, t, cp);
             state.step(s, &ks[s], &vs[s]);
