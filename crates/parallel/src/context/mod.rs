@@ -42,13 +42,26 @@
 //!
 //! # Not done yet
 //!
-//! This is the numerical core, tested against the one-rank attention
-//! (CPU kernel in `ferrotron-models`). Still to come: the decoder calling
-//! it as one autodiff node (the CP group from [`ProcessGroups::cp`]
-//! (crate::groups::ProcessGroups::cp), split inputs, the loss summed over
-//! the CP group), the user-facing `cp` degree and its checks, ZeRO's
-//! group over DP x CP, the CubeCL kernels' `(output, lse)` form, the
-//! all-to-all (Ulysses) kind, and the planner's CP model.
+//! This is the numerical core, tested against the one-rank attention with
+//! the CPU attention core as the block kernel (`ferrotron-models`'
+//! `HostBlockAttention`). Still to come:
+//!
+//! - the decoder's attention as one autodiff node over the ring (forward
+//!   keeps `q`, `k`, `v`, the output and the log-sum-exp; backward runs
+//!   [`ring_backward`]) on the CP group
+//!   ([`ProcessGroups::cp`](crate::groups::ProcessGroups::cp)); the
+//!   inputs (ids, targets, goldfish mask) split by [`ChunkLayout::split`];
+//!   RoPE, learned positions and ALiBi from [`ChunkLayout::positions`];
+//!   the loss and its token count summed over the CP group;
+//! - gradients reduced, and ZeRO sharded, over DP x CP (a group of the
+//!   ranks with the same PP and TP index);
+//! - the user-facing degree (`parallelism.cp`, `--cp`) and its checks
+//!   ([`SplitError`], [`MeshError`](crate::mesh::MeshError)), the planner's
+//!   CP model;
+//! - the CubeCL kernels' `(output, lse)` form with global positions; the
+//!   CPU block's bias `[heads or 1, len_q, len_k]` is built per step (a
+//!   mask from positions inside the kernel would avoid it);
+//! - the all-to-all (Ulysses) kind.
 
 mod backward;
 mod block;
