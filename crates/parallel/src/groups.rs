@@ -1,14 +1,19 @@
-//! Process groups: the tensor-, data- and pipeline-parallel communicators
-//! of one rank, split from the world communicator along the [`Mesh`].
+//! Process groups: the tensor-, context-, data- and pipeline-parallel
+//! communicators of one rank, split from the world communicator along the
+//! [`Mesh`].
 //!
-//! Megatron-LM's layout (TP innermost, then DP, then PP; see [`mesh`]):
+//! Megatron-LM's layout (TP innermost, then CP, then DP, then PP; see
+//! [`mesh`]):
 //!
 //! - a **TP group** is `tp` consecutive ranks (one node's GPUs, the
 //!   bandwidth-hungry dimension);
-//! - a **DP group** is the ranks of one pipeline stage with the same TP
-//!   index, `tp` apart; ZeRO shards over it;
-//! - a **PP group** is the ranks with the same DP and TP index, one per
-//!   stage, `dp * tp` apart.
+//! - a **CP group** is the ranks of one replica and stage with the same TP
+//!   index, `tp` apart: the ring that passes K/V blocks around
+//!   ([`context`]); its rank is the rank's place in the ring;
+//! - a **DP group** is the ranks of one pipeline stage with the same CP
+//!   and TP index, `cp * tp` apart; ZeRO shards over it;
+//! - a **PP group** is the ranks with the same DP, CP and TP index, one per
+//!   stage, `dp * cp * tp` apart.
 //!
 //! [`members`] says who is in a rank's group without any communication
 //! (unit-tested against Megatron's documented layouts); [`ProcessGroups`]
@@ -18,6 +23,7 @@
 //! [`SingleProcess`], and a group equal to the world is the world itself.
 //!
 //! [`mesh`]: crate::mesh
+//! [`context`]: crate::context
 
 use std::sync::Arc;
 
@@ -29,6 +35,8 @@ use crate::mesh::{Mesh, MeshCoord};
 pub enum Dim {
     /// Tensor parallelism (innermost).
     Tp,
+    /// Context parallelism (the sequence split over a ring of ranks).
+    Cp,
     /// Data parallelism (ZeRO shards over it).
     Dp,
     /// Pipeline parallelism (outermost).
@@ -37,12 +45,13 @@ pub enum Dim {
 
 impl Dim {
     /// Every dimension, in the order the groups are built.
-    pub const ALL: [Dim; 3] = [Dim::Tp, Dim::Dp, Dim::Pp];
+    pub const ALL: [Dim; 4] = [Dim::Tp, Dim::Cp, Dim::Dp, Dim::Pp];
 
     /// The dimension's degree in `mesh`.
     pub fn degree(self, mesh: &Mesh) -> usize {
         match self {
             Dim::Tp => mesh.tp,
+            Dim::Cp => mesh.cp,
             Dim::Dp => mesh.dp,
             Dim::Pp => mesh.pp,
         }
@@ -57,6 +66,7 @@ pub fn members(mesh: &Mesh, dim: Dim, rank: usize) -> Vec<usize> {
         .map(|i| {
             let c = match dim {
                 Dim::Tp => MeshCoord { tp: i, ..at },
+                Dim::Cp => MeshCoord { cp: i, ..at },
                 Dim::Dp => MeshCoord { dp: i, ..at },
                 Dim::Pp => MeshCoord { pp: i, ..at },
             };
@@ -68,11 +78,12 @@ pub fn members(mesh: &Mesh, dim: Dim, rank: usize) -> Vec<usize> {
 /// Which group along `dim` `rank` belongs to: the same number for exactly
 /// the ranks of one group, `0..world_size / degree` (the color of the split).
 pub fn group_index(mesh: &Mesh, dim: Dim, rank: usize) -> usize {
-    let MeshCoord { pp, dp, tp } = mesh.coord(rank);
+    let MeshCoord { pp, dp, cp, tp } = mesh.coord(rank);
     match dim {
-        Dim::Tp => pp * mesh.dp + dp,
-        Dim::Dp => pp * mesh.tp + tp,
-        Dim::Pp => dp * mesh.tp + tp,
+        Dim::Tp => (pp * mesh.dp + dp) * mesh.cp + cp,
+        Dim::Cp => (pp * mesh.dp + dp) * mesh.tp + tp,
+        Dim::Dp => (pp * mesh.cp + cp) * mesh.tp + tp,
+        Dim::Pp => (dp * mesh.cp + cp) * mesh.tp + tp,
     }
 }
 
@@ -82,6 +93,7 @@ pub struct ProcessGroups {
     mesh: Mesh,
     world: Arc<dyn Communicator>,
     tp: Arc<dyn Communicator>,
+    cp: Arc<dyn Communicator>,
     dp: Arc<dyn Communicator>,
     pp: Arc<dyn Communicator>,
 }
@@ -94,10 +106,12 @@ impl ProcessGroups {
             mesh: Mesh {
                 dp: 1,
                 tp: 1,
+                cp: 1,
                 pp: 1,
             },
             world: one.clone(),
             tp: one.clone(),
+            cp: one.clone(),
             dp: one.clone(),
             pp: one,
         }
@@ -123,6 +137,7 @@ impl ProcessGroups {
         };
         Ok(Self {
             tp: group(Dim::Tp)?,
+            cp: group(Dim::Cp)?,
             dp: group(Dim::Dp)?,
             pp: group(Dim::Pp)?,
             world,
@@ -149,6 +164,7 @@ impl ProcessGroups {
     pub fn group(&self, dim: Dim) -> &Arc<dyn Communicator> {
         match dim {
             Dim::Tp => &self.tp,
+            Dim::Cp => &self.cp,
             Dim::Dp => &self.dp,
             Dim::Pp => &self.pp,
         }
@@ -164,6 +180,12 @@ impl ProcessGroups {
         &self.tp
     }
 
+    /// The context-parallel group: the ring of ranks that hold the chunks
+    /// of the same sequences, the group's rank being the place in the ring.
+    pub fn cp(&self) -> &Arc<dyn Communicator> {
+        &self.cp
+    }
+
     /// The pipeline-parallel group: one rank per stage, the group's rank
     /// being the stage.
     pub fn pp(&self) -> &Arc<dyn Communicator> {
@@ -176,7 +198,7 @@ mod tests {
     use super::*;
 
     fn mesh(tp: usize, dp: usize, pp: usize) -> Mesh {
-        Mesh { dp, tp, pp }
+        Mesh { dp, tp, cp: 1, pp }
     }
 
     /// Every group along `dim`, as lists of world ranks, in order of their first rank.
@@ -188,7 +210,13 @@ mod tests {
     }
 
     fn check(m: Mesh, tp: &[&[usize]], dp: &[&[usize]], pp: &[&[usize]]) {
-        for (dim, want) in [(Dim::Tp, tp), (Dim::Dp, dp), (Dim::Pp, pp)] {
+        check_dims(m, &[(Dim::Tp, tp), (Dim::Dp, dp), (Dim::Pp, pp)]);
+        let singles: Vec<Vec<usize>> = (0..m.world_size()).map(|r| vec![r]).collect();
+        assert_eq!(groups(&m, Dim::Cp), singles, "{m:?} without CP");
+    }
+
+    fn check_dims(m: Mesh, dims: &[(Dim, &[&[usize]])]) {
+        for &(dim, want) in dims {
             let want: Vec<Vec<usize>> = want.iter().map(|g| g.to_vec()).collect();
             assert_eq!(groups(&m, dim), want, "{m:?} {dim:?}");
             // The color is shared by exactly the members of a group.
@@ -280,6 +308,62 @@ mod tests {
                 &[3, 7, 11, 15],
             ],
         );
+    }
+
+    /// 8 ranks, tp 2 x cp 2 x dp 2: Megatron-Core's `tp-cp-ep-dp-pp`
+    /// order (`parallel_state.py`'s `RankGenerator`) without expert
+    /// parallelism.
+    #[test]
+    fn tp2_cp2_dp2_groups_follow_megatron() {
+        let m = Mesh {
+            dp: 2,
+            tp: 2,
+            cp: 2,
+            pp: 1,
+        };
+        check_dims(
+            m,
+            &[
+                (Dim::Tp, &[&[0, 1], &[2, 3], &[4, 5], &[6, 7]]),
+                (Dim::Cp, &[&[0, 2], &[1, 3], &[4, 6], &[5, 7]]),
+                (Dim::Dp, &[&[0, 4], &[1, 5], &[2, 6], &[3, 7]]),
+                (Dim::Pp, &[&[0], &[1], &[2], &[3], &[4], &[5], &[6], &[7]]),
+            ],
+        );
+    }
+
+    /// Every group of every dimension against a plain enumeration: the
+    /// ranks (counted in nested loops, PP outermost, TP innermost) whose
+    /// other three coordinates are equal, in ring order.
+    #[test]
+    fn groups_with_cp_equal_a_plain_enumeration() {
+        for (dp, tp, cp, pp) in [(1, 1, 4, 1), (2, 1, 2, 2), (1, 2, 2, 2), (3, 2, 2, 1)] {
+            let m = Mesh { dp, tp, cp, pp };
+            let mut coords = Vec::new();
+            for p in 0..pp {
+                for d in 0..dp {
+                    for c in 0..cp {
+                        for t in 0..tp {
+                            coords.push([p, d, c, t]);
+                        }
+                    }
+                }
+            }
+            // The coordinate each dimension varies, in [pp, dp, cp, tp].
+            for (dim, axis) in [(Dim::Pp, 0), (Dim::Dp, 1), (Dim::Cp, 2), (Dim::Tp, 3)] {
+                let mut want: Vec<Vec<usize>> = (0..coords.len())
+                    .map(|r| {
+                        (0..coords.len())
+                            .filter(|&q| (0..4).all(|i| i == axis || coords[q][i] == coords[r][i]))
+                            .collect()
+                    })
+                    .collect();
+                want.sort();
+                want.dedup();
+                let want: Vec<&[usize]> = want.iter().map(|g| g.as_slice()).collect();
+                check_dims(m, &[(dim, &want)]);
+            }
+        }
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //!
 //! How a process learns its rank ([`launch`]), the device mesh ([`mesh`])
 //! and the process groups split along it ([`groups`]), the communicators
-//! ([`comm`]), the one flat layout of parameters and gradients ([`flat`]),
+//! ([`comm`]), context parallelism's sequence split and ring attention
+//! ([`context`]), the one flat layout of parameters and gradients ([`flat`]),
 //! the gradient-sync contract and the global gradient norm
 //! ([`grad_sync`]), a micro-batch's forward and backward under that
 //! contract ([`micro_batch`]), data parallelism ([`ddp`]) and ZeRO
@@ -19,6 +20,7 @@
 //! contracts; [`train`] imports them all, and nothing imports [`train`].
 
 pub mod comm;
+pub mod context;
 pub mod ddp;
 pub mod flat;
 pub mod grad_sync;

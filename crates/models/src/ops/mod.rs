@@ -45,6 +45,8 @@ mod fused;
 mod linear_cross_entropy;
 mod norm;
 mod recompute;
+#[cfg(feature = "flex")]
+mod ring_attention;
 mod rope;
 mod swiglu;
 
@@ -63,6 +65,8 @@ pub use linear_cross_entropy::{
     LinearCrossEntropyGrads,
 };
 pub use norm::{layer_norm, rms_norm};
+#[cfg(feature = "flex")]
+pub use ring_attention::HostBlockAttention;
 pub use rope::{rope, rope_reference, Rope};
 pub use swiglu::swiglu;
 

@@ -38,6 +38,7 @@ fn groups(world: &Arc<dyn Communicator>) {
     let mesh = Mesh {
         dp: 2,
         tp: 2,
+        cp: 1,
         pp: 1,
     };
     let g = ProcessGroups::new(world.clone(), mesh).unwrap();

@@ -26,7 +26,9 @@ use rayon::prelude::*;
 
 use super::buffers::{dense, positive_strides, seq_major};
 use super::gemm::{matmul, MatView, Threads};
-use super::math::{scale_add, softmax_backward, softmax_scaled};
+use super::math::{
+    exp_shifted, scale_add, softmax_backward, softmax_backward_given, softmax_scaled,
+};
 
 /// An f32 tensor `[batch, heads, rows, cols]` and where it lies in its
 /// buffer (copied first when its strides are not all positive).
@@ -209,8 +211,35 @@ impl Operands {
 
     /// Writes the probabilities `[len, keys]` of sequence `b`, query head
     /// `h` into `p`: of each row block, keys `0..block.keys` (the rest of
-    /// the row, all zeros, is left as it was).
-    fn probabilities(&self, b: usize, h: usize, p: &mut [f32]) {
+    /// the row, all zeros, is left as it was). `norm` says how: a softmax
+    /// over this call's keys, each row's log-sum-exp going to `lse[i]`
+    /// (when given), or the whole attention's rows `e^(score - lse)`.
+    fn probabilities(
+        &self,
+        b: usize,
+        h: usize,
+        p: &mut [f32],
+        norm: Norm<'_>,
+        mut lse: Option<&mut [f32]>,
+    ) {
+        let row0 = (b * self.q.dims[1] + h) * self.q.dims[2];
+        self.scores(b, h, p, |i, row| match norm {
+            Norm::Own => {
+                let l = softmax_scaled(row, 1.0);
+                if let Some(lse) = lse.as_deref_mut() {
+                    lse[i] = l;
+                }
+            }
+            Norm::Whole { lse, .. } => {
+                exp_shifted(row, lse[row0 + i]);
+            }
+        });
+    }
+
+    /// Writes the scaled, biased scores of sequence `b`, query head `h`
+    /// into `p` `[len, keys]`, row block by row block (keys
+    /// `0..block.keys` of each), and calls `finish(i, row)` on each row.
+    fn scores(&self, b: usize, h: usize, p: &mut [f32], mut finish: impl FnMut(usize, &mut [f32])) {
         let keys = self.k.dims[2];
         let g = h / self.group();
         for block in self.bias.blocks(h) {
@@ -228,10 +257,21 @@ impl Operands {
             for i in block.start..block.start + block.len {
                 let row = &mut p[i * keys..i * keys + block.keys];
                 scale_add(row, self.scale, &self.bias.row(h, i)[..block.keys]);
-                softmax_scaled(row, 1.0);
+                finish(i, row);
             }
         }
     }
+}
+
+/// How the probabilities of a call are normalised.
+#[derive(Clone, Copy)]
+enum Norm<'a> {
+    /// A softmax over this call's keys: the call is the whole attention.
+    Own,
+    /// The call's keys are a block of a longer attention (ring attention),
+    /// whose rows' log-sum-exp `lse` and `delta = rowsum(d_out * out)`
+    /// (each `[batch, heads, len]`) are given.
+    Whole { lse: &'a [f32], delta: &'a [f32] },
 }
 
 /// The attention core's output `[batch, heads, len, d]` (its buffer
@@ -246,17 +286,32 @@ pub fn attention_forward(
     v: FlexTensor,
     bias: FlexTensor,
 ) -> FlexTensor {
+    attention_forward_lse(q, k, v, bias).0
+}
+
+/// [`attention_forward`] and the log-sum-exp of each row of its scores
+/// `ln sum_j e^(q_i k_j / sqrt(d) + bias_ij)` (natural log, over the
+/// keys not masked), `[batch, heads, len]` row-major: the `(output, lse)`
+/// form that ring attention merges blocks with.
+pub fn attention_forward_lse(
+    q: FlexTensor,
+    k: FlexTensor,
+    v: FlexTensor,
+    bias: FlexTensor,
+) -> (FlexTensor, Vec<f32>) {
     let ops = Operands::new(q, k, v, bias);
     let [batch, heads, len, d] = ops.q.dims;
     let keys = ops.k.dims[2];
     let mut out = vec![0.0f32; batch * heads * len * d];
+    let mut lse = vec![0.0f32; batch * heads * len];
     if !out.is_empty() {
         out.par_chunks_mut(len * d)
+            .zip(lse.par_chunks_mut(len))
             .enumerate()
-            .for_each(|(task, o)| {
+            .for_each(|(task, (o, lse))| {
                 let (b, h) = (task / heads, task % heads);
                 let mut p = vec![0.0f32; len * keys];
-                ops.probabilities(b, h, &mut p);
+                ops.probabilities(b, h, &mut p, Norm::Own, Some(lse));
                 let g = h / ops.group();
                 for block in ops.bias.blocks(h) {
                     matmul(
@@ -270,7 +325,7 @@ pub fn attention_forward(
                 }
             });
     }
-    seq_major(&out, [batch, heads, len, d])
+    (seq_major(&out, [batch, heads, len, d]), lse)
 }
 
 /// The gradients `[dq, dk, dv]` (the shapes of `q`, `k`, `v`, each buffer
@@ -284,7 +339,38 @@ pub fn attention_backward(
     bias: FlexTensor,
     d_out: FlexTensor,
 ) -> [FlexTensor; 3] {
+    backward(Operands::new(q, k, v, bias), d_out, Norm::Own)
+}
+
+/// This call's share of the gradients `[dq, dk, dv]` of a longer
+/// attention whose keys it holds a block of (ring attention): as
+/// [`attention_backward`], with the probabilities `e^(score - lse)` of the
+/// whole attention's log-sum-exp `lse` and the softmax's gradient taken
+/// with its `delta = rowsum(d_out * out)`, both `[batch, heads, len]`
+/// row-major. With the whole attention in one call, the two agree.
+pub fn attention_backward_lse(
+    q: FlexTensor,
+    k: FlexTensor,
+    v: FlexTensor,
+    bias: FlexTensor,
+    d_out: FlexTensor,
+    lse: &[f32],
+    delta: &[f32],
+) -> [FlexTensor; 3] {
     let ops = Operands::new(q, k, v, bias);
+    let [batch, heads, len, _] = ops.q.dims;
+    assert!(
+        lse.len() == batch * heads * len && delta.len() == lse.len(),
+        "attention backward: {} lse and {} delta rows for q {:?}",
+        lse.len(),
+        delta.len(),
+        ops.q.dims
+    );
+    backward(ops, d_out, Norm::Whole { lse, delta })
+}
+
+/// The backward of [`attention_backward`] and [`attention_backward_lse`].
+fn backward(ops: Operands, d_out: FlexTensor, norm: Norm<'_>) -> [FlexTensor; 3] {
     let d_out = Heads::new(d_out);
     let [batch, heads, len, d] = ops.q.dims;
     let [_, kv_heads, keys, _] = ops.k.dims;
@@ -309,7 +395,7 @@ pub fn attention_backward(
                 let mut ds = vec![0.0f32; len * keys];
                 for (r, dq_h) in dq_g.chunks_mut(len * d).enumerate() {
                     let h = g * group + r;
-                    ops.probabilities(b, h, &mut p);
+                    ops.probabilities(b, h, &mut p, norm, None);
                     let d_o = d_out.data();
                     // Per row block, over its keys (the buffers start at
                     // zero, so dk and dv add every block and head's share).
@@ -336,7 +422,14 @@ pub fn attention_backward(
                         );
                         for i in block.start..block.start + block.len {
                             let row = i * keys..i * keys + block.keys;
-                            softmax_backward(&p[row.clone()], &mut ds[row], ops.scale);
+                            let (p, ds) = (&p[row.clone()], &mut ds[row]);
+                            match norm {
+                                Norm::Own => softmax_backward(p, ds, ops.scale),
+                                Norm::Whole { delta, .. } => {
+                                    let at = (b * heads + h) * len + i;
+                                    softmax_backward_given(p, ds, delta[at], ops.scale)
+                                }
+                            }
                         }
                         // dq = ds k; dk += ds^T q.
                         matmul(
@@ -530,5 +623,174 @@ mod tests {
                 assert_close(&read(g), &read(w), &format!("{what}: {name}"));
             }
         }
+    }
+
+    /// The log-sum-exp of each row of `q k^T / sqrt(d) + bias` in f64
+    /// from the inputs' values, `[batch, heads, len]`, over unmasked keys.
+    fn lse_f64(q: &Tensor<Flex, 4>, k: &Tensor<Flex, 4>, bias: &Tensor<Flex, 4>) -> Vec<f32> {
+        let [batch, heads, len, d] = q.dims();
+        let [_, kv_heads, keys, _] = k.dims();
+        let bias_heads = bias.dims()[1];
+        let (qv, kv, bv) = (read(q.clone()), read(k.clone()), read(bias.clone()));
+        let mut out = Vec::new();
+        for b in 0..batch {
+            for h in 0..heads {
+                let g = h / (heads / kv_heads);
+                let bh = if bias_heads == 1 { 0 } else { h };
+                for i in 0..len {
+                    let row: Vec<f64> = (0..keys)
+                        .map(|j| {
+                            let dot: f64 = (0..d)
+                                .map(|e| {
+                                    qv[((b * heads + h) * len + i) * d + e] as f64
+                                        * kv[((b * kv_heads + g) * keys + j) * d + e] as f64
+                                })
+                                .sum();
+                            dot / (d as f64).sqrt() + bv[(bh * len + i) * keys + j] as f64
+                        })
+                        .collect();
+                    let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    out.push((max + row.iter().map(|x| (x - max).exp()).sum::<f64>().ln()) as f32);
+                }
+            }
+        }
+        out
+    }
+
+    /// `rowsum(d_out * out)` `[batch, heads, len]`.
+    fn delta(d_out: &Tensor<Flex, 4>, out: &Tensor<Flex, 4>) -> Vec<f32> {
+        read((d_out.clone() * out.clone()).sum_dim(3))
+    }
+
+    fn float(t: FlexTensor) -> Tensor<Flex, 4> {
+        Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(t))
+    }
+
+    /// The `(output, lse)` forward and the backward given the whole lse
+    /// and delta, on the whole attention: the reference's output and
+    /// gradients, and the log-sum-exp of f64 host code.
+    #[test]
+    fn lse_forms_on_the_whole_attention_match_the_reference() {
+        // (batch, heads, kv heads, len, keys, head dim, bias heads)
+        for (batch, heads, kv_heads, len, keys, d, bias_heads) in [
+            (2, 4, 2, 7, 7, 5, 1),
+            (1, 2, 1, 150, 150, 8, 2),
+            (2, 6, 2, 3, 11, 4, 6),
+        ] {
+            let what = format!("b{batch} h{heads} kv{kv_heads} len{len} keys{keys}");
+            let q = tensor([batch, heads, len, d], 1);
+            let k = tensor([batch, kv_heads, keys, d], 2);
+            let v = tensor([batch, kv_heads, keys, d], 3);
+            let bias = bias(bias_heads, len, keys);
+            let d_out = tensor([batch, heads, len, d], 4);
+            let (out, lse) = attention_forward_lse(
+                prim(q.clone()),
+                prim(k.clone()),
+                prim(v.clone()),
+                prim(bias.clone()),
+            );
+            let out = float(out);
+            let want = attention_reference(q.clone(), k.clone(), v.clone(), &bias);
+            assert_close(&read(out.clone()), &read(want), &format!("{what}: out"));
+            assert_close(&lse, &lse_f64(&q, &k, &bias), &format!("{what}: lse"));
+            let want =
+                attention_reference_backward(q.clone(), k.clone(), v.clone(), &bias, d_out.clone());
+            let delta = delta(&d_out, &out);
+            let got = attention_backward_lse(
+                prim(q),
+                prim(k),
+                prim(v),
+                prim(bias),
+                prim(d_out),
+                &lse,
+                &delta,
+            );
+            for ((w, g), name) in want.into_iter().zip(got).zip(["dq", "dk", "dv"]) {
+                assert_close(&read(float(g)), &read(w), &format!("{what}: {name}"));
+            }
+        }
+    }
+
+    /// The keys in two blocks (a ring step's view, the bias columns of
+    /// each block carrying the global mask and ALiBi distances): the
+    /// blocks' outputs merged by their log-sum-exps, and their gradient
+    /// shares given the whole lse and delta, equal the whole attention.
+    #[test]
+    fn two_key_blocks_merged_by_lse_equal_the_whole_attention() {
+        let (batch, heads, kv_heads, len, keys, d) = (2, 4, 2, 70, 100, 8);
+        let q = tensor([batch, heads, len, d], 1);
+        let k = tensor([batch, kv_heads, keys, d], 2);
+        let v = tensor([batch, kv_heads, keys, d], 3);
+        let bias = bias(heads, len, keys);
+        let d_out = tensor([batch, heads, len, d], 4);
+        let whole = |t: &Tensor<Flex, 4>| prim(t.clone());
+        let (out, lse) = attention_forward_lse(whole(&q), whole(&k), whole(&v), whole(&bias));
+        let out = read(float(out));
+        let [want_dq, want_dk, want_dv] =
+            attention_reference_backward(q.clone(), k.clone(), v.clone(), &bias, d_out.clone());
+        // Keys 0..40 and 40..100: the second block masks the first queries entirely.
+        let split = 40;
+        let parts: Vec<_> = [(0, split), (split, keys - split)]
+            .into_iter()
+            .map(|(start, n)| {
+                let cut = |t: &Tensor<Flex, 4>, dim| prim(t.clone().narrow(dim, start, n));
+                (cut(&k, 2), cut(&v, 2), cut(&bias, 3))
+            })
+            .collect();
+        let rows = batch * heads * len;
+        let mut merged = vec![0.0f32; out.len()];
+        let mut merged_lse = vec![f32::NEG_INFINITY; rows];
+        // Queries 30.. see keys of both blocks (the bias: query i at key position 30 + i).
+        let q_late = q.clone().narrow(2, 30, len - 30);
+        for (kb, vb, bb) in &parts {
+            let bias_late = float(bb.clone()).narrow(2, 30, len - 30);
+            let (o, l) = attention_forward_lse(
+                prim(q_late.clone()),
+                kb.clone(),
+                vb.clone(),
+                prim(bias_late),
+            );
+            let o = read(float(o));
+            let late = len - 30;
+            for head in 0..batch * heads {
+                for i in 0..late {
+                    let (at, row) = (head * late + i, head * len + 30 + i);
+                    let (old, new) = (merged_lse[row], l[at]);
+                    let top = old.max(new);
+                    let m = top + ((old - top).exp() + (new - top).exp()).ln();
+                    for e in 0..d {
+                        let x = &mut merged[row * d + e];
+                        *x = (old - m).exp() * *x + (new - m).exp() * o[at * d + e];
+                    }
+                    merged_lse[row] = m;
+                }
+            }
+        }
+        let late_rows: Vec<usize> = (0..rows).filter(|r| r % len >= 30).collect();
+        let pick = |v: &[f32], width: usize| -> Vec<f32> {
+            late_rows
+                .iter()
+                .flat_map(|&r| v[r * width..(r + 1) * width].to_vec())
+                .collect()
+        };
+        assert_close(&pick(&merged, d), &pick(&out, d), "merged out");
+        assert_close(&pick(&merged_lse, 1), &pick(&lse, 1), "merged lse");
+        // Backward: each block's share with the whole lse and delta.
+        let delta = delta(&d_out, &float(seq_major(&out, [batch, heads, len, d])));
+        let mut dq = vec![0.0f32; out.len()];
+        let mut dk = Vec::new();
+        let mut dv = Vec::new();
+        for (kb, vb, bb) in parts {
+            let [q_share, k_share, v_share] =
+                attention_backward_lse(whole(&q), kb, vb, bb, whole(&d_out), &lse, &delta);
+            for (x, y) in dq.iter_mut().zip(read(float(q_share))) {
+                *x += y;
+            }
+            dk.push(float(k_share));
+            dv.push(float(v_share));
+        }
+        assert_close(&dq, &read(want_dq), "dq");
+        assert_close(&read(Tensor::cat(dk, 2)), &read(want_dk), "dk");
+        assert_close(&read(Tensor::cat(dv, 2)), &read(want_dv), "dv");
     }
 }

@@ -200,6 +200,42 @@ simd_dispatch! {
     fn softmax_backward_rows(p: &[f32], g: &mut [f32], scale: f32) => softmax_backward_body
 }
 
+/// `g[i] = p[i] (g[i] - dot) * scale` with `dot` given: the softmax's
+/// gradient when `p` is part of a longer row whose `sum_j p[j] g[j]` is
+/// `dot`.
+#[inline(always)]
+fn softmax_backward_given_body(p: &[f32], g: &mut [f32], dot: f32, scale: f32) {
+    for (x, &a) in g.iter_mut().zip(p) {
+        *x = a * (*x - dot) * scale;
+    }
+}
+
+simd_dispatch! {
+    /// Overwrites the row `v` with `e^(v[i] - shift)` and returns their
+    /// sum: with `shift` the log-sum-exp of a longer row that `v` is part
+    /// of, `v`'s entries of that row's softmax.
+    pub fn exp_shifted(v: &mut [f32], shift: f32) -> f32 => exp_shifted_body
+}
+
+simd_dispatch! {
+    /// [`softmax_backward_given_body`] on the CPU's best build.
+    fn softmax_backward_given_rows(p: &[f32], g: &mut [f32], dot: f32, scale: f32) => softmax_backward_given_body
+}
+
+/// Overwrites `g` with `p[i] (g[i] - dot) * scale`: the gradient of the
+/// softmax's input for the part `p` of a softmax row whose whole
+/// `sum_j p[j] g[j]` is `dot` (for attention, `rowsum(d_out * out)`).
+pub fn softmax_backward_given(p: &[f32], g: &mut [f32], dot: f32, scale: f32) {
+    assert_eq!(
+        p.len(),
+        g.len(),
+        "softmax backward: rows of {} and {}",
+        p.len(),
+        g.len()
+    );
+    softmax_backward_given_rows(p, g, dot, scale)
+}
+
 /// Overwrites the softmax output row `p`'s upstream gradient `g` (same
 /// length) with the gradient of the softmax's input, times `scale`:
 /// `p[i] (g[i] - sum_j p[j] g[j]) * scale`.
@@ -261,6 +297,40 @@ mod tests {
                     (got[i] as f64 - want).abs() < 1e-6,
                     "{build}: [{i}] {} vs {want}",
                     got[i]
+                );
+            }
+        }
+    }
+
+    /// A row split in two: each part's exponentials shifted by the whole
+    /// row's log-sum-exp, and its gradient with the whole row's dot,
+    /// equal the whole row's softmax and gradient (f64).
+    #[test]
+    fn a_part_of_a_row_with_the_whole_rows_lse_and_dot_matches_f64() {
+        let row: Vec<f32> = (0..8 * 3 + 5)
+            .map(|i| ((i * 37 % 23) as f32) / 4.0 - 3.0)
+            .collect();
+        let g: Vec<f32> = (0..row.len())
+            .map(|i| ((i * 13 % 7) as f32) - 3.0)
+            .collect();
+        let lse = row.iter().map(|&x| (x as f64).exp()).sum::<f64>().ln();
+        let p: Vec<f64> = row.iter().map(|&x| (x as f64 - lse).exp()).collect();
+        let dot: f64 = p.iter().zip(&g).map(|(a, &b)| a * b as f64).sum();
+        for part in [0..11, 11..row.len()] {
+            let mut got = row[part.clone()].to_vec();
+            exp_shifted(&mut got, lse as f32);
+            let mut got_g = g[part.clone()].to_vec();
+            softmax_backward_given(&got, &mut got_g, dot as f32, 0.5);
+            for (n, i) in part.enumerate() {
+                assert!(
+                    (got[n] as f64 - p[i]).abs() <= 1e-6 * p[i] + 1e-12,
+                    "p[{i}]"
+                );
+                let want = p[i] * (g[i] as f64 - dot) * 0.5;
+                assert!(
+                    (got_g[n] as f64 - want).abs() < 1e-5,
+                    "g[{i}] {} vs {want}",
+                    got_g[n]
                 );
             }
         }

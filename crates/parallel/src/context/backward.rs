@@ -1,0 +1,185 @@
+//! Ring attention backward: K/V travel the ring again, and each block's
+//! `dk`, `dv` travel with them, gathering every rank's share, until they
+//! come home to the rank that owns those keys.
+
+use super::block::{Block, BlockAttention, HeadBuf, WholeRows};
+use super::pairing::{source, Pairing};
+use super::split::ChunkLayout;
+use super::transport::{pass_on, TAG_BASE};
+use crate::comm::{CommError, Communicator};
+
+/// What the forward keeps for the backward, on one rank: its inputs and
+/// the results of [`ring_forward`](super::ring_forward).
+#[derive(Clone, Copy, Debug)]
+pub struct Kept<'a> {
+    /// Queries `[batch, heads, local_len, head_dim]`.
+    pub q: &'a HeadBuf,
+    /// Keys `[batch, kv_heads, local_len, head_dim]`.
+    pub k: &'a HeadBuf,
+    /// Values, as `k`.
+    pub v: &'a HeadBuf,
+    /// The whole attention's output rows, as `q`.
+    pub out: &'a HeadBuf,
+    /// Their log-sum-exp, `[batch, heads, local_len, 1]`.
+    pub lse: &'a HeadBuf,
+}
+
+/// One rank's backward, step by step: holds its queries, the output's
+/// gradient, the whole attention's `lse` and `delta = rowsum(d_out *
+/// out)`, and the running `dq`. [`ring_backward`] drives it over a
+/// communicator.
+pub struct RingBackward<'a, A: BlockAttention + ?Sized> {
+    kernel: &'a A,
+    layout: ChunkLayout,
+    rank: usize,
+    q: &'a HeadBuf,
+    d_out: &'a HeadBuf,
+    lse: &'a HeadBuf,
+    delta: HeadBuf,
+    positions: Vec<usize>,
+    dq: HeadBuf,
+}
+
+impl<'a, A: BlockAttention + ?Sized> RingBackward<'a, A> {
+    /// The backward of rank `rank` for the output gradient `d_out`
+    /// `[batch, heads, local_len, head_dim]`; `kept.k` and `kept.v` are
+    /// not read (the blocks come to [`RingBackward::step`]).
+    pub fn new(
+        kernel: &'a A,
+        layout: ChunkLayout,
+        rank: usize,
+        kept: Kept<'a>,
+        d_out: &'a HeadBuf,
+    ) -> Self {
+        let [b, h, len, d] = kept.q.dims;
+        assert_eq!(
+            len,
+            layout.local_len(),
+            "ring backward: q {:?}",
+            kept.q.dims
+        );
+        assert!(
+            kept.out.dims == kept.q.dims && d_out.dims == kept.q.dims,
+            "ring backward: out {:?}, d_out {:?} for q {:?}",
+            kept.out.dims,
+            d_out.dims,
+            kept.q.dims
+        );
+        assert_eq!(kept.lse.dims, [b, h, len, 1], "ring backward: lse");
+        let delta = kept
+            .out
+            .data
+            .chunks(d)
+            .zip(d_out.data.chunks(d))
+            .map(|(o, g)| o.iter().zip(g).map(|(a, b)| a * b).sum())
+            .collect();
+        Self {
+            kernel,
+            layout,
+            rank,
+            q: kept.q,
+            d_out,
+            lse: kept.lse,
+            delta: HeadBuf::new([b, h, len, 1], delta),
+            positions: layout.positions(rank),
+            dq: HeadBuf::filled([b, h, len, d], 0.0),
+        }
+    }
+
+    /// This rank's share `[dk, dv]` (the shapes of `k`, `v`) of the
+    /// gradients of rank `source`'s K/V `k`, `v`; its share of `dq` is
+    /// added to the running one.
+    pub fn step(&mut self, source: usize, k: &HeadBuf, v: &HeadBuf) -> [HeadBuf; 2] {
+        let c = self.layout.chunk_len();
+        let pairing = Pairing::of(self.rank, source);
+        let (rows, keys) = (pairing.query_rows(c), pairing.key_rows(c));
+        let k_pos = self.layout.positions(source);
+        let (q, kb, vb) = (
+            self.q.rows(rows.clone()),
+            k.rows(keys.clone()),
+            v.rows(keys.clone()),
+        );
+        let (d_out, lse, delta) = (
+            self.d_out.rows(rows.clone()),
+            self.lse.rows(rows.clone()),
+            self.delta.rows(rows.clone()),
+        );
+        let block = Block {
+            q: &q,
+            k: &kb,
+            v: &vb,
+            q_pos: &self.positions[rows.clone()],
+            k_pos: &k_pos[keys.clone()],
+        };
+        let whole = WholeRows {
+            d_out: &d_out,
+            lse: &lse,
+            delta: &delta,
+        };
+        let [dq, dk, dv] = self.kernel.backward(block, whole);
+        self.dq.add_rows(rows, &dq);
+        [(k, dk), (v, dv)].map(|(like, part)| {
+            let mut full = HeadBuf::filled(like.dims, 0.0);
+            full.add_rows(keys.clone(), &part);
+            full
+        })
+    }
+
+    /// `dq` `[batch, heads, local_len, head_dim]`, once every rank's K/V
+    /// has been seen.
+    pub fn finish(self) -> HeadBuf {
+        self.dq
+    }
+}
+
+/// Ring attention backward on rank `ring.rank()`: from what the forward
+/// kept and the output gradient `d_out`, this rank's `[dq, dk, dv]` (the
+/// shapes of its `q`, `k`, `v`). At each step the K/V for the next step
+/// and the `dk`, `dv` gathered so far for the block of the previous step
+/// travel to the next rank while this step computes; a last transfer
+/// brings each rank its own `dk`, `dv`.
+pub fn ring_backward<A: BlockAttention + ?Sized>(
+    ring: &dyn Communicator,
+    kernel: &A,
+    layout: ChunkLayout,
+    kept: Kept<'_>,
+    d_out: &HeadBuf,
+) -> Result<[HeadBuf; 3], CommError> {
+    let (rank, cp) = (ring.rank(), ring.world_size());
+    assert_eq!(cp, layout.cp(), "a ring of {cp} ranks for {layout:?}");
+    let mut state = RingBackward::new(kernel, layout, rank, kept, d_out);
+    let (mut k, mut v) = (kept.k.clone(), kept.v.clone());
+    // dk, dv of the block held at the previous step, summed over the
+    // ranks it has visited.
+    let mut gathered: Option<[HeadBuf; 2]> = None;
+    for step in 0..cp {
+        let more = step + 1 < cp;
+        let mut send: Vec<(i32, &HeadBuf)> = Vec::new();
+        if more {
+            send.extend([(TAG_BASE, &k), (TAG_BASE + 1, &v)]);
+        }
+        if let Some([dk, dv]) = &gathered {
+            send.extend([(TAG_BASE + 2, dk), (TAG_BASE + 3, dv)]);
+        }
+        let (received, mut parts) =
+            pass_on(ring, &send, || state.step(source(rank, step, cp), &k, &v))?;
+        let mut received = received.into_iter();
+        if more {
+            (k, v) = (received.next().unwrap(), received.next().unwrap());
+        }
+        for (part, earlier) in parts.iter_mut().zip(received) {
+            part.add(&earlier);
+        }
+        gathered = Some(parts);
+    }
+    let [dk, dv] = gathered.expect("a ring has at least one step");
+    let [dk, dv] = if cp > 1 {
+        let send = [(TAG_BASE + 2, &dk), (TAG_BASE + 3, &dv)];
+        let (home, ()) = pass_on(ring, &send, || ())?;
+        let mut home = home.into_iter();
+        [home.next().unwrap(), home.next().unwrap()]
+    } else {
+        [dk, dv]
+    };
+    Ok([state.finish(), dk, dv])
+}
