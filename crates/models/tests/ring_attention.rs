@@ -29,8 +29,8 @@ use ferrotron_models::ops::{
 use ferrotron_parallel::context::pairing::source;
 use ferrotron_parallel::context::{ChunkLayout, HeadBuf, Kept, RingBackward, RingForward};
 
-#[path = "../../../tests/support/deadline.rs"]
-mod deadline;
+use ferrotron_test_support::deadline;
+use ferrotron_test_support::skip::skip;
 
 /// When a job that never ends is killed (the job takes seconds).
 const DEADLINE: Duration = Duration::from_secs(300);
@@ -243,9 +243,9 @@ fn simulated_rings_of_1_2_4_and_8_ranks_equal_the_one_rank_attention() {
 #[test]
 fn mpi_ring_attention_on_4_ranks_equals_the_one_rank_attention() {
     if !cfg!(feature = "mpi") {
-        eprintln!(
-            "SKIPPED: built without the `mpi` feature; run `cargo test -p ferrotron-models \
-             --features mpi --test ring_attention`"
+        skip(
+            "built without the `mpi` feature; run `cargo test -p ferrotron-models \
+             --features mpi --test ring_attention`",
         );
         return;
     }
