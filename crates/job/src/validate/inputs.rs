@@ -43,7 +43,7 @@ pub(super) fn check_inputs(
             match data::read_corpus(path) {
                 Ok(text) => {
                     let now = data::sha256_hex(text.as_bytes());
-                    if &now != then {
+                    if now != *then {
                         p.key("data", "corpus", format!(
                             "{}: its text has SHA-256 {now}, but the run trained on text with {then}; a resumed run keeps its data",
                             path.display()
