@@ -3,7 +3,7 @@
 //! memory; a `--data` run resumes exactly and refuses another shard set;
 //! damaged shards (checksums), ids outside the vocabulary and bad inputs
 //! are refused before anything is written; a resumed run refuses a corpus
-//! whose text changed and a tokenizer larger than its model.
+//! whose text changed, and a tokenizer larger than the model is refused.
 
 use std::io::Write;
 use std::path::Path;
@@ -567,5 +567,44 @@ fn a_resume_refuses_a_changed_corpus_and_a_tokenizer_larger_than_the_model() {
     );
     ok(&resume(), "the resume with the run's corpus and tokenizer");
     assert_eq!(step_losses(&run_dir).len(), 3);
+
+    // A Hugging Face directory whose tokenizer.json (20 tokens) grows past
+    // its config.json's vocab_size (96): refused before anything is written.
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/tests/fixtures/hf/gpt2/model");
+    let hf = dir.join("hf");
+    copy_dir(&fixture, &hf);
+    let path = hf.join("tokenizer.json");
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let vocab = json["model"]["vocab"].as_object_mut().unwrap();
+    for id in vocab.len()..100 {
+        vocab.insert(format!("extra{id}"), id.into());
+    }
+    std::fs::write(&path, serde_json::to_vec(&json).unwrap()).unwrap();
+    let out = dir.join("hf-run");
+    let o = ferrotron(&[
+        "train",
+        "--hf-dir",
+        hf.to_str().unwrap(),
+        "--corpus",
+        c,
+        "--seq-len",
+        "16",
+        "--steps",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    refused(
+        &o,
+        &[
+            "model.hf_dir",
+            "tokenizer.json",
+            "100 tokens",
+            "vocab_size of 96",
+        ],
+    );
+    assert!(!out.exists(), "a refused run wrote {}", out.display());
     let _ = std::fs::remove_dir_all(&dir);
 }
