@@ -36,7 +36,7 @@
 //! let mut trainer = Trainer::new(model, step, Default::default());
 //! let tokens: Vec<u32> = (0..10_000).map(|i| i % 4096).collect();
 //! let sampler = ferrotron::engine::data::BatchSampler::new(tokens.len(), 64, 0).unwrap();
-//! let mut batches = TokenWindows { sampler, tokens: &tokens };
+//! let mut batches = TokenWindows { sampler, tokens: &tokens, vocab_size: config.vocab_size };
 //! let val = [batches.sampler.next_batch(&tokens, 8)];
 //! let plan = LoopConfig {
 //!     steps: 100, micro_batch: 8, grad_accum: 1, eval_every: 50,

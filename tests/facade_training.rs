@@ -46,6 +46,7 @@ fn train(config: &DecoderConfig, steps: usize) -> Vec<f64> {
     let mut batches = TokenWindows {
         sampler,
         tokens: &tokens,
+        vocab_size: config.vocab_size,
     };
     let val = [BatchSampler::new(tokens.len(), 32, 2)
         .unwrap()

@@ -51,6 +51,17 @@ pub enum DataCommand {
     /// Tokenize text files into a token shard set (shards, tokenizer.json, index.json) that
     /// `ferrotron train --data DIR` memory-maps.
     Prepare(PrepareArgs),
+    /// Check every shard of a token shard set against its index.json (checksum, size,
+    /// header, ids below the vocabulary); exit 2 naming the first shard that differs.
+    Verify(VerifyArgs),
+}
+
+/// `ferrotron data verify` arguments.
+#[derive(Args, Debug)]
+pub struct VerifyArgs {
+    /// The shard set directory (made by `ferrotron data prepare`).
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
 }
 
 /// `ferrotron data prepare` flags.

@@ -1,5 +1,6 @@
 //! `ferrotron data prepare`: check the inputs, then tokenize them into a
-//! shard set with a progress bar, and report the throughput.
+//! shard set with a progress bar, and report the throughput. `data
+//! verify` is in [`crate::data_verify`].
 
 use std::time::Instant;
 
@@ -16,6 +17,7 @@ use crate::error::usage;
 pub fn data(args: DataArgs) -> anyhow::Result<()> {
     match args.command {
         DataCommand::Prepare(a) => prepare_shards(a),
+        DataCommand::Verify(a) => crate::data_verify::verify(&a.dir),
     }
 }
 

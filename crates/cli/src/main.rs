@@ -3,6 +3,7 @@
 mod args;
 mod bench;
 mod data;
+mod data_verify;
 mod error;
 mod eval;
 mod export;

@@ -1,14 +1,16 @@
-//! Token shards: `ferrotron data prepare` and `ferrotron train --data`.
-//! Training on shards equals training on the same tokens in memory; a
-//! `--data` run resumes exactly and refuses another shard set; damaged
-//! shards and bad inputs are refused before anything is written.
+//! Token shards: `ferrotron data prepare`, `data verify` and `ferrotron
+//! train --data`. Training on shards equals training on the same tokens in
+//! memory; a `--data` run resumes exactly and refuses another shard set;
+//! damaged shards (checksums), ids outside the vocabulary and bad inputs
+//! are refused before anything is written; a resumed run refuses a corpus
+//! whose text changed, and a tokenizer larger than the model is refused.
 
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use ferrotron_engine::data::{encode, ShardSet, TokenSource, Tokenizer};
+use ferrotron_engine::data::{encode, xxh3_64_hex, ShardSet, TokenSource, Tokenizer};
 
 mod common;
 use ferrotron_test_support::deadline;
@@ -404,6 +406,204 @@ fn bad_inputs_and_damaged_shards_are_refused_before_anything_is_written() {
     foreign[..8].copy_from_slice(b"GGUF\0\0\0\0");
     std::fs::write(&shard, &foreign).unwrap();
     refused(&train(&["--data", s]), &["shard-00001.bin", "bad magic"]);
+    assert!(!out.exists(), "a refused run wrote {}", out.display());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `data prepare` of `corpus` into `out`: vocabulary `vocab`, shards of
+/// `shard_tokens` tokens.
+fn prepare(corpus: &Path, vocab: &str, shard_tokens: &str, out: &Path) {
+    ok(
+        &ferrotron(&[
+            "data",
+            "prepare",
+            "--input",
+            corpus.to_str().unwrap(),
+            "--vocab-size",
+            vocab,
+            "--shard-tokens",
+            shard_tokens,
+            "--out",
+            out.to_str().unwrap(),
+        ]),
+        "data prepare",
+    );
+}
+
+/// Writes `bytes` as `shard` of the set in `dir` and its checksum into
+/// `index.json`, as a tool that wrote the set itself would (or none, as
+/// an index from before checksums).
+fn rewrite_shard(dir: &Path, shard: usize, bytes: &[u8], checksum: bool) {
+    std::fs::write(dir.join(format!("shard-{shard:05}.bin")), bytes).unwrap();
+    let path = dir.join("index.json");
+    let mut index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let entry = index["shards"][shard].as_object_mut().unwrap();
+    match checksum {
+        true => entry.insert("xxh3_64".into(), xxh3_64_hex(bytes).into()),
+        false => entry.remove("xxh3_64"),
+    };
+    std::fs::write(&path, serde_json::to_vec_pretty(&index).unwrap()).unwrap();
+}
+
+#[test]
+fn data_verify_and_train_refuse_a_damaged_shard_and_an_id_outside_the_vocabulary() {
+    let dir = scratch("shards-verify");
+    let corpus = corpus(&dir);
+    let shards = dir.join("shards");
+    prepare(&corpus, "300", "1000", &shards);
+    let s = shards.to_str().unwrap();
+    let o = ferrotron(&["data", "verify", s]);
+    let stdout = ok(&o, "data verify of a good set");
+    let n = ShardSet::open(&shards).unwrap().index().shards.len();
+    assert!(
+        stdout.contains(&format!("{n} shard(s)"))
+            && stdout.contains("every checksum matches index.json")
+            && stdout.contains("below the vocabulary of 300"),
+        "{stdout}"
+    );
+
+    let out = dir.join("out");
+    let train = || {
+        run(
+            train_args(2),
+            &["--data", s, "--out", out.to_str().unwrap()],
+        )
+    };
+    let shard = shards.join("shard-00001.bin");
+    let good = std::fs::read(&shard).unwrap();
+    // One token changed, the size kept: only the checksum can tell.
+    let mut damaged = good.clone();
+    damaged[32 + 2 * 500] ^= 1;
+    std::fs::write(&shard, &damaged).unwrap();
+    for o in [ferrotron(&["data", "verify", s]), train()] {
+        refused(&o, &["shard-00001.bin", "XXH3-64", "damaged"]);
+    }
+    // Token 500 of the shard is 300 (outside the tokenizer's 300 ids), the
+    // checksum the file's: named with its shard and offset.
+    let mut outside = good.clone();
+    outside[32 + 2 * 500..32 + 2 * 501].copy_from_slice(&300u16.to_le_bytes());
+    rewrite_shard(&shards, 1, &outside, true);
+    for o in [ferrotron(&["data", "verify", s]), train()] {
+        refused(
+            &o,
+            &[
+                "token id 300",
+                "shard-00001.bin, token 500 of the shard (byte 1032)",
+                "vocabulary of 300 tokens",
+            ],
+        );
+    }
+    // An index from before checksums: refused, saying how to remake it.
+    rewrite_shard(&shards, 1, &good, false);
+    for o in [ferrotron(&["data", "verify", s]), train()] {
+        refused(
+            &o,
+            &[
+                "index.json",
+                "no checksum for shard-00001.bin",
+                "data prepare",
+            ],
+        );
+    }
+    assert!(!out.exists(), "a refused run wrote {}", out.display());
+    rewrite_shard(&shards, 1, &good, true);
+    ok(&ferrotron(&["data", "verify", s]), "the set restored");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_resume_refuses_a_changed_corpus_and_a_tokenizer_larger_than_the_model() {
+    let dir = scratch("corpus-resume");
+    let corpus = corpus(&dir);
+    let c = corpus.to_str().unwrap();
+    let run_dir = dir.join("run");
+    let r = run_dir.to_str().unwrap();
+    ok(
+        &run(
+            train_args(2),
+            &["--corpus", c, "--vocab-size", "300", "--out", r],
+        ),
+        "the 2-step run",
+    );
+    let record = std::fs::read_to_string(run_dir.join("run.toml")).unwrap();
+    assert!(record.contains("corpus_sha256"), "{record}");
+    let before = std::fs::read(run_dir.join("metrics.jsonl")).unwrap();
+    let resume = || ferrotron(&["train", "--resume", r, "--steps", "3"]);
+
+    // The same path, other text.
+    let text = std::fs::read_to_string(&corpus).unwrap();
+    std::fs::write(&corpus, text.replace("lazy", "sleepy")).unwrap();
+    refused(
+        &resume(),
+        &["data.corpus", "small.txt", "SHA-256", "keeps its data"],
+    );
+    std::fs::write(&corpus, &text).unwrap();
+
+    // The run's tokenizer with 100 more tokens (400), for a model of 300.
+    let tokenizer = run_dir.join("tokenizer.json");
+    let kept = std::fs::read(&tokenizer).unwrap();
+    let mut json: serde_json::Value = serde_json::from_slice(&kept).unwrap();
+    let vocab = json["model"]["vocab"].as_object_mut().unwrap();
+    assert_eq!(vocab.len(), 300);
+    for id in 300..400 {
+        vocab.insert(format!("extra{id}"), id.into());
+    }
+    std::fs::write(&tokenizer, serde_json::to_vec(&json).unwrap()).unwrap();
+    refused(
+        &resume(),
+        &[
+            "--resume",
+            "tokenizer.json",
+            "400 tokens",
+            "the run's model of 300",
+        ],
+    );
+    std::fs::write(&tokenizer, kept).unwrap();
+    assert_eq!(
+        std::fs::read(run_dir.join("metrics.jsonl")).unwrap(),
+        before
+    );
+    ok(&resume(), "the resume with the run's corpus and tokenizer");
+    assert_eq!(step_losses(&run_dir).len(), 3);
+
+    // A Hugging Face directory whose tokenizer.json (20 tokens) grows past
+    // its config.json's vocab_size (96): refused before anything is written.
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/tests/fixtures/hf/gpt2/model");
+    let hf = dir.join("hf");
+    copy_dir(&fixture, &hf);
+    let path = hf.join("tokenizer.json");
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let vocab = json["model"]["vocab"].as_object_mut().unwrap();
+    for id in vocab.len()..100 {
+        vocab.insert(format!("extra{id}"), id.into());
+    }
+    std::fs::write(&path, serde_json::to_vec(&json).unwrap()).unwrap();
+    let out = dir.join("hf-run");
+    let o = ferrotron(&[
+        "train",
+        "--hf-dir",
+        hf.to_str().unwrap(),
+        "--corpus",
+        c,
+        "--seq-len",
+        "16",
+        "--steps",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    refused(
+        &o,
+        &[
+            "model.hf_dir",
+            "tokenizer.json",
+            "100 tokens",
+            "vocab_size of 96",
+        ],
+    );
     assert!(!out.exists(), "a refused run wrote {}", out.display());
     let _ = std::fs::remove_dir_all(&dir);
 }

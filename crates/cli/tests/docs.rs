@@ -37,6 +37,7 @@ const SUBCOMMANDS: &[&[&str]] = &[
     &["bench", "train"],
     &["bench", "kernels"],
     &["data", "prepare"],
+    &["data", "verify"],
 ];
 
 /// Flags the docs name on a line with `ferrotron` that belong to another

@@ -1,7 +1,8 @@
 //! The files that describe a run directory: `config.toml`, the resolved
 //! [`JobConfig`] (the document `--print-config` prints; `--config` reads
 //! it back), and `run.toml`, what the run resolved (the architecture, the
-//! global batch, the shard set). Checkpoints carry both.
+//! global batch, the shard set or the corpus's hash). Checkpoints carry
+//! both.
 
 use std::path::Path;
 
@@ -29,6 +30,11 @@ pub struct RunRecord {
     /// its tokenizer and index); a resumed run refuses another.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shards: Option<ShardSetId>,
+    /// SHA-256 of the text of a run on `data.corpus` (after gzip
+    /// decompression); a resumed run refuses a corpus whose text differs.
+    /// Absent in records written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub corpus_sha256: Option<String>,
     /// The model architecture.
     pub model: DecoderConfig,
 }

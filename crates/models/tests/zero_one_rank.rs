@@ -85,6 +85,7 @@ fn train(config: &DecoderConfig, zero: Option<ZeroStage>) -> (Vec<f64>, Vec<(Str
     let mut batches = TokenWindows {
         sampler,
         tokens: &tokens,
+        vocab_size: config.vocab_size,
     };
     let val = [BatchSampler::new(tokens.len(), 16, 6)
         .unwrap()

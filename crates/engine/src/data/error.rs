@@ -157,6 +157,21 @@ pub enum DataError {
         reason: String,
     },
 
+    /// A token id is not below the vocabulary it must index (the shard
+    /// set's tokenizer's, or the model's when a batch is drawn).
+    #[error("token id {id} at {at} is outside the vocabulary of {vocab_size} tokens ({whose})")]
+    OutOfVocab {
+        /// The id found.
+        id: u32,
+        /// The vocabulary's size (tokens).
+        vocab_size: usize,
+        /// Whose vocabulary: "the model's", "the shard set's tokenizer's".
+        whose: &'static str,
+        /// Where the id is: the shard and the token's offset in it, or the
+        /// position in the stream.
+        at: String,
+    },
+
     /// A line of a JSON-lines input is not a JSON object with the text field.
     #[error("{path}:{line}: {reason}")]
     BadJsonLine {

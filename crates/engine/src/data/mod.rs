@@ -16,7 +16,8 @@
 //!   ([`for_each_document`]: text, `.gz`, JSON lines), encodes them and
 //!   writes a shard set ([`ShardWriter`]: `shard-NNNNN.bin` files in the
 //!   [`shard_format`] layout, `tokenizer.json`, `index.json` =
-//!   [`ShardIndex`]) atomically; [`ShardSet`] opens one for training.
+//!   [`ShardIndex`], with each shard's XXH3-64) atomically; [`ShardSet`]
+//!   opens one for training, checking every shard's checksum and ids.
 //! - [`Goldfish`]: the goldfish loss's hashed mask, which turns about one
 //!   target in `k` of a training [`Batch`] into [`IGNORED_TARGET`].
 
@@ -26,6 +27,7 @@ mod error;
 mod goldfish;
 mod prepare;
 mod sampler;
+mod shard_check;
 pub mod shard_format;
 mod shard_index;
 mod shard_set;
@@ -42,6 +44,7 @@ pub use prepare::{
     expand_inputs, prepare, PrepareConfig, PrepareProgress, TokenizerSource, ENCODE_BATCH_BYTES,
 };
 pub use sampler::{eval_batches, Batch, BatchSampler, SamplerState};
+pub use shard_check::{xxh3_64_file, xxh3_64_hex};
 pub use shard_index::{sha256_hex, ShardEntry, ShardIndex, FORMAT, INDEX_FILE, TOKENIZER_FILE};
 pub use shard_set::{ShardSet, ShardSetId};
 pub use shard_writer::ShardWriter;
@@ -53,4 +56,4 @@ pub use tokenizer::{
 /// The tokenizer type returned by [`train_bpe`] (re-exported so callers
 /// need not depend on `tokenizers` directly).
 pub use tokenizers::Tokenizer;
-pub use tokens::{TokenRange, TokenSource};
+pub use tokens::{check_ids, TokenRange, TokenSource};

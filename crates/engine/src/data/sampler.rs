@@ -5,7 +5,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use super::{DataError, Goldfish, TokenSource};
+use super::{check_ids, DataError, Goldfish, TokenSource};
 
 /// A batch of next-token-prediction examples.
 ///
@@ -171,7 +171,50 @@ impl BatchSampler {
         goldfish: &Goldfish,
     ) -> Batch {
         let starts: Vec<usize> = (0..batch).map(|_| self.next_start()).collect();
-        let mut out = self.next_batch_at(tokens, &starts);
+        self.goldfish_batch_at(tokens, &starts, goldfish)
+    }
+
+    /// Draws the windows [`BatchSampler::next_batch`] draws (masked as
+    /// [`BatchSampler::next_goldfish_batch`] masks them when `goldfish` is
+    /// given) after checking that every id they hold is below
+    /// `vocab_size`, the model's vocabulary: an id outside it would index
+    /// past the embedding and the head.
+    ///
+    /// # Errors
+    ///
+    /// [`DataError::OutOfVocab`] naming where the first such id is
+    /// ([`TokenSource::locate`]: the shard and the offset in it for a
+    /// shard set); the sampler has then drawn the windows.
+    ///
+    /// # Panics
+    ///
+    /// As [`BatchSampler::next_batch`].
+    pub fn next_checked_batch<T: TokenSource + ?Sized>(
+        &mut self,
+        tokens: &T,
+        batch: usize,
+        vocab_size: usize,
+        goldfish: Option<&Goldfish>,
+    ) -> Result<Batch, DataError> {
+        let starts: Vec<usize> = (0..batch).map(|_| self.next_start()).collect();
+        for &start in &starts {
+            check_ids(tokens, start, self.seq_len + 1, vocab_size)?;
+        }
+        Ok(match goldfish {
+            Some(g) => self.goldfish_batch_at(tokens, &starts, g),
+            None => self.next_batch_at(tokens, &starts),
+        })
+    }
+
+    /// The windows at `starts` from `tokens`, masked by `goldfish` with the
+    /// up to `context - 1` tokens before each window as its context.
+    fn goldfish_batch_at<T: TokenSource + ?Sized>(
+        &self,
+        tokens: &T,
+        starts: &[usize],
+        goldfish: &Goldfish,
+    ) -> Batch {
+        let mut out = self.next_batch_at(tokens, starts);
         let n = self.seq_len;
         let mut lead = vec![0u32; goldfish.context() - 1];
         for (row, &start) in starts.iter().enumerate() {

@@ -6,7 +6,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::shard_format::TokenWidth;
+use super::shard_format::{TokenWidth, HEADER_BYTES};
 use super::DataError;
 
 /// Name of the index file in a shard set directory.
@@ -57,6 +57,18 @@ pub struct ShardEntry {
     pub tokens: u64,
     /// Documents that start in the shard.
     pub documents: u64,
+    /// XXH3-64 (seed 0) of the whole shard file, 16 lowercase hex digits
+    /// (`None` only in an index written before checksums, which
+    /// [`ShardIndex::read`] refuses).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xxh3_64: Option<String>,
+}
+
+impl ShardEntry {
+    /// Bytes of the shard file: the header and `tokens` ids of `width`.
+    pub fn file_bytes(&self, width: TokenWidth) -> u64 {
+        HEADER_BYTES as u64 + self.tokens * width.bytes() as u64
+    }
 }
 
 impl ShardIndex {
@@ -65,7 +77,8 @@ impl ShardIndex {
     /// # Errors
     ///
     /// [`DataError::Io`] if it cannot be read, [`DataError::BadShardSet`]
-    /// naming it if it is not an index of this format.
+    /// naming it if it is not an index of this format or lacks a shard's
+    /// checksum.
     pub fn read(dir: &Path) -> Result<(Self, String), DataError> {
         let path = dir.join(INDEX_FILE);
         let bytes = std::fs::read(&path).map_err(|source| DataError::Io {
@@ -99,7 +112,18 @@ impl ShardIndex {
                 index.tokens
             )));
         }
+        if let Some(old) = index.shards.iter().find(|s| s.xxh3_64.is_none()) {
+            return Err(bad(format!(
+                "lists no checksum for {} (an index written before shards had checksums); make the set again with `ferrotron data prepare`",
+                old.file
+            )));
+        }
         Ok((index, sha256_hex(&bytes)))
+    }
+
+    /// Bytes of all the shard files.
+    pub fn shard_bytes(&self) -> u64 {
+        self.shards.iter().map(|s| s.file_bytes(self.dtype)).sum()
     }
 }
 

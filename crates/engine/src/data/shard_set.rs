@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 use serde::{Deserialize, Serialize};
 
+use super::shard_check::{check_shard, shard_location};
 use super::shard_format::{parse_header, TokenWidth, HEADER_BYTES};
-use super::shard_index::{sha256_hex, ShardIndex, TOKENIZER_FILE};
+use super::shard_index::{sha256_hex, ShardEntry, ShardIndex, TOKENIZER_FILE};
 use super::{DataError, TokenSource, Tokenizer};
 
 /// What identifies a shard set: the hashes of its tokenizer and its index
@@ -39,8 +40,10 @@ pub struct ShardSet {
 
 impl ShardSet {
     /// Opens the shard set in `dir`: reads `index.json`, checks the hash of
-    /// `tokenizer.json`, and checks and maps every shard (header and size
-    /// against the index). Nothing is read beyond the headers.
+    /// `tokenizer.json`, and checks and maps every shard: its header and
+    /// size against the index, then its whole content (each shard is read
+    /// once: its XXH3-64 against the index's, every id below the
+    /// tokenizer's vocabulary).
     ///
     /// Shards must not change while the set is open (the data is read
     /// through the mapping).
@@ -49,9 +52,24 @@ impl ShardSet {
     ///
     /// [`DataError::Io`] for a missing or unreadable file;
     /// [`DataError::BadShardSet`] naming the file for an index that is not
-    /// one, a tokenizer whose hash differs from the index's, or a shard
-    /// that is truncated, foreign or disagrees with the index.
+    /// one (or has no checksums), a tokenizer whose hash differs from the
+    /// index's, or a shard that is truncated, foreign, damaged or
+    /// disagrees with the index; [`DataError::OutOfVocab`] naming the
+    /// shard and the offset of an id outside the vocabulary.
     pub fn open(dir: &Path) -> Result<Self, DataError> {
+        Self::open_with_progress(dir, &mut |_, _| {})
+    }
+
+    /// [`ShardSet::open`], calling `progress(done, total)` with the shard
+    /// bytes checked so far and in all as it reads them.
+    ///
+    /// # Errors
+    ///
+    /// As [`ShardSet::open`].
+    pub fn open_with_progress(
+        dir: &Path,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Self, DataError> {
         let (index, index_sha256) = ShardIndex::read(dir)?;
         let tok_path = dir.join(TOKENIZER_FILE);
         let tok_bytes = std::fs::read(&tok_path).map_err(|source| DataError::Io {
@@ -74,59 +92,19 @@ impl ShardSet {
         let mut starts = Vec::with_capacity(index.shards.len());
         let mut len = 0usize;
         for entry in &index.shards {
-            let path = dir.join(&entry.file);
-            let bad = |reason: String| DataError::BadShardSet {
-                path: path.clone(),
-                reason,
-            };
-            let file = File::open(&path).map_err(|source| DataError::Io {
-                action: "opening token shard",
-                path: path.clone(),
-                source,
-            })?;
-            let expected = HEADER_BYTES as u64 + entry.tokens * width.bytes() as u64;
-            let actual = file
-                .metadata()
-                .map_err(|source| DataError::Io {
-                    action: "reading the size of token shard",
-                    path: path.clone(),
-                    source,
-                })?
-                .len();
-            // Checked before mapping, so the header read below is in bounds.
-            if actual < HEADER_BYTES as u64 {
-                return Err(bad(format!(
-                    "{actual} bytes, shorter than the {HEADER_BYTES}-byte shard header (truncated?)"
-                )));
-            }
-            // SAFETY: the mapping is read-only and the file is not changed
-            // while the set is open (documented above); a file changed
-            // underneath would give wrong tokens, not undefined reads past
-            // the length checked here.
-            let map = unsafe { Mmap::map(&file) }.map_err(|source| DataError::Io {
-                action: "memory-mapping token shard",
-                path: path.clone(),
-                source,
-            })?;
-            let (w, n) = parse_header(&map).map_err(&bad)?;
-            if w != width || n != entry.tokens {
-                return Err(bad(format!(
-                    "header says {n} tokens of {} bytes, the index says {} tokens of {} bytes (a shard of another set?)",
-                    w.bytes(),
-                    entry.tokens,
-                    width.bytes()
-                )));
-            }
-            if actual != expected {
-                return Err(bad(format!(
-                    "{actual} bytes, but {} tokens of {} bytes need {expected} (truncated or damaged)",
-                    entry.tokens,
-                    width.bytes()
-                )));
-            }
+            maps.push(map_shard(&dir.join(&entry.file), entry, width)?);
             starts.push(len);
             len += entry.tokens as usize;
-            maps.push(map);
+        }
+        let total = index.shard_bytes();
+        let mut before = 0;
+        for (entry, map) in index.shards.iter().zip(&maps) {
+            let expected = entry.xxh3_64.as_deref().expect("ShardIndex::read checks");
+            let path = dir.join(&entry.file);
+            check_shard(&path, map, width, expected, index.vocab_size, &mut |done| {
+                progress(before + done, total)
+            })?;
+            before += map.len() as u64;
         }
         Ok(Self {
             dir: dir.to_path_buf(),
@@ -173,6 +151,56 @@ impl ShardSet {
     }
 }
 
+/// Opens and maps the shard at `path`, checking its header and size
+/// against `entry` (nothing is read beyond the header).
+fn map_shard(path: &Path, entry: &ShardEntry, width: TokenWidth) -> Result<Mmap, DataError> {
+    let bad = |reason: String| DataError::BadShardSet {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let io = |action| {
+        move |source| DataError::Io {
+            action,
+            path: path.to_path_buf(),
+            source,
+        }
+    };
+    let file = File::open(path).map_err(io("opening token shard"))?;
+    let expected = entry.file_bytes(width);
+    let actual = file
+        .metadata()
+        .map_err(io("reading the size of token shard"))?
+        .len();
+    // Checked before mapping, so the header read below is in bounds.
+    if actual < HEADER_BYTES as u64 {
+        return Err(bad(format!(
+            "{actual} bytes, shorter than the {HEADER_BYTES}-byte shard header (truncated?)"
+        )));
+    }
+    // SAFETY: the mapping is read-only and the file is not changed while
+    // the set is open (documented on `ShardSet::open`); a file changed
+    // underneath would give wrong tokens, not undefined reads past the
+    // length checked here.
+    let map = unsafe { Mmap::map(&file) }.map_err(io("memory-mapping token shard"))?;
+    let (w, n) = parse_header(&map).map_err(&bad)?;
+    if w != width || n != entry.tokens {
+        return Err(bad(format!(
+            "header says {n} tokens of {} bytes, the index says {} tokens of {} bytes (a shard of another set?)",
+            w.bytes(),
+            entry.tokens,
+            width.bytes()
+        )));
+    }
+    if actual != expected {
+        return Err(bad(format!(
+            "{actual} bytes, but {} tokens of {} bytes need {expected} (truncated or damaged)",
+            entry.tokens,
+            width.bytes()
+        )));
+    }
+    Ok(map)
+}
+
 impl TokenSource for ShardSet {
     fn len(&self) -> usize {
         self.len
@@ -198,6 +226,16 @@ impl TokenSource for ShardSet {
             done += n;
             pos += n;
         }
+    }
+
+    fn locate(&self, pos: usize) -> String {
+        let shard = self.starts.partition_point(|&s| s <= pos) - 1;
+        let offset = (pos - self.starts[shard]) as u64;
+        let path = self.dir.join(&self.index.shards[shard].file);
+        format!(
+            "{} (token {pos} of the set)",
+            shard_location(&path, offset, self.width)
+        )
     }
 }
 
@@ -317,6 +355,90 @@ mod tests {
             e.contains("index.json") && e.contains("not a token shard index"),
             "{e}"
         );
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_damaged_shard_or_an_index_without_checksums_is_refused() {
+        let root = scratch("checksum");
+        let dir = root.join("set");
+        write(&dir, &documents(300), 300, Some(0), 50);
+        let shard = dir.join("shard-00002.bin");
+        let good = std::fs::read(&shard).unwrap();
+        let open_err = || ShardSet::open(&dir).err().expect("refused").to_string();
+        // The same size, one token changed (still inside the vocabulary).
+        let mut damaged = good.clone();
+        damaged[40] ^= 1;
+        std::fs::write(&shard, &damaged).unwrap();
+        let e = open_err();
+        assert!(
+            e.contains("shard-00002.bin") && e.contains("XXH3-64") && e.contains("damaged"),
+            "{e}"
+        );
+        std::fs::write(&shard, &good).unwrap();
+        // The index's checksum is the file's, as `xxhsum -H3` computes it.
+        let (index, _) = ShardIndex::read(&dir).unwrap();
+        assert_eq!(
+            index.shards[2].xxh3_64.as_deref(),
+            Some(super::super::xxh3_64_hex(&good).as_str())
+        );
+        // An index written before checksums: refused, saying how to remake it.
+        let path = dir.join(INDEX_FILE);
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        for s in json["shards"].as_array_mut().unwrap() {
+            s.as_object_mut().unwrap().remove("xxh3_64");
+        }
+        std::fs::write(&path, serde_json::to_vec(&json).unwrap()).unwrap();
+        let e = open_err();
+        assert!(
+            e.contains("index.json")
+                && e.contains("no checksum for shard-00000.bin")
+                && e.contains("ferrotron data prepare"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_drawn_id_outside_the_model_vocabulary_names_its_shard_and_offset() {
+        let root = scratch("vocab");
+        let dir = root.join("set");
+        // Ids below 300 but one: 299 + 1000 at stream position 333, in a
+        // set whose tokenizer has 2000 tokens (so the set itself is valid).
+        let mut stream: Vec<u32> = (0..600).map(|i| i % 299).collect();
+        stream[333] = 1299;
+        let mut w = ShardWriter::create(&dir, b"{}".to_vec(), 2000, None, 100).unwrap();
+        w.push_document(&stream, 600).unwrap();
+        w.finish().unwrap();
+        let set = ShardSet::open(&dir).unwrap();
+        let mut sampler = BatchSampler::new(set.len(), 16, 5).unwrap();
+        let mut plain = sampler.clone();
+        let mut drawn = 0;
+        let e = loop {
+            drawn += 1;
+            assert!(drawn < 10_000, "no window ever held token 333");
+            match sampler.next_checked_batch(&set, 4, 300, None) {
+                // Windows without it are the unchecked sampler's.
+                Ok(b) => assert_eq!(b, plain.next_batch(&set, 4)),
+                Err(e) => break e.to_string(),
+            }
+        };
+        let shard = dir.join("shard-00003.bin");
+        let at = format!(
+            "token id 1299 at {}, token 33 of the shard (byte {}) (token 333 of the set) is outside the vocabulary of 300 tokens (the model's)",
+            shard.display(),
+            32 + 33 * 2
+        );
+        assert_eq!(e, at);
+        // A part of the set (the validation tokens) names the same place.
+        let part = crate::data::TokenRange::new(&set, 300, 300);
+        let e = crate::data::check_ids(&part, 0, 300, 300).unwrap_err();
+        assert_eq!(e.to_string(), at);
+        // In memory: the position in the stream.
+        let e = crate::data::check_ids(&stream, 320, 20, 300).unwrap_err();
+        assert!(e.to_string().contains("at token 333 of the stream"), "{e}");
+        assert!(crate::data::check_ids(&stream, 0, 333, 300).is_ok());
         std::fs::remove_dir_all(&root).unwrap();
     }
 

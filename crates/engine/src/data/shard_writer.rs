@@ -8,6 +8,7 @@ use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
+use super::shard_check::xxh3_64_file;
 use super::shard_format::{header, TokenWidth, HEADER_BYTES, VERSION};
 use super::shard_index::{sha256_hex, ShardEntry, ShardIndex, FORMAT, INDEX_FILE, TOKENIZER_FILE};
 use super::DataError;
@@ -178,12 +179,14 @@ impl ShardWriter {
                 file: name,
                 tokens: 0,
                 documents: 0,
+                xxh3_64: None,
             },
         });
         Ok(())
     }
 
-    /// Writes the token count into the open shard's header and syncs it.
+    /// Writes the token count into the open shard's header, syncs it and
+    /// records its checksum (of the file as read back).
     fn close_shard(&mut self) -> Result<(), DataError> {
         let Some(shard) = self.current.take() else {
             return Ok(());
@@ -203,7 +206,10 @@ impl ShardWriter {
             file.metadata().map(|m| m.len()).unwrap_or(0),
             (HEADER_BYTES + shard.entry.tokens as usize * self.width.bytes()) as u64
         );
-        self.index.shards.push(shard.entry);
+        drop(file);
+        let mut entry = shard.entry;
+        entry.xxh3_64 = Some(xxh3_64_file(&path)?);
+        self.index.shards.push(entry);
         Ok(())
     }
 

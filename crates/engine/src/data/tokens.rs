@@ -4,6 +4,8 @@
 //! in-memory path and the shard path cut identical windows from identical
 //! tokens.
 
+use super::DataError;
+
 /// A read-only stream of token ids.
 pub trait TokenSource: Sync {
     /// Number of tokens in the stream.
@@ -20,6 +22,12 @@ pub trait TokenSource: Sync {
     ///
     /// If the range goes past [`TokenSource::len`] (a programming error).
     fn read(&self, start: usize, out: &mut [u32]);
+
+    /// Where position `pos` of the stream is, for error messages: `token
+    /// POS of the stream`; a shard set names the shard and the offset in it.
+    fn locate(&self, pos: usize) -> String {
+        format!("token {pos} of the stream")
+    }
 }
 
 impl TokenSource for [u32] {
@@ -39,6 +47,37 @@ impl TokenSource for Vec<u32> {
 
     fn read(&self, start: usize, out: &mut [u32]) {
         self.as_slice().read(start, out);
+    }
+}
+
+/// Checks that the `len` ids of `tokens` from position `start` are below
+/// `vocab_size`, the model's vocabulary (the host's check before a batch
+/// reaches the embedding and the head, whose kernels do not check).
+///
+/// # Errors
+///
+/// [`DataError::OutOfVocab`] naming where the first id outside it is
+/// ([`TokenSource::locate`]).
+///
+/// # Panics
+///
+/// If the range goes past the end of `tokens`.
+pub fn check_ids<T: TokenSource + ?Sized>(
+    tokens: &T,
+    start: usize,
+    len: usize,
+    vocab_size: usize,
+) -> Result<(), DataError> {
+    let mut window = vec![0u32; len];
+    tokens.read(start, &mut window);
+    match window.iter().position(|&id| id as usize >= vocab_size) {
+        Some(i) => Err(DataError::OutOfVocab {
+            id: window[i],
+            vocab_size,
+            whose: "the model's",
+            at: tokens.locate(start + i),
+        }),
+        None => Ok(()),
     }
 }
 
@@ -82,6 +121,10 @@ impl TokenSource for TokenRange<'_> {
             self.len
         );
         self.source.read(self.start + start, out);
+    }
+
+    fn locate(&self, pos: usize) -> String {
+        self.source.locate(self.start + pos)
     }
 }
 

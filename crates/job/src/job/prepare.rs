@@ -112,6 +112,11 @@ pub(super) fn prepare(
     let record = RunRecord {
         global_batch: job.mesh.dp * c.schedule.micro_batch * c.schedule.grad_accum,
         shards: shard_id,
+        corpus_sha256: c
+            .data
+            .corpus
+            .as_ref()
+            .map(|_| data::sha256_hex(text.as_bytes())),
         model: job.model.clone(),
     };
     let run_files = vec![

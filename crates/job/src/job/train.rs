@@ -203,6 +203,15 @@ impl BackendTask for TrainTask<'_> {
             c.schedule.micro_batch,
             c.schedule.eval_batches,
         );
+        // The evaluation windows are contiguous from the start of the
+        // validation tokens: check the ids they read, as training checks
+        // each batch it draws.
+        let val_windows: usize = val_batches.iter().map(|b| b.batch).sum();
+        if val_windows > 0 {
+            let vocab = self.job.model.vocab_size;
+            data::check_ids(&val_tokens, 0, val_windows * c.schedule.seq_len + 1, vocab)
+                .map_err(|e| usage(format!("validation tokens: {e}")))?;
+        }
         let mut trainer = self.trainer::<B>(&device)?;
         self.record_overrides()?;
         let peak = match self.job.peak_flops {
@@ -221,6 +230,7 @@ impl BackendTask for TrainTask<'_> {
         let mut batches = TokenWindows {
             sampler,
             tokens: &train_tokens,
+            vocab_size: self.job.model.vocab_size,
         };
         let mut silent = Silent;
         let progress: &mut dyn train::Progress = if lead { &mut *self.report } else { &mut silent };
@@ -237,6 +247,8 @@ impl BackendTask for TrainTask<'_> {
                 };
                 return Err(Interrupted(if lead { message } else { String::new() }).into());
             }
+            // An id outside the vocabulary is the data's fault (exit 2).
+            Err(LoopError::Data(e)) => return Err(usage(format!("training tokens: {e}"))),
             Err(e) => return Err(e.into()),
         };
         finish::finish::<B>(&mut self, trainer, &summary, t0, &device)?;

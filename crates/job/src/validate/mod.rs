@@ -5,6 +5,7 @@
 //! is written before it passes.
 
 mod fields;
+mod inputs;
 mod layout;
 mod model;
 mod output;
@@ -188,6 +189,9 @@ fn validate(
         return Err(p.0);
     };
     layout::check_with_model(&config, kind, &mesh, &mut model, here, &mut p, &mut notes);
+    if here == Here::Yes {
+        inputs::check_inputs(&config, resume.as_ref(), &model, &mut p);
+    }
     let writer = here == Here::Yes && world.rank == 0;
     output::check_outputs(&config, &model, &out, writer, &mut p);
     if !p.0.is_empty() {

@@ -38,7 +38,7 @@ use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::TensorData;
 use ferrotron_engine::checkpoint::{save_safetensors, write_atomic, CheckpointError};
-use ferrotron_engine::data::{Batch, BatchSampler, Goldfish, SamplerState, TokenSource};
+use ferrotron_engine::data::{Batch, BatchSampler, DataError, Goldfish, SamplerState, TokenSource};
 use ferrotron_engine::lm::{CausalLm, LmUnits};
 use ferrotron_engine::metrics::energy::Coverage;
 use ferrotron_engine::metrics::{
@@ -52,16 +52,21 @@ use crate::tensor::ShardError;
 
 /// A source of micro-batches, drawn in the same order on every rank.
 pub trait BatchSource {
-    /// The next micro-batch of `rows` sequences.
-    fn next_batch(&mut self, rows: usize) -> Batch;
+    /// The next micro-batch of `rows` sequences, or why it cannot be used
+    /// (an id outside the model's vocabulary, named where it is).
+    fn next_batch(&mut self, rows: usize) -> Result<Batch, DataError>;
     /// The next micro-batch of `rows` sequences with `goldfish`'s dropped
     /// targets replaced by the ignored value. By default the rows are
     /// masked without context before them ([`Goldfish::apply`]); a source
     /// that knows the stream around its windows passes it.
-    fn next_goldfish_batch(&mut self, rows: usize, goldfish: &Goldfish) -> Batch {
-        let mut batch = self.next_batch(rows);
+    fn next_goldfish_batch(
+        &mut self,
+        rows: usize,
+        goldfish: &Goldfish,
+    ) -> Result<Batch, DataError> {
+        let mut batch = self.next_batch(rows)?;
         goldfish.apply(&mut batch);
-        batch
+        Ok(batch)
     }
     /// Where the source stands, for a checkpoint (`None`: not resumable).
     fn state(&self) -> Option<SamplerState> {
@@ -71,22 +76,31 @@ pub trait BatchSource {
 
 /// Random windows of a token stream (the sampler's deterministic order),
 /// in memory or in memory-mapped shards: the same tokens give the same
-/// batches either way.
+/// batches either way. Every id drawn is checked on the host to be below
+/// `vocab_size` before the batch reaches the model (the embedding and the
+/// fused cross-entropy do not check their indices).
 pub struct TokenWindows<'a> {
     /// Draws the window starts.
     pub sampler: BatchSampler,
     /// The training token stream.
     pub tokens: &'a dyn TokenSource,
+    /// The model's vocabulary (tokens).
+    pub vocab_size: usize,
 }
 
 impl BatchSource for TokenWindows<'_> {
-    fn next_batch(&mut self, rows: usize) -> Batch {
-        self.sampler.next_batch(self.tokens, rows)
+    fn next_batch(&mut self, rows: usize) -> Result<Batch, DataError> {
+        self.sampler
+            .next_checked_batch(self.tokens, rows, self.vocab_size, None)
     }
 
-    fn next_goldfish_batch(&mut self, rows: usize, goldfish: &Goldfish) -> Batch {
+    fn next_goldfish_batch(
+        &mut self,
+        rows: usize,
+        goldfish: &Goldfish,
+    ) -> Result<Batch, DataError> {
         self.sampler
-            .next_goldfish_batch(self.tokens, rows, goldfish)
+            .next_checked_batch(self.tokens, rows, self.vocab_size, Some(goldfish))
     }
 
     fn state(&self) -> Option<SamplerState> {
@@ -225,6 +239,10 @@ pub enum LoopError {
     /// Joining the tensor-parallel blocks of the state failed.
     #[error(transparent)]
     Shards(#[from] ShardError),
+    /// A drawn micro-batch holds an id outside the model's vocabulary
+    /// (checked before the step).
+    #[error(transparent)]
+    Data(#[from] DataError),
     /// Writing `metrics.jsonl` failed.
     #[error("{path}: {source}")]
     Metrics {
@@ -372,7 +390,7 @@ where
     }
     let mut skipped_in_a_row = 0;
     for step in trainer.steps_done() + 1..=config.steps {
-        let micro = draw(batches, config, place);
+        let micro = draw(batches, config, place)?;
         let (record, overflow) = timed_step(trainer, &micro, config, place, step)?;
         let (skipped, loss, grad_norm) = (record.skipped, record.loss, record.grad_norm);
         reports.step(record)?;
@@ -468,16 +486,24 @@ impl Reports<'_> {
 
 /// This rank's micro-batches of the next global batch: `grad_accum x dp`
 /// drawn in order from `batches` (masked as drawn under goldfish), of
-/// which DP rank `r` keeps `r, r + dp, ...`.
-fn draw(batches: &mut dyn BatchSource, config: &LoopConfig, place: Place) -> Vec<Batch> {
-    (0..config.grad_accum * place.dp_size)
+/// which DP rank `r` keeps `r, r + dp, ...`. Every rank draws (and checks)
+/// them all, so a bad micro-batch stops every rank, not only its owner.
+fn draw(
+    batches: &mut dyn BatchSource,
+    config: &LoopConfig,
+    place: Place,
+) -> Result<Vec<Batch>, DataError> {
+    let all = (0..config.grad_accum * place.dp_size)
         .map(|_| match &config.goldfish {
             Some(goldfish) => batches.next_goldfish_batch(config.micro_batch, goldfish),
             None => batches.next_batch(config.micro_batch),
         })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(all
+        .into_iter()
         .skip(place.dp_rank)
         .step_by(place.dp_size)
-        .collect()
+        .collect())
 }
 
 /// Takes step `step` on `micro` and measures it (time, energy and heap on
@@ -617,4 +643,49 @@ where
         config.keep_checkpoints,
     )?;
     Ok(Some(written))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_rank_checks_the_whole_global_batch_so_all_stop_at_the_same_step() {
+        // Ids below 50 except the one at position 25.
+        let mut tokens: Vec<u32> = (0..40).collect();
+        tokens[25] = 50;
+        let config = LoopConfig {
+            micro_batch: 1,
+            grad_accum: 2,
+            ..LoopConfig::default()
+        };
+        let first_error = |dp_rank: usize| {
+            let place = Place {
+                lead: dp_rank == 0,
+                world_size: 2,
+                dp_size: 2,
+                dp_rank,
+            };
+            let mut windows = TokenWindows {
+                sampler: BatchSampler::new(tokens.len(), 4, 1).unwrap(),
+                tokens: &tokens,
+                vocab_size: 50,
+            };
+            (0..1000)
+                .find_map(|step| match draw(&mut windows, &config, place) {
+                    Ok(micro) => {
+                        assert_eq!(micro.len(), 2, "grad_accum micro-batches per rank");
+                        None
+                    }
+                    Err(e) => Some((step, e.to_string())),
+                })
+                .expect("a window holds position 25")
+        };
+        let (step, e) = first_error(0);
+        assert_eq!(first_error(1), (step, e.clone()));
+        assert_eq!(
+            e,
+            "token id 50 at token 25 of the stream is outside the vocabulary of 50 tokens (the model's)"
+        );
+    }
 }
