@@ -148,6 +148,9 @@ impl BackendTask for StepBench<'_> {
         let valid = job_config(a, kind, &self.config)
             .validate_for(&World::SINGLE, self.config.clone())
             .map_err(|e| usage_lines(&e))?;
+        for note in valid.notes() {
+            eprintln!("bench: {note}");
+        }
         let config = valid.model().clone();
         let precision = config.precision;
         let rss_reset = cpu && host::reset_peak_rss();
