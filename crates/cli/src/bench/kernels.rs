@@ -29,7 +29,7 @@ pub struct Sample {
 /// asked.
 pub fn run(args: KernelsBenchArgs) -> Result<()> {
     ensure!(args.reps >= 1, "--reps must be at least 1");
-    if args.head_dim % 2 != 0 || !(2..=MAX_HEAD_DIM).contains(&args.head_dim) {
+    if !args.head_dim.is_multiple_of(2) || !(2..=MAX_HEAD_DIM).contains(&args.head_dim) {
         return Err(usage(format!(
             "--head-dim {}: must be even and between 2 and {MAX_HEAD_DIM} (RoPE rotates pairs; \
              the attention kernels hold at most {MAX_HEAD_DIM} values per head)",
