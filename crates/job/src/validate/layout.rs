@@ -18,12 +18,6 @@ use crate::comm::{self, Transport};
 use crate::config::JobConfig;
 use crate::memory::check_memory;
 
-/// The one-line notice of a GPU run with `precision.compute` unset: it
-/// computes in fp32 until a bf16 step is seen to finish on a GPU (issue 31;
-/// `scripts/gpu_check.sh` runs one).
-const BF16_NOTICE: &str = "note: precision.compute unset: fp32, because bf16 has not yet \
-     finished a training step on a GPU (--precision bf16 to try it)";
-
 /// The backend `backend.name` names, if compiled in and able to start
 /// here, and the transport of its collectives.
 pub(super) fn backend(
@@ -120,10 +114,9 @@ pub(super) fn check_with_model(
 ) {
     model.kernels = c.backend.kernels;
     model.precision = c.precision.compute.unwrap_or_else(|| {
-        if kind.bf16_default_unverified() {
-            notes.push(format!("{BF16_NOTICE} ({kind})"));
-        }
-        Precision::Fp32
+        let (precision, notice) = kind.default_precision();
+        notes.extend(notice.map(|n| format!("{n} ({kind})")));
+        precision
     });
     if model.precision != Precision::Fp32 {
         for (key, degree) in [("tp", mesh.tp), ("pp", mesh.pp)] {
@@ -221,41 +214,5 @@ fn check_pipeline(
             100.0 * (mesh.pp - 1) as f64 / grad_accum as f64,
             mesh.pp
         ));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::validate::validate;
-
-    /// The resolved precision and the notes of a portable check (no device
-    /// needed) of the default job on `backend` with `precision`.
-    fn resolve(backend: &str, precision: Option<Precision>) -> (Precision, Vec<String>) {
-        let mut c = JobConfig::default();
-        c.backend.name = backend.into();
-        c.precision.compute = precision;
-        let valid = validate(c, &World::SINGLE, None, None, Here::No).expect("a valid job");
-        (valid.model().precision, valid.notes().to_vec())
-    }
-
-    #[test]
-    fn an_unset_precision_on_a_gpu_is_fp32_with_one_notice_until_bf16_is_verified() {
-        for gpu in ["cuda", "rocm"] {
-            let (precision, notes) = resolve(gpu, None);
-            assert_eq!(precision, Precision::Fp32, "{gpu}");
-            let notices: Vec<_> = notes.iter().filter(|n| n.contains("bf16")).collect();
-            assert_eq!(notices.len(), 1, "{gpu}: {notes:?}");
-            assert!(notices[0].starts_with(BF16_NOTICE) && notices[0].contains(gpu));
-            // Asked for, bf16 runs, without the notice.
-            let (precision, notes) = resolve(gpu, Some(Precision::Bf16));
-            assert_eq!(precision, Precision::Bf16);
-            assert!(notes.iter().all(|n| !n.contains("bf16")), "{notes:?}");
-        }
-        for other in ["flex", "wgpu"] {
-            let (precision, notes) = resolve(other, None);
-            assert_eq!(precision, Precision::Fp32, "{other}");
-            assert!(notes.is_empty(), "{other}: {notes:?}");
-        }
     }
 }
