@@ -165,6 +165,9 @@ impl BackendTask for StepBench<'_> {
         let mut tokens = TokenStream(a.seed ^ 0x9e37_79b9_7f4a_7c15);
         let mut times = Vec::with_capacity(a.steps);
         let mut last_loss = f64::NAN;
+        let device_memory = ferrotron_job::device_memory(kind, 0);
+        // Reserved bytes, largest after any step; bytes in use after the last.
+        let (mut reserved, mut in_use) = (None, None);
         for i in 0..total {
             let batch = tokens.batch(a.batch, a.seq, self.config.vocab_size);
             let heap = cpu.then(HeapWindow::open).flatten();
@@ -185,6 +188,10 @@ impl BackendTask for StepBench<'_> {
             if i >= a.warmup {
                 times.push(s);
             }
+            if let Some(m) = device_memory.as_ref().and_then(|p| p.read()) {
+                reserved = reserved.max(Some(m.reserved));
+                in_use = Some(m.in_use);
+            }
             last_loss = out.loss;
         }
         let (peak_memory_bytes, memory_source) = match cpu {
@@ -197,7 +204,17 @@ impl BackendTask for StepBench<'_> {
                 }
                 .to_string(),
             ),
-            false => (None, "device memory not measured on GPU backends".to_string()),
+            false => (
+                reserved,
+                match &device_memory {
+                    Some(p) => format!(
+                        "bytes the {} hold on the device, largest after any step (they grow to \
+                         the largest demand and keep it: an upper bound of the peak)",
+                        p.name()
+                    ),
+                    None => "device memory not measured on this backend".to_string(),
+                },
+            ),
         };
         times.sort_by(f64::total_cmp);
         let step_s_median = times[times.len() / 2];
@@ -236,6 +253,7 @@ impl BackendTask for StepBench<'_> {
             peak_source,
             peak_memory_bytes,
             memory_source,
+            device_bytes_in_use: in_use,
             peak_activation_bytes,
             last_loss,
         })
