@@ -75,7 +75,11 @@ pack=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --dry-run) DRY=1 ;;
-    --pack) pack=$(mkdir -p "$2" && cd "$2" && pwd) || exit 2; shift ;;
+    --pack)
+        [ $# -ge 2 ] || { echo "gpu_check.sh: --pack needs a folder" >&2; exit 2; }
+        pack=$2
+        shift
+        ;;
     -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     -*) echo "gpu_check.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     *) break ;;
@@ -103,6 +107,9 @@ if [ ! -x "$bin/ferrotron" ] && [ ! -f "$bin/ferrotron.gz" ]; then
     exit 2
 fi
 out=$(mkdir -p "$out_arg" && cd "$out_arg" && pwd) || { echo "gpu_check.sh: OUT_DIR $out_arg: cannot create it" >&2; exit 2; }
+if [ -n "$pack" ]; then
+    pack=$(mkdir -p "$pack" && cd "$pack" && pwd) || { echo "gpu_check.sh: --pack $pack: cannot create it" >&2; exit 2; }
+fi
 
 # Binaries: gzip-compressed ones are unpacked beside the results.
 bin_given=$bin
