@@ -1,108 +1,192 @@
 #!/usr/bin/env bash
-# The checks and benchmarks that need an NVIDIA GPU, in one run, for a GPU
-# machine without a Rust toolchain: binaries built elsewhere come in a
+# The GPU battery: everything a lent NVIDIA GPU should run, scripted, for a
+# machine without a Rust toolchain. Binaries built elsewhere come in a
 # folder, results go to another.
 #
-#   scripts/gpu_check.sh BIN_DIR OUT_DIR [PART ...]
+#   scripts/gpu_check.sh [--dry-run] [--pack DIR] BIN_DIR OUT_DIR [GROUP ...]
 #
-# BIN_DIR holds `ferrotron` (built with --features cuda,kernels-bench) and
-# the kernels' integration test binaries (built with --features test-cuda:
-# `cargo test --release -p ferrotron-kernels --features test-cuda --no-run`,
-# copied as kernels-<name>). PARTs (default: all, in this order):
-#   kernels  the kernel tests on CUDA device 0 (every kernel against its
-#            host reference, as on lavapipe in CI)
-#   train    `ferrotron train` on cuda against flex: the same gpt-mini run
-#            (fp32, and the default bf16) for 20 steps; prints both losses
-#   bench    `ferrotron bench kernels` on cuda (attention up to 4096 tokens)
-#   step     `ferrotron bench train` on cuda and scripts/bench_torch.py on
-#            cuda, back to back, per shape and precision; one merged table
-#            (SHAPES="a b c d" by default: README's CPU shapes A and B in bf16
-#            and fp32, GPT-2 small and a 1.1B Llama in bf16; PRECISIONS="bf16"
-#            keeps A and B to bf16)
-# DEVICE_TYPE (default h100-80gb) names the GPU for bench train's MFU;
-# STEP_TIMEOUT (default 150 s) bounds each bench train run: on a fresh
-# machine the first use of each kernel compiles (NVRTC) and autotunes for
-# minutes (a 20-step gpt-mini run on an H100 took 140 s, nearly all of it
-# that).
-# KERNEL_TEST_ARGS is passed to every kernel test binary (a filter,
-# --nocapture).
-# Each part writes its log to OUT_DIR/<part>.log; JSON results land there
-# too. NVRTC (which CubeCL compiles kernels with) is looked up in the CUDA
-# toolkit and in PyTorch's wheels.
+# GROUPs, in this order by default (each fits one 10-minute command; the
+# script keeps each within GROUP_BUDGET_S, default 570 s, skipping what no
+# longer fits):
+#   train    env: driver, GPU, NVRTC and libnccl found where, CUDA headers,
+#            torch, the binaries' sizes; train-cold: `ferrotron train
+#            --model gpt-mini --backend cuda --precision bf16 --steps 3` with
+#            empty CubeCL caches; train-warm: the same again, caches filled;
+#            kernel-tests: each BIN_DIR/kernels-* binary on CUDA device 0.
+#   step     `bench train` and `scripts/bench_torch.py --device cuda` on the
+#            same shape, back to back, per shape and precision: GPT-2 small
+#            (12L d768, b8 x s1024) and a ~1B Llama (16L d2048, GQA 32/8,
+#            b4 x s2048) first, then README's shapes A and B; bf16 and fp32
+#            each (SHAPES="c d a b", PRECISIONS="bf16 fp32" override).
+#   kernels  `bench kernels` attention at head dim 128, seq 1024-8192: the
+#            row and tiled forward (attention), then the cmma forward
+#            (attention_cmma_bf16), each with the one backward; then
+#            compute-sanitizer memcheck and racecheck on a cmma run (fused
+#            forward + backward and the reference) at seq 1024 and 2048,
+#            where compute-sanitizer is on the PATH.
+# One lease: three commands, one per group, e.g. (BIN_DIR carried):
+#   scripts/gpu_check.sh --pack "$OUT" target/gpu-bin /tmp/gpu-check train
+#   scripts/gpu_check.sh --pack "$OUT" target/gpu-bin /tmp/gpu-check step
+#   scripts/gpu_check.sh --pack "$OUT" target/gpu-bin /tmp/gpu-check kernels
+# Each prints a summary table last (of every group in OUT_DIR so far) and,
+# with --pack DIR, leaves two files in DIR: gpu-check-GROUP.tar.gz (logs,
+# JSON, run metrics, the summary) and gpu-check-GROUP-cubecl.tar.gz (the
+# CubeCL caches), each under 16 MiB or left out with a line saying so.
+#
+# BIN_DIR holds, built on a machine with Rust (about 5-8 min each on a
+# fast one; strip: binutils):
+#   t=${CARGO_TARGET_DIR:-target}; mkdir -p target/gpu-bin
+#   FERROTRON_COMMIT=$(git rev-parse HEAD) cargo build --release -p ferrotron-cli \
+#       --features cuda,kernels-bench
+#   cp "$t/release/ferrotron" target/gpu-bin/
+#   cargo test --release -p ferrotron-kernels --features test-cuda --no-run 2>&1 |
+#       sed -n 's/.*Executable tests\/\([a-z_]*\)\.rs (\(.*\))/\1 \2/p' |
+#       while read -r name path; do cp "$path" "target/gpu-bin/kernels-$name"; done
+#   strip target/gpu-bin/*; du -ch target/gpu-bin
+# The working tree (about 6 MiB) and the carried binaries travel together
+# under 64 MiB. A debug build of ferrotron with wgpu and kernels-bench
+# strips to 50 MiB (14.5 MiB gzipped); the release cuda build and the
+# kernel tests were not measured. If they do not fit, `gzip -9
+# target/gpu-bin/*` (all of them): this script then runs BIN_DIR/*.gz
+# unpacked. The env phase prints
+# the sizes it got.
+#
+# --dry-run runs every group on this machine's CPU: `train` and `bench
+# train` on flex with tiny shapes, `bench kernels --quick` on flex (and, when
+# DRY_WGPU=1, SwiGLU on wgpu, so that a CubeCL runtime reads cubecl.toml),
+# torch on the CPU (fp32) when TORCH_PYTHON (default python3) imports
+# torch, and a check that the watchdog reports a quiet phase. Its numbers
+# are no benchmark. crates/cli/tests/gpu_check.rs runs it.
+#
+# OUT_DIR/cubecl.toml turns on CubeCL's persistent compilation and autotune
+# caches (OUT_DIR/cubecl-cache) and its compilation and autotune loggers on
+# stderr; every binary runs in OUT_DIR so it reads that file, and every log
+# line gets the wall time. Every phase runs under `timeout`; after
+# WATCHDOG_S (default 60) seconds without a new log line, GPU use
+# (nvidia-smi) and each thread's CPU state go into the phase's log.
+# DEVICE_TYPE (default h100-80gb) names the GPU for bench train's MFU.
 set -uo pipefail
-bin=$(cd "$1" && pwd)
-out=$(mkdir -p "$2" && cd "$2" && pwd)
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=scripts/lib/gpu_phase.sh
+source "$here/lib/gpu_phase.sh"
+
+DRY=0
+pack=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --dry-run) DRY=1 ;;
+    --pack)
+        [ $# -ge 2 ] || { echo "gpu_check.sh: --pack needs a folder" >&2; exit 2; }
+        pack=$2
+        shift
+        ;;
+    -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
+    -*) echo "gpu_check.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+    *) break ;;
+    esac
+    shift
+done
+if [ $# -lt 2 ]; then
+    echo "gpu_check.sh: BIN_DIR and OUT_DIR are required (see --help)" >&2
+    exit 2
+fi
+bin=$(cd "$1" 2>/dev/null && pwd) || { echo "gpu_check.sh: BIN_DIR $1: no such folder" >&2; exit 2; }
+out_arg=$2
 shift 2
-parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(kernels train bench step)
+groups=("$@")
+[ ${#groups[@]} -eq 0 ] && groups=(train step kernels)
+for g in "${groups[@]}"; do
+    case "$g" in train | step | kernels) ;; *)
+        echo "gpu_check.sh: unknown group '$g' (train, step or kernels)" >&2
+        exit 2
+        ;;
+    esac
+done
+if [ ! -x "$bin/ferrotron" ] && [ ! -f "$bin/ferrotron.gz" ]; then
+    echo "gpu_check.sh: BIN_DIR $bin: no ferrotron (or ferrotron.gz) in it" >&2
+    exit 2
+fi
+out=$(mkdir -p "$out_arg" && cd "$out_arg" && pwd) || { echo "gpu_check.sh: OUT_DIR $out_arg: cannot create it" >&2; exit 2; }
+if [ -n "$pack" ]; then
+    pack=$(mkdir -p "$pack" && cd "$pack" && pwd) || { echo "gpu_check.sh: --pack $pack: cannot create it" >&2; exit 2; }
+fi
+
+# Binaries: gzip-compressed ones are unpacked beside the results.
+bin_given=$bin
+for f in "$bin"/*.gz; do
+    [ -e "$f" ] || continue
+    mkdir -p "$out/bin"
+    gunzip -c "$f" >"$out/bin/$(basename "${f%.gz}")" && chmod +x "$out/bin/$(basename "${f%.gz}")"
+done
+[ -d "$out/bin" ] && bin="$out/bin"
 F="$bin/ferrotron"
 
-for d in /usr/local/cuda/lib64 $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, sub, "lib") for p in nvidia.__path__ for sub in os.listdir(p)))' 2>/dev/null); do
+WATCHDOG_S=${WATCHDOG_S:-$([ "$DRY" = 1 ] && echo 2 || echo 60)}
+MIN_PHASE_S=${MIN_PHASE_S:-20}
+GROUP_BUDGET_S=${GROUP_BUDGET_S:-570}
+TORCH_PYTHON=${TORCH_PYTHON:-python3}
+if [ "$DRY" = 1 ]; then
+    backend=flex device=cpu
+else
+    backend=cuda device=cuda
+fi
+
+# NVRTC, the CUDA runtime and NCCL from the toolkit and PyTorch's wheels.
+for d in /usr/local/cuda/lib64 $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in os.listdir(p)))' 2>/dev/null); do
     [ -d "$d" ] && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
 done
-export LD_LIBRARY_PATH
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
+export LD_LIBRARY_PATH RUST_BACKTRACE=1
 
-# Shapes A and B of README's CPU table, and GPT-2 small / a 1B Llama at
-# the sequence lengths GPUs train at.
-shape_a="--family gpt --layers 6 --hidden 384 --heads 6 --ffn 1536 --vocab 50304 --batch 8 --seq 256"
-shape_b="--family llama --layers 6 --hidden 384 --heads 6 --kv-heads 2 --ffn 1024 --vocab 32000 --batch 8 --seq 256"
-shape_c="--family gpt --layers 12 --hidden 768 --heads 12 --ffn 3072 --vocab 50304 --batch 8 --seq 1024"
-shape_d="--family llama --layers 16 --hidden 2048 --heads 32 --kv-heads 8 --ffn 8192 --vocab 32000 --batch 4 --seq 2048"
+# CubeCL reads cubecl.toml from the working directory (cubecl-runtime 0.10,
+# config/{compilation,autotune,cache}.rs and cubecl-common's LoggerConfig).
+cat >"$out/cubecl.toml" <<EOF
+[compilation]
+cache = { file = "$out/cubecl-cache" }
 
-run_part() {
-    case "$1" in
-    kernels)
-        for t in "$bin"/kernels-*; do
-            echo "== $(basename "$t")"
-            # shellcheck disable=SC2086
-            timeout -k 5 200 "$t" --test-threads 1 ${KERNEL_TEST_ARGS:-} 2>&1 ||
-                echo "FAILED: $(basename "$t") exit $?"
-        done
-        ;;
-    train)
-        for p in fp32 bf16; do
-            for b in flex cuda; do
-                [ "$b" = flex ] && [ "$p" = bf16 ] && continue
-                echo "== train $b $p"
-                timeout -k 5 150 "$F" train --model gpt-mini --backend "$b" --precision "$p" \
-                    --steps 20 --seed 1 --out "/tmp/train-$b-$p" > "$out/train-$b-$p.log" 2>&1
-                echo "exit $? at $(date +%T)"
-                tail -3 "$out/train-$b-$p.log"
-                grep -o '"loss":[0-9.]*' "/tmp/train-$b-$p/metrics.jsonl" | head -20 | tr '\n' ' '
-                echo
-            done
-        done
-        ;;
-    bench)
-        timeout -k 5 240 "$F" bench kernels --backends cuda --max-seq 4096 --json "$out/kernels.json" 2>&1
-        ;;
-    step)
-        for i in ${SHAPES:-a b c d}; do
-            s="shape_$i"
-            s="${!s}"
-            precisions="${PRECISIONS:-bf16 fp32}"
-            [ "$i" = c ] || [ "$i" = d ] && precisions=bf16
-            for p in $precisions; do
-                echo "== shape $i $p"
-                # shellcheck disable=SC2086
-                timeout -k 5 "${STEP_TIMEOUT:-150}" "$F" bench train $s --precision $p --backends cuda \
-                    --warmup 2 --steps 5 --device-type "${DEVICE_TYPE:-h100-80gb}" --json "$out/ferrotron-$i-$p.json" \
-                    > "$out/ferrotron-$i-$p.log" 2>&1
-                echo "exit $? at $(date +%T)"
-                tail -4 "$out/ferrotron-$i-$p.log"
-                # shellcheck disable=SC2086
-                timeout -k 5 150 python3 "$(dirname "$0")/bench_torch.py" $s --precision $p \
-                    --device cuda --warmup 2 --steps 5 --json "$out/torch-$i-$p.json" 2>&1 | tail -1
-            done
-        done
-        "$F" bench train --compare "$out"/ferrotron-*.json "$out"/torch-*.json --chart "$out/step.svg"
-        ;;
-    *) echo "unknown part $1" >&2; return 2 ;;
-    esac
-}
+[compilation.logger]
+level = "basic"
+stderr = true
 
-for part in "${parts[@]}"; do
-    echo "######## $part $(date +%T)"
-    run_part "$part" 2>&1 | tee "$out/$part.log"
+[autotune]
+cache = { file = "$out/cubecl-cache" }
+
+[autotune.logger]
+level = "full"
+stderr = true
+EOF
+cd "$out" || exit 2
+
+# The shapes: bench train flags of each. c, d: GPT-2 small and a ~1B Llama;
+# a, b: README's CPU shapes A and B. The dry run keeps each family, tiny.
+# (Read through ${!name} in gpu_groups.sh.)
+# shellcheck disable=SC2034
+if [ "$DRY" = 1 ]; then
+    tiny="--layers 1 --hidden 32 --heads 2 --vocab 64 --batch 2 --seq 16"
+    shape_a="--family gpt $tiny --ffn 128"
+    shape_b="--family llama $tiny --kv-heads 1 --ffn 64"
+    shape_c="$shape_a"
+    shape_d="$shape_b"
+    steps="--warmup 1 --steps 1"
+else
+    shape_a="--family gpt --layers 6 --hidden 384 --heads 6 --ffn 1536 --vocab 50304 --batch 8 --seq 256"
+    shape_b="--family llama --layers 6 --hidden 384 --heads 6 --kv-heads 2 --ffn 1024 --vocab 32000 --batch 8 --seq 256"
+    shape_c="--family gpt --layers 12 --hidden 768 --heads 12 --ffn 3072 --vocab 50304 --batch 8 --seq 1024"
+    shape_d="--family llama --layers 16 --hidden 2048 --heads 32 --kv-heads 8 --ffn 8192 --vocab 32000 --batch 4 --seq 2048"
+    steps="--warmup 2 --steps 5"
+fi
+
+# shellcheck source=scripts/lib/gpu_groups.sh
+source "$here/lib/gpu_groups.sh"
+
+for GROUP in "${groups[@]}"; do
+    GROUP_DIR="$out/$GROUP"
+    mkdir -p "$GROUP_DIR"
+    : >"$GROUP_DIR/phases.tsv"
+    BUDGET_END=$((EPOCHSECONDS + GROUP_BUDGET_S))
+    echo "######## group $GROUP $(date +%T), budget ${GROUP_BUDGET_S}s, results in $GROUP_DIR"
+    "group_$GROUP"
+    python3 "$here/lib/gpu_summary.py" "$out" >"$GROUP_DIR/summary.txt" 2>&1 ||
+        column -t -s $'\t' "$out"/*/phases.tsv >"$GROUP_DIR/summary.txt"
+    [ -n "$pack" ] && pack_group "$GROUP" "$pack"
+    cat "$GROUP_DIR/summary.txt"
 done

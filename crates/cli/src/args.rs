@@ -242,14 +242,18 @@ pub struct KernelsBenchArgs {
     /// Tiny shapes (a smoke test of a few seconds).
     #[arg(long)]
     pub quick: bool,
-    /// Longest attention sequence, tokens, of the sweep 256, 512, 1024, 2048, 4096. The
-    /// default stops at 1024: on a 2-core CPU (lavapipe) one fused run takes ~1 min at 2048
-    /// and ~4 min at 4096.
+    /// Longest attention sequence, tokens, of the sweep 256, 512, 1024, 2048, 4096, 8192.
+    /// The default stops at 1024: on a 2-core CPU (lavapipe) one fused run takes ~1 min at
+    /// 2048 and ~4 min at 4096.
     #[arg(long, default_value_t = 1024)]
     pub max_seq: usize,
     /// Shortest attention sequence, tokens, of the sweep (with --max-seq, picks a part of it).
     #[arg(long, default_value_t = 256)]
     pub min_seq: usize,
+    /// Values per head of the attention and RoPE shapes: even, at most 256 (64 or 128 in
+    /// most models).
+    #[arg(long, default_value_t = 64)]
+    pub head_dim: usize,
     /// Only this kernel: attention (the row and the tiled forward kernel),
     /// attention_tiled, attention_cmma_bf16 (the cmma kernel, run only when named),
     /// swiglu, rms_norm, layer_norm, rope or cross_entropy.

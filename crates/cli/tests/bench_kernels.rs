@@ -15,7 +15,7 @@ use ferrotron_test_support::deadline;
 fn quick_bench_writes_a_json_row_per_kernel_with_positive_times() {
     let json = std::env::temp_dir().join(format!("ferrotron-bench-{}.json", std::process::id()));
     let out = deadline::output(
-        Command::new(env!("CARGO_BIN_EXE_ferrotron"))
+        deadline::output(Command::new(env!("CARGO_BIN_EXE_ferrotron"))
             .args(["bench", "kernels", "--quick", "--reps", "1", "--json"])
             .arg(&json)
             // The autotune level is chosen for the adapter by the binary.
@@ -143,6 +143,58 @@ fn the_cmma_kernel_runs_when_named_and_says_where_it_cannot() {
             "{row}"
         );
     }
+}
+
+#[cfg(feature = "kernels-bench")]
+#[test]
+fn head_dim_sets_the_attention_shapes_and_an_odd_one_exits_2_writing_nothing() {
+    let json = std::env::temp_dir().join(format!("ferrotron-bench-hd-{}.json", std::process::id()));
+    let run = |head_dim: &str| {
+        Command::new(env!("CARGO_BIN_EXE_ferrotron"))
+            .args([
+                "bench",
+                "kernels",
+                "--quick",
+                "--reps",
+                "1",
+                "--backends",
+                "flex",
+            ])
+            .args(["--only", "attention", "--head-dim", head_dim, "--json"])
+            .arg(&json))
+    };
+    let out = run("7");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("--head-dim 7"), "{stderr}");
+    assert!(!json.exists(), "nothing written");
+    let out = run("128");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("--json file written"))
+            .expect("valid JSON");
+    let _ = std::fs::remove_file(&json);
+    let shapes: Vec<&str> = doc["rows"]
+        .as_array()
+        .expect("rows array")
+        .iter()
+        .map(|r| r["shape"].as_str().unwrap())
+        .collect();
+    // The row and the tiled kernel at the two quick lengths.
+    assert_eq!(
+        shapes,
+        [
+            "[1, 2, 64, 128]",
+            "[1, 2, 64, 128]",
+            "[1, 2, 128, 128]",
+            "[1, 2, 128, 128]"
+        ]
+    );
 }
 
 #[cfg(feature = "kernels-bench")]

@@ -9,8 +9,10 @@
 //!   checked against the CPU reference in
 //!   crates/models/tests/fused_kernels.rs; one family here keeps lavapipe's
 //!   first shader compilation, minutes on a cold Mesa cache, to one set.)
+//!   Each wgpu step records its device memory (CubeCL's pools), at least
+//!   the parameters and optimizer state the run counts.
 //! - `ferrotron bench train --backends flex,wgpu` measures both and their
-//!   losses agree.
+//!   losses agree; wgpu's peak memory is its pools' reserved bytes.
 //!
 //! A build without the `wgpu` feature skips with a printed reason
 //! (`scripts/test --mpi` builds it, as CI does).
@@ -26,7 +28,7 @@ mod equivalence;
 #[path = "common/mpirun.rs"]
 mod mpirun;
 
-use common::{corpus, records, scratch};
+use common::{corpus, records, scratch, step_records};
 use equivalence::{check_steps, check_weights};
 use mpirun::{train, RunFlags};
 
@@ -91,7 +93,27 @@ fn wgpu_training_follows_the_cpu_run() {
         "validation loss {g} on wgpu vs {c} on flex"
     );
     check_weights(model, &gpu, &cpu, 1e-4, 1e-3);
+    check_device_memory(&gpu, &cpu);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every wgpu step records its device memory, and it holds at least the
+/// parameters and AdamW state the run counts itself (f32 on the device
+/// between steps); the CPU run records none.
+fn check_device_memory(gpu: &Path, cpu: &Path) {
+    for r in step_records(gpu) {
+        let in_use = r["device_bytes_in_use"].as_u64().unwrap_or(0);
+        let reserved = r["device_bytes_reserved"].as_u64().unwrap_or(0);
+        let state = r["param_bytes"].as_u64().unwrap() + r["optimizer_bytes"].as_u64().unwrap();
+        assert!(
+            in_use >= state,
+            "{in_use} bytes in use < {state} of training state: {r}"
+        );
+        assert!(reserved >= in_use, "{r}");
+    }
+    for r in step_records(cpu) {
+        assert!(r.get("device_bytes_in_use").is_none(), "{r}");
+    }
 }
 
 #[test]
@@ -151,7 +173,21 @@ fn bench_train_measures_wgpu_beside_flex() {
     assert_eq!(wgpu["precision"], "fp32");
     // The chunked head is a CPU operation; the GPU path forms the logits.
     assert_eq!(wgpu["head"], "logits");
-    assert!(wgpu["peak_memory_bytes"].is_null());
+    // Device memory: the pools' reserved bytes, at least the bytes in use.
+    let in_use = wgpu["device_bytes_in_use"].as_u64().unwrap_or(0);
+    assert!(in_use > 0, "{wgpu}");
+    assert!(
+        wgpu["peak_memory_bytes"].as_u64().unwrap() >= in_use,
+        "{wgpu}"
+    );
+    assert!(
+        wgpu["memory_source"]
+            .as_str()
+            .unwrap()
+            .contains("cubecl wgpu"),
+        "{wgpu}"
+    );
+    assert!(flex.get("device_bytes_in_use").is_none(), "{flex}");
     assert!(wgpu["tokens_per_s"].as_f64().unwrap() > 0.0);
     let (g, c) = (
         wgpu["last_loss"].as_f64().unwrap(),

@@ -3,6 +3,9 @@
 //! [`BackendTask`] and calls [`dispatch`].
 
 use ferrotron_engine::backend::BackendKind;
+#[cfg(any(feature = "cuda", feature = "rocm", feature = "wgpu"))]
+use ferrotron_engine::metrics::DeviceMemory;
+use ferrotron_engine::metrics::DeviceMemoryProbe;
 use ferrotron_models::ops::TrainBackend;
 
 use crate::error::usage;
@@ -88,6 +91,58 @@ pub fn dispatch<T: BackendTask>(
             "--backend {other}: not compiled into this build (rebuild with --features {other})"
         ))),
     }
+}
+
+/// A reader of the memory of GPU `gpu` (the launcher's local rank) on
+/// backend `kind`: its CubeCL runtime's memory pools
+/// (`ComputeClient::memory_usage`, bytes in use and reserved). `None` on the
+/// CPU backends, whose memory is the host heap.
+pub fn device_memory(kind: BackendKind, gpu: usize) -> Option<DeviceMemoryProbe> {
+    #[cfg(not(any(feature = "cuda", feature = "rocm")))]
+    let _ = gpu;
+    #[cfg(not(any(feature = "cuda", feature = "rocm", feature = "wgpu")))]
+    let _ = kind;
+    #[cfg(feature = "wgpu")]
+    if kind == BackendKind::Wgpu {
+        return Some(cube_memory::<burn_wgpu::WgpuRuntime>(
+            "cubecl wgpu memory pools",
+            ferrotron_kernels::wgpu_setup::default_device(),
+        ));
+    }
+    #[cfg(feature = "cuda")]
+    if kind == BackendKind::Cuda {
+        return Some(cube_memory::<burn_cubecl::cubecl::cuda::CudaRuntime>(
+            "cubecl cuda memory pools",
+            burn::backend::cuda::CudaDevice { index: gpu },
+        ));
+    }
+    #[cfg(feature = "rocm")]
+    if kind == BackendKind::Rocm {
+        return Some(cube_memory::<burn_cubecl::cubecl::hip::HipRuntime>(
+            "cubecl hip memory pools",
+            burn::backend::rocm::RocmDevice { index: gpu },
+        ));
+    }
+    None
+}
+
+/// The memory of CubeCL runtime `R`'s client on `device` (the client the
+/// backend trains on: one per device and thread's stream).
+#[cfg(any(feature = "cuda", feature = "rocm", feature = "wgpu"))]
+fn cube_memory<R: burn_cubecl::cubecl::Runtime>(
+    name: &'static str,
+    device: R::Device,
+) -> DeviceMemoryProbe
+where
+    R::Device: Send + Sync + 'static,
+{
+    DeviceMemoryProbe::new(name, move || {
+        let usage = R::client(&device).memory_usage().ok()?;
+        Some(DeviceMemory {
+            in_use: usage.bytes_in_use,
+            reserved: usage.bytes_reserved,
+        })
+    })
 }
 
 /// Turns a panic of the GPU runtime (on any of its threads) into an error

@@ -23,7 +23,7 @@ pub mod run_files;
 pub mod tokens;
 mod validate;
 
-pub use backend::{check_ready, dispatch, parse_backend, BackendTask};
+pub use backend::{check_ready, device_memory, dispatch, parse_backend, BackendTask};
 pub use config::{Change, JobConfig, JobFlags, Key, KEYS, SECTIONS};
 pub use error::{ConfigError, Interrupted, UsageError, INTERRUPTED_EXIT};
 pub use job::{Job, PrintReport, Report};

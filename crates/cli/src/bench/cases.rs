@@ -79,7 +79,7 @@ pub const NORM_EPS: f32 = 1e-5;
 /// RoPE base of both paths.
 pub const ROPE_THETA: f64 = 10_000.0;
 /// Attention sequence lengths of the default sweep, tokens.
-pub const ATTENTION_SEQS: [usize; 5] = [256, 512, 1024, 2048, 4096];
+pub const ATTENTION_SEQS: [usize; 6] = [256, 512, 1024, 2048, 4096, 8192];
 
 impl Case {
     /// Kernel name, as in the table and the JSON.
@@ -197,10 +197,17 @@ impl fmt::Display for Case {
 
 /// The sweep: attention (the row and the tiled kernel, and with `cmma`
 /// the cmma kernel too) at every sequence length from `min_seq` to
-/// `max_seq`, then one shape of each other op; `quick` shrinks everything
-/// to a smoke test (attention at 64 and 128 tokens, whatever the bounds).
-pub fn sweep(quick: bool, min_seq: usize, max_seq: usize, cmma: bool) -> Vec<Case> {
-    let (batch, heads, head_dim) = if quick { (1, 2, 64) } else { (4, 8, 64) };
+/// `max_seq`, then one shape of each other op; attention and RoPE with
+/// `head_dim` values per head; `quick` shrinks everything to a smoke test
+/// (attention at 64 and 128 tokens, whatever the bounds).
+pub fn sweep(
+    quick: bool,
+    min_seq: usize,
+    max_seq: usize,
+    head_dim: usize,
+    cmma: bool,
+) -> Vec<Case> {
+    let (batch, heads) = if quick { (1, 2) } else { (4, 8) };
     let seqs: &[usize] = if quick { &[64, 128] } else { &ATTENTION_SEQS };
     let mut cases: Vec<Case> = seqs
         .iter()

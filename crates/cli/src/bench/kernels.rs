@@ -5,11 +5,13 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
+use ferrotron_kernels::attention::MAX_HEAD_DIM;
 
 use super::cases::{sweep, Case, CMMA_KERNEL};
 use super::report::{self, Measured, Row};
 use super::target;
 use crate::args::KernelsBenchArgs;
+use crate::error::usage;
 
 /// One forward + backward: wall time and peak bytes.
 #[derive(Clone, Copy, Debug)]
@@ -27,10 +29,17 @@ pub struct Sample {
 /// asked.
 pub fn run(args: KernelsBenchArgs) -> Result<()> {
     ensure!(args.reps >= 1, "--reps must be at least 1");
+    if !args.head_dim.is_multiple_of(2) || !(2..=MAX_HEAD_DIM).contains(&args.head_dim) {
+        return Err(usage(format!(
+            "--head-dim {}: must be even and between 2 and {MAX_HEAD_DIM} (RoPE rotates pairs; \
+             the attention kernels hold at most {MAX_HEAD_DIM} values per head)",
+            args.head_dim
+        )));
+    }
     // The cmma kernel only when asked for by name (README, "Kernels on a
     // GPU": a sweep stalled after it on an H100).
     let cmma = args.only.as_deref() == Some(CMMA_KERNEL);
-    let cases: Vec<Case> = sweep(args.quick, args.min_seq, args.max_seq, cmma)
+    let cases: Vec<Case> = sweep(args.quick, args.min_seq, args.max_seq, args.head_dim, cmma)
         .into_iter()
         .filter(|c| {
             args.only

@@ -50,6 +50,18 @@ pub struct StepRecord {
     /// on the host heap) and when the allocator is not installed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_activation_bytes: Option<u64>,
+    /// Device memory of rank 0's GPU after the step, bytes in live
+    /// allocations as CubeCL's memory pools count them (parameters,
+    /// optimizer state and whatever the step left alive); absent on CPU
+    /// backends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_bytes_in_use: Option<u64>,
+    /// Bytes CubeCL's memory pools hold on rank 0's GPU after the step.
+    /// The pools grow to the largest demand so far and keep it, so this
+    /// bounds the peak of every step so far from above (CubeCL 0.10 counts
+    /// no peak); absent on CPU backends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_bytes_reserved: Option<u64>,
     /// Energy the step used by rank 0's counter (RAPL: the CPU packages of
     /// its node; NVML or ROCm SMI: its GPU), joules; absent without a counter.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,8 +1,9 @@
 //! Training metrics: per-step records as JSON lines, the loss plot, FLOP/s and MFU, memory by class,
-//! pipeline stage times, the heap's peak per step (a counting allocator), energy counters and
+//! device memory, pipeline stage times, the heap's peak per step (a counting allocator), energy counters and
 //! the device table.
 
 mod device;
+mod device_memory;
 pub mod energy;
 mod heap;
 mod jsonl;
@@ -12,6 +13,7 @@ mod pipeline;
 mod plot;
 
 pub use device::{device_spec, DeviceSpec, DEVICES};
+pub use device_memory::{DeviceMemory, DeviceMemoryProbe};
 pub use energy::{EnergyMeter, EnergyProbe};
 pub use heap::{heap_bytes, CountingAllocator, HeapWindow};
 pub use jsonl::{MetricsWriter, OverrideRecord, StepRecord, ValRecord};

@@ -160,6 +160,11 @@ impl TrainTask<'_> {
             } else {
                 None
             },
+            device_memory: if lead {
+                crate::backend::device_memory(kind, self.job.world.local_rank)
+            } else {
+                None
+            },
             // The host heap holds the activations on the CPU backends only.
             measure_heap: kind.is_cpu(),
         }

@@ -113,10 +113,10 @@ pub(super) fn check_with_model(
     notes: &mut Vec<String>,
 ) {
     model.kernels = c.backend.kernels;
-    model.precision = c.precision.compute.unwrap_or(if kind.defaults_to_bf16() {
-        Precision::Bf16
-    } else {
-        Precision::Fp32
+    model.precision = c.precision.compute.unwrap_or_else(|| {
+        let (precision, notice) = kind.default_precision();
+        notes.extend(notice.map(|n| format!("{n} ({kind})")));
+        precision
     });
     if model.precision != Precision::Fp32 {
         for (key, degree) in [("tp", mesh.tp), ("pp", mesh.pp)] {

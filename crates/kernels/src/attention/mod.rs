@@ -42,3 +42,4 @@ pub use launch::{
 };
 pub use shape::{AttentionError, AttentionInputs, AttentionOptions, AttentionShape};
 pub use tiled_forward::TILE_SIZES;
+pub use tiles::MAX_HEAD_DIM;

@@ -9,7 +9,7 @@ pub(crate) const ROWS_PER_CUBE: usize = 64;
 
 /// Largest supported head dimension. Each unit keeps up to four rows of
 /// `head_dim` values in local memory.
-pub(crate) const MAX_HEAD_DIM: usize = 256;
+pub const MAX_HEAD_DIM: usize = 256;
 
 /// Keys (or queries) a unit handles per step of its inner loop, with their
 /// scores kept in registers.

@@ -42,7 +42,8 @@ use ferrotron_engine::data::{Batch, BatchSampler, DataError, Goldfish, SamplerSt
 use ferrotron_engine::lm::{CausalLm, LmUnits};
 use ferrotron_engine::metrics::energy::Coverage;
 use ferrotron_engine::metrics::{
-    write_loss_svg, EnergyMeter, HeapWindow, MetricsWriter, StepRecord, ValRecord,
+    write_loss_svg, DeviceMemoryProbe, EnergyMeter, HeapWindow, MetricsWriter, StepRecord,
+    ValRecord,
 };
 
 use super::checkpoint;
@@ -161,6 +162,9 @@ pub struct LoopConfig {
     /// Rank 0's energy counter: each step's `energy_j` and
     /// `tokens_per_joule` (`None`: not measured).
     pub energy: Option<EnergyMeter>,
+    /// Rank 0's GPU memory, read after each step (`device_bytes_in_use`,
+    /// `device_bytes_reserved`); `None` on CPU backends.
+    pub device_memory: Option<DeviceMemoryProbe>,
     /// The goldfish loss's mask applied to every training micro-batch
     /// (`None`: every target counts); see the module doc.
     pub goldfish: Option<Goldfish>,
@@ -191,6 +195,7 @@ impl Default for LoopConfig {
             on_nonfinite: NonFinite::Stop,
             stop: None,
             energy: None,
+            device_memory: None,
             goldfish: None,
             measure_heap: false,
         }
@@ -506,7 +511,7 @@ fn draw(
         .collect())
 }
 
-/// Takes step `step` on `micro` and measures it (time, energy and heap on
+/// Takes step `step` on `micro` and measures it (time, energy, device memory and heap on
 /// rank 0): its record, and whether it was skipped for a loss-scale
 /// overflow.
 fn timed_step<B, M>(
@@ -530,6 +535,11 @@ where
     let o = trainer.step(micro)?;
     let dt = t.elapsed().as_secs_f64();
     let peak_activation_bytes = heap.map(|w| w.peak_above_start() as u64);
+    let device_memory = config
+        .device_memory
+        .as_ref()
+        .filter(|_| place.lead)
+        .and_then(DeviceMemoryProbe::read);
     let energy_j = meter.zip(before).and_then(|(m, b)| m.joules_since(&b).ok());
     // A GPU counter covers one rank's share of the step's tokens.
     let covered_tokens = match meter.map(EnergyMeter::coverage) {
@@ -551,6 +561,8 @@ where
         step_time_s: dt,
         memory: trainer.memory(),
         peak_activation_bytes,
+        device_bytes_in_use: device_memory.map(|m| m.in_use),
+        device_bytes_reserved: device_memory.map(|m| m.reserved),
         energy_j,
         tokens_per_joule: energy_j.filter(|&j| j > 0.0).map(|j| covered_tokens / j),
         skipped: o.skipped,

@@ -61,7 +61,7 @@ pub struct TrainBenchArgs {
     pub kernels: Option<Kernels>,
     /// Compute precision, as `ferrotron train --precision`: fp32, bf16 or fp16 (f32
     /// master weights, gradients and AdamW state; fp16 with dynamic loss scaling); default
-    /// fp32 on CPUs, bf16 on cuda and rocm.
+    /// fp32 (on cuda and rocm too, with a notice, until a bf16 step is seen to finish on a GPU).
     #[arg(long)]
     pub precision: Option<Precision>,
     /// Sequences per step.

@@ -140,6 +140,10 @@ pub struct Record {
     pub peak_memory_bytes: Option<u64>,
     /// What `peak_memory_bytes` counts.
     pub memory_source: String,
+    /// GPU backends: device bytes in live allocations after the last step
+    /// (CubeCL's memory pools); absent on CPU backends and in older files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_bytes_in_use: Option<u64>,
     /// The largest over the timed steps of the heap's peak during a step
     /// above the heap at its start (`peak_activation_bytes` of `ferrotron
     /// train`'s metrics), bytes; CPU backends only.

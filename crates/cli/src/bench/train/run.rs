@@ -148,6 +148,9 @@ impl BackendTask for StepBench<'_> {
         let valid = job_config(a, kind, &self.config)
             .validate_for(&World::SINGLE, self.config.clone())
             .map_err(|e| usage_lines(&e))?;
+        for note in valid.notes() {
+            eprintln!("bench: {note}");
+        }
         let config = valid.model().clone();
         let precision = config.precision;
         let rss_reset = cpu && host::reset_peak_rss();
@@ -162,6 +165,9 @@ impl BackendTask for StepBench<'_> {
         let mut tokens = TokenStream(a.seed ^ 0x9e37_79b9_7f4a_7c15);
         let mut times = Vec::with_capacity(a.steps);
         let mut last_loss = f64::NAN;
+        let device_memory = ferrotron_job::device_memory(kind, 0);
+        // Reserved bytes, largest after any step; bytes in use after the last.
+        let (mut reserved, mut in_use) = (None, None);
         for i in 0..total {
             let batch = tokens.batch(a.batch, a.seq, self.config.vocab_size);
             let heap = cpu.then(HeapWindow::open).flatten();
@@ -182,6 +188,10 @@ impl BackendTask for StepBench<'_> {
             if i >= a.warmup {
                 times.push(s);
             }
+            if let Some(m) = device_memory.as_ref().and_then(|p| p.read()) {
+                reserved = reserved.max(Some(m.reserved));
+                in_use = Some(m.in_use);
+            }
             last_loss = out.loss;
         }
         let (peak_memory_bytes, memory_source) = match cpu {
@@ -194,7 +204,17 @@ impl BackendTask for StepBench<'_> {
                 }
                 .to_string(),
             ),
-            false => (None, "device memory not measured on GPU backends".to_string()),
+            false => (
+                reserved,
+                match &device_memory {
+                    Some(p) => format!(
+                        "bytes the {} hold on the device, largest after any step (they grow to \
+                         the largest demand and keep it: an upper bound of the peak)",
+                        p.name()
+                    ),
+                    None => "device memory not measured on this backend".to_string(),
+                },
+            ),
         };
         times.sort_by(f64::total_cmp);
         let step_s_median = times[times.len() / 2];
@@ -233,6 +253,7 @@ impl BackendTask for StepBench<'_> {
             peak_source,
             peak_memory_bytes,
             memory_source,
+            device_bytes_in_use: in_use,
             peak_activation_bytes,
             last_loss,
         })

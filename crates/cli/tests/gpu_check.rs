@@ -1,0 +1,232 @@
+//! `scripts/gpu_check.sh --dry-run`: the GPU battery runs every group on
+//! this machine's CPU (flex, tiny shapes; with the `kernels-bench` feature
+//! `bench kernels` quick, and SwiGLU on wgpu) with the debug `ferrotron`,
+//! and leaves what a lease
+//! would bring back: every phase in `phases.tsv` in the order of the
+//! script's header, the `bench train` and `bench kernels` JSON (attention
+//! at head dim 128), a `cubecl.toml` that CubeCL's own config type reads
+//! as written, a watchdog report of a quiet phase, the packed results, and
+//! a summary table printed last. Nothing here is a benchmark.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use ferrotron_test_support::deadline;
+
+/// A fresh directory for this test run.
+fn scratch(name: &str) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("ferrotron-gpu-check-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `(group, phase, status, exit, note)` of every line of `OUT/*/phases.tsv`.
+fn phases(out: &Path) -> Vec<[String; 5]> {
+    ["train", "step", "kernels"]
+        .iter()
+        .flat_map(|g| {
+            let text = std::fs::read_to_string(out.join(g).join("phases.tsv"))
+                .unwrap_or_else(|e| panic!("{g}/phases.tsv: {e}"));
+            text.lines()
+                .map(|l| {
+                    let f: Vec<&str> = l.split('\t').collect();
+                    assert_eq!(f.len(), 6, "{l}");
+                    [f[0], f[1], f[2], f[3], f[5]].map(String::from)
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// The phases the dry run must have run, in order, and the ones it must
+/// skip with a reason (no kernel test binaries, no compute-sanitizer,
+/// bench_torch.py's bf16 only on cuda); torch's fp32 runs may be skipped
+/// where python3 has no torch.
+fn expected_phases() -> Vec<(String, &'static str)> {
+    let mut p: Vec<(String, &str)> = [
+        ("env", "ok"),
+        ("watchdog-check", "ok"),
+        ("train-cold", "ok"),
+        ("train-warm", "ok"),
+        ("kernel-tests", "skipped"),
+    ]
+    .map(|(n, s)| (n.to_string(), s))
+    .into();
+    for shape in ["c", "d", "a", "b"] {
+        for precision in ["bf16", "fp32"] {
+            p.push((format!("ferrotron-{shape}-{precision}"), "ok"));
+            let torch = if precision == "bf16" {
+                "skipped"
+            } else {
+                "ok|skipped"
+            };
+            p.push((format!("torch-{shape}-{precision}"), torch));
+        }
+    }
+    if cfg!(feature = "kernels-bench") {
+        for name in [
+            "kernels-attention",
+            "kernels-attention-8192",
+            "kernels-cmma",
+            "kernels-wgpu",
+        ] {
+            p.push((name.into(), "ok"));
+        }
+    } else {
+        p.push(("kernels".into(), "skipped"));
+    }
+    p.push(("sanitizer".into(), "skipped"));
+    p
+}
+
+#[test]
+fn the_dry_run_runs_every_group_and_prints_the_summary_last() {
+    let (out, pack) = (scratch("out"), scratch("pack"));
+    let ferrotron = Path::new(env!("CARGO_BIN_EXE_ferrotron"));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/gpu_check.sh");
+    let mut cmd = Command::new("bash");
+    cmd.arg(&script)
+        .arg("--dry-run")
+        .arg("--pack")
+        .arg(&pack)
+        .arg(ferrotron.parent().unwrap())
+        .arg(&out)
+        // bench kernels (kernels-bench) always has wgpu; lavapipe serves it in CI.
+        .env(
+            "DRY_WGPU",
+            if cfg!(feature = "kernels-bench") {
+                "1"
+            } else {
+                "0"
+            },
+        );
+    let o = deadline::output_within(&mut cmd, Duration::from_secs(600)).expect("bash runs");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stdout}\n{stderr}");
+
+    let got = phases(&out);
+    let names: Vec<&str> = got.iter().map(|p| p[1].as_str()).collect();
+    let want = expected_phases();
+    assert_eq!(
+        names,
+        want.iter().map(|w| w.0.as_str()).collect::<Vec<_>>(),
+        "{stdout}"
+    );
+    for (p, (_, status)) in got.iter().zip(&want) {
+        assert!(
+            status.split('|').any(|s| s == p[2]),
+            "{} is {} ({}), expected {status}:\n{stdout}",
+            p[1],
+            p[2],
+            p[4]
+        );
+        if p[2] == "skipped" {
+            assert!(!p[4].is_empty(), "{} skipped without a reason", p[1]);
+        }
+    }
+
+    // The summary comes last and names every phase.
+    let summary = &stdout[stdout.rfind("######## summary of").expect("a summary")..];
+    for name in &names {
+        assert!(summary.contains(name), "summary lacks {name}:\n{summary}");
+    }
+    assert!(summary.contains("bench train (tokens/s"), "{summary}");
+    assert!(summary.contains("gpt-mini bf16"), "{summary}");
+
+    // Every log line is timestamped; the quiet phase got a watchdog report.
+    let watchdog = std::fs::read_to_string(out.join("train/watchdog-check.log")).unwrap();
+    assert!(watchdog.contains("watchdog: no new line for"), "{watchdog}");
+    assert!(
+        watchdog.contains("gpu: nvidia-smi is not on this machine"),
+        "{watchdog}"
+    );
+    assert!(
+        watchdog.contains("    thread "),
+        "thread states: {watchdog}"
+    );
+    let env = std::fs::read_to_string(out.join("train/env.log")).unwrap();
+    for section in ["== gpu", "NVRTC", "NCCL", "cuda_bf16.h", "together:"] {
+        assert!(env.contains(section), "env lacks {section}: {env}");
+    }
+    let stamped = |l: &str| l.len() >= 9 && l.as_bytes()[2] == b':' && l.as_bytes()[8] == b' ';
+    assert!(env.lines().all(stamped), "{env}");
+
+    // gpt-mini ran its 3 steps twice; bench train wrote its schema.
+    for run in ["train-cold", "train-warm"] {
+        let metrics = std::fs::read_to_string(out.join("train").join(run).join("metrics.jsonl"))
+            .unwrap_or_else(|e| panic!("{run}: {e}"));
+        assert!(metrics.lines().count() >= 3, "{run}: {metrics}");
+    }
+    for shape in ["a", "b", "c", "d"] {
+        let path = out.join(format!("step/ferrotron-{shape}-bf16.json"));
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(doc["schema"], "ferrotron-bench-train/1");
+        assert_eq!(doc["results"][0]["precision"], "bf16", "{doc}");
+    }
+    check_kernels_json(&out);
+    check_cubecl_toml(&out);
+    if cfg!(feature = "kernels-bench") {
+        // CubeCL read cubecl.toml: its compilation logger printed.
+        let log = std::fs::read_to_string(out.join("kernels/kernels-wgpu.log")).unwrap();
+        assert!(log.contains("[Compiling kernel]"), "{log}");
+    }
+    for group in ["train", "step", "kernels"] {
+        let f = pack.join(format!("gpu-check-{group}.tar.gz"));
+        assert!(f.metadata().is_ok_and(|m| m.len() > 0), "{}", f.display());
+    }
+    let _ = std::fs::remove_dir_all(&out);
+    let _ = std::fs::remove_dir_all(&pack);
+}
+
+/// The attention rows ran at head dim 128 (bench kernels --head-dim).
+fn check_kernels_json(out: &Path) {
+    if !cfg!(feature = "kernels-bench") {
+        return;
+    }
+    let path = out.join("kernels/kernels-attention.json");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let rows = doc["rows"].as_array().unwrap();
+    assert!(!rows.is_empty());
+    for row in rows {
+        assert!(row["shape"].as_str().unwrap().ends_with(", 128]"), "{row}");
+    }
+}
+
+/// The written cubecl.toml, read by CubeCL's own config type where the
+/// build has cubecl (kernels-bench): both caches in OUT/cubecl-cache, both
+/// loggers on stderr. (Its serde types ignore unknown keys, so the values
+/// are compared, not only parsed.)
+#[cfg(feature = "kernels-bench")]
+fn check_cubecl_toml(out: &Path) {
+    use cubecl::config::cache::CacheConfig;
+    use cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
+    let c = CubeClRuntimeConfig::from_file_path(out.join("cubecl.toml")).expect("cubecl.toml");
+    let cache = out.join("cubecl-cache");
+    assert!(matches!(&c.compilation.cache, Some(CacheConfig::File(p)) if *p == cache));
+    assert!(matches!(&c.autotune.cache, CacheConfig::File(p) if *p == cache));
+    assert!(c.compilation.logger.stderr && c.autotune.logger.stderr);
+    assert_eq!(format!("{:?}", c.compilation.logger.level), "Basic");
+    assert_eq!(format!("{:?}", c.autotune.logger.level), "Full");
+}
+
+/// Without cubecl in the build, the keys as cubecl-runtime 0.10 spells them.
+#[cfg(not(feature = "kernels-bench"))]
+fn check_cubecl_toml(out: &Path) {
+    let text = std::fs::read_to_string(out.join("cubecl.toml")).unwrap();
+    let c: toml::Table = text.parse().expect("TOML");
+    let cache = out.join("cubecl-cache");
+    for section in ["compilation", "autotune"] {
+        assert_eq!(
+            c[section]["cache"]["file"].as_str(),
+            cache.to_str(),
+            "{section}.cache"
+        );
+        assert_eq!(c[section]["logger"]["stderr"].as_bool(), Some(true));
+    }
+}

@@ -1,0 +1,122 @@
+# shellcheck shell=bash
+# The groups of scripts/gpu_check.sh (see its header): the phases of each,
+# in order, and the packing of a group's results. Sourced after the phase
+# runner (gpu_phase.sh); uses gpu_check.sh's variables: DRY, F, bin,
+# bin_given, out, here, backend, device, shape_a..shape_d, steps,
+# TORCH_PYTHON, GROUP_DIR.
+# shellcheck disable=SC2154 # set by gpu_check.sh
+
+# env, train-cold, train-warm, kernel tests.
+group_train() {
+    run_phase env 60 bash "$here/lib/gpu_env.sh" "$bin" "$bin_given"
+    if [ "$DRY" = 1 ]; then
+        # A check of the watchdog itself: quiet for twice its period.
+        run_phase watchdog-check 30 sh -c "echo quiet from now; sleep $((2 * WATCHDOG_S + 1)); echo done"
+    fi
+    local train=(train --model gpt-mini --backend "$backend" --precision bf16 --steps 3 --seed 1
+        --sample-tokens 0)
+    [ "$DRY" = 1 ] && train+=(--micro-batch 2 --seq-len 32 --eval-batches 1)
+    rm -rf "$out/cubecl-cache" "$GROUP_DIR/train-cold" "$GROUP_DIR/train-warm"
+    echo "(CubeCL caches emptied: train-cold starts cold)"
+    run_phase train-cold 240 "$F" "${train[@]}" --out "$GROUP_DIR/train-cold"
+    run_phase train-warm 150 "$F" "${train[@]}" --out "$GROUP_DIR/train-warm"
+    local t any=0
+    for t in "$bin"/kernels-*; do
+        [ -x "$t" ] || continue
+        any=1
+        run_phase "$(basename "$t")" 150 "$t" --test-threads 1
+    done
+    [ "$any" = 1 ] || skip_phase kernel-tests "no kernels-* test binaries in $bin_given"
+}
+
+# bench train beside bench_torch.py, per shape and precision.
+group_step() {
+    local torch_note="" i p s
+    if ! "$TORCH_PYTHON" -c 'import torch' 2>/dev/null; then
+        torch_note="$TORCH_PYTHON cannot import torch"
+    fi
+    local peak=(--device-type "${DEVICE_TYPE:-h100-80gb}")
+    # On a CPU the default peak is a GEMM measurement: not worth its time here.
+    [ "$DRY" = 1 ] && peak=(--peak-tflops 1)
+    for i in ${SHAPES:-c d a b}; do
+        s="shape_$i"
+        s="${!s}"
+        for p in ${PRECISIONS:-bf16 fp32}; do
+            # shellcheck disable=SC2086 # $s and $steps are lists of flags
+            run_phase "ferrotron-$i-$p" "${STEP_TIMEOUT:-150}" "$F" bench train $s --precision "$p" \
+                --backends "$backend" $steps "${peak[@]}" --json "$GROUP_DIR/ferrotron-$i-$p.json"
+            if [ -n "$torch_note" ]; then
+                skip_phase "torch-$i-$p" "$torch_note"
+            elif [ "$device" = cpu ] && [ "$p" = bf16 ]; then
+                skip_phase "torch-$i-$p" "bench_torch.py runs bf16 on cuda only"
+            else
+                # shellcheck disable=SC2086
+                run_phase "torch-$i-$p" 120 "$TORCH_PYTHON" "$here/bench_torch.py" $s --precision "$p" \
+                    --device "$device" $steps --json "$GROUP_DIR/torch-$i-$p.json"
+            fi
+        done
+    done
+}
+
+# bench kernels attention at head dim 128 (seq 8192 apart: a failure there
+# keeps the shorter ones), then compute-sanitizer on the cmma kernel.
+group_kernels() {
+    # A refused --head-dim ends at once, compiled in or not; only a build
+    # without the feature says "not compiled in".
+    if "$F" bench kernels --head-dim 3 2>&1 </dev/null | grep -q 'not compiled in'; then
+        skip_phase kernels "ferrotron was built without the kernels-bench feature"
+        skip_phase sanitizer "no bench kernels to check"
+        return 0
+    fi
+    local k=(bench kernels --backends "$backend" --head-dim 128)
+    local long=(--min-seq 1024 --max-seq 4096) longest=(--min-seq 8192 --max-seq 8192)
+    local all=(--min-seq 1024 --max-seq 8192)
+    if [ "$DRY" = 1 ]; then
+        long=(--quick) longest=(--quick --reps 1) all=(--quick)
+    fi
+    run_phase kernels-attention 240 "$F" "${k[@]}" "${long[@]}" --only attention \
+        --json "$GROUP_DIR/kernels-attention.json"
+    run_phase kernels-attention-8192 150 "$F" "${k[@]}" "${longest[@]}" --only attention \
+        --json "$GROUP_DIR/kernels-attention-8192.json"
+    run_phase kernels-cmma 150 "$F" "${k[@]}" "${all[@]}" --only attention_cmma_bf16 \
+        --json "$GROUP_DIR/kernels-cmma.json"
+    if [ "$DRY" = 1 ]; then
+        # A CubeCL runtime reads cubecl.toml: its compilation log shows it.
+        if [ "${DRY_WGPU:-0}" = 1 ]; then
+            run_phase kernels-wgpu 120 "$F" bench kernels --backends wgpu --quick --only swiglu \
+                --json "$GROUP_DIR/kernels-wgpu.json"
+        else
+            skip_phase kernels-wgpu "DRY_WGPU is not 1: the dry run stays on flex"
+        fi
+    fi
+    if ! command -v compute-sanitizer >/dev/null; then
+        skip_phase sanitizer "compute-sanitizer is not on the PATH"
+        return 0
+    fi
+    local seq tool
+    for seq in 1024 2048; do
+        for tool in memcheck racecheck; do
+            run_phase "sanitizer-$tool-$seq" 150 compute-sanitizer --tool "$tool" --error-exitcode 3 \
+                --print-limit 20 "$F" bench kernels --backends "$backend" --head-dim 128 \
+                --only attention_cmma_bf16 --min-seq "$seq" --max-seq "$seq" --warmup 0 --reps 1
+        done
+    done
+}
+
+# Packs GROUP's results into DIR/gpu-check-GROUP.tar.gz and the CubeCL
+# caches into DIR/gpu-check-GROUP-cubecl.tar.gz; a file over 16 MiB (the
+# most a lease brings back) is removed with a line saying so.
+pack_group() { # GROUP DIR
+    local g=$1 dir=$2 f
+    tar czf "$dir/gpu-check-$g.tar.gz" -C "$out" --exclude=checkpoints --exclude='*.safetensors' \
+        "$g" cubecl.toml
+    [ -d "$out/cubecl-cache" ] && tar czf "$dir/gpu-check-$g-cubecl.tar.gz" -C "$out" cubecl-cache
+    for f in "$dir/gpu-check-$g.tar.gz" "$dir/gpu-check-$g-cubecl.tar.gz"; do
+        [ -f "$f" ] || continue
+        if [ "$(stat -c %s "$f")" -gt $((16 << 20)) ]; then
+            echo "pack: $(basename "$f") is $(($(stat -c %s "$f") >> 20)) MiB, over 16 MiB: left out" |
+                tee -a "$GROUP_DIR/summary.txt"
+            rm -f "$f"
+        fi
+    done
+}
