@@ -15,7 +15,7 @@ use ferrotron_test_support::deadline;
 fn quick_bench_writes_a_json_row_per_kernel_with_positive_times() {
     let json = std::env::temp_dir().join(format!("ferrotron-bench-{}.json", std::process::id()));
     let out = deadline::output(
-        deadline::output(Command::new(env!("CARGO_BIN_EXE_ferrotron"))
+        Command::new(env!("CARGO_BIN_EXE_ferrotron"))
             .args(["bench", "kernels", "--quick", "--reps", "1", "--json"])
             .arg(&json)
             // The autotune level is chosen for the adapter by the binary.
@@ -150,18 +150,20 @@ fn the_cmma_kernel_runs_when_named_and_says_where_it_cannot() {
 fn head_dim_sets_the_attention_shapes_and_an_odd_one_exits_2_writing_nothing() {
     let json = std::env::temp_dir().join(format!("ferrotron-bench-hd-{}.json", std::process::id()));
     let run = |head_dim: &str| {
-        Command::new(env!("CARGO_BIN_EXE_ferrotron"))
-            .args([
-                "bench",
-                "kernels",
-                "--quick",
-                "--reps",
-                "1",
-                "--backends",
-                "flex",
-            ])
-            .args(["--only", "attention", "--head-dim", head_dim, "--json"])
-            .arg(&json))
+        deadline::output(
+            Command::new(env!("CARGO_BIN_EXE_ferrotron"))
+                .args([
+                    "bench",
+                    "kernels",
+                    "--quick",
+                    "--reps",
+                    "1",
+                    "--backends",
+                    "flex",
+                ])
+                .args(["--only", "attention", "--head-dim", head_dim, "--json"])
+                .arg(&json),
+        )
     };
     let out = run("7");
     let stderr = String::from_utf8_lossy(&out.stderr);
