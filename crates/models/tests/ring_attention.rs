@@ -17,7 +17,6 @@
 //! running after `DEADLINE` is killed and fails the test.
 #![cfg(feature = "flex")]
 
-use std::process::Command;
 use std::time::Duration;
 
 use burn::backend::Flex;
@@ -29,7 +28,7 @@ use ferrotron_models::ops::{
 use ferrotron_parallel::context::pairing::source;
 use ferrotron_parallel::context::{ChunkLayout, HeadBuf, Kept, RingBackward, RingForward};
 
-use ferrotron_test_support::deadline;
+use ferrotron_test_support::mpirun;
 use ferrotron_test_support::skip::skip;
 
 /// When a job that never ends is killed (the job takes seconds).
@@ -249,20 +248,7 @@ fn mpi_ring_attention_on_4_ranks_equals_the_one_rank_attention() {
         );
         return;
     }
-    let exe = std::env::current_exe().unwrap();
-    let o = deadline::output_within(
-        Command::new("mpirun")
-            .args(["--allow-run-as-root", "--oversubscribe", "-np", "4"])
-            .arg(&exe)
-            .args(["--ignored", "--exact", "ring_worker", "--test-threads=1"]),
-        DEADLINE,
-    )
-    .expect("mpirun runs (is Open MPI installed?)");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let (o, text) = mpirun::worker(4, &[], "ring_worker", DEADLINE);
     assert!(o.status.success(), "{text}");
     assert_eq!(text.matches("1 passed").count(), 4, "{text}");
 }

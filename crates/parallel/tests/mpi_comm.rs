@@ -7,12 +7,11 @@
 //! `mpi` feature; with it, a missing `mpirun` is a failure. A job still
 //! running after `DEADLINE` is killed and fails the test (a hang).
 
-use std::process::Command;
 use std::time::Duration;
 
 #[cfg(feature = "mpi")]
 mod contract;
-use ferrotron_test_support::deadline;
+use ferrotron_test_support::mpirun;
 use ferrotron_test_support::skip::skip;
 
 /// When a job that never ends is killed (one job takes seconds).
@@ -24,21 +23,8 @@ fn mpi_communicator_operations_are_correct_on_2_3_and_4_ranks() {
         skip("built without the `mpi` feature; run `cargo test -p ferrotron-parallel --features mpi`");
         return;
     }
-    let exe = std::env::current_exe().unwrap();
-    for ranks in ["2", "3", "4"] {
-        let o = deadline::output_within(
-            Command::new("mpirun")
-                .args(["--allow-run-as-root", "--oversubscribe", "-np", ranks])
-                .arg(&exe)
-                .args(["--ignored", "--exact", "mpi_worker", "--test-threads=1"]),
-            DEADLINE,
-        )
-        .expect("mpirun runs (is Open MPI installed?)");
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
+    for ranks in [2, 3, 4] {
+        let (o, text) = mpirun::worker(ranks, &[], "mpi_worker", DEADLINE);
         assert!(o.status.success(), "np {ranks}:\n{text}");
         assert!(text.matches("1 passed").count() >= 2, "np {ranks}:\n{text}");
     }

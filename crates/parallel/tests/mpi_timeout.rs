@@ -8,10 +8,9 @@
 //! feature; with it, a missing `mpirun` is a failure. A job still running
 //! after `DEADLINE` is killed and fails the test (a hang).
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ferrotron_test_support::deadline;
+use ferrotron_test_support::mpirun;
 use ferrotron_test_support::skip::skip;
 
 /// The job must end well before the hanging rank would wake up.
@@ -23,27 +22,8 @@ const DEADLINE: Duration = Duration::from_secs(60);
 /// Runs `worker` of this binary on 3 ranks; returns whether `mpirun`
 /// succeeded, its stdout and stderr, and how long it took.
 fn mpirun_3(worker: &str) -> (bool, String, Duration) {
-    let exe = std::env::current_exe().unwrap();
     let started = Instant::now();
-    let o = deadline::output_within(
-        Command::new("mpirun")
-            .args(["--allow-run-as-root", "--oversubscribe", "-np", "3"])
-            .arg(&exe)
-            .args([
-                "--ignored",
-                "--exact",
-                worker,
-                "--test-threads=1",
-                "--nocapture",
-            ]),
-        DEADLINE,
-    )
-    .expect("mpirun runs (is Open MPI installed?)");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let (o, text) = mpirun::worker(3, &[], worker, DEADLINE);
     (o.status.success(), text, started.elapsed())
 }
 

@@ -3,5 +3,6 @@
 //! double is, and skips that `scripts/test --mpi` (CI) turns into failures.
 
 pub mod deadline;
+pub mod mpirun;
 pub mod nccl_double;
 pub mod skip;
