@@ -529,7 +529,17 @@ fn a_resume_refuses_a_changed_corpus_and_a_tokenizer_larger_than_the_model() {
     let record = std::fs::read_to_string(run_dir.join("run.toml")).unwrap();
     assert!(record.contains("corpus_sha256"), "{record}");
     let before = std::fs::read(run_dir.join("metrics.jsonl")).unwrap();
-    let resume = || ferrotron(&["train", "--resume", r, "--steps", "3"]);
+    let resume = || {
+        ferrotron(&[
+            "train",
+            "--resume",
+            r,
+            "--steps",
+            "3",
+            "--override",
+            "schedule.steps",
+        ])
+    };
 
     // The same path, other text.
     let text = std::fs::read_to_string(&corpus).unwrap();
