@@ -12,7 +12,7 @@ use ferrotron_job::{Job, JobConfig, Report, Resume};
 use ferrotron_parallel::launch;
 use ferrotron_parallel::train::Progress;
 use indicatif::{ProgressBar, ProgressStyle};
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1};
 
 use crate::args::TrainArgs;
 use crate::error::usage;
@@ -73,12 +73,16 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
     result.map(|_| ())
 }
 
-/// A flag that SIGINT and SIGTERM set (the loop then checkpoints and
-/// stops after the current step); a second signal ends the process at
+/// A flag that SIGINT, SIGTERM and SIGUSR1 set (the loop then checkpoints
+/// and stops after the current step); a second signal ends the process at
 /// once with exit code 130, leaving the last checkpoint as it was.
+///
+/// SIGUSR1 is the one Open MPI's `mpirun` forwards to every rank and
+/// nothing more: on SIGTERM or SIGINT it sends the ranks SIGTERM and,
+/// a second later, SIGKILL (see docs/checkpoints.md).
 fn stop_on_signals() -> anyhow::Result<Arc<AtomicBool>> {
     let stop = Arc::new(AtomicBool::new(false));
-    for signal in [SIGINT, SIGTERM] {
+    for signal in [SIGINT, SIGTERM, SIGUSR1] {
         // The shutdown hook first: it fires only if the flag is already set.
         signal_hook::flag::register_conditional_shutdown(signal, 130, stop.clone())
             .context("installing the signal handlers")?;

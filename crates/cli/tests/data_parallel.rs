@@ -19,6 +19,7 @@ mod common;
 mod mpirun;
 
 use common::{copy_dir, corpus, max_weight_rel_err, scratch, step_losses, step_records};
+use ferrotron_test_support::deadline;
 use mpirun::{mpi_built, train, train_within, RunFlags};
 
 /// Training losses of a run's metrics.jsonl, by step.
@@ -267,4 +268,148 @@ fn dp2_zero1_resumes_exactly_and_reshards_onto_one_rank() {
         "resharded onto one rank: relative weight error {rel:e}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The dp2 runs of the fault test: gpt-mini, 8 steps, a checkpoint every
+/// 2, into `out`, a 3 s `--comm-timeout`, plus `extra`.
+fn fault_args(corpus: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args = RunFlags {
+        save_every: Some("2"),
+        ..RunFlags::new("gpt-mini", corpus, out, "8")
+    }
+    .args();
+    args.extend(["--comm-timeout", "3"].map(String::from));
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+/// `ferrotron train args` on 2 ranks, with the environment variables
+/// `env` passed to both, started to be signalled.
+fn spawn_dp2(args: &[String], env: &[(&str, &str)]) -> deadline::Watched {
+    let names: Vec<&str> = env.iter().map(|(n, _)| *n).collect();
+    let mut cmd = mpirun::ferrotron_on(2, &names);
+    cmd.envs(env.iter().copied()).arg("train").args(args);
+    deadline::spawn_within(&mut cmd, mpirun::DEADLINE).expect("mpirun runs")
+}
+
+/// Resumes `run` on 2 ranks to the end; its losses must be `want`'s.
+fn resume_dp2_to(run: &Path, want: &[f64], what: &str) {
+    let o = train(2, &["--resume", run.to_str().unwrap()]);
+    assert!(
+        o.status.success(),
+        "{what}: the resume failed:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let got = losses(run);
+    let resumed_from = got.len() - want.len();
+    assert_eq!(
+        &got[resumed_from..],
+        want,
+        "{what}: losses after the resume"
+    );
+}
+
+/// How long a rank may take to notice a lost one: the 3 s timeout, its
+/// grace period, and start-up slack on 2 shared cores.
+const NOTICED_WITHIN: Duration = Duration::from_secs(30);
+
+/// Faults under `mpirun -np 2`, against an uninterrupted dp2 run:
+/// - SIGUSR1 to `mpirun` (forwarded to every rank): every rank stops at
+///   the same step, rank 0 writes one checkpoint, the job exits 75, and
+///   `--resume` reproduces the uninterrupted losses;
+/// - SIGKILL to rank 1 mid-run: the job ends non-zero, the output names
+///   rank 1, and the latest checkpoint resumes to the same losses;
+/// - rank 1 panics (test hook): the job ends non-zero within the
+///   timeout, rank 1's error names it;
+/// - rank 1 stalls inside step 3 (test hook): rank 0 names it as never
+///   arrived after the 3 s timeout and the job ends non-zero.
+#[test]
+fn dp2_faults_stop_cleanly_or_end_the_job_naming_the_rank() {
+    if !mpi_built() {
+        return;
+    }
+    let dir = scratch("faults");
+    let corpus = corpus(&dir);
+    let whole = dir.join("whole");
+    let o = train(2, &str_args(&fault_args(&corpus, &whole, &[])));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let want = losses(&whole);
+    assert_eq!(want.len(), 8);
+
+    let stopped = dir.join("usr1");
+    let mut job = spawn_dp2(&fault_args(&corpus, &stopped, &[]), &[]);
+    job.wait_until("two logged steps", || losses(&stopped).len() >= 2);
+    job.signal(job.pid(), "USR1");
+    let o = job.finish().unwrap();
+    let text = output_text(&o);
+    assert_eq!(o.status.code(), Some(75), "{text}");
+    let at = losses(&stopped).len();
+    assert!(at < 8, "stopped after step {at}");
+    let latest = std::fs::read_to_string(stopped.join("checkpoints/latest")).unwrap();
+    assert_eq!(latest.trim(), format!("step-{at}"));
+    resume_dp2_to(&stopped, &want[at..], "after SIGUSR1");
+
+    let killed = dir.join("kill");
+    let mut job = spawn_dp2(&fault_args(&corpus, &killed, &[]), &[]);
+    job.wait_until("three logged steps", || losses(&killed).len() >= 3);
+    let rank1 = ferrotron_test_support::mpirun::rank_pid(job.pid(), 1).expect("rank 1's process");
+    let t = std::time::Instant::now();
+    job.signal(rank1, "KILL");
+    let o = job.finish().unwrap();
+    let (took, text) = (t.elapsed(), output_text(&o));
+    assert!(
+        !o.status.success() && took < NOTICED_WITHIN,
+        "{took:?}: {text}"
+    );
+    assert!(
+        text.contains("rank 1"),
+        "the lost rank is not named:\n{text}"
+    );
+    let done = losses(&killed).len();
+    let latest = std::fs::read_to_string(killed.join("checkpoints/latest")).unwrap();
+    let from: usize = latest.trim()["step-".len()..].parse().unwrap();
+    assert!(
+        from >= 2 && from <= done,
+        "latest {from}, {done} steps logged"
+    );
+    resume_dp2_to(&killed, &want[from..], "after SIGKILL");
+
+    for (hook, value, needle) in [
+        (
+            "FERROTRON_TEST_PANIC_AT_STEP",
+            "1:3",
+            "error (rank 1): panicked",
+        ),
+        (
+            "FERROTRON_TEST_STALL_AT_STEP",
+            "1:3:60",
+            "rank 1 never arrived",
+        ),
+    ] {
+        let out = dir.join(hook);
+        let t = std::time::Instant::now();
+        let o = spawn_dp2(&fault_args(&corpus, &out, &[]), &[(hook, value)])
+            .finish()
+            .unwrap();
+        let (took, text) = (t.elapsed(), output_text(&o));
+        assert!(!o.status.success(), "{hook}: {text}");
+        assert!(
+            took < NOTICED_WITHIN,
+            "{hook}: the job took {took:?}:\n{text}"
+        );
+        assert!(text.contains(needle), "{hook}: no `{needle}` in:\n{text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn str_args(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
+fn output_text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }

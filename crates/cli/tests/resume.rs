@@ -199,6 +199,99 @@ fn sigterm_writes_a_checkpoint_and_the_resumed_run_reproduces_the_losses() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `ferrotron train args`, started under [`DEADLINE`] to be signalled.
+fn spawn_train(args: &[String]) -> deadline::Watched {
+    deadline::spawn_within(
+        Command::new(env!("CARGO_BIN_EXE_ferrotron"))
+            .arg("train")
+            .args(args),
+        DEADLINE,
+    )
+    .expect("the binary runs")
+}
+
+/// The step `checkpoints/latest` names in `run` (`step-N`).
+fn latest(run: &Path) -> String {
+    std::fs::read_to_string(run.join("checkpoints").join("latest"))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// SIGINT stops a run as SIGTERM does: exit 75 with a checkpoint of the
+/// step it stopped after. A second signal while the first is being
+/// handled ends the run at once with 130 (SIGINT then SIGTERM, sent
+/// together: two of one kind could merge into one).
+#[test]
+fn sigint_stops_with_a_checkpoint_and_a_second_signal_exits_130() {
+    let dir = scratch("resume-sigint");
+    let corpus = corpus(&dir);
+    let steps = 400;
+    let once = dir.join("once");
+    let mut args = common(&corpus, steps);
+    args.extend(["--out".to_string(), once.display().to_string()]);
+    let mut child = spawn_train(&args);
+    child.wait_until("two logged steps", || step_losses(&once).len() >= 2);
+    child.signal(child.pid(), "INT");
+    let o = child.finish().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(75), "{err}");
+    assert!(err.contains("--resume"), "{err}");
+    let stopped_at = step_losses(&once).len();
+    assert!(stopped_at < steps, "stopped after step {stopped_at}");
+    assert_eq!(latest(&once), format!("step-{stopped_at}"));
+
+    let twice = dir.join("twice");
+    let mut args = common(&corpus, steps);
+    args.extend(["--out".to_string(), twice.display().to_string()]);
+    let mut child = spawn_train(&args);
+    child.wait_until("two logged steps", || step_losses(&twice).len() >= 2);
+    let pid = child.pid();
+    let kill = format!("kill -s INT {pid}; kill -s TERM {pid}");
+    assert!(deadline::output(Command::new("sh").args(["-c", &kill]))
+        .status
+        .success());
+    let o = child.finish().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    assert!(!err.contains("--resume"), "{err}");
+    assert!(step_losses(&twice).len() < steps);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A stop request is honoured after a skipped (non-finite) step too: in a
+/// run that skips every step after its first (learning rate 1e30), a stop
+/// file that appears ends the run after a skipped step with exit 75, a
+/// checkpoint of that step, and the file removed.
+#[test]
+fn a_stop_file_stops_a_run_that_is_skipping_non_finite_steps() {
+    let dir = scratch("resume-stop-skipping");
+    let corpus = corpus(&dir);
+    let (run, stop) = (dir.join("run"), dir.join("STOP"));
+    let steps = 3000;
+    let mut args = common(&corpus, steps);
+    args.extend(["--lr", "1e30", "--min-lr", "0", "--grad-clip", "0"].map(String::from));
+    args.extend(["--on-nonfinite", "skip", "--max-skipped", "3000"].map(String::from));
+    args.extend(["--stop-file".to_string(), stop.display().to_string()]);
+    args.extend(["--out".to_string(), run.display().to_string()]);
+    let mut child = spawn_train(&args);
+    let skipped = |r: &serde_json::Value| r["skipped"] == true;
+    child.wait_until("a skipped step", || {
+        common::step_records(&run).iter().any(skipped)
+    });
+    std::fs::write(&stop, "").unwrap();
+    let o = child.finish().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(75), "{err}");
+    let records = common::step_records(&run);
+    let last = records.last().unwrap();
+    assert!(skipped(last), "the last step was applied: {last}");
+    assert!(records.len() < steps, "the run did not stop");
+    assert_eq!(latest(&run), format!("step-{}", last["step"]));
+    assert!(!stop.exists(), "the stop file stayed");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_non_finite_loss_stops_the_run_and_leaves_the_last_checkpoint() {
     let dir = scratch("resume-nan");

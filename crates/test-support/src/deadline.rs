@@ -27,6 +27,23 @@ pub fn output(cmd: &mut Command) -> Output {
 /// `deadline`, kills its process group and panics with the command, the
 /// deadline and everything it printed. An error only when it cannot start.
 pub fn output_within(cmd: &mut Command, deadline: Duration) -> std::io::Result<Output> {
+    spawn_within(cmd, deadline)?.finish()
+}
+
+/// A child started by [`spawn_within`], that the test may signal while it
+/// runs; [`Watched::finish`] collects its output under the deadline.
+pub struct Watched {
+    what: String,
+    child: Child,
+    stdout: JoinHandle<Vec<u8>>,
+    stderr: JoinHandle<Vec<u8>>,
+    started: Instant,
+    deadline: Duration,
+}
+
+/// Starts `cmd` in its own process group, its output read on threads; the
+/// `deadline` counts from now. An error only when it cannot start.
+pub fn spawn_within(cmd: &mut Command, deadline: Duration) -> std::io::Result<Watched> {
     let what = format!("{cmd:?}");
     let mut child = cmd
         .process_group(0)
@@ -36,38 +53,87 @@ pub fn output_within(cmd: &mut Command, deadline: Duration) -> std::io::Result<O
         .spawn()?;
     let stdout = drain(child.stdout.take());
     let stderr = drain(child.stderr.take());
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break Some(status);
-        }
-        if started.elapsed() >= deadline {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    // Also after a normal end: a process left in the group would keep the
-    // pipes open.
-    kill_group(&child);
-    let timed_out = status.is_none();
-    let status = match status {
-        Some(status) => status,
-        None => child.wait()?,
-    };
-    let (stdout, stderr) = (join(stdout), join(stderr));
-    if timed_out {
-        panic!(
-            "{what} was still running after {deadline:?}: killed its process group (a hang)\n\
-             --- stdout ---\n{}\n--- stderr ---\n{}",
-            String::from_utf8_lossy(&stdout),
-            String::from_utf8_lossy(&stderr)
-        );
-    }
-    Ok(Output {
-        status,
+    Ok(Watched {
+        what,
+        child,
         stdout,
         stderr,
+        started: Instant::now(),
+        deadline,
     })
+}
+
+impl Watched {
+    /// The child's process id (also its process group's).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `signal` (a name `kill -s` knows: `TERM`, `INT`, `USR1`,
+    /// `KILL`) to process `pid` (the child or one of its descendants);
+    /// panics if `kill` fails.
+    pub fn signal(&self, pid: u32, signal: &str) {
+        let ok = Command::new("kill")
+            .args(["-s", signal, &pid.to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -s {signal} {pid} failed ({})", self.what);
+    }
+
+    /// Waits, polling every 10 ms, until `ready()` holds; panics with what
+    /// the child printed if it ends first or the deadline passes.
+    pub fn wait_until(&mut self, waiting_for: &str, mut ready: impl FnMut() -> bool) {
+        while !ready() {
+            let ended = self.child.try_wait().ok().flatten();
+            if ended.is_some() || self.started.elapsed() >= self.deadline {
+                kill_group(&self.child);
+                let _ = self.child.wait();
+                panic!(
+                    "{} ended ({ended:?}) or passed its deadline {:?} while the test waited for {waiting_for}",
+                    self.what, self.deadline
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Waits for the child like `Command::output`; past the deadline, kills
+    /// its process group and panics with everything it printed.
+    pub fn finish(mut self) -> std::io::Result<Output> {
+        let status = loop {
+            if let Some(status) = self.child.try_wait()? {
+                break Some(status);
+            }
+            if self.started.elapsed() >= self.deadline {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        // Also after a normal end: a process left in the group would keep the
+        // pipes open.
+        kill_group(&self.child);
+        let timed_out = status.is_none();
+        let status = match status {
+            Some(status) => status,
+            None => self.child.wait()?,
+        };
+        let (stdout, stderr) = (join(self.stdout), join(self.stderr));
+        if timed_out {
+            panic!(
+                "{} was still running after {:?}: killed its process group (a hang)\n\
+                 --- stdout ---\n{}\n--- stderr ---\n{}",
+                self.what,
+                self.deadline,
+                String::from_utf8_lossy(&stdout),
+                String::from_utf8_lossy(&stderr)
+            );
+        }
+        Ok(Output {
+            status,
+            stdout,
+            stderr,
+        })
+    }
 }
 
 /// Reads a pipe to its end on a thread, so a chatty child never blocks.

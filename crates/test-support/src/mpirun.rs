@@ -36,3 +36,19 @@ pub fn worker(ranks: usize, extra: &[&str], worker: &str, deadline: Duration) ->
     );
     (o, text)
 }
+
+/// The process id of rank `rank` of the job that `mpirun` (process
+/// `mpirun_pid`, on this host) started: the child of `mpirun` whose
+/// environment says `OMPI_COMM_WORLD_RANK=rank`. `None` while there is none.
+pub fn rank_pid(mpirun_pid: u32, rank: usize) -> Option<u32> {
+    let children =
+        std::fs::read_to_string(format!("/proc/{mpirun_pid}/task/{mpirun_pid}/children")).ok()?;
+    let want = format!("OMPI_COMM_WORLD_RANK={rank}");
+    children
+        .split_whitespace()
+        .filter_map(|p| p.parse::<u32>().ok())
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|&b| b == 0).any(|v| v == want.as_bytes()))
+        })
+}

@@ -173,6 +173,11 @@ job_sections! {
         keep_checkpoints: usize = 2, flag keep_checkpoints: usize;
         /// At the end, also write the model as a Hugging Face directory (must be new or empty).
         hf_out: Option<PathBuf> = None, flag hf_out: PathBuf;
+        /// A file every rank looks for after each step: once it exists, the run stops as on
+        /// SIGTERM (checkpoint, exit 75) and rank 0 removes it. For launchers that kill the
+        /// ranks soon after a signal (mpirun); see docs/checkpoints.md.
+        #[arg(value_name = "PATH")]
+        stop_file: Option<PathBuf> = None, flag stop_file: PathBuf;
     }
 
     /// `[metrics]`: MFU's peak and the end-of-run sample.

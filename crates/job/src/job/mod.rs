@@ -79,12 +79,22 @@ impl Job {
     }
 
     /// Runs the job; rank 0 gets the loop's summary. In a multi-rank job an
-    /// error on any rank (other than a requested stop) aborts the whole job
-    /// (`MPI_Abort`, exit 2 for bad input, else 1) instead of leaving the
-    /// other ranks waiting.
+    /// error or a panic on any rank (other than a requested stop) aborts
+    /// the whole job (`MPI_Abort`, exit 2 for bad input, else 1) after
+    /// printing it with the rank's number, instead of leaving the other
+    /// ranks waiting.
     pub fn run(self, report: &mut dyn Report) -> anyhow::Result<Option<RunSummary>> {
         let comm = self.comm.clone();
-        let result = self.run_here(report);
+        let result = if comm.world_size() > 1 {
+            // The panic itself was printed by the panic hook; the abort
+            // below names the rank.
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_here(report)))
+                .unwrap_or_else(|payload| {
+                    Err(anyhow::anyhow!("panicked: {}", panic_text(&*payload)))
+                })
+        } else {
+            self.run_here(report)
+        };
         if let Err(e) = &result {
             if comm.world_size() > 1 && e.downcast_ref::<Interrupted>().is_none() {
                 let code = if e.downcast_ref::<UsageError>().is_some() {
@@ -123,4 +133,13 @@ impl Job {
         };
         dispatch(kind, gpu, task)
     }
+}
+
+/// The message of a panic's payload (a `&str` or a `String`).
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)")
 }

@@ -154,6 +154,7 @@ impl TrainTask<'_> {
                 },
             },
             stop: self.stop.clone(),
+            stop_file: c.checkpoint.stop_file.clone(),
             goldfish: c.goldfish(),
             energy: if lead {
                 finish::open_energy(kind, self.job.world.local_rank, self.report)
@@ -244,11 +245,11 @@ impl BackendTask for TrainTask<'_> {
             Err(LoopError::Stopped { step, checkpoint }) => {
                 let message = match checkpoint {
                     Some(dir) => format!(
-                        "stopped after step {step} by a signal; checkpoint {}; continue with: ferrotron train --resume {}",
+                        "stopped after step {step} as requested (signal or stop file); checkpoint {}; continue with: ferrotron train --resume {}",
                         dir.display(),
                         out.display()
                     ),
-                    None => format!("stopped after step {step} by a signal"),
+                    None => format!("stopped after step {step} as requested (signal or stop file)"),
                 };
                 return Err(Interrupted(if lead { message } else { String::new() }).into());
             }

@@ -11,11 +11,14 @@
 //! - [`loss_scale`]: dynamic loss scaling for fp16 mixed precision.
 //! - [`checkpoint`]: complete checkpoints (model, optimizer, sampler, step)
 //!   written atomically, for resuming.
+//! - `test_faults`: the test-only hooks that make one rank panic or stall
+//!   at a given step (for the tests of lost and stalled ranks).
 
 pub mod checkpoint;
 pub mod loss_scale;
 pub mod run;
 pub mod step;
+mod test_faults;
 
 pub use run::{
     run, BatchSource, LoopConfig, LoopError, NonFinite, Progress, RunSummary, Silent, TokenWindows,

@@ -26,8 +26,9 @@
 //! `metrics.jsonl`. A step whose loss or gradient norm is not finite is
 //! never applied ([`NonFinite`] says whether the run stops or goes on;
 //! under loss scaling an overflow only halves the scale), and
-//! a stop request (a signal) ends the run after the current step with a
-//! checkpoint.
+//! a stop request (a signal, or a stop file) ends the run after the
+//! current step, a skipped one too, with a checkpoint; no rank returns
+//! before rank 0 has written it.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -46,8 +47,8 @@ use ferrotron_engine::metrics::{
     ValRecord,
 };
 
-use super::checkpoint;
 use super::step::Trainer;
+use super::{checkpoint, test_faults};
 use crate::comm::{CommError, Communicator};
 use crate::tensor::ShardError;
 
@@ -159,6 +160,10 @@ pub struct LoopConfig {
     /// Set (by a signal handler) to end the run after the current step,
     /// with a checkpoint; every rank stops at the same step.
     pub stop: Option<Arc<AtomicBool>>,
+    /// A file whose existence, checked after every step by every rank,
+    /// ends the run like [`Self::stop`]; rank 0 removes it once the
+    /// checkpoint is written.
+    pub stop_file: Option<PathBuf>,
     /// Rank 0's energy counter: each step's `energy_j` and
     /// `tokens_per_joule` (`None`: not measured).
     pub energy: Option<EnergyMeter>,
@@ -194,6 +199,7 @@ impl Default for LoopConfig {
             checkpoint_files: Vec::new(),
             on_nonfinite: NonFinite::Stop,
             stop: None,
+            stop_file: None,
             energy: None,
             device_memory: None,
             goldfish: None,
@@ -395,6 +401,7 @@ where
     }
     let mut skipped_in_a_row = 0;
     for step in trainer.steps_done() + 1..=config.steps {
+        test_faults::at_step(world.rank(), step);
         let micro = draw(batches, config, place)?;
         let (record, overflow) = timed_step(trainer, &micro, config, place, step)?;
         let (skipped, loss, grad_norm) = (record.skipped, record.loss, record.grad_norm);
@@ -407,21 +414,23 @@ where
                 finite(step, "loss", loss)?;
                 finite(step, "gradient norm", grad_norm)?;
             }
-            continue;
+        } else {
+            skipped_in_a_row = 0;
+            if step % config.eval_every == 0 || step == config.steps {
+                validate(trainer, val, step, &mut reports)?;
+            }
         }
-        skipped_in_a_row = 0;
-        if step % config.eval_every == 0 || step == config.steps {
-            validate(trainer, val, step, &mut reports)?;
-        }
+        // Asked also after a skipped step: a run that skips steps in a row
+        // still stops when told to (its checkpoint holds the unchanged
+        // weights, and the resumed run starts at the next step).
         let stop = stop_requested(config, &*world)?;
-        let due = config.save_every > 0 && (step % config.save_every == 0 || step == config.steps);
+        let due = skipped_in_a_row == 0
+            && config.save_every > 0
+            && (step % config.save_every == 0 || step == config.steps);
         if due || stop {
             let written = save(trainer, batches, config, place.lead)?;
             if stop {
-                return Err(LoopError::Stopped {
-                    step,
-                    checkpoint: written,
-                });
+                return Err(stopped(config, &*world, place.lead, step, written)?);
             }
         }
     }
@@ -608,17 +617,45 @@ where
     reports.validation(step, val_loss, weights.as_deref())
 }
 
-/// Whether any rank was asked to stop (a collective when `config.stop`
-/// is set: every rank must stop at the same step).
+/// Whether any rank was asked to stop: its `config.stop` flag is set or
+/// it sees `config.stop_file`. A collective when either is configured
+/// (every rank must stop at the same step).
 fn stop_requested(config: &LoopConfig, world: &dyn Communicator) -> Result<bool, CommError> {
-    match &config.stop {
-        Some(flag) => {
-            let mut any = [f32::from(u8::from(flag.load(Ordering::SeqCst)))];
-            world.all_reduce_sum(&mut any)?;
-            Ok(any[0] > 0.0)
-        }
-        None => Ok(false),
+    if config.stop.is_none() && config.stop_file.is_none() {
+        return Ok(false);
     }
+    let flag = config
+        .stop
+        .as_ref()
+        .is_some_and(|f| f.load(Ordering::SeqCst));
+    let file = config.stop_file.as_ref().is_some_and(|p| p.exists());
+    let mut any = [f32::from(u8::from(flag || file))];
+    world.all_reduce_sum(&mut any)?;
+    Ok(any[0] > 0.0)
+}
+
+/// The end of a stopped run, after its checkpoint `written` (rank 0's):
+/// rank 0 removes the stop file (so that the resumed run does not stop at
+/// once), then every rank waits for every other, so that no rank exits
+/// before rank 0 has written the checkpoint (`mpirun` ends the whole job
+/// when the first rank exits with a non-zero code).
+fn stopped(
+    config: &LoopConfig,
+    world: &dyn Communicator,
+    lead: bool,
+    step: usize,
+    written: Option<PathBuf>,
+) -> Result<LoopError, CommError> {
+    if let (true, Some(file)) = (lead, &config.stop_file) {
+        // A file that stays (removed by someone else, or not removable)
+        // only stops the resumed run after its first step, with a checkpoint.
+        let _ = std::fs::remove_file(file);
+    }
+    world.barrier()?;
+    Ok(LoopError::Stopped {
+        step,
+        checkpoint: written,
+    })
 }
 
 /// A complete checkpoint (a collective: the state is gathered), written
