@@ -289,6 +289,8 @@ fn a_failed_checkpoint_write_stops_the_run_and_keeps_the_previous_checkpoint() {
             errors[0]
         );
     }
+    let said = errors[0].matches("no space left").count();
+    assert_eq!(said, 1, "the system's error once: {}", errors[0]);
     assert!(!has_temp_checkpoint(&run), "a temporary directory is left");
     let ckpt = run.join("checkpoints");
     let mut names: Vec<String> = std::fs::read_dir(&ckpt)

@@ -30,12 +30,13 @@ pub enum CheckpointError {
     },
     /// Writing a file of a checkpoint failed; the checkpoint's temporary
     /// files were removed.
-    #[error("{path}: {source}; the checkpoint needs {needed_bytes} bytes ({:.2} MiB) in all; its temporary files were removed and {kept}", *needed_bytes as f64 / 1048576.0)]
+    /// (`error` is not the error's `source`: the line already holds it.)
+    #[error("{path}: {error}; the checkpoint needs {needed_bytes} bytes ({:.2} MiB) in all; its temporary files were removed and {kept}", *needed_bytes as f64 / 1048576.0)]
     Write {
         /// The file whose write failed.
         path: String,
         /// What the system said.
-        source: std::io::Error,
+        error: std::io::Error,
         /// Bytes of every file of the checkpoint together.
         needed_bytes: u64,
         /// What the checkpoint directory still holds (`checkpoints/latest

@@ -205,7 +205,7 @@ fn failed(
     };
     CheckpointError::Write {
         path,
-        source,
+        error: source,
         needed_bytes,
         kept,
     }
