@@ -3,9 +3,9 @@
 //! builds the input and prints).
 
 use ferrotron_engine::metrics::{device_spec, DEVICES};
+use ferrotron_job::memory::shape_of;
 use ferrotron_models::hf::from_hf_config;
 use ferrotron_models::presets::{preset, PRESET_NAMES};
-use ferrotron_models::{DecoderConfig, MlpKind, NormKind, Position};
 use ferrotron_parallel::plan::explain::explain;
 use ferrotron_parallel::plan::link::{default_links, link, LINKS};
 use ferrotron_parallel::plan::search::choices;
@@ -19,24 +19,6 @@ use crate::error::usage;
 use crate::plan_emit::emit_config;
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
-
-/// The planner's view of a decoder configuration.
-pub fn shape_of(c: &DecoderConfig) -> ModelShape {
-    ModelShape {
-        vocab: c.vocab_size,
-        hidden: c.hidden_size,
-        layers: c.n_layers,
-        heads: c.n_heads,
-        kv_heads: c.n_kv_heads,
-        ffn: c.ffn_size,
-        learned_positions: (c.position == Position::Learned).then_some(c.max_seq_len),
-        layer_norm: c.norm == NormKind::LayerNorm,
-        bias: c.bias,
-        gated_mlp: c.mlp == MlpKind::Swiglu,
-        tied_head: c.tied_head,
-        embed_norm: c.embed_norm,
-    }
-}
 
 /// The model of `--model`, `--hf-dir` or the shape flags (which also
 /// override a preset's or a config's fields).

@@ -166,15 +166,34 @@ fn bad_input_is_a_one_line_error_with_exit_code_2_and_writes_nothing() {
         &["--corpus", "split would have", "fewer than the minimum 129"],
         &out,
     );
-    // Training state larger than the machine, refused before the model is
-    // allocated (70 B parameters x 16 bytes).
+    // A job larger than this host, refused before the model is allocated
+    // (70 B parameters x 16 bytes of training state alone), naming the
+    // estimate, the remedies and the flag that skips the check; with that
+    // flag the same job passes the check (here refused for its steps only).
     assert_rejected(
         &["train", "--out", o, "--model", "llama3-70b"],
         &[
-            "GiB of training state per rank",
-            "more than this machine's",
-            "GiB of memory",
+            "memory: the job needs about",
+            "GiB per rank (parameters",
+            "available memory (MemAvailable)",
+            "raise --tp",
+            "lower --micro-batch",
+            "--no-memory-check",
         ],
+        &out,
+    );
+    assert_rejected(
+        &[
+            "train",
+            "--out",
+            o,
+            "--model",
+            "llama3-70b",
+            "--no-memory-check",
+            "--steps",
+            "0",
+        ],
+        &["schedule.steps: --steps must be positive"],
         &out,
     );
 }

@@ -342,6 +342,65 @@ fn a_non_finite_loss_stops_the_run_and_leaves_the_last_checkpoint() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A checkpoint write that fails as on a full disk (the test hook
+/// `FERROTRON_TEST_FAIL_CHECKPOINT_WRITE=2` fails the second checkpoint's
+/// second file) stops the run with exit 1 (not 75) and one error line
+/// naming the file, the bytes the checkpoint needs and the system's
+/// error; no temporary directory is left, `latest` still names the first
+/// checkpoint, and `--resume` from it finishes the run.
+#[test]
+fn a_failed_checkpoint_write_stops_the_run_and_keeps_the_previous_checkpoint() {
+    use ferrotron_parallel::train::checkpoint::FAIL_WRITE_ENV;
+    let dir = scratch("resume-full-disk");
+    let corpus = corpus(&dir);
+    let run = dir.join("run");
+    let mut args = vec!["train".to_string()];
+    args.extend(common(&corpus, 6));
+    args.extend(["--save-every", "2", "--out"].map(String::from));
+    args.push(run.display().to_string());
+    let o = deadline::output_within(
+        Command::new(env!("CARGO_BIN_EXE_ferrotron"))
+            .args(&args)
+            .env(FAIL_WRITE_ENV, "2"),
+        DEADLINE,
+    )
+    .expect("the binary runs");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{err}");
+    for needle in [
+        ".step-4.tmp/optimizer.safetensors: no space left on device",
+        "the checkpoint needs ",
+        " bytes (",
+        "temporary files were removed",
+        "latest still names step-2",
+    ] {
+        assert!(
+            errors[0].contains(needle),
+            "'{}' lacks '{needle}'",
+            errors[0]
+        );
+    }
+    let said = errors[0].matches("no space left").count();
+    assert_eq!(said, 1, "the system's error once: {}", errors[0]);
+    assert!(!has_temp_checkpoint(&run), "a temporary directory is left");
+    let ckpt = run.join("checkpoints");
+    let mut names: Vec<String> = std::fs::read_dir(&ckpt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["latest", "step-2"]);
+    let o = ferrotron(&["train", "--resume", run.to_str().unwrap()]);
+    ok(&o, "the run resumed from step 2");
+    assert_eq!(
+        std::fs::read_to_string(ckpt.join("latest")).unwrap().trim(),
+        "step-6"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn bad_resumes_and_non_finite_settings_are_refused_before_anything_is_written() {
     let dir = scratch("resume-refuse");

@@ -28,6 +28,21 @@ pub enum CheckpointError {
         /// What is wrong.
         message: String,
     },
+    /// Writing a file of a checkpoint failed; the checkpoint's temporary
+    /// files were removed.
+    /// (`error` is not the error's `source`: the line already holds it.)
+    #[error("{path}: {error}; the checkpoint needs {needed_bytes} bytes ({:.2} MiB) in all; its temporary files were removed and {kept}", *needed_bytes as f64 / 1048576.0)]
+    Write {
+        /// The file whose write failed.
+        path: String,
+        /// What the system said.
+        error: std::io::Error,
+        /// Bytes of every file of the checkpoint together.
+        needed_bytes: u64,
+        /// What the checkpoint directory still holds (`checkpoints/latest
+        /// still names step-N`).
+        kept: String,
+    },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
@@ -143,6 +158,16 @@ pub fn save_safetensors_as(
     tensors: &[(String, TensorData)],
     dtype: FloatDtype,
 ) -> Result<(), CheckpointError> {
+    write_atomic(path, &encode_safetensors(path, tensors, dtype)?)
+}
+
+/// The bytes of a safetensors file of named tensors in `dtype`: what
+/// [`save_safetensors_as`] writes (`path` only names the file in errors).
+pub fn encode_safetensors(
+    path: &Path,
+    tensors: &[(String, TensorData)],
+    dtype: FloatDtype,
+) -> Result<Vec<u8>, CheckpointError> {
     let converted: Vec<(String, Vec<usize>, Vec<u8>)> =
         tensors
             .iter()
@@ -167,11 +192,10 @@ pub fn save_safetensors_as(
                 })
         })
         .collect::<Result<_, _>>()?;
-    let bytes = safetensors::serialize(views, &None).map_err(|e| CheckpointError::Format {
+    safetensors::serialize(views, &None).map_err(|e| CheckpointError::Format {
         path: path.display().to_string(),
         message: e.to_string(),
-    })?;
-    write_atomic(path, &bytes)
+    })
 }
 
 /// Loads every tensor of a safetensors file as float32 `TensorData`.

@@ -163,6 +163,31 @@ pub fn detect() -> Result<LaunchInfo, LaunchError> {
     detect_from(&std::env::vars().collect())
 }
 
+/// Each launcher's variable for the processes of the job on one node.
+const LOCAL_SIZES: [(Launcher, &str); 3] = [
+    (Launcher::OpenMpi, "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    (Launcher::Torchrun, "LOCAL_WORLD_SIZE"),
+    (Launcher::Slurm, "SLURM_NTASKS_PER_NODE"),
+];
+
+/// Processes of the job on this process's node, read from `vars` (unit
+/// tests pass a map): `launcher`'s local-size variable, or 1 when it is
+/// unset or not a positive integer (SLURM sets its variable only under
+/// `--ntasks-per-node`).
+pub fn ranks_on_node_from(launcher: Launcher, vars: &HashMap<String, String>) -> usize {
+    LOCAL_SIZES
+        .iter()
+        .find(|(l, _)| *l == launcher)
+        .and_then(|(_, name)| vars.get(*name)?.trim().parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .unwrap_or(1)
+}
+
+/// [`ranks_on_node_from`] this process's environment.
+pub fn ranks_on_node(launcher: Launcher) -> usize {
+    ranks_on_node_from(launcher, &std::env::vars().collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -233,5 +258,19 @@ mod tests {
         assert!(e.to_string().contains("SLURM_PROCID='x'"), "{e}");
         let e = detect_from(&vars(&[("RANK", "2"), ("WORLD_SIZE", "2")])).unwrap_err();
         assert!(e.to_string().contains("rank 2 is outside 0..2"), "{e}");
+    }
+
+    #[test]
+    fn ranks_on_a_node_come_from_the_launchers_local_size() {
+        let ompi = vars(&[
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+            ("LOCAL_WORLD_SIZE", "8"),
+        ]);
+        assert_eq!(ranks_on_node_from(Launcher::OpenMpi, &ompi), 4);
+        assert_eq!(ranks_on_node_from(Launcher::Torchrun, &ompi), 8);
+        assert_eq!(ranks_on_node_from(Launcher::Slurm, &ompi), 1);
+        assert_eq!(ranks_on_node_from(Launcher::None, &ompi), 1);
+        let odd = vars(&[("SLURM_NTASKS_PER_NODE", "2(x3)")]);
+        assert_eq!(ranks_on_node_from(Launcher::Slurm, &odd), 1);
     }
 }

@@ -31,16 +31,22 @@ impl MemoryBytes {
     }
 }
 
-/// The machine's total memory in bytes: `MemTotal` of `/proc/meminfo`
-/// (Linux); `None` where there is no such file or line.
-pub fn machine_memory_bytes() -> Option<u64> {
-    parse_mem_total(&std::fs::read_to_string("/proc/meminfo").ok()?)
+/// The memory this machine can still give to new processes, bytes:
+/// `MemAvailable` of `/proc/meminfo` (Linux: free memory plus the caches
+/// the kernel can drop); `None` where there is no such file or line.
+pub fn available_memory_bytes() -> Option<u64> {
+    parse_meminfo(
+        &std::fs::read_to_string("/proc/meminfo").ok()?,
+        "MemAvailable",
+    )
 }
 
-/// `MemTotal:  N kB` of a `/proc/meminfo` text, in bytes.
-fn parse_mem_total(meminfo: &str) -> Option<u64> {
-    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let mut words = line["MemTotal:".len()..].split_whitespace();
+/// The line `FIELD:  N kB` of a `/proc/meminfo` text, in bytes.
+fn parse_meminfo(meminfo: &str, field: &str) -> Option<u64> {
+    let line = meminfo
+        .lines()
+        .find(|l| l.split(':').next() == Some(field))?;
+    let mut words = line[field.len() + 1..].split_whitespace();
     let n: u64 = words.next()?.parse().ok()?;
     match words.next() {
         Some("kB") => n.checked_mul(1024),
@@ -53,12 +59,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn mem_total_is_read_in_kibibytes() {
-        let text = "MemTotal:       24576000 kB\nMemFree:  100 kB\n";
-        assert_eq!(parse_mem_total(text), Some(24_576_000 * 1024));
-        assert_eq!(parse_mem_total("MemFree: 1 kB\n"), None);
-        assert_eq!(parse_mem_total("MemTotal: 12\n"), None);
+    fn meminfo_fields_are_read_in_kibibytes() {
+        let text = "MemTotal:       24576000 kB\nMemAvailable:  100 kB\n";
+        assert_eq!(parse_meminfo(text, "MemTotal"), Some(24_576_000 * 1024));
+        assert_eq!(parse_meminfo(text, "MemAvailable"), Some(100 * 1024));
+        assert_eq!(parse_meminfo("MemFree: 1 kB\n", "MemAvailable"), None);
+        assert_eq!(parse_meminfo("MemAvailable: 12\n", "MemAvailable"), None);
         #[cfg(target_os = "linux")]
-        assert!(machine_memory_bytes().is_some_and(|b| b > 1 << 20));
+        assert!(available_memory_bytes().is_some_and(|b| b > 1 << 20));
     }
 }

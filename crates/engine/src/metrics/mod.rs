@@ -17,7 +17,7 @@ pub use device_memory::{DeviceMemory, DeviceMemoryProbe};
 pub use energy::{EnergyMeter, EnergyProbe};
 pub use heap::{heap_bytes, CountingAllocator, HeapWindow};
 pub use jsonl::{MetricsWriter, OverrideRecord, StepRecord, ValRecord};
-pub use memory::{machine_memory_bytes, MemoryBytes};
+pub use memory::{available_memory_bytes, MemoryBytes};
 pub use peak::{measure_matmul_flops, peak_flops_for, PEAK_FLOPS_TABLE};
 pub use pipeline::PipelineTimes;
 pub use plot::write_loss_svg;

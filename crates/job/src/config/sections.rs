@@ -143,6 +143,11 @@ job_sections! {
         /// longer fails naming the ranks that never arrived, and the job is aborted.
         #[arg(value_name = "SECONDS")]
         comm_timeout_s: f64 = ferrotron_parallel::comm::DEFAULT_TIMEOUT.as_secs_f64(), flag comm_timeout: f64;
+        /// Before training, refuse a run whose memory per rank (training state, activations and
+        /// step buffers, by the planner's model) times the ranks on this host exceeds the host's
+        /// available memory (CPU backends; GPU backends get a note). --no-memory-check skips it.
+        #[arg(num_args = 0, default_missing_value = "false")]
+        memory_check: bool = true, flag no_memory_check: bool;
     }
 
     /// `[precision]`: the compute dtype and the reduction dtype.

@@ -8,15 +8,17 @@ use ferrotron_models::ops::choose_kernels;
 use ferrotron_models::tensor_parallel::check_tp;
 use ferrotron_models::DecoderConfig;
 use ferrotron_parallel::comm::nccl::LIBRARY_ENV;
+use ferrotron_parallel::launch::ranks_on_node;
 use ferrotron_parallel::mesh::Mesh;
 use ferrotron_parallel::pipeline::{stage_actions, PipeShape, ScheduleKind, StageLayout};
+use ferrotron_parallel::recompute::Recompute;
 use ferrotron_parallel::zero::ZeroStage;
 
 use super::{Here, Problems, World};
 use crate::backend::check_ready;
 use crate::comm::{self, Transport};
 use crate::config::JobConfig;
-use crate::memory::check_memory;
+use crate::memory::{check_memory, job_memory};
 
 /// The backend `backend.name` names, if compiled in and able to start
 /// here, and the transport of its collectives.
@@ -108,7 +110,6 @@ pub(super) fn check_with_model(
     kind: BackendKind,
     mesh: &Mesh,
     model: &mut DecoderConfig,
-    here: Here,
     p: &mut Problems,
     notes: &mut Vec<String>,
 ) {
@@ -148,13 +149,27 @@ pub(super) fn check_with_model(
         ),
         );
     }
-    if here == Here::No {
-        return;
+}
+
+/// The memory pre-check ([`check_memory`]) of `model` on `mesh` with
+/// `recompute`, for the ranks of `world` on this host: a note, or the
+/// problem; `Ok(None)` under `parallelism.memory_check = false`
+/// (`--no-memory-check`).
+pub(super) fn memory(
+    c: &JobConfig,
+    kind: BackendKind,
+    mesh: &Mesh,
+    model: &DecoderConfig,
+    recompute: Recompute,
+    world: &World,
+) -> Result<Option<String>, String> {
+    if !c.parallelism.memory_check {
+        return Ok(None);
     }
-    match check_memory(model, mesh.dp, c.parallelism.zero, kind) {
-        Ok(Some(note)) => notes.push(note),
-        Ok(None) => {}
-        Err(problem) => p.other("memory", problem),
+    // None: the pipeline split is refused by check_pipeline.
+    match job_memory(model, c, mesh, recompute, kind) {
+        Some(need) => check_memory(&need, ranks_on_node(world.launcher), c, recompute, kind),
+        None => Ok(None),
     }
 }
 

@@ -188,8 +188,15 @@ fn validate(
     else {
         return Err(p.0);
     };
-    layout::check_with_model(&config, kind, &mesh, &mut model, here, &mut p, &mut notes);
+    layout::check_with_model(&config, kind, &mesh, &mut model, &mut p, &mut notes);
     if here == Here::Yes {
+        // The estimate needs every setting it reads to be valid.
+        if p.0.is_empty() {
+            match layout::memory(&config, kind, &mesh, &model, recompute, world) {
+                Ok(note) => notes.extend(note),
+                Err(problem) => p.other("memory", problem),
+            }
+        }
         inputs::check_inputs(&config, resume.as_ref(), &model, &mut p);
     }
     let writer = here == Here::Yes && world.rank == 0;

@@ -2,4 +2,5 @@
 
 mod comm;
 mod config;
+mod memory;
 mod validate;

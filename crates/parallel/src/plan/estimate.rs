@@ -8,6 +8,7 @@ use super::activation::{in_flight, LayerActivations, Recompute};
 use ferrotron_engine::lm::LmUnit;
 
 use super::memory::{layout_state_bytes, Held};
+use super::model::ModelShape;
 use super::split::stage_blocks;
 use super::time::{block_flops, step_time, StageParams, TimeEstimate};
 use super::{Choice, PlanInput};
@@ -110,8 +111,7 @@ pub fn stage_split(input: &PlanInput, c: &Choice) -> Vec<usize> {
 /// pipeline): the embedding on the first, its blocks, the final norm and
 /// the head on the last, which with a pipeline also holds a copy of a
 /// tied embedding (Megatron).
-pub fn stage_units(input: &PlanInput, c: &Choice, split: &[usize]) -> Vec<Vec<Vec<usize>>> {
-    let m = &input.model;
+pub fn stage_units(m: &ModelShape, c: &Choice, split: &[usize]) -> Vec<Vec<Vec<usize>>> {
     let last = split.len() - 1;
     split
         .iter()
@@ -131,22 +131,17 @@ pub fn stage_units(input: &PlanInput, c: &Choice, split: &[usize]) -> Vec<Vec<Ve
 }
 
 /// The trainer's flat layout on pipeline stage `stage` of `c` whose
-/// stages hold `split` blocks: every tensor of the model in visiting
-/// order (embedding, blocks, final norm and head), those of other stages
-/// as placeholders; the last stage holds a copy of a tied embedding. The
-/// blocks go to stages as `train` places them ([`StageLayout`]:
-/// `--pp-layers` of `split`, or interleaved chunks).
+/// blocks go to stages as `layout` places them (what `train` builds from
+/// `--pp`, `--pp-virtual` and `--pp-layers`): every tensor of the model in
+/// visiting order (embedding, blocks, final norm and head), those of other
+/// stages as placeholders; the last stage holds a copy of a tied
+/// embedding.
 pub fn stage_layout(
-    input: &PlanInput,
+    m: &ModelShape,
     c: &Choice,
-    split: &[usize],
+    layout: &StageLayout,
     stage: usize,
 ) -> Vec<Vec<Held>> {
-    let m = &input.model;
-    let interleaved = c.interleave > 1;
-    let layers = (!interleaved).then_some(split);
-    let layout = StageLayout::new(m.layers, c.pp, c.interleave, layers, interleaved)
-        .expect("the planner's split and chunks are ones train accepts");
     let at = |owner: usize, n: &usize| {
         if owner == stage {
             Held::Values(*n)
@@ -207,11 +202,66 @@ pub fn stage_params(
         .collect()
 }
 
-/// Memory and time of `c` for `input`.
-pub fn estimate(input: &PlanInput, c: &Choice) -> Estimate {
+/// What the memory model reads besides the layout: the model, the batch
+/// and how the trainer keeps its state and activations (the fields of
+/// [`PlanInput`] of the same names).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemoryInput {
+    /// The model.
+    pub model: ModelShape,
+    /// Sequences per optimizer step (`dp x micro_batch x micro-batches`).
+    pub global_batch: usize,
+    /// Tokens per sequence.
+    pub seq: usize,
+    /// Numeric format of the state and the activations.
+    pub precision: super::Precision,
+    /// Gradient bucket (and ZeRO-1/2 unit) size, MiB of f32.
+    pub bucket_mb: f64,
+    /// Whether the model uses dropout (1-byte masks).
+    pub dropout: bool,
+    /// An fp32 copy of the gradients under mixed precision.
+    pub fp32_main_grads: bool,
+    /// How activations are counted.
+    pub activations: super::ActivationModel,
+    /// Bytes per GPU set aside for the framework, the runtime and
+    /// fragmentation.
+    pub reserve_bytes: f64,
+}
+
+impl PlanInput {
+    /// What [`memory`] reads of this input.
+    pub fn memory_input(&self) -> MemoryInput {
+        MemoryInput {
+            model: self.model.clone(),
+            global_batch: self.global_batch,
+            seq: self.seq,
+            precision: self.precision,
+            bucket_mb: self.bucket_mb,
+            dropout: self.dropout,
+            fp32_main_grads: self.fp32_main_grads,
+            activations: self.activations,
+            reserve_bytes: self.reserve_bytes,
+        }
+    }
+}
+
+/// Blocks each stage of `layout` holds, first to last (its chunks
+/// together when interleaved).
+fn blocks_per_stage(layout: &StageLayout) -> Vec<usize> {
+    let mut split = vec![0; layout.stages()];
+    for (w, n) in layout.sizes().into_iter().enumerate() {
+        split[w % layout.stages()] += n;
+    }
+    split
+}
+
+/// Memory per rank of `c` whose blocks go to stages as `layout` places
+/// them: the fuller of the first and the last pipeline stage (the only
+/// one without a pipeline), bytes by class.
+pub fn memory(input: &MemoryInput, c: &Choice, layout: &StageLayout) -> MemoryEstimate {
     let m = &input.model;
-    let split = stage_split(input, c);
-    let units = stage_units(input, c, &split);
+    let split = blocks_per_stage(layout);
+    let units = stage_units(m, c, &split);
     let (first, last) = (&units[0], &units[units.len() - 1]);
     let micro_batches = input.global_batch / (c.dp * c.micro_batch);
     let act = LayerActivations {
@@ -231,8 +281,7 @@ pub fn estimate(input: &PlanInput, c: &Choice) -> Estimate {
     };
     let held = in_flight(c.pp, c.interleave, micro_batches);
     let bucket = bucket_elems(input.bucket_mb);
-    let (_, bg, _) = input.precision.state_bytes();
-    let (bp, _, _) = input.precision.state_bytes();
+    let (bp, bg, _) = input.precision.state_bytes();
     let transient = |units: &[Vec<usize>]| -> f64 {
         if c.zero == ZeroStage::Three {
             let unit = units
@@ -245,26 +294,18 @@ pub fn estimate(input: &PlanInput, c: &Choice) -> Estimate {
             (2 * bg * bucket) as f64
         }
     };
-    let state = |layout: &[Vec<Held>]| {
-        let mut st = layout_state_bytes(layout, c.dp, c.zero, input.precision, bucket);
+    let state = |s: usize| {
+        let held = stage_layout(m, c, layout, s);
+        let mut st = layout_state_bytes(&held, c.dp, c.zero, input.precision, bucket);
         if input.fp32_main_grads && input.precision != super::Precision::Fp32 {
             // An fp32 copy of every gradient this rank holds.
             st.grad_bytes += 4 * st.grad_bytes / bg;
         }
         st
     };
-    // What the trainer lays out on a stage: without a pipeline, `units`.
-    let layout = |s: usize, units: &[Vec<usize>]| -> Vec<Vec<Held>> {
-        if c.pp == 1 {
-            let values = |u: &Vec<usize>| u.iter().map(|&n| Held::Values(n)).collect();
-            units.iter().map(values).collect()
-        } else {
-            stage_layout(input, c, &split, s)
-        }
-    };
     let stage = |s: usize, units: &[Vec<usize>], name, acts: ActivationBytes| MemoryEstimate {
         stage: name,
-        state: state(&layout(s, units)),
+        state: state(s),
         activations: acts,
         transient: transient(units),
         reserve: input.reserve_bytes,
@@ -275,23 +316,35 @@ pub fn estimate(input: &PlanInput, c: &Choice) -> Estimate {
         output: if c.pp == 1 { act.output_bytes(m) } else { 0.0 },
         recompute_working: working,
     };
-    let memory = if c.pp == 1 {
-        stage(0, first, "only", first_acts)
-    } else {
-        let a = stage(0, first, "first", first_acts);
-        let last_acts = ActivationBytes {
-            layers: split[split.len() - 1] as f64 * per_layer,
-            embedding: 0.0,
-            output: act.output_bytes(m),
-            recompute_working: working,
-        };
-        let b = stage(c.pp - 1, last, "last", last_acts);
-        if a.total() >= b.total() {
-            a
-        } else {
-            b
-        }
+    if c.pp == 1 {
+        return stage(0, first, "only", first_acts);
+    }
+    let a = stage(0, first, "first", first_acts);
+    let last_acts = ActivationBytes {
+        layers: split[split.len() - 1] as f64 * per_layer,
+        embedding: 0.0,
+        output: act.output_bytes(m),
+        recompute_working: working,
     };
+    let b = stage(c.pp - 1, last, "last", last_acts);
+    if a.total() >= b.total() {
+        a
+    } else {
+        b
+    }
+}
+
+/// Memory and time of `c` for `input`.
+pub fn estimate(input: &PlanInput, c: &Choice) -> Estimate {
+    let m = &input.model;
+    let split = stage_split(input, c);
+    let interleaved = c.interleave > 1;
+    let layers = (!interleaved).then_some(split.as_slice());
+    let layout = StageLayout::new(m.layers, c.pp, c.interleave, layers, interleaved)
+        .expect("the planner's split and chunks are ones train accepts");
+    let memory = memory(&input.memory_input(), c, &layout);
+    let units = stage_units(m, c, &split);
+    let micro_batches = input.global_batch / (c.dp * c.micro_batch);
     let stages = stage_params(input, c, &split, &units);
     let time = step_time(input, c, &stages, micro_batches);
     Estimate {

@@ -36,7 +36,7 @@ use ferrotron_engine::metrics::DeviceSpec;
 
 pub use activation::{ActivationModel, Recompute};
 pub use choice::Choice;
-pub use estimate::{estimate, Estimate, MemoryEstimate};
+pub use estimate::{estimate, memory, Estimate, MemoryEstimate, MemoryInput};
 pub use link::Link;
 pub use memory::Precision;
 pub use model::ModelShape;

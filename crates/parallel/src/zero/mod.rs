@@ -36,7 +36,6 @@
 //! [`GradSync`]: crate::grad_sync::GradSync
 
 mod exchange;
-mod planned;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -63,8 +62,6 @@ use crate::flat::tensors::{Assign, GradValues, ParamBytes, PieceTensors, Release
 use crate::flat::{param_infos, unit_params, FlatLayout, Piece};
 use crate::grad_sync::norm::{group_sum, NormShares};
 use crate::grad_sync::{GradSync, Synced, WholeMoments};
-
-pub use self::planned::planned_state_bytes;
 
 /// How much of the training state is sharded over the DP ranks (`--zero`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

@@ -1,0 +1,126 @@
+//! The memory pre-check's estimate against hand-computed bytes, and the
+//! check itself: a model far too big for this host is refused naming
+//! `--no-memory-check`, which lets the same job validate.
+
+use ferrotron_engine::backend::BackendKind;
+use ferrotron_job::memory::job_memory;
+use ferrotron_job::{JobConfig, World};
+use ferrotron_models::presets::preset;
+use ferrotron_models::{DecoderConfig, MlpKind, NormKind, Position};
+use ferrotron_parallel::mesh::Mesh;
+use ferrotron_parallel::recompute::Recompute;
+use ferrotron_parallel::zero::ZeroStage;
+
+/// A GPT-2-style model small enough to count by hand: vocabulary 64,
+/// width 8, 2 blocks of 2 heads, MLP 32, 16 learned positions, LayerNorm,
+/// biases, GELU, tied head.
+fn tiny() -> DecoderConfig {
+    let mut m = preset("gpt-mini").unwrap();
+    (m.vocab_size, m.hidden_size, m.n_layers) = (64, 8, 2);
+    (m.n_heads, m.n_kv_heads, m.ffn_size, m.max_seq_len) = (2, 2, 32, 16);
+    assert_eq!(m.position, Position::Learned);
+    assert_eq!((m.norm, m.mlp), (NormKind::LayerNorm, MlpKind::GeluTanh));
+    assert!(m.bias && m.tied_head && !m.embed_norm);
+    m
+}
+
+/// Bytes per rank of `tiny()` at micro-batch 2 x 16 tokens, buckets of
+/// 1024 f32 values, no vocabulary padding beyond tp.
+fn bytes(dp: usize, tp: usize, pp: usize, zero: ZeroStage, grad_accum: usize) -> (f64, String) {
+    let mut c = JobConfig::default();
+    c.schedule.micro_batch = 2;
+    c.schedule.seq_len = 16;
+    c.schedule.grad_accum = grad_accum;
+    c.parallelism.bucket_mb = 1.0 / 256.0;
+    c.parallelism.make_vocab_size_divisible_by = 1;
+    c.parallelism.zero = zero;
+    let mesh = Mesh::new(Some(dp), tp, pp, dp * tp * pp).unwrap();
+    let recompute = if zero == ZeroStage::Three {
+        Recompute::Full
+    } else {
+        Recompute::None
+    };
+    let m = job_memory(&tiny(), &c, &mesh, recompute, BackendKind::Flex).unwrap();
+    (m.total(), m.stage.to_string())
+}
+
+// Counted by hand (f32; `T` = 32 tokens per micro-batch). Parameters:
+// embedding 64x8 + 16x8 = 640, a block 16 + 4 x (64 + 8) + 16 + (256 + 32)
+// + (256 + 8) = 872, final norm 16: 2400. A block's activations on the CPU
+// path (`ferrotron-cpu`): 4 bytes x (two norms 2(T h + 2T) + the two
+// projection inputs 2 T h + q, k, v, attention output 4 T h + GELU 2 T f)
+// = 4 x (1152 + 3072 / tp); the output layer 4 x (2 T h + 2T) + 4 T V / tp
+// + 4 T. Buffers: two buckets of 1024 values, 8192 bytes.
+
+#[test]
+fn estimate_tp1_counts_state_activations_and_buckets() {
+    // 16 x 2400 + 2 x 16896 + (2304 + 8192 + 128) + 8192
+    assert_eq!(bytes(1, 1, 1, ZeroStage::Off, 1), (91008.0, "only".into()));
+}
+
+#[test]
+fn estimate_tp2_divides_the_split_tensors_and_activations() {
+    // A block on one of 2 ranks: 16 + 3 x 36 + 40 + 16 + 144 + 136 = 460,
+    // embedding 32x8 + 128 = 384: 1320 parameters; block activations
+    // 4 x (1152 + 1536) = 10752, output 2304 + 4096 + 128 = 6528.
+    let want = 16.0 * 1320.0 + 2.0 * 10752.0 + 6528.0 + 8192.0;
+    assert_eq!(bytes(1, 2, 1, ZeroStage::Off, 1), (want, "only".into()));
+}
+
+#[test]
+fn estimate_pp2_counts_the_fuller_stage_with_its_micro_batches_in_flight() {
+    // First stage: embedding and block 0 held (1512 values), 18
+    // placeholders of the other stage's tensors (one value each): 4 x 1530
+    // + 12 x 1512; 1F1B keeps 2 micro-batches of its block in flight.
+    let first = 4.0 * 1530.0 + 12.0 * 1512.0 + 2.0 * 16896.0 + 8192.0;
+    // The last (block 1, final norm, the tied embedding's copy: 1400
+    // values, 17 placeholders) is smaller: one micro-batch and the output.
+    let last = 4.0 * 1417.0 + 12.0 * 1400.0 + 16896.0 + 10624.0 + 8192.0;
+    assert!(last < first);
+    assert_eq!(bytes(1, 1, 2, ZeroStage::Off, 2), (first, "first".into()));
+}
+
+#[test]
+fn estimate_zero3_shards_every_class_over_dp() {
+    // Rank 0's chunk of each unit over dp 2: 320 + 436 + 436 + 8 = 1200
+    // values, plus one placeholder value for each of the 36 tensors;
+    // full recomputation keeps each block's input (4 T h = 1024 bytes) and
+    // rebuilds one block (16896); the buffer is one gathered block with
+    // its gradients, 8 x 872.
+    let state = 4.0 * (1200.0 + 36.0) + 4.0 * 1200.0 + 8.0 * 1200.0;
+    let want = state + 2.0 * 1024.0 + 10624.0 + 16896.0 + 8.0 * 872.0;
+    assert_eq!(bytes(2, 1, 1, ZeroStage::Three, 1), (want, "only".into()));
+}
+
+/// llama3-70b on this host (1.1 TB of training state alone) with an
+/// unwritten run directory under the system's temporary directory.
+fn too_big(check: bool) -> JobConfig {
+    let out = std::env::temp_dir().join(format!("ferrotron-memory-{}", std::process::id()));
+    let mut c = JobConfig::default();
+    c.model.name = "llama3-70b".into();
+    c.checkpoint.out = Some(out);
+    c.parallelism.memory_check = check;
+    c
+}
+
+#[test]
+fn a_model_too_big_for_the_host_is_refused_unless_the_check_is_off() {
+    let Err(problems) = too_big(true).validate(&World::SINGLE) else {
+        panic!("llama3-70b passed the memory pre-check");
+    };
+    let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    for needle in [
+        "memory: the job needs about",
+        "GiB per rank",
+        "available memory (MemAvailable)",
+        "raise --tp",
+        "--recompute full",
+        "--no-memory-check",
+    ] {
+        assert!(lines[0].contains(needle), "'{}' lacks '{needle}'", lines[0]);
+    }
+    let job = too_big(false).validate(&World::SINGLE);
+    assert!(job.is_ok(), "{:?}", job.err());
+    assert!(!too_big(false).checkpoint.out.unwrap().exists());
+}
