@@ -2,4 +2,7 @@
 
 mod comm;
 mod config;
+mod gradients;
+mod gradients_parallel;
+mod gradients_precision;
 mod validate;
