@@ -114,7 +114,7 @@ pub fn step_one(job: &ValidJob, groups: ProcessGroups) -> Tensors {
     );
     let squares: f64 = grads
         .values()
-        .flat_map(|d| values(d))
+        .flat_map(values)
         .map(|g| f64::from(g) * f64::from(g))
         .sum();
     let norm = squares.sqrt();
