@@ -9,13 +9,14 @@
 
 use std::path::{Path, PathBuf};
 
+use ferrotron_engine::checkpoint::load_safetensors;
 use serde_json::Value;
 
 mod common;
 #[path = "common/mpirun.rs"]
 mod mpirun;
 
-use common::{corpus, max_weight_rel_err, scratch};
+use common::{corpus, scratch};
 use mpirun::{mpi_built, train, RunFlags};
 
 /// The step records of a run's `metrics.jsonl`.
@@ -71,6 +72,43 @@ fn run_on(
         String::from_utf8_lossy(&o.stderr)
     );
     out
+}
+
+/// Per tensor of the runs' `model.safetensors`, `|got - want| / |want -
+/// init|` in the Euclidean norm: how far apart two runs ended relative to
+/// how far the reference `want` moved that tensor from the initial weights
+/// `init` (0 when equal). The attention key biases are left out: their
+/// gradient is zero in exact arithmetic, so each run walks them by its own
+/// rounding noise (see `common/equivalence.rs`). Returns the worst tensor
+/// and its ratio.
+fn worst_relative_to_movement(got: &Path, want: &Path, init: &Path) -> (String, f64) {
+    let load = |run: &Path| load_safetensors(&run.join("model.safetensors")).unwrap();
+    let (got, want, init) = (load(got), load(want), load(init));
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>()
+    );
+    let distance = |a: &[f32], b: &[f32]| {
+        let squares: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
+        squares.sqrt()
+    };
+    let mut worst = (String::new(), 0.0);
+    for (name, w) in want.iter().filter(|(n, _)| !n.ends_with("attn.k.bias")) {
+        let w = w.to_vec::<f32>().unwrap();
+        let g = got[name].to_vec::<f32>().unwrap();
+        let i = init[name].to_vec::<f32>().unwrap();
+        assert!(g.iter().all(|x| x.is_finite()), "{name} is not finite");
+        let diff = distance(&g, &w);
+        let rel = if diff == 0.0 {
+            0.0
+        } else {
+            diff / distance(&w, &i)
+        };
+        if rel > worst.1 {
+            worst = (name.clone(), rel);
+        }
+    }
+    worst
 }
 
 /// Mean training loss of the last `n` steps.
@@ -245,6 +283,14 @@ fn fp16_resume_continues_the_loss_scaler() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The weights of a bf16 dp2 run after 5 steps against the one-rank bf16
+/// run, per tensor, relative to how far the one-rank run moved that tensor
+/// (see [`worst_relative_to_movement`]). Measured: 5.5e-5 for ZeRO 0 and
+/// 1, 3.7e-3 for ZeRO 2 and 3, 7.6e-3 with bf16 reduction (gpt-mini). A
+/// dp2 run that kept only its own rank's gradients (the one-rank run on
+/// half the batch) is at 0.73; a tensor left at its initial value at 1.
+const WEIGHT_TOLERANCE: f64 = 2e-2;
+
 /// bf16 under data parallelism: dp2 with ZeRO 0, 1, 2 and 3 (gradients
 /// reduced in f32, the default), and dp2 with `--reduce-dtype bf16` (ZeRO
 /// 0 and 2), against the one-rank bf16 run of the same global batch
@@ -263,8 +309,8 @@ fn fp16_resume_continues_the_loss_scaler() {
 /// of 2^-8 relative in that weight), and AdamW's normalised update
 /// amplifies the difference about tenfold per step: measured at step 5 up
 /// to 7.3e-4 (loss) and 5.5e-3 (gradient norm) for ZeRO-2, 1.8e-3 and
-/// 1.2e-2 with bf16 reduction, weights within 5.4e-3 of the largest
-/// weight. Bounds: 5e-3, 3e-2 and 1e-2.
+/// 1.2e-2 with bf16 reduction. Bounds: 5e-3 and 3e-2; the weights per
+/// tensor: [`WEIGHT_TOLERANCE`].
 #[test]
 fn bf16_dp2_and_zero_1_2_3_match_the_one_rank_bf16_run() {
     if !mpi_built() {
@@ -280,6 +326,28 @@ fn bf16_dp2_and_zero_1_2_3_match_the_one_rank_bf16_run() {
         &["--precision", "bf16", "--grad-accum", "4"],
     );
     let want = steps(&single);
+    // The initial weights: one step at a learning rate of 1e-30 (without
+    // weight decay) moves no weight by more than 1e-30.
+    let init = run(
+        &dir,
+        "init",
+        model,
+        "1",
+        &[
+            "--precision",
+            "bf16",
+            "--grad-accum",
+            "4",
+            "--lr",
+            "1e-30",
+            "--min-lr",
+            "0",
+            "--warmup-steps",
+            "1",
+            "--weight-decay",
+            "0",
+        ],
+    );
     let cases: [(&str, &[&str], f64); 6] = [
         ("zero0", &["--zero", "0"], 1e-5),
         ("zero1", &["--zero", "1"], 1e-5),
@@ -318,9 +386,12 @@ fn bf16_dp2_and_zero_1_2_3_match_the_one_rank_bf16_run() {
                 );
             }
         }
-        let rel = max_weight_rel_err(&out, &single);
-        eprintln!("bf16 dp2 {name}: weights within {rel:e} of the model's largest");
-        assert!(rel <= 1e-2, "bf16 dp2 {name}: weights differ by {rel:e}");
+        let (tensor, rel) = worst_relative_to_movement(&out, &single, &init);
+        eprintln!("bf16 dp2 {name}: weights within {rel:e} of their movement ({tensor})");
+        assert!(
+            rel <= WEIGHT_TOLERANCE,
+            "bf16 dp2 {name}: {tensor} differs by {rel:e} of its movement"
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

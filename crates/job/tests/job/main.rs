@@ -2,5 +2,8 @@
 
 mod comm;
 mod config;
+mod gradients;
+mod gradients_parallel;
+mod gradients_precision;
 mod memory;
 mod validate;
