@@ -4,16 +4,15 @@
 //! and ZeRO 1/2/3 in bf16 match the one-rank bf16 run (under `mpirun`,
 //! skipped with a printed reason without the `mpi` feature), and bad
 //! values are refused. On the CPU backend bf16 and fp16 are computed for
-//! real (see crates/models/tests/mixed_precision.rs for the per-op
+//! real (see crates/models/tests/models/mixed_precision.rs for the per-op
 //! numerics).
 
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-mod common;
-#[path = "common/mpirun.rs"]
-mod mpirun;
+use crate::common;
+use crate::mpirun;
 
 use common::{corpus, max_weight_rel_err, scratch};
 use mpirun::{mpi_built, train, RunFlags};
