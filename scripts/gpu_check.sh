@@ -56,7 +56,7 @@
 # DRY_WGPU=1, SwiGLU on wgpu, so that a CubeCL runtime reads cubecl.toml),
 # torch on the CPU (fp32) when TORCH_PYTHON (default python3) imports
 # torch, and a check that the watchdog reports a quiet phase. Its numbers
-# are no benchmark. crates/cli/tests/gpu_check.rs runs it.
+# are no benchmark. crates/cli/tests/cli/gpu_check.rs runs it.
 #
 # OUT_DIR/cubecl.toml turns on CubeCL's persistent compilation and autotune
 # caches (OUT_DIR/cubecl-cache) and its compilation and autotune loggers on

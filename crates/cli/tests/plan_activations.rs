@@ -19,6 +19,7 @@ use ferrotron_engine::metrics::{heap_bytes, CountingAllocator};
 use ferrotron_models::presets::preset;
 use ferrotron_models::Decoder;
 
+#[path = "cli/common/mod.rs"]
 mod common;
 
 use common::plan_cpu_args;

@@ -195,7 +195,7 @@ impl OpsChoice {
     /// in bf16 the chunked gradient rounds differently from the reference's
     /// before its cast to bf16, and 100 training steps of llama-mini in
     /// bf16 then drifted 5 % from the f32 run (the reference: 1 %; see
-    /// `crates/cli/tests/mixed_precision.rs`).
+    /// `crates/cli/tests/cli/mixed_precision.rs`).
     pub fn linear_cross_entropy<B: KernelBackend>(
         &self,
         x: Tensor<B, 2>,

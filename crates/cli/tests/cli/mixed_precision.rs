@@ -4,7 +4,7 @@
 //! and ZeRO 1/2/3 in bf16 match the one-rank bf16 run (under `mpirun`,
 //! skipped with a printed reason without the `mpi` feature), and bad
 //! values are refused. On the CPU backend bf16 and fp16 are computed for
-//! real (see crates/models/tests/mixed_precision.rs for the per-op
+//! real (see crates/models/tests/models/mixed_precision.rs for the per-op
 //! numerics).
 
 use std::path::{Path, PathBuf};
@@ -12,9 +12,8 @@ use std::path::{Path, PathBuf};
 use ferrotron_engine::checkpoint::load_safetensors;
 use serde_json::Value;
 
-mod common;
-#[path = "common/mpirun.rs"]
-mod mpirun;
+use crate::common;
+use crate::mpirun;
 
 use common::{corpus, scratch};
 use mpirun::{mpi_built, train, RunFlags};

@@ -2,7 +2,7 @@
 //! bf16 storage, and the references' backward against central finite
 //! differences.
 
-mod common;
+use crate::common;
 
 use common::{
     assert_close, assert_close_f64, download, download_as, finite_diff, round_to, upload_as, zeros,

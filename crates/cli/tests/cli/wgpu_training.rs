@@ -7,7 +7,7 @@
 //!   norm, the final validation loss and the saved weights; the default
 //!   precision on wgpu is fp32. (The other families' fused kernels are
 //!   checked against the CPU reference in
-//!   crates/models/tests/fused_kernels.rs; one family here keeps lavapipe's
+//!   crates/models/tests/models/fused_kernels.rs; one family here keeps lavapipe's
 //!   first shader compilation, minutes on a cold Mesa cache, to one set.)
 //!   Each wgpu step records its device memory (CubeCL's pools), at least
 //!   the parameters and optimizer state the run counts.
@@ -20,13 +20,11 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-mod common;
+use crate::common;
 use ferrotron_test_support::deadline;
 use ferrotron_test_support::skip::skip;
-#[path = "common/equivalence.rs"]
-mod equivalence;
-#[path = "common/mpirun.rs"]
-mod mpirun;
+use crate::equivalence;
+use crate::mpirun;
 
 use common::{corpus, records, scratch, step_records};
 use equivalence::{check_steps, check_weights};

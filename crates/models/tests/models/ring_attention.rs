@@ -244,11 +244,11 @@ fn mpi_ring_attention_on_4_ranks_equals_the_one_rank_attention() {
     if !cfg!(feature = "mpi") {
         skip(
             "built without the `mpi` feature; run `cargo test -p ferrotron-models \
-             --features mpi --test ring_attention`",
+             --features mpi --test models ring_attention`",
         );
         return;
     }
-    let (o, text) = mpirun::worker(4, &[], "ring_worker", DEADLINE);
+    let (o, text) = mpirun::worker(4, &[], "ring_attention::ring_worker", DEADLINE);
     assert!(o.status.success(), "{text}");
     assert_eq!(text.matches("1 passed").count(), 4, "{text}");
 }

@@ -18,11 +18,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-mod common;
+use crate::common;
 use ferrotron_test_support::deadline;
 use ferrotron_test_support::skip::skip;
-#[path = "common/mpirun.rs"]
-mod mpirun;
+use crate::mpirun;
 use ferrotron_test_support::nccl_double;
 
 use common::{corpus, max_weight_rel_err, scratch, step_losses};

@@ -14,12 +14,10 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-mod common;
+use crate::common;
 use ferrotron_test_support::deadline;
-#[path = "common/equivalence.rs"]
-mod equivalence;
-#[path = "common/mpirun.rs"]
-mod mpirun;
+use crate::equivalence;
+use crate::mpirun;
 
 use common::{copy_dir, corpus, scratch, step_losses};
 use equivalence::{check_steps, check_weights};

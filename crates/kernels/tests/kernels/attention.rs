@@ -8,8 +8,8 @@
 //! launcher chooses. The reference's own gradients are checked against
 //! central finite differences first.
 
-mod attention_support;
-mod common;
+use crate::attention_support;
+use crate::common;
 
 use attention_support::reference::Problem;
 use common::{client, download, download_as, round_to, upload, upload_as, Rng, R};

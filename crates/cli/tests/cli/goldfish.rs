@@ -13,12 +13,10 @@ use std::time::Duration;
 
 use ferrotron_engine::data::{embedded_corpus, encode, split_lengths, Tokenizer};
 
-mod common;
+use crate::common;
 use ferrotron_test_support::deadline;
-#[path = "common/equivalence.rs"]
-mod equivalence;
-#[path = "common/mpirun.rs"]
-mod mpirun;
+use crate::equivalence;
+use crate::mpirun;
 
 use common::{corpus, records, scratch, step_losses};
 use equivalence::{check_steps, check_weights};

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use ferrotron_engine::data::{encode, xxh3_64_hex, ShardSet, TokenSource, Tokenizer};
 
-mod common;
+use crate::common;
 use ferrotron_test_support::deadline;
 
 use common::{copy_dir, corpus, records, scratch, step_losses};

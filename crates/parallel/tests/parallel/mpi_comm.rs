@@ -9,8 +9,6 @@
 
 use std::time::Duration;
 
-#[cfg(feature = "mpi")]
-mod contract;
 use ferrotron_test_support::mpirun;
 use ferrotron_test_support::skip::skip;
 
@@ -24,7 +22,7 @@ fn mpi_communicator_operations_are_correct_on_2_3_and_4_ranks() {
         return;
     }
     for ranks in [2, 3, 4] {
-        let (o, text) = mpirun::worker(ranks, &[], "mpi_worker", DEADLINE);
+        let (o, text) = mpirun::worker(ranks, &[], "mpi_comm::mpi_worker", DEADLINE);
         assert!(o.status.success(), "np {ranks}:\n{text}");
         assert!(text.matches("1 passed").count() >= 2, "np {ranks}:\n{text}");
     }
@@ -45,6 +43,6 @@ mod worker {
     use ferrotron_parallel::comm::MpiCommunicator;
 
     pub fn run() {
-        super::contract::check(Arc::new(MpiCommunicator::init().unwrap()));
+        crate::contract::check(Arc::new(MpiCommunicator::init().unwrap()));
     }
 }

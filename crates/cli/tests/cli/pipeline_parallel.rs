@@ -17,12 +17,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-mod common;
+use crate::common;
 use ferrotron_test_support::deadline;
-#[path = "common/equivalence.rs"]
-mod equivalence;
-#[path = "common/mpirun.rs"]
-mod mpirun;
+use crate::equivalence;
+use crate::mpirun;
 
 use common::{copy_dir, corpus, scratch, step_losses, step_records};
 use equivalence::{check_steps, check_weights};

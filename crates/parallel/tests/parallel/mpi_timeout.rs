@@ -33,7 +33,7 @@ fn a_rank_that_hangs_past_the_timeout_is_named_and_the_job_ends() {
         skip("built without the `mpi` feature; run `cargo test -p ferrotron-parallel --features mpi`");
         return;
     }
-    let (ok, text, took) = mpirun_3("hanging_rank_worker");
+    let (ok, text, took) = mpirun_3("mpi_timeout::hanging_rank_worker");
     eprintln!("mpirun took {took:?}");
     assert!(!ok, "mpirun must fail:\n{text}");
     assert!(took < BOUND, "mpirun took {took:?}:\n{text}");
@@ -51,7 +51,7 @@ fn a_rank_that_exits_abruptly_ends_the_job() {
         skip("built without the `mpi` feature; run `cargo test -p ferrotron-parallel --features mpi`");
         return;
     }
-    let (ok, text, took) = mpirun_3("exiting_rank_worker");
+    let (ok, text, took) = mpirun_3("mpi_timeout::exiting_rank_worker");
     eprintln!("mpirun took {took:?}");
     assert!(!ok, "mpirun must fail:\n{text}");
     assert!(took < BOUND, "mpirun took {took:?}:\n{text}");

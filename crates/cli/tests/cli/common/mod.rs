@@ -4,12 +4,16 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ferrotron_engine::checkpoint::load_safetensors;
 
-/// An empty directory `ferrotron-{name}-{pid}` under the system temp dir.
+/// A new empty directory `ferrotron-{name}-{pid}-{n}` under the system temp
+/// dir (`n` counts the calls: the command-line tests share one process).
 pub fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ferrotron-{name}-{}", std::process::id()));
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("ferrotron-{name}-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir

@@ -18,11 +18,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-mod common;
+use crate::common;
 use ferrotron_test_support::deadline;
 use ferrotron_test_support::skip::skip;
-#[path = "common/mpirun.rs"]
-mod mpirun;
+use crate::mpirun;
 
 use common::{corpus, plan_cpu_args, scratch, step_records};
 use mpirun::{ferrotron_on, DEADLINE};

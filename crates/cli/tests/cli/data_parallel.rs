@@ -14,9 +14,8 @@ use std::time::Duration;
 
 use ferrotron_engine::checkpoint::load_safetensors;
 
-mod common;
-#[path = "common/mpirun.rs"]
-mod mpirun;
+use crate::common;
+use crate::mpirun;
 
 use common::{copy_dir, corpus, max_weight_rel_err, scratch, step_losses, step_records};
 use ferrotron_test_support::deadline;

@@ -17,7 +17,7 @@ use ferrotron_models::ops::{
 use ferrotron_models::presets::preset;
 use ferrotron_models::{Decoder, DecoderConfig, Kernels};
 
-mod common;
+use crate::common;
 use common::assert_gradients_match;
 
 type Ad = Autodiff<Flex>;

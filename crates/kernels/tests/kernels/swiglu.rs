@@ -1,7 +1,7 @@
 //! SwiGLU kernels against a host reference in f32, f16 and bf16 storage,
 //! and the reference's backward against central finite differences.
 
-mod common;
+use crate::common;
 
 use common::{
     assert_close, assert_close_f64, download_as, finite_diff, round_to, upload_as, zeros, zeros_as,

@@ -44,7 +44,7 @@ const SUBCOMMANDS: &[&[&str]] = &[
 /// program.
 const FOREIGN: &[&str] = &[
     // cargo: `cargo build --release -p ferrotron-cli --features mpi`,
-    // `cargo test -p ferrotron-cli --test goldfish`.
+    // `cargo test -p ferrotron-cli --test cli goldfish`.
     "--release",
     "--features",
     "--test",

@@ -2,7 +2,7 @@
 //! Llama 3 vocabulary sizes; logits in f32, f16 and bf16), and the reference's gradient against central
 //! finite differences.
 
-mod common;
+use crate::common;
 
 use common::{
     assert_close, assert_close_f64, download, download_as, finite_diff, round_to, upload,

@@ -15,7 +15,7 @@ use ferrotron_models::ops::{layer_norm, rms_norm, rope_reference, swiglu, Kernel
 use ferrotron_models::presets::preset;
 use ferrotron_models::{Decoder, DecoderConfig, Kernels};
 
-mod common;
+use crate::common;
 use common::assert_gradients_match;
 
 type Ad = Autodiff<Flex>;

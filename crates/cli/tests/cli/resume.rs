@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use ferrotron_engine::checkpoint::load_safetensors;
 
-mod common;
+use crate::common;
 use ferrotron_test_support::deadline;
 
 use common::{copy_dir, corpus, scratch, step_losses};

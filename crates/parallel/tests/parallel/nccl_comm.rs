@@ -9,12 +9,10 @@
 //! is a failure. A job still running after its deadline is killed and fails
 //! the test (a hang).
 
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
-#[cfg(feature = "mpi")]
-mod contract;
-use ferrotron_test_support::deadline;
+use ferrotron_test_support::mpirun;
 use ferrotron_test_support::nccl_double;
 use ferrotron_test_support::skip::skip;
 
@@ -32,24 +30,11 @@ fn mpi_built() -> bool {
 /// Runs the ignored test `worker` of this binary on `ranks` processes with
 /// the double as the NCCL library, killed after `deadline`.
 fn mpirun(ranks: usize, worker: &str, deadline: Duration) -> (Output, String) {
-    let exe = std::env::current_exe().unwrap();
-    let o = deadline::output_within(
-        Command::new("mpirun")
-            .args(["--allow-run-as-root", "--oversubscribe", "-np"])
-            .arg(ranks.to_string())
-            .args(["-x", "FERROTRON_NCCL_LIBRARY"])
-            .arg(&exe)
-            .args(["--ignored", "--exact", worker, "--test-threads=1"])
-            .env("FERROTRON_NCCL_LIBRARY", nccl_double::library()),
-        deadline,
-    )
-    .expect("mpirun runs (is Open MPI installed?)");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
+    let library = format!(
+        "FERROTRON_NCCL_LIBRARY={}",
+        nccl_double::library().display()
     );
-    (o, text)
+    mpirun::worker(ranks, &["-x", &library], worker, deadline)
 }
 
 #[test]
@@ -58,7 +43,7 @@ fn nccl_communicator_meets_the_contract_on_2_and_4_ranks() {
         return;
     }
     for ranks in [2, 4] {
-        let (o, text) = mpirun(ranks, "nccl_worker", DEADLINE);
+        let (o, text) = mpirun(ranks, "nccl_comm::nccl_worker", DEADLINE);
         assert!(o.status.success(), "np {ranks}:\n{text}");
         assert!(
             text.matches("1 passed").count() >= ranks,
@@ -75,7 +60,7 @@ fn an_nccl_operation_past_the_timeout_ends_the_job_naming_it() {
     if !mpi_built() {
         return;
     }
-    let (o, text) = mpirun(2, "nccl_late_rank_worker", Duration::from_secs(100));
+    let (o, text) = mpirun(2, "nccl_comm::nccl_late_rank_worker", Duration::from_secs(100));
     assert!(!o.status.success(), "{text}");
     let want = "error (rank 1): all_reduce #1 did not complete within 1s on NCCL";
     assert!(text.contains(want), "missing `{want}` in:\n{text}");
@@ -123,7 +108,7 @@ mod worker {
 
     fn contract_on_nccl(lib: Arc<NcclLibrary>, mpi: Arc<dyn Communicator>) {
         let nccl = NcclCommunicator::new(lib, mpi, DEFAULT_TIMEOUT).unwrap();
-        super::contract::check(Arc::new(nccl));
+        crate::contract::check(Arc::new(nccl));
     }
 
     /// Pairs of ranks send to each other at once inside a group (without

@@ -7,7 +7,7 @@ use std::process::{Command, Output};
 
 use ferrotron_test_support::deadline;
 
-mod common;
+use crate::common;
 
 use common::{scratch, step_records};
 

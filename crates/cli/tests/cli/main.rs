@@ -1,0 +1,26 @@
+//! The command-line tests of `ferrotron`, one test binary (each binary
+//! links the whole of Burn, so the files are modules of one).
+
+mod common;
+#[path = "common/equivalence.rs"]
+mod equivalence;
+#[path = "common/mpirun.rs"]
+mod mpirun;
+
+mod bench_kernels;
+mod bench_train;
+mod cli;
+mod data_parallel;
+mod data_shards;
+mod docs;
+mod goldfish;
+mod gpu_check;
+mod hf;
+mod mixed_precision;
+mod nccl_training;
+mod pipeline_parallel;
+mod plan;
+mod recompute;
+mod resume;
+mod tensor_parallel;
+mod wgpu_training;

@@ -1,0 +1,13 @@
+//! The kernels' integration tests on the wgpu runtime (lavapipe in CI),
+//! one test binary (each binary links CubeCL and wgpu, so the files are
+//! modules of one). `wgpu_setup` stays apart: cubecl reads its
+//! configuration once per process.
+
+mod attention_support;
+mod common;
+
+mod attention;
+mod cross_entropy;
+mod norm;
+mod rope;
+mod swiglu;
