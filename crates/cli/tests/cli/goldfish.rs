@@ -14,9 +14,9 @@ use std::time::Duration;
 use ferrotron_engine::data::{embedded_corpus, encode, split_lengths, Tokenizer};
 
 use crate::common;
-use ferrotron_test_support::deadline;
 use crate::equivalence;
 use crate::mpirun;
+use ferrotron_test_support::deadline;
 
 use common::{corpus, records, scratch, step_losses};
 use equivalence::{check_steps, check_weights};

@@ -19,10 +19,10 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use crate::common;
-use ferrotron_test_support::deadline;
-use ferrotron_test_support::skip::skip;
 use crate::mpirun;
+use ferrotron_test_support::deadline;
 use ferrotron_test_support::nccl_double;
+use ferrotron_test_support::skip::skip;
 
 use common::{corpus, max_weight_rel_err, scratch, step_losses};
 use mpirun::{ferrotron_on, RunFlags, DEADLINE};

@@ -19,9 +19,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common;
+use crate::mpirun;
 use ferrotron_test_support::deadline;
 use ferrotron_test_support::skip::skip;
-use crate::mpirun;
 
 use common::{corpus, plan_cpu_args, scratch, step_records};
 use mpirun::{ferrotron_on, DEADLINE};

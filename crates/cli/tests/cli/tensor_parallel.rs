@@ -15,9 +15,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::common;
-use ferrotron_test_support::deadline;
 use crate::equivalence;
 use crate::mpirun;
+use ferrotron_test_support::deadline;
 
 use common::{copy_dir, corpus, scratch, step_losses};
 use equivalence::{check_steps, check_weights};

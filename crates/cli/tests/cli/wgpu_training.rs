@@ -21,10 +21,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::common;
-use ferrotron_test_support::deadline;
-use ferrotron_test_support::skip::skip;
 use crate::equivalence;
 use crate::mpirun;
+use ferrotron_test_support::deadline;
+use ferrotron_test_support::skip::skip;
 
 use common::{corpus, records, scratch, step_records};
 use equivalence::{check_steps, check_weights};

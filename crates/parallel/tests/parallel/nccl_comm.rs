@@ -60,7 +60,11 @@ fn an_nccl_operation_past_the_timeout_ends_the_job_naming_it() {
     if !mpi_built() {
         return;
     }
-    let (o, text) = mpirun(2, "nccl_comm::nccl_late_rank_worker", Duration::from_secs(100));
+    let (o, text) = mpirun(
+        2,
+        "nccl_comm::nccl_late_rank_worker",
+        Duration::from_secs(100),
+    );
     assert!(!o.status.success(), "{text}");
     let want = "error (rank 1): all_reduce #1 did not complete within 1s on NCCL";
     assert!(text.contains(want), "missing `{want}` in:\n{text}");
