@@ -5,15 +5,10 @@
 //! never asserted.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-use ferrotron_test_support::deadline;
+use crate::common::ferrotron;
 
 use serde_json::Value;
-
-fn ferrotron(args: &[&str]) -> Output {
-    deadline::output(Command::new(env!("CARGO_BIN_EXE_ferrotron")).args(args))
-}
 
 /// `name` in a directory of its own for `test` (tests run in parallel).
 fn temp(test: &str, name: &str) -> PathBuf {

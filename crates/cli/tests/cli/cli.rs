@@ -1,13 +1,10 @@
 //! End-to-end runs of the `ferrotron` binary.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
+use crate::common::ferrotron;
 use ferrotron_test_support::deadline;
-
-fn ferrotron(args: &[&str]) -> Output {
-    deadline::output(Command::new(env!("CARGO_BIN_EXE_ferrotron")).args(args))
-}
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("ferrotron-cli-{name}-{}", std::process::id()));

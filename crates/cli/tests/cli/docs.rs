@@ -44,8 +44,10 @@ const SUBCOMMANDS: &[&[&str]] = &[
 /// program.
 const FOREIGN: &[&str] = &[
     // cargo: `cargo build --release -p ferrotron-cli --features mpi`,
-    // `cargo test -p ferrotron-cli --test cli goldfish`.
+    // `cargo test -p ferrotron-cli --test cli goldfish`,
+    // `cargo test --workspace --features ferrotron-cli/mpi,...`.
     "--release",
+    "--workspace",
     "--features",
     "--test",
     // libtest, after `cargo test ... --`: `--ignored --nocapture`.

@@ -3,16 +3,11 @@
 //! their one-line errors with exit code 2 on bad input.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-use ferrotron_test_support::deadline;
+use crate::common::ferrotron;
 
 use burn::tensor::TensorData;
 use ferrotron_engine::checkpoint::{load_safetensors, save_safetensors};
-
-fn ferrotron(args: &[&str]) -> Output {
-    deadline::output(Command::new(env!("CARGO_BIN_EXE_ferrotron")).args(args))
-}
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -13,7 +13,7 @@
 //!   no energy.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,12 +23,8 @@ use crate::mpirun;
 use ferrotron_test_support::deadline;
 use ferrotron_test_support::skip::skip;
 
-use common::{corpus, plan_cpu_args, scratch, step_records};
+use common::{corpus, ferrotron, plan_cpu_args, scratch, step_records};
 use mpirun::{ferrotron_on, DEADLINE};
-
-fn ferrotron(args: &[&str]) -> Output {
-    deadline::output(Command::new(env!("CARGO_BIN_EXE_ferrotron")).args(args))
-}
 
 /// `ferrotron train ARGS` on `ranks` processes (1: no mpirun), under the
 /// deadline; it must succeed.

@@ -1,12 +1,19 @@
-//! What the run-directory tests share: a scratch directory, a small
-//! corpus, copying a run, reading its step losses, comparing the weights
-//! of two runs.
+//! What the command-line tests share: running `ferrotron` under a
+//! deadline, a scratch directory, a small corpus, copying a run, reading
+//! its step losses, comparing the weights of two runs.
 #![allow(dead_code)] // each test binary uses a different subset
 
 use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ferrotron_engine::checkpoint::load_safetensors;
+use ferrotron_test_support::deadline;
+
+/// `ferrotron ARGS`, killed and failing the test after the default deadline.
+pub fn ferrotron(args: &[&str]) -> Output {
+    deadline::output(Command::new(env!("CARGO_BIN_EXE_ferrotron")).args(args))
+}
 
 /// A new empty directory `ferrotron-{name}-{pid}-{n}` under the system temp
 /// dir (`n` counts the calls: the command-line tests share one process).
