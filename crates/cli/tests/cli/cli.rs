@@ -1,17 +1,10 @@
 //! End-to-end runs of the `ferrotron` binary.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-use crate::common::ferrotron;
+use crate::common::{ferrotron, scratch};
 use ferrotron_test_support::deadline;
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ferrotron-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 /// Asserts exit code 2, a one-line error containing every `needle`, and an
 /// untouched output directory.

@@ -8,20 +8,12 @@
 //! as written, a watchdog report of a quiet phase, the packed results, and
 //! a summary table printed last. Nothing here is a benchmark.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use crate::common::scratch;
 use ferrotron_test_support::deadline;
-
-/// A fresh directory for this test run.
-fn scratch(name: &str) -> PathBuf {
-    let dir =
-        std::env::temp_dir().join(format!("ferrotron-gpu-check-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 /// `(group, phase, status, exit, note)` of every line of `OUT/*/phases.tsv`.
 fn phases(out: &Path) -> Vec<[String; 5]> {

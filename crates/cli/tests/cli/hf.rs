@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::common::ferrotron;
+use crate::common::{ferrotron, scratch};
 
 use burn::tensor::TensorData;
 use ferrotron_engine::checkpoint::{load_safetensors, save_safetensors};
@@ -13,13 +13,6 @@ fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../models/tests/fixtures/hf")
         .join(name)
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ferrotron-hf-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 fn expected(name: &str) -> serde_json::Value {
