@@ -7,13 +7,12 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
 use ferrotron_engine::data::{encode, xxh3_64_hex, ShardSet, TokenSource, Tokenizer};
 
 use crate::common;
-use ferrotron_test_support::deadline;
 
 use common::{copy_dir, corpus, records, scratch, step_losses};
 
@@ -21,11 +20,7 @@ use common::{copy_dir, corpus, records, scratch, step_losses};
 const DEADLINE: Duration = Duration::from_secs(300);
 
 fn ferrotron(args: &[&str]) -> Output {
-    deadline::output_within(
-        Command::new(env!("CARGO_BIN_EXE_ferrotron")).args(args),
-        DEADLINE,
-    )
-    .expect("the binary runs")
+    common::ferrotron_within(args, DEADLINE)
 }
 
 fn ok(o: &Output, what: &str) -> String {

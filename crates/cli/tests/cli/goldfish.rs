@@ -8,7 +8,7 @@
 //! experiment of the README (minutes of CPU).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
 use ferrotron_engine::data::{embedded_corpus, encode, split_lengths, Tokenizer};
@@ -16,7 +16,6 @@ use ferrotron_engine::data::{embedded_corpus, encode, split_lengths, Tokenizer};
 use crate::common;
 use crate::equivalence;
 use crate::mpirun;
-use ferrotron_test_support::deadline;
 
 use common::{corpus, records, scratch, step_losses};
 use equivalence::{check_steps, check_weights};
@@ -26,11 +25,7 @@ use mpirun::{equivalence_args, mpi_built};
 const DEADLINE: Duration = Duration::from_secs(1800);
 
 fn ferrotron(args: &[&str]) -> Output {
-    deadline::output_within(
-        Command::new(env!("CARGO_BIN_EXE_ferrotron")).args(args),
-        DEADLINE,
-    )
-    .expect("the binary runs")
+    common::ferrotron_within(args, DEADLINE)
 }
 
 fn succeeded(o: &Output) -> String {

@@ -19,11 +19,7 @@ use common::{copy_dir, corpus, scratch, step_losses};
 const DEADLINE: Duration = Duration::from_secs(600);
 
 fn ferrotron(args: &[&str]) -> Output {
-    deadline::output_within(
-        Command::new(env!("CARGO_BIN_EXE_ferrotron")).args(args),
-        DEADLINE,
-    )
-    .expect("the binary runs")
+    common::ferrotron_within(args, DEADLINE)
 }
 
 /// The flags of every run here: a tiny GPT on `corpus`, `steps` steps.

@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use ferrotron_engine::checkpoint::load_safetensors;
 use ferrotron_test_support::deadline;
@@ -13,6 +14,15 @@ use ferrotron_test_support::deadline;
 /// `ferrotron ARGS`, killed and failing the test after the default deadline.
 pub fn ferrotron(args: &[&str]) -> Output {
     deadline::output(Command::new(env!("CARGO_BIN_EXE_ferrotron")).args(args))
+}
+
+/// `ferrotron ARGS`, killed and failing the test after `limit`.
+pub fn ferrotron_within(args: &[&str], limit: Duration) -> Output {
+    deadline::output_within(
+        Command::new(env!("CARGO_BIN_EXE_ferrotron")).args(args),
+        limit,
+    )
+    .expect("the binary runs")
 }
 
 /// A new empty directory `ferrotron-{name}-{pid}-{n}` under the system temp
