@@ -35,6 +35,37 @@ pub enum Command {
     Bench(BenchArgs),
     /// Data preparation (`data prepare`: tokenize text into token shards for `train --data`).
     Data(DataArgs),
+    /// Sharded checkpoints (`checkpoint inspect`: the index; `checkpoint verify`: every block's
+    /// checksum).
+    Checkpoint(CheckpointArgs),
+}
+
+/// `ferrotron checkpoint` subcommands.
+#[derive(Args, Debug)]
+pub struct CheckpointArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: CheckpointCommand,
+}
+
+/// The checkpoint commands; each takes a run directory (its latest
+/// checkpoint), its checkpoints/ directory or a checkpoints/step-N directory.
+#[derive(Subcommand, Debug)]
+pub enum CheckpointCommand {
+    /// Print a checkpoint's index: the layout it was written from, every tensor with its
+    /// shape, blocks and bytes, and the files.
+    Inspect(CheckpointPath),
+    /// Read every block of a checkpoint and check it against the XXH3-64 in its index.json;
+    /// exit 2 naming the first tensor and file that differ.
+    Verify(CheckpointPath),
+}
+
+/// The checkpoint a `checkpoint` command reads.
+#[derive(Args, Debug)]
+pub struct CheckpointPath {
+    /// A run directory, its checkpoints/ directory, or a checkpoints/step-N directory.
+    #[arg(value_name = "PATH")]
+    pub path: PathBuf,
 }
 
 /// `ferrotron data` subcommands.

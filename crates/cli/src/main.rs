@@ -2,6 +2,7 @@
 
 mod args;
 mod bench;
+mod checkpoint;
 mod data;
 mod data_verify;
 mod error;
@@ -36,6 +37,7 @@ fn main() -> ExitCode {
         Command::Plan(a) => plan::run(*a),
         Command::Bench(a) => bench::bench(a),
         Command::Data(a) => data::data(a),
+        Command::Checkpoint(a) => checkpoint::checkpoint(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

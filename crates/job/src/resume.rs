@@ -1,12 +1,10 @@
 //! `--resume`: the checkpoint a job continues from, and which settings may
 //! differ from the run's own.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use burn::tensor::TensorData;
-use ferrotron_engine::checkpoint::load_safetensors;
 use ferrotron_engine::data::{self, ShardSet};
+use ferrotron_parallel::train::checkpoint::index::Index;
 use ferrotron_parallel::train::checkpoint::{self, CheckpointState};
 
 use crate::config::{Change, JobConfig, Key, KEYS};
@@ -67,6 +65,8 @@ impl Resume {
     pub fn open(path: &Path) -> anyhow::Result<Self> {
         let dir = checkpoint::resolve(path).map_err(|e| usage(format!("--resume: {e}")))?;
         let state = checkpoint::read_state(&dir).map_err(|e| usage(format!("--resume: {e}")))?;
+        // The index and the files it names, before anything is written.
+        Index::read(&dir).map_err(|e| usage(format!("--resume: {e}")))?;
         let (config, record) = read_run_files(&dir)?;
         let run = dir
             .parent()
@@ -195,15 +195,5 @@ impl Resume {
             }
         }
         Ok(())
-    }
-
-    /// The checkpoint's weights, by parameter name.
-    pub fn model(&self) -> anyhow::Result<BTreeMap<String, TensorData>> {
-        Ok(load_safetensors(&self.dir.join("model.safetensors"))?)
-    }
-
-    /// The checkpoint's AdamW moments (`m.NAME`, `v.NAME`).
-    pub fn moments(&self) -> anyhow::Result<BTreeMap<String, TensorData>> {
-        Ok(load_safetensors(&self.dir.join("optimizer.safetensors"))?)
     }
 }

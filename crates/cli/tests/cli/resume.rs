@@ -4,11 +4,14 @@
 //! run by `scripts/soak`) a run killed and resumed 5 times ending
 //! bit-identical.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use burn::tensor::TensorData;
 use ferrotron_engine::checkpoint::load_safetensors;
+use ferrotron_parallel::train::checkpoint::read::Reader;
 
 use crate::common;
 use ferrotron_test_support::deadline;
@@ -67,6 +70,29 @@ fn ok(o: &Output, what: &str) {
     );
 }
 
+/// Every tensor of the checkpoint `dir` (weights, `m.NAME`, `v.NAME`), whole.
+fn checkpoint_tensors(dir: &Path) -> BTreeMap<String, TensorData> {
+    Reader::open(dir).unwrap().read_whole().unwrap()
+}
+
+/// Asserts that two checkpoints hold bit-identical weights and AdamW moments.
+fn same_checkpoints(a: &Path, b: &Path) {
+    let (a_t, b_t) = (checkpoint_tensors(a), checkpoint_tensors(b));
+    assert_eq!(
+        a_t.keys().collect::<Vec<_>>(),
+        b_t.keys().collect::<Vec<_>>()
+    );
+    for (name, t) in &a_t {
+        assert_eq!(
+            t.to_vec::<f32>().unwrap(),
+            b_t[name].to_vec::<f32>().unwrap(),
+            "{name} differs between {} and {}",
+            a.display(),
+            b.display()
+        );
+    }
+}
+
 /// Asserts that two safetensors files hold bit-identical tensors.
 fn same_tensors(a: &Path, b: &Path) {
     let (a_t, b_t) = (load_safetensors(a).unwrap(), load_safetensors(b).unwrap());
@@ -96,8 +122,8 @@ fn a_resumed_run_equals_the_uninterrupted_run_bit_for_bit() {
     ok(&train(&args), "the 20-step run");
     let ckpt = whole.join("checkpoints");
     for file in [
-        "model.safetensors",
-        "optimizer.safetensors",
+        "index.json",
+        "rank-00000.safetensors",
         "state.json",
         "config.toml",
         "run.toml",
@@ -125,11 +151,8 @@ fn a_resumed_run_equals_the_uninterrupted_run_bit_for_bit() {
         &whole.join("model.safetensors"),
         &copy.join("model.safetensors"),
     );
-    let step20 = |run: &Path, f: &str| run.join("checkpoints").join("step-20").join(f);
-    same_tensors(
-        &step20(&whole, "optimizer.safetensors"),
-        &step20(&copy, "optimizer.safetensors"),
-    );
+    let step20 = |run: &Path| run.join("checkpoints").join("step-20");
+    same_checkpoints(&step20(&whole), &step20(&copy));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -309,13 +332,11 @@ fn a_non_finite_loss_stops_the_run_and_leaves_the_last_checkpoint() {
     // Every checkpoint written holds finite values.
     let latest = std::fs::read_to_string(run.join("checkpoints").join("latest")).unwrap();
     let ckpt = run.join("checkpoints").join(latest.trim());
-    for file in ["model.safetensors", "optimizer.safetensors"] {
-        for (name, t) in load_safetensors(&ckpt.join(file)).unwrap() {
-            assert!(
-                t.to_vec::<f32>().unwrap().iter().all(|x| x.is_finite()),
-                "{file}: {name}"
-            );
-        }
+    for (name, t) in checkpoint_tensors(&ckpt) {
+        assert!(
+            t.to_vec::<f32>().unwrap().iter().all(|x| x.is_finite()),
+            "{name}"
+        );
     }
 
     // With skip, non-finite steps are logged as skipped until too many in a row.
@@ -368,7 +389,7 @@ fn a_failed_checkpoint_write_stops_the_run_and_keeps_the_previous_checkpoint() {
     let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
     assert_eq!(errors.len(), 1, "{err}");
     for needle in [
-        ".step-4.tmp/optimizer.safetensors: no space left on device",
+        ".step-4.tmp/rank-00000.safetensors: no space left on device",
         "the checkpoint needs ",
         " bytes (",
         "temporary files were removed",
@@ -470,7 +491,84 @@ fn bad_resumes_and_non_finite_settings_are_refused_before_anything_is_written() 
         assert!(err.contains(needle), "{flags:?}: '{err}' lacks '{needle}'");
     }
     assert_eq!(std::fs::read(run.join("metrics.jsonl")).unwrap(), before);
+    damaged_checkpoints_are_refused(&run, &before);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Resuming `run` (whose latest checkpoint is step-4) from a damaged
+/// checkpoint exits 2 with one line naming the file (and the tensor, for a
+/// block whose checksum does not match); `metrics.jsonl` stays `before`.
+fn damaged_checkpoints_are_refused(run: &Path, before: &[u8]) {
+    let ckpt = run.join("checkpoints").join("step-4");
+    let block = ckpt.join("rank-00000.safetensors");
+    let index = ckpt.join("index.json");
+    let refused = |what: &str, needles: &[&str]| {
+        let o = ferrotron(&["train", "--resume", run.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{what}: {err}");
+        let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+        assert_eq!(errors.len(), 1, "{what}: {err}");
+        for needle in needles {
+            assert!(
+                errors[0].contains(needle),
+                "{what}: '{}' lacks '{needle}'",
+                errors[0]
+            );
+        }
+        assert_eq!(
+            std::fs::read(run.join("metrics.jsonl")).unwrap(),
+            before,
+            "{what}"
+        );
+    };
+    let run_str = run.to_str().unwrap();
+    let o = ferrotron(&["checkpoint", "inspect", run_str]);
+    ok(&o, "checkpoint inspect");
+    let said = String::from_utf8_lossy(&o.stdout);
+    for needle in [
+        "step 4",
+        "written by 1 rank(s): tp 1 x pp 1",
+        "m.",
+        "[300, ",
+        "rank-00000.safetensors: ",
+    ] {
+        assert!(said.contains(needle), "inspect: '{said}' lacks '{needle}'");
+    }
+    let o = ferrotron(&["checkpoint", "verify", run_str]);
+    ok(&o, "checkpoint verify");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("every checksum matches"));
+    let good = std::fs::read(&block).unwrap();
+    let mut bad = good.clone();
+    let last = bad.len() - 1;
+    bad[last] ^= 1;
+    std::fs::write(&block, &bad).unwrap();
+    let file = block.display().to_string();
+    refused("a flipped byte", &[&file, "tensor '", "XXH3-64"]);
+    let o = ferrotron(&["checkpoint", "verify", run_str]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "verify of a flipped byte: {err}");
+    assert!(err.contains(&file) && err.contains("XXH3-64"), "{err}");
+    std::fs::remove_file(&block).unwrap();
+    refused("a missing block file", &[&file, "does not exist"]);
+    std::fs::write(&block, &good).unwrap();
+    let text = std::fs::read_to_string(&index).unwrap();
+    // A checkpoint of another vocabulary: the embedding's rows differ.
+    let mut foreign: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let embedding = foreign["tensors"]
+        .as_object_mut()
+        .unwrap()
+        .values_mut()
+        .find(|t| t["shape"][0] == 300)
+        .expect("a tensor of the vocabulary of 300");
+    embedding["shape"][0] = 301.into();
+    std::fs::write(&index, foreign.to_string()).unwrap();
+    refused(
+        "another vocabulary",
+        &["index.json", "another architecture or vocabulary"],
+    );
+    std::fs::remove_file(&index).unwrap();
+    refused("no index", &[&index.display().to_string(), "missing"]);
+    std::fs::write(&index, text).unwrap();
 }
 
 /// A resumed run changes what its remaining steps compute only for the
@@ -609,9 +707,9 @@ fn sigkill_during_checkpoint_writes_always_leaves_a_loadable_latest() {
         let latest = resolve(&run).unwrap_or_else(|e| panic!("kill {i}: {e}"));
         let state = read_state(&latest).unwrap_or_else(|e| panic!("kill {i}: {e}"));
         assert!(state.step >= 2, "kill {i}");
-        for file in ["model.safetensors", "optimizer.safetensors"] {
-            load_safetensors(&latest.join(file)).unwrap_or_else(|e| panic!("kill {i}: {e}"));
-        }
+        Reader::open(&latest)
+            .and_then(|mut r| r.read_whole())
+            .unwrap_or_else(|e| panic!("kill {i}: {e}"));
     }
     let latest = resolve(&run).unwrap();
     let steps = read_state(&latest).unwrap().step;
@@ -637,13 +735,13 @@ fn sigkill_during_checkpoint_writes_always_leaves_a_loadable_latest() {
     );
     let latest = resolve(&run).unwrap();
     assert_eq!(read_state(&latest).unwrap().step, steps + 1);
-    let optimizer = latest.join("optimizer.safetensors");
-    let bytes = std::fs::read(&optimizer).unwrap();
-    std::fs::write(&optimizer, &bytes[..bytes.len() / 2]).unwrap();
+    let block = latest.join("rank-00000.safetensors");
+    let bytes = std::fs::read(&block).unwrap();
+    std::fs::write(&block, &bytes[..bytes.len() / 2]).unwrap();
     let o = ferrotron(&["train", "--resume", &run_str]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(err.contains("optimizer.safetensors"), "{err}");
+    assert!(err.contains("rank-00000.safetensors"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -759,8 +857,8 @@ fn soak_five_sigkills_and_resumes_end_bit_identical_to_the_uninterrupted_run() {
         &whole.join("model.safetensors"),
         &soak.join("model.safetensors"),
     );
-    let step200 = |run: &Path| run.join("checkpoints/step-200/optimizer.safetensors");
-    same_tensors(&step200(&whole), &step200(&soak));
+    let step200 = |run: &Path| run.join("checkpoints/step-200");
+    same_checkpoints(&step200(&whole), &step200(&soak));
     let want: std::collections::BTreeMap<u64, f64> = step_losses(&whole).into_iter().collect();
     assert_eq!(want.len(), 200);
     let text = std::fs::read_to_string(soak.join("metrics.jsonl")).unwrap();

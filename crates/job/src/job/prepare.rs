@@ -22,9 +22,10 @@ use crate::run_files::{RunRecord, CONFIG_FILE, RECORD_FILE};
 use crate::tokens::TrainTokens;
 use crate::validate::ValidJob;
 
-/// A resumed run's state: the checkpoint's `state.json`, AdamW moments and
-/// directory.
-pub(super) type Restore = (CheckpointState, BTreeMap<String, TensorData>, PathBuf);
+/// A resumed run's state: the checkpoint's `state.json` and directory
+/// (each rank reads its share of the weights and moments from there once
+/// its trainer is built).
+pub(super) type Restore = (CheckpointState, PathBuf);
 
 /// Initial weights by parameter name, and the file they came from.
 pub(super) type Initial = (BTreeMap<String, TensorData>, String);
@@ -35,8 +36,8 @@ pub(super) struct Prepared {
     pub tokenizer: Tokenizer,
     /// The training and validation tokens (taken when training starts).
     pub tokens: Option<TrainTokens>,
-    /// Initial weights (from `model.hf_dir` or the resumed checkpoint)
-    /// instead of a seeded initialisation, and the file they came from.
+    /// Initial weights (from `model.hf_dir`) instead of a seeded
+    /// initialisation, and the directory they came from.
     pub initial: Option<Initial>,
     /// A resumed run's state.
     pub restore: Option<Restore>,
@@ -194,15 +195,7 @@ fn initial_weights(
     hf: Option<BTreeMap<String, TensorData>>,
 ) -> anyhow::Result<(Option<Initial>, Option<Restore>)> {
     match &job.resume {
-        Some(r) => {
-            let name = r.dir.join("model.safetensors").display().to_string();
-            // A damaged checkpoint is bad input: exit 2, naming the file.
-            let bad = |e: anyhow::Error| usage(format!("--resume: {e:#}"));
-            Ok((
-                Some((r.model().map_err(bad)?, name)),
-                Some((r.state.clone(), r.moments().map_err(bad)?, r.dir.clone())),
-            ))
-        }
+        Some(r) => Ok((None, Some((r.state.clone(), r.dir.clone())))),
         None => {
             let name = job
                 .config

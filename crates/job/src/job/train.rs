@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
+use ferrotron_engine::checkpoint::CheckpointError;
 
 use ferrotron_engine::backend::BackendKind;
 use ferrotron_engine::data::{self, BatchSampler, TokenSource};
@@ -17,6 +18,8 @@ use ferrotron_models::Decoder;
 use ferrotron_parallel::comm::Communicator;
 use ferrotron_parallel::groups::ProcessGroups;
 use ferrotron_parallel::recompute::Recompute;
+use ferrotron_parallel::train::checkpoint::index::Layout;
+use ferrotron_parallel::train::checkpoint::read::Reader;
 use ferrotron_parallel::train::{
     self, LoopConfig, LoopError, NonFinite, RunSummary, Silent, TokenWindows,
 };
@@ -69,22 +72,16 @@ impl TrainTask<'_> {
                 String::new()
             }
         ));
-        if let Some((state, moments, dir)) = self.prepared.restore.take() {
-            if let Some(scaler) = state.loss_scaler {
-                trainer.restore_loss_scaler(scaler);
-            }
-            trainer
-                .restore(state.step, state.optimizer_steps, moments)
-                .map_err(|e| {
-                    usage(format!(
-                        "--resume: {}: {e}",
-                        dir.join("optimizer.safetensors").display()
-                    ))
-                })?;
+        if let Some((state, dir)) = self.prepared.restore.take() {
+            // A damaged or foreign checkpoint is bad input: exit 2, naming the file.
+            let bad = |e: CheckpointError| usage(format!("--resume: {e}"));
+            let mut reader = Reader::open(&dir).map_err(bad)?;
+            trainer.load(&mut reader, &state).map_err(bad)?;
             self.say(format!(
-                "resumed from {} (step {})",
+                "resumed from {} (step {}, written by {})",
                 dir.display(),
-                state.step
+                state.step,
+                describe(&reader.index().layout)
             ));
         }
         Ok(trainer)
@@ -260,4 +257,17 @@ impl BackendTask for TrainTask<'_> {
         finish::finish::<B>(&mut self, trainer, &summary, t0, &device)?;
         Ok(lead.then_some(summary))
     }
+}
+
+/// A checkpoint's layout in the mesh's words (`tp 2 x pp 1 x dp 2, ZeRO 1`).
+fn describe(l: &Layout) -> String {
+    let virt = if l.pp_virtual > 1 {
+        format!(" (virtual {})", l.pp_virtual)
+    } else {
+        String::new()
+    };
+    format!(
+        "{} rank(s): tp {} x pp {}{virt} x dp {}, ZeRO {}",
+        l.world, l.tp, l.pp, l.dp, l.zero
+    )
 }

@@ -6,11 +6,13 @@
 //! jobs here set `optimizer.beta1 = 0` and `optimizer.grad_clip = 0`, so
 //! AdamW's first moment after one step is `m = 0 * 0 + 1 * g = g`, exactly,
 //! the gradient averaged over the DP group and clipped by nothing; the
-//! trainer's `state` gathers it whole (TP shards joined along their split
-//! dimension, pipeline stages joined, ZeRO shards gathered) as `m.NAME`.
+//! trainer's checkpoint holds it as `m.NAME` in every rank's share (TP
+//! blocks, pipeline stages, ZeRO pieces), read back whole by the
+//! checkpoint reader.
 //! [`step_one`] checks that reading against the step's own gradient norm.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::TensorData;
@@ -18,6 +20,8 @@ use ferrotron_engine::data::Batch;
 use ferrotron_job::{parallelize, JobConfig, ValidJob, World};
 use ferrotron_models::Decoder;
 use ferrotron_parallel::groups::ProcessGroups;
+use ferrotron_parallel::train::checkpoint::{self, read::Reader};
+use ferrotron_parallel::train::Trainer;
 
 /// The backend of the one-rank and multi-rank runs: f32 on the CPU.
 type B = Autodiff<Flex>;
@@ -94,24 +98,23 @@ pub fn step_one(job: &ValidJob, groups: ProcessGroups) -> Tensors {
     let device = Default::default();
     let (dp, dp_rank) = (groups.mesh().dp, groups.coord().dp);
     let model = Decoder::<B>::new(job.model(), job.config().schedule.seed, &device).unwrap();
-    let mut trainer = parallelize(model, groups, job, &device).unwrap();
+    let mut trainer = parallelize(model, groups.clone(), job, &device).unwrap();
     let batches = global_batch();
     let share = batches.len() / dp;
     let out = trainer
         .step(&batches[dp_rank * share..(dp_rank + 1) * share])
         .unwrap();
     assert!(!out.skipped, "step 1 was not applied: {out:?}");
-    let state = trainer.state().unwrap();
-    let grads: Tensors = state
-        .moments
-        .into_iter()
-        .filter_map(|(name, data)| Some((name.strip_prefix("m.")?.to_string(), data)))
+    let whole = whole_state(&trainer, &groups);
+    let grads: Tensors = whole
+        .iter()
+        .filter_map(|(name, data)| Some((name.strip_prefix("m.")?.to_string(), data.clone())))
         .collect();
-    assert_eq!(
-        grads.len(),
-        state.model.len(),
-        "a first moment per parameter"
-    );
+    let params = whole
+        .keys()
+        .filter(|n| !n.starts_with("m.") && !n.starts_with("v."))
+        .count();
+    assert_eq!(grads.len(), params, "a first moment per parameter");
     let squares: f64 = grads
         .values()
         .flat_map(values)
@@ -229,4 +232,29 @@ pub fn worst(errors: &[(String, f32)]) -> (String, f32) {
         .iter()
         .cloned()
         .fold((String::new(), 0.0), |a, b| if b.1 > a.1 { b } else { a })
+}
+
+/// Every tensor of `trainer`'s checkpoint, whole (a collective: every rank
+/// of `groups` writes its share into one temporary directory, which rank 0
+/// removes once every rank has read it).
+fn whole_state(trainer: &Trainer<B, Decoder<B>>, groups: &ProcessGroups) -> Tensors {
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let world = groups.world();
+    // Rank 0's process id names the directory on every rank.
+    let mut pid = [std::process::id() as f32];
+    world.broadcast(&mut pid, 0).unwrap();
+    let call = CALLS.fetch_add(1, Ordering::SeqCst);
+    let root = std::env::temp_dir().join(format!("ferrotron-gradients-{}-{call}", pid[0]));
+    let shard = trainer.shard().unwrap();
+    checkpoint::write(&root, &**world, &shard, None, &[], 1).unwrap();
+    world.barrier().unwrap();
+    let whole = Reader::open(&root.join("step-1"))
+        .unwrap()
+        .read_whole()
+        .unwrap();
+    world.barrier().unwrap();
+    if world.rank() == 0 {
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+    whole
 }

@@ -17,6 +17,8 @@
 //! `--accumulate-allreduce-grads-in-fp32`).
 
 use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::ops::Range;
 use std::sync::Arc;
 
 use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
@@ -28,12 +30,11 @@ use ferrotron_engine::metrics::MemoryBytes;
 use ferrotron_engine::optim::{scale_grads, AdamW};
 use ferrotron_engine::precision::Precision;
 
-use crate::comm::tensor::{from_host, host_f32};
 use crate::comm::{CommError, Communicator};
 use crate::flat::tensors::{GradBytes, ParamBytes};
 use crate::flat::{param_infos, FlatLayout, Unit};
 use crate::grad_sync::norm::{weighted_squares, NormShares};
-use crate::grad_sync::{GradSync, Synced, WholeMoments};
+use crate::grad_sync::{GradSync, Synced};
 
 /// Default all-reduce bucket size, MiB (as PyTorch DDP's `bucket_cap_mb`).
 pub const DEFAULT_BUCKET_MB: f64 = 25.0;
@@ -213,49 +214,29 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for PutBack<B> {
 pub struct Ddp<B: AutodiffBackend, M> {
     group: Arc<dyn Communicator>,
     layout: FlatLayout,
-    device: B::Device,
+    backend: PhantomData<fn() -> B>,
     grads: ReplicatedGrads<M>,
     reduce: Precision,
 }
 
 impl<B: AutodiffBackend, M: AutodiffModule<B>> Ddp<B, M> {
-    /// DDP over `group` (the DP group) for `model` on `device`, buckets of
-    /// at most `bucket_elems` values reduced in precision `reduce`.
+    /// DDP over `group` (the DP group) for `model`, buckets of at most
+    /// `bucket_elems` values reduced in precision `reduce`.
     pub fn new(
         model: &M,
         group: Arc<dyn Communicator>,
         bucket_elems: usize,
-        device: B::Device,
         reduce: Precision,
     ) -> Self {
         let units = FlatLayout::buckets(param_infos(model), bucket_elems);
         Self {
             layout: FlatLayout::new(units, group.rank(), group.world_size()),
             group,
-            device,
+            backend: PhantomData,
             grads: ReplicatedGrads::default(),
             reduce,
         }
     }
-}
-
-/// The whole moments of every parameter of `model` held whole by `optimizer`
-/// (zeros for a parameter not yet updated).
-fn replicated_moments<B: AutodiffBackend, M: AutodiffModule<B>>(
-    model: &M,
-    optimizer: &AdamW<B::InnerBackend>,
-) -> WholeMoments {
-    param_infos(model)
-        .into_iter()
-        .map(|(id, shape, _)| {
-            let n = shape.iter().product();
-            let values = match optimizer.moments(id) {
-                Some((m, v)) => (host_f32(m), host_f32(v)),
-                None => (vec![0.0; n], vec![0.0; n]),
-            };
-            (id, values)
-        })
-        .collect()
 }
 
 impl<B, M> GradSync<B, M> for Ddp<B, M>
@@ -299,27 +280,16 @@ where
         self.grads.discard();
     }
 
-    fn whole_moments(
-        &self,
-        model: &M,
-        optimizer: &AdamW<B::InnerBackend>,
-    ) -> Result<WholeMoments, CommError> {
-        Ok(replicated_moments(model, optimizer))
+    fn owned_ranges(&self) -> Option<HashMap<ParamId, Range<usize>>> {
+        None
     }
 
-    fn load_moments(
-        &self,
-        _model: &M,
-        optimizer: &mut AdamW<B::InnerBackend>,
-        moments: &WholeMoments,
-    ) {
-        for (&id, (m, v)) in moments {
-            optimizer.set_moments(
-                id,
-                from_host(m.clone(), &self.device),
-                from_host(v.clone(), &self.device),
-            );
-        }
+    fn param_pieces(&self) -> Option<&HashMap<ParamId, Tensor<B::InnerBackend, 1>>> {
+        None
+    }
+
+    fn param_pieces_mut(&mut self) -> Option<&mut HashMap<ParamId, Tensor<B::InnerBackend, 1>>> {
+        None
     }
 
     fn whole_model(&self, model: M) -> Result<M, CommError> {

@@ -15,10 +15,12 @@
 pub mod norm;
 
 use std::collections::HashMap;
+use std::ops::Range;
 
 use burn::module::{AutodiffModule, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::Tensor;
 use ferrotron_engine::lm::{LmUnit, LmUnits};
 use ferrotron_engine::metrics::MemoryBytes;
 use ferrotron_engine::optim::AdamW;
@@ -33,10 +35,6 @@ pub struct Synced<M> {
     /// Bytes of gradients this rank held when the update began.
     pub grad_bytes: usize,
 }
-
-/// Whole optimizer moments `(m, v)` of every parameter, flat (row-major),
-/// by parameter: what a checkpoint stores, whatever the sharding.
-pub type WholeMoments = HashMap<ParamId, (Vec<f32>, Vec<f32>)>;
 
 /// How gradients are synchronised and parameters held across the DP group.
 ///
@@ -78,22 +76,19 @@ pub trait GradSync<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> {
     /// The whole model (ZeRO-3 gathers every unit: a collective).
     fn whole_model(&self, model: M) -> Result<M, CommError>;
 
-    /// The optimizer's moments of every parameter, whole (ZeRO gathers
-    /// the shards: a collective). Parameters not yet updated have zeros.
-    fn whole_moments(
-        &self,
-        model: &M,
-        optimizer: &AdamW<B::InnerBackend>,
-    ) -> Result<WholeMoments, CommError>;
+    /// The range of each parameter's flat (row-major) elements, as the
+    /// model holds it (its TP block), whose AdamW moments this rank keeps
+    /// (ZeRO: its piece; a parameter it has no piece of is absent), or
+    /// `None` when it keeps every parameter's moments whole (DDP).
+    fn owned_ranges(&self) -> Option<HashMap<ParamId, Range<usize>>>;
 
-    /// Loads whole moments (from [`GradSync::whole_moments`], possibly of a
-    /// run with another DP size) into `optimizer`, keeping this rank's part.
-    fn load_moments(
-        &self,
-        model: &M,
-        optimizer: &mut AdamW<B::InnerBackend>,
-        moments: &WholeMoments,
-    );
+    /// ZeRO-3: this rank's pieces of the parameters (over
+    /// [`GradSync::owned_ranges`]), the only copy of their values between
+    /// steps; `None` where the model itself holds its parameters.
+    fn param_pieces(&self) -> Option<&HashMap<ParamId, Tensor<B::InnerBackend, 1>>>;
+
+    /// [`GradSync::param_pieces`], to replace them (from a checkpoint).
+    fn param_pieces_mut(&mut self) -> Option<&mut HashMap<ParamId, Tensor<B::InnerBackend, 1>>>;
 
     /// Bytes of parameters this rank holds between steps.
     fn param_bytes(&self, model: &M) -> usize;

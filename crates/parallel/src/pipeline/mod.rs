@@ -36,7 +36,7 @@ pub use simulate::{simulate, simulate_lists, SimError, Stuck, Timeline};
 use self::executor::{StageClock, StageStep};
 use self::placement::Placement;
 use crate::comm::{CommError, Communicator};
-use crate::grad_sync::{GradSync, WholeMoments};
+use crate::grad_sync::GradSync;
 use crate::tensor::PartialGrads;
 
 /// How the model is pipelined (`--pp-schedule`, `--pp-virtual`, `--pp-layers`);
@@ -150,15 +150,6 @@ impl Pipeline {
             return Ok(model);
         }
         self.placement.join(model, device)
-    }
-
-    /// Every parameter's moments from the stage that owns it (collective
-    /// over the PP group).
-    pub(crate) fn join_moments(&self, moments: WholeMoments) -> Result<WholeMoments, CommError> {
-        if self.stages() == 1 {
-            return Ok(moments);
-        }
-        self.placement.join_moments(moments)
     }
 
     /// Forward and backward of `micro_batches` through this stage on the

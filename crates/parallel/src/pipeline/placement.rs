@@ -12,8 +12,7 @@
 //!
 //! Joining ([`Placement::join`]) broadcasts every parameter from the stage
 //! that owns it over the PP group, so every rank gets the whole model (for
-//! validation and checkpoints); [`Placement::join_moments`] does the same
-//! for AdamW's moments.
+//! validation and exports).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -28,7 +27,6 @@ use crate::comm::tensor::host_f32;
 use crate::comm::{CommError, Communicator};
 use crate::flat::tensors::{Assign, Release};
 use crate::flat::Infos;
-use crate::grad_sync::WholeMoments;
 
 /// The parameters of one stage of a pipeline, and its PP group.
 pub(crate) struct Placement {
@@ -192,28 +190,6 @@ impl Placement {
             device: device.clone(),
             require_grad: false,
         }))
-    }
-
-    /// `moments` of this stage's parameters completed with every other
-    /// stage's: each parameter's broadcast over the PP group from its
-    /// owner. Collective over the PP group.
-    pub(crate) fn join_moments(
-        &self,
-        mut moments: WholeMoments,
-    ) -> Result<WholeMoments, CommError> {
-        let mut joined = WholeMoments::new();
-        for (id, shape) in &self.order {
-            let n: usize = shape.iter().product();
-            let owner = self.owner[id];
-            let mut buf = match moments.remove(id) {
-                Some((m, v)) if owner == self.stage => [m, v].concat(),
-                _ => vec![0.0; 2 * n],
-            };
-            self.pp.broadcast(&mut buf, owner)?;
-            let v = buf.split_off(n);
-            joined.insert(*id, (buf, v));
-        }
-        Ok(joined)
     }
 }
 

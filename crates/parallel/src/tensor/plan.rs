@@ -156,6 +156,32 @@ impl ShardPlan {
         })
     }
 
+    /// Where rank `rank`'s block of parameter `name` (of shape `local`, as
+    /// the rank holds it) lies in the whole tensor: its offset in each
+    /// dimension, and the whole tensor's shape (without vocabulary padding;
+    /// the last rank's block may reach past it).
+    pub fn placement(
+        &self,
+        name: &str,
+        local: &[usize],
+        rank: usize,
+    ) -> Result<(Vec<usize>, Vec<usize>), ShardError> {
+        let mut offsets = vec![0; local.len()];
+        let mut global = local.to_vec();
+        match self.split(name)? {
+            Split::Replicated => {}
+            Split::Even(dim) => {
+                offsets[dim] = rank * local[dim];
+                global[dim] = local[dim] * self.tp;
+            }
+            Split::Vocab(dim) => {
+                offsets[dim] = rank * local[dim];
+                global[dim] = self.vocab;
+            }
+        }
+        Ok((offsets, global))
+    }
+
     /// Rank `rank`'s block of the whole tensor `data` of parameter `name`.
     pub fn shard(
         &self,
@@ -371,5 +397,35 @@ mod tests {
             e,
             "parameter 'x.q.weight': dimension 1 of size 3 does not divide by --tp 2"
         );
+    }
+
+    #[test]
+    fn placement_names_where_each_block_lies_in_the_whole_tensor() {
+        let plan = ShardPlan::new(&RULES, 3, 2, 1);
+        // Each rank's block of `shard` is the whole tensor at `placement`'s offsets.
+        for (name, whole) in [("embed", matrix(3, 4)), ("q.weight", matrix(4, 6))] {
+            let values = whole.to_vec::<f32>().unwrap();
+            let cols = whole.shape[1];
+            for rank in 0..2 {
+                let block = plan.shard(name, whole.clone(), rank).unwrap();
+                let local = block.shape.to_vec();
+                let (offsets, global) = plan.placement(name, &local, rank).unwrap();
+                assert_eq!(global, whole.shape.to_vec(), "{name}");
+                let got = block.to_vec::<f32>().unwrap();
+                for r in 0..local[0] {
+                    for c in 0..local[1] {
+                        let (gr, gc) = (offsets[0] + r, offsets[1] + c);
+                        let want = if gr < global[0] {
+                            values[gr * cols + gc]
+                        } else {
+                            0.0
+                        };
+                        assert_eq!(got[r * local[1] + c], want, "{name} rank {rank} ({r}, {c})");
+                    }
+                }
+            }
+        }
+        let (offsets, global) = plan.placement("norm.weight", &[5], 1).unwrap();
+        assert_eq!((offsets, global), (vec![0], vec![5]));
     }
 }

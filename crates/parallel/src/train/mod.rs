@@ -10,11 +10,13 @@
 //!   validation and checkpoint cadence, metrics, progress).
 //! - [`loss_scale`]: dynamic loss scaling for fp16 mixed precision.
 //! - [`checkpoint`]: complete checkpoints (model, optimizer, sampler, step)
-//!   written atomically, for resuming.
+//!   written per rank with an index, atomically, for resuming in any
+//!   layout; `held`: the trainer's share of them.
 //! - `test_faults`: the test-only hooks that make one rank panic or stall
 //!   at a given step (for the tests of lost and stalled ranks).
 
 pub mod checkpoint;
+mod held;
 pub mod loss_scale;
 pub mod run;
 pub mod step;
@@ -23,4 +25,4 @@ mod test_faults;
 pub use run::{
     run, BatchSource, LoopConfig, LoopError, NonFinite, Progress, RunSummary, Silent, TokenWindows,
 };
-pub use step::{ParallelConfig, StepConfig, StepOutput, Trainer, TrainerState};
+pub use step::{ParallelConfig, StepConfig, StepOutput, Trainer};

@@ -428,7 +428,7 @@ where
             && config.save_every > 0
             && (step % config.save_every == 0 || step == config.steps);
         if due || stop {
-            let written = save(trainer, batches, config, place.lead)?;
+            let written = save(trainer, batches, config)?;
             if stop {
                 return Err(stopped(config, &*world, place.lead, step, written)?);
             }
@@ -658,14 +658,13 @@ fn stopped(
     })
 }
 
-/// A complete checkpoint (a collective: the state is gathered), written
-/// by rank 0 under the run directory's `checkpoints/`; returns where
-/// (`None` on the other ranks or without a run directory).
+/// A complete checkpoint under the run directory's `checkpoints/` (a
+/// collective: every rank writes its share, rank 0 the index); returns
+/// where (`None` on the other ranks or without a run directory).
 fn save<B, M>(
     trainer: &Trainer<B, M>,
     batches: &dyn BatchSource,
     config: &LoopConfig,
-    lead: bool,
 ) -> Result<Option<PathBuf>, LoopError>
 where
     B: AutodiffBackend,
@@ -675,23 +674,15 @@ where
     let Some(dir) = &config.run_dir else {
         return Ok(None);
     };
-    let state = trainer.state()?;
-    if !lead {
-        return Ok(None);
-    }
-    let root = dir.join("checkpoints");
-    std::fs::create_dir_all(&root).map_err(|source| CheckpointError::Io {
-        path: root.display().to_string(),
-        source,
-    })?;
     let written = checkpoint::write(
-        &root,
-        &state,
+        &dir.join("checkpoints"),
+        &**trainer.groups().world(),
+        &trainer.shard()?,
         batches.state(),
         &config.checkpoint_files,
         config.keep_checkpoints,
     )?;
-    Ok(Some(written))
+    Ok(written)
 }
 
 #[cfg(test)]

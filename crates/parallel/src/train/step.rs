@@ -1,7 +1,7 @@
 //! The training step: a micro-batch schedule composed with a
 //! gradient-synchronisation strategy, then the optimizer update.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
@@ -19,7 +19,7 @@ use crate::comm::CommError;
 use crate::ddp::{bucket_elems, Ddp, DEFAULT_BUCKET_MB};
 use crate::flat::param_infos;
 use crate::grad_sync::norm::{global_norm, group_sum, NormShares};
-use crate::grad_sync::{GradSync, Synced, WholeMoments};
+use crate::grad_sync::{GradSync, Synced};
 use crate::groups::ProcessGroups;
 use crate::micro_batch::{batch_tensors, unit_by_unit, whole_graph};
 use crate::pipeline::{Pipeline, PipelineConfig, PipelineError};
@@ -116,21 +116,6 @@ pub struct StepOutput {
     pub skipped_steps: Option<usize>,
 }
 
-/// What a checkpoint holds of a trainer, by parameter name (the names of
-/// [`ferrotron_engine::params::named_tensors`]), whole whatever the sharding.
-pub struct TrainerState {
-    /// Every parameter.
-    pub model: Vec<(String, TensorData)>,
-    /// AdamW's moments, `m.NAME` and `v.NAME` in each parameter's shape.
-    pub moments: Vec<(String, TensorData)>,
-    /// Optimizer steps the trainer has taken (skipped ones included).
-    pub steps_done: usize,
-    /// Updates AdamW has applied (its bias corrections count them).
-    pub optimizer_steps: u64,
-    /// The dynamic loss scaler, when the run scales its loss (fp16).
-    pub loss_scaler: Option<LossScaler>,
-}
-
 /// The shape of every parameter of `model`, by id.
 fn param_shapes<B: burn::tensor::backend::Backend, M: burn::module::Module<B>>(
     model: &M,
@@ -145,21 +130,27 @@ fn param_shapes<B: burn::tensor::backend::Backend, M: burn::module::Module<B>>(
 ///
 /// A one-rank run is the same code with every group of one rank.
 pub struct Trainer<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> {
-    model: Option<M>,
-    optimizer: AdamW<B::InnerBackend>,
+    pub(super) model: Option<M>,
+    pub(super) optimizer: AdamW<B::InnerBackend>,
     config: StepConfig,
-    steps_done: usize,
-    device: B::Device,
-    groups: ProcessGroups,
-    stage: ZeroStage,
-    sync: Box<dyn GradSync<B, M>>,
-    shards: ShardPlan,
-    pipeline: Pipeline,
+    pub(super) steps_done: usize,
+    pub(super) device: B::Device,
+    pub(super) groups: ProcessGroups,
+    pub(super) stage: ZeroStage,
+    pub(super) sync: Box<dyn GradSync<B, M>>,
+    pub(super) shards: ShardPlan,
+    pub(super) pipeline: Pipeline,
+    /// The shape of each parameter as this rank's model holds it (its TP
+    /// block; placeholders for other stages' parameters), before ZeRO-3
+    /// replaced them by placeholders.
+    pub(super) shapes: HashMap<burn::module::ParamId, Vec<usize>>,
+    /// Model chunks per pipeline stage (`--pp-virtual`).
+    pub(super) chunks: usize,
     norm_shares: NormShares,
     partial: PartialGrads,
     memory: MemoryBytes,
     recompute: Recompute,
-    scaler: Option<LossScaler>,
+    pub(super) scaler: Option<LossScaler>,
 }
 
 impl<B, M> Trainer<B, M>
@@ -241,15 +232,10 @@ where
         let partial = PartialGrads::new(partial, TpGroup::new(groups.tp().clone()));
         let dp = groups.dp().clone();
         let buckets = bucket_elems(parallel.bucket_mb);
+        let shapes = param_shapes(&model);
         let (sync, model): (Box<dyn GradSync<B, M>>, M) = match parallel.zero {
             ZeroStage::Off => (
-                Box::new(Ddp::new(
-                    &model,
-                    dp,
-                    buckets,
-                    device.clone(),
-                    parallel.reduce,
-                )),
+                Box::new(Ddp::new(&model, dp, buckets, parallel.reduce)),
                 model,
             ),
             stage => {
@@ -269,6 +255,8 @@ where
             sync,
             shards: parallel.shards,
             pipeline,
+            shapes,
+            chunks: parallel.pipeline.chunks,
             norm_shares,
             partial,
             memory: MemoryBytes::default(),
@@ -293,14 +281,6 @@ where
         }
         self.scaler = Some(LossScaler::new(config));
         Ok(self)
-    }
-
-    /// Continues a checkpoint's loss scaler (ignored by a trainer without
-    /// loss scaling: its scale would be 1).
-    pub fn restore_loss_scaler(&mut self, scaler: LossScaler) {
-        if self.scaler.is_some() {
-            self.scaler = Some(scaler);
-        }
     }
 
     /// The ZeRO stage in use.
@@ -331,7 +311,7 @@ where
         self.sync.planned_memory(self.held_model())
     }
 
-    fn held_model(&self) -> &M {
+    pub(super) fn held_model(&self) -> &M {
         self.model
             .as_ref()
             .expect("the model is always present between steps")
@@ -478,95 +458,6 @@ where
             .into_iter()
             .map(|(name, data)| Ok((name.clone(), self.shards.gather(&name, data, tp)?)))
             .collect()
-    }
-
-    /// The whole training state, for a checkpoint. A collective under ZeRO
-    /// and TP (parameters and moments are gathered over the DP group, then
-    /// joined over the TP group): every rank must call it.
-    pub fn state(&self) -> Result<TrainerState, ShardError> {
-        let held = self.held_model();
-        let whole = self.full_model()?;
-        let moments = self
-            .pipeline
-            .join_moments(self.sync.whole_moments(held, &self.optimizer)?)?;
-        // Shapes of the whole parameters (under ZeRO-3 `held` has placeholders).
-        let shapes = param_shapes(&whole);
-        let tp = &**self.groups.tp();
-        let mut named = Vec::new();
-        for (id, name) in param_names(&whole) {
-            let (m, v) = &moments[&id];
-            let shape = shapes[&id].clone();
-            for (kind, values) in [("m", m), ("v", v)] {
-                let data = TensorData::new(values.clone(), shape.clone());
-                let data = self.shards.gather(&name, data, tp)?;
-                named.push((format!("{kind}.{name}"), data));
-            }
-        }
-        Ok(TrainerState {
-            model: self.whole_named(&whole)?,
-            moments: named,
-            steps_done: self.steps_done,
-            optimizer_steps: self.optimizer.steps_taken(),
-            loss_scaler: self.scaler,
-        })
-    }
-
-    /// Continues from a checkpoint: the step counters and AdamW's moments
-    /// (`m.NAME`, `v.NAME` as [`Trainer::state`] wrote them: whole; this
-    /// rank keeps its TP block and DP part). The model's weights were
-    /// loaded before the trainer was built. Errors name a moment that is
-    /// missing, has another shape, or matches no parameter. A collective
-    /// under ZeRO-3 (the shapes come from the gathered model).
-    pub fn restore(
-        &mut self,
-        steps_done: usize,
-        optimizer_steps: u64,
-        mut moments: BTreeMap<String, TensorData>,
-    ) -> Result<(), String> {
-        let shapes = param_shapes(&self.full_model().map_err(|e| e.to_string())?);
-        let tp_rank = self.groups.tp().rank();
-        let held = self
-            .model
-            .as_ref()
-            .expect("the model is always present between steps");
-        let mut whole = WholeMoments::new();
-        for (id, name) in param_names(held) {
-            if !self.pipeline.holds(id) {
-                // Another stage's parameter: its moments are that stage's.
-                moments.remove(&format!("m.{name}"));
-                moments.remove(&format!("v.{name}"));
-                continue;
-            }
-            let mut take = |kind: &str| -> Result<Vec<f32>, String> {
-                let key = format!("{kind}.{name}");
-                let data = moments
-                    .remove(&key)
-                    .ok_or_else(|| format!("moment '{key}' is missing"))?;
-                let data = self
-                    .shards
-                    .shard(&name, data, tp_rank)
-                    .map_err(|e| format!("moment '{key}': {e}"))?;
-                let want = &shapes[&id];
-                if data.shape.to_vec() != *want {
-                    return Err(format!(
-                        "moment '{key}' has shape {:?}, the parameter {want:?}",
-                        data.shape.to_vec()
-                    ));
-                }
-                data.into_vec::<f32>()
-                    .map_err(|e| format!("moment '{key}': {e:?}"))
-            };
-            let m = take("m")?;
-            let v = take("v")?;
-            whole.insert(id, (m, v));
-        }
-        if let Some(extra) = moments.keys().next() {
-            return Err(format!("moment '{extra}' matches no parameter"));
-        }
-        self.sync.load_moments(held, &mut self.optimizer, &whole);
-        self.optimizer.set_steps_taken(optimizer_steps);
-        self.steps_done = steps_done;
-        Ok(())
     }
 
     /// Mean loss over `batches` without gradients, nats/token. Under ZeRO-3

@@ -39,6 +39,7 @@ mod exchange;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::ops::Range;
 use std::str::FromStr;
 use std::sync::Arc;
 
@@ -61,7 +62,7 @@ use crate::ddp::ReplicatedGrads;
 use crate::flat::tensors::{Assign, GradValues, ParamBytes, PieceTensors, Release};
 use crate::flat::{param_infos, unit_params, FlatLayout, Piece};
 use crate::grad_sync::norm::{group_sum, NormShares};
-use crate::grad_sync::{GradSync, Synced, WholeMoments};
+use crate::grad_sync::{GradSync, Synced};
 
 /// How much of the training state is sharded over the DP ranks (`--zero`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -474,53 +475,22 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> GradSync<B, M> for Z
         self.grads.clear();
     }
 
-    fn whole_moments(
-        &self,
-        _model: &M,
-        optimizer: &AdamW<B::InnerBackend>,
-    ) -> Result<WholeMoments, CommError> {
-        let mut whole = WholeMoments::new();
-        for (unit, pieces) in self.layout.units().iter().zip(&self.pieces) {
-            let mut ms = HashMap::new();
-            let mut vs = HashMap::new();
-            for p in pieces {
-                let (m, v) = match optimizer.moments(p.id) {
-                    Some((m, v)) => (host_f32(m), host_f32(v)),
-                    None => (vec![0.0; p.len()], vec![0.0; p.len()]),
-                };
-                ms.insert(p.id, m);
-                vs.insert(p.id, v);
-            }
-            let mut m = all_gather_unit(&*self.comm, unit, &chunk_from_pieces(unit, pieces, &ms))?;
-            let mut v = all_gather_unit(&*self.comm, unit, &chunk_from_pieces(unit, pieces, &vs))?;
-            for slot in &unit.slots {
-                let flat = |d: TensorData| d.into_vec::<f32>().expect("gathered moments are f32");
-                let (m, v) = (m.remove(&slot.id), v.remove(&slot.id));
-                let (m, v) = (
-                    m.expect("every slot is gathered"),
-                    v.expect("every slot is gathered"),
-                );
-                whole.insert(slot.id, (flat(m), flat(v)));
-            }
-        }
-        Ok(whole)
+    fn owned_ranges(&self) -> Option<HashMap<ParamId, Range<usize>>> {
+        Some(
+            self.pieces
+                .iter()
+                .flatten()
+                .map(|p| (p.id, p.start..p.end))
+                .collect(),
+        )
     }
 
-    fn load_moments(
-        &self,
-        _model: &M,
-        optimizer: &mut AdamW<B::InnerBackend>,
-        moments: &WholeMoments,
-    ) {
-        for p in self.pieces.iter().flatten() {
-            if let Some((m, v)) = moments.get(&p.id) {
-                optimizer.set_moments(
-                    p.id,
-                    self.tensor(m[p.start..p.end].to_vec()),
-                    self.tensor(v[p.start..p.end].to_vec()),
-                );
-            }
-        }
+    fn param_pieces(&self) -> Option<&HashMap<ParamId, Tensor<B::InnerBackend, 1>>> {
+        (self.stage == ZeroStage::Three).then_some(&self.params)
+    }
+
+    fn param_pieces_mut(&mut self) -> Option<&mut HashMap<ParamId, Tensor<B::InnerBackend, 1>>> {
+        (self.stage == ZeroStage::Three).then_some(&mut self.params)
     }
 
     fn whole_model(&self, model: M) -> Result<M, CommError> {

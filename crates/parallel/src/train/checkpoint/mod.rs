@@ -1,39 +1,51 @@
-//! Complete checkpoints of a run: `RUN/checkpoints/step-N/` holds
+//! Complete checkpoints of a run, sharded: `RUN/checkpoints/step-N/` holds
 //!
 //! | file | what |
 //! |---|---|
-//! | `model.safetensors` | every parameter, unsharded, f32 |
-//! | `optimizer.safetensors` | AdamW's moments `m.NAME` / `v.NAME`, unsharded (gathered from the ZeRO shards) |
+//! | `rank-RRRRR.safetensors` | what world rank `R` alone stores: its blocks of the parameters and of AdamW's moments `m.NAME` / `v.NAME`, f32 ([`shard`]) |
+//! | `index.json` | the layout written from, and for every tensor its global shape and blocks ([`index`]) |
 //! | `state.json` | the step, AdamW's update count, the sampler's position ([`CheckpointState`]) |
 //! | extra files | what the caller adds (`ferrotron train`: the resolved `config.toml`) |
 //!
-//! Written by rank 0 into `checkpoints/.step-N.tmp`, every file synced to
-//! disk, the directory renamed to `step-N` and the parent directory synced;
-//! then `checkpoints/latest` (the name of the newest directory) is replaced
-//! atomically, the parent directory synced again, and only then are the
-//! directories beyond the newest `keep` deleted (`publish_steps`). A
-//! crash at any point leaves `latest` naming a complete checkpoint. A
-//! write that fails (a full disk) removes the temporary directory and
-//! reports the file, the bytes the whole checkpoint needs and the system's
-//! error; `latest` and the earlier checkpoints are untouched.
+//! No rank gathers anything: each writes the parts it holds (its TP block
+//! of each parameter of its pipeline stage, narrowed to its ZeRO piece),
+//! and of the ranks holding the same part only one writes it (the lowest
+//! DP rank without ZeRO, TP rank 0 for a parameter TP does not split,
+//! stage 0 for a tied embedding), so the checkpoint holds each value once.
+//! A load in any layout reads, for each tensor, the blocks overlapping
+//! what the rank holds ([`read`]).
 //!
-//! The optimizer state is gathered, not written per rank: a checkpoint
-//! loads on any DP size and ZeRO stage (each rank keeps its part), at the
-//! cost of rank 0 holding the whole state while writing.
+//! Written collectively: rank 0 creates `checkpoints/.step-N.tmp`, every
+//! rank writes and syncs its file there, and only when every rank has
+//! (the agreement is a collective) does rank 0 write `index.json`,
+//! `state.json` and the extra files, sync the directory, rename it to
+//! `step-N` and sync the parent; then `checkpoints/latest` (the name of
+//! the newest directory) is replaced atomically, the parent synced again,
+//! and only then are the directories beyond the newest `keep` deleted
+//! (`publish_steps`). A crash at any point leaves `latest` naming a
+//! complete checkpoint. A write that fails on any rank (a full disk)
+//! abandons the checkpoint: rank 0 removes the temporary directory, and
+//! the failing rank reports the file, the bytes the whole checkpoint needs
+//! and the system's error; `latest` and the earlier checkpoints are
+//! untouched.
 
-use std::borrow::Cow;
+pub mod index;
+pub mod read;
+pub mod region;
+pub mod shard;
+
 use std::fs;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use burn::tensor::TensorData;
-use ferrotron_engine::checkpoint::{encode_safetensors, write_atomic, CheckpointError, FloatDtype};
+use ferrotron_engine::checkpoint::{write_atomic, CheckpointError};
 use ferrotron_engine::data::SamplerState;
 use serde::{Deserialize, Serialize};
 
+use self::shard::Shard;
 use super::loss_scale::LossScaler;
-use super::step::TrainerState;
+use crate::comm::{CommError, Communicator};
 
 /// Name of the file in `checkpoints/` that names the newest checkpoint.
 pub const LATEST: &str = "latest";
@@ -75,7 +87,7 @@ fn step_of(name: &str) -> Option<usize> {
 
 /// Test-only hook, read by [`write`] and nowhere else:
 /// `FERROTRON_TEST_FAIL_CHECKPOINT_WRITE=N` makes the N-th checkpoint this
-/// process writes (1: the first) fail on its second file as a full disk
+/// process writes (1: the first) fail on its rank's file as a full disk
 /// does, so tests can check what a failed write leaves behind. Never set
 /// it in a real run.
 pub const FAIL_WRITE_ENV: &str = "FERROTRON_TEST_FAIL_CHECKPOINT_WRITE";
@@ -92,112 +104,145 @@ fn injected_failure() -> bool {
         == Some(n)
 }
 
-/// The contents of one file of a checkpoint, encoded when it is written.
-enum Content<'a> {
-    /// Named tensors, written as f32 safetensors.
-    Tensors(&'a [(String, TensorData)]),
-    /// Bytes as they are.
-    Bytes(&'a [u8]),
-}
-
-impl Content<'_> {
-    /// The file's bytes (`path` names it in errors).
-    fn encode(&self, path: &Path) -> Result<Cow<'_, [u8]>, CheckpointError> {
-        match self {
-            Content::Tensors(t) => Ok(Cow::Owned(encode_safetensors(path, t, FloatDtype::F32)?)),
-            Content::Bytes(b) => Ok(Cow::Borrowed(b)),
-        }
-    }
-}
-
-/// Writes the checkpoint of `state` (with `sampler`, and `extra` files
-/// `(name, bytes)`) into `root` (a run's `checkpoints/`), points `latest`
-/// at it and keeps the newest `keep` checkpoints (at least 1). Returns its
-/// directory. A failed write ([`CheckpointError::Write`]) removes the
+/// Writes rank `world.rank()`'s part of the checkpoint of `shard` into
+/// `root` (a run's `checkpoints/`; a collective over `world`, the whole
+/// job); rank 0 adds `sampler` and the `extra` files `(name, bytes)`,
+/// points `latest` at the checkpoint, keeps the newest `keep` (at least 1)
+/// and returns its directory (`None` on the other ranks). A failed write
+/// ([`CheckpointError::Write`], on the rank that failed) removes the
 /// temporary directory and leaves `latest` and the checkpoints as they
 /// were.
 pub fn write(
     root: &Path,
-    state: &TrainerState,
+    world: &dyn Communicator,
+    shard: &Shard,
     sampler: Option<SamplerState>,
     extra: &[(String, Vec<u8>)],
     keep: usize,
-) -> Result<PathBuf, CheckpointError> {
-    write_with(root, state, sampler, extra, keep, injected_failure())
+) -> Result<Option<PathBuf>, CheckpointError> {
+    write_with(root, world, shard, sampler, extra, keep, injected_failure())
 }
 
-/// [`write`], failing the second file's write when `fail` is set.
+fn comm(root: &Path) -> impl FnOnce(CommError) -> CheckpointError + '_ {
+    move |e| CheckpointError::Format {
+        path: root.display().to_string(),
+        message: format!("writing a checkpoint: {e}"),
+    }
+}
+
+/// [`write`], failing this rank's file as a full disk does when `fail` is set.
 fn write_with(
     root: &Path,
-    state: &TrainerState,
+    world: &dyn Communicator,
+    shard: &Shard,
     sampler: Option<SamplerState>,
     extra: &[(String, Vec<u8>)],
     keep: usize,
     fail: bool,
-) -> Result<PathBuf, CheckpointError> {
-    let name = format!("step-{}", state.steps_done);
+) -> Result<Option<PathBuf>, CheckpointError> {
+    let lead = world.rank() == 0;
+    let name = format!("step-{}", shard.steps_done);
     let tmp = root.join(format!(".{name}.tmp"));
-    let meta = CheckpointState {
-        step: state.steps_done,
-        optimizer_steps: state.optimizer_steps,
-        sampler,
-        loss_scaler: state.loss_scaler,
+    let prepared = if lead { fresh_dir(&tmp) } else { Ok(()) };
+    if shard::failures(world, prepared.is_ok()).map_err(comm(root))? > 0 {
+        return prepared.map(|()| None);
+    }
+    let file = shard::rank_file(world.rank());
+    let path = tmp.join(&file);
+    let (bytes, entries) = shard::encode(&path, &file, &shard.blocks)?;
+    let sent = serde_json::to_vec(&entries).expect("index entries serialise");
+    let all = shard::gather_bytes(world, &sent).map_err(comm(root))?;
+    // Rank 0's own files: the index, state.json and the extra files.
+    let mut own: Vec<(String, Vec<u8>)> = Vec::new();
+    if lead {
+        let entries = all
+            .iter()
+            .map(|b| serde_json::from_slice(b).expect("every rank sends its entries"))
+            .collect();
+        let index = shard::index(shard, entries);
+        let meta = CheckpointState {
+            step: shard.steps_done,
+            optimizer_steps: shard.optimizer_steps,
+            sampler,
+            loss_scaler: shard.loss_scaler,
+        };
+        own.push((
+            index::INDEX.into(),
+            serde_json::to_vec_pretty(&index).expect("the index serialises"),
+        ));
+        own.push((
+            "state.json".into(),
+            serde_json::to_vec_pretty(&meta).expect("the checkpoint state serialises"),
+        ));
+        own.extend(extra.iter().cloned());
+    }
+    let mine = if shard.blocks.is_empty() {
+        0
+    } else {
+        bytes.len()
     };
-    let json = serde_json::to_vec_pretty(&meta).expect("the checkpoint state serialises");
-    let mut files = vec![
-        ("model.safetensors", Content::Tensors(&state.model)),
-        ("optimizer.safetensors", Content::Tensors(&state.moments)),
-        ("state.json", Content::Bytes(&json)),
-    ];
-    files.extend(extra.iter().map(|(f, b)| (f.as_str(), Content::Bytes(b))));
-    if let Err(e) = write_files(&tmp, &files, fail) {
-        // Best effort: the error below is the one to report.
+    let mine = mine + own.iter().map(|(_, b)| b.len()).sum::<usize>();
+    let needed_bytes = shard::gather_u64(world, mine as u64)
+        .map_err(comm(root))?
+        .iter()
+        .sum();
+    let written = match (shard.blocks.is_empty(), fail) {
+        (true, _) => Ok(()),
+        (false, true) => Err(io(&path)(std::io::Error::new(
+            ErrorKind::StorageFull,
+            format!("no space left on device (injected by {FAIL_WRITE_ENV})"),
+        ))),
+        (false, false) => write_atomic(&path, &bytes),
+    };
+    // Every rank's file is on disk before the index is written.
+    let failed_ranks = shard::failures(world, written.is_ok()).map_err(comm(root))?;
+    if failed_ranks > 0 {
+        if lead {
+            // Best effort: the error below is the one to report.
+            let _ = fs::remove_dir_all(&tmp);
+        }
+        return match written {
+            Err(e) => Err(failed(root, needed_bytes, e)),
+            Ok(()) if lead => Err(CheckpointError::Format {
+                path: tmp.display().to_string(),
+                message: format!("{failed_ranks} rank(s) could not write their part (their error says why); the checkpoint was abandoned and its temporary directory removed"),
+            }),
+            Ok(()) => Ok(None),
+        };
+    }
+    if !lead {
+        return Ok(None);
+    }
+    let published = own
+        .iter()
+        .try_for_each(|(f, b)| write_atomic(&tmp.join(f), b))
+        .and_then(|()| sync_dir(&tmp));
+    if let Err(e) = published {
         let _ = fs::remove_dir_all(&tmp);
-        return Err(failed(root, &tmp, &files, e));
+        return Err(failed(root, needed_bytes, e));
     }
     for op in publish_steps(root, &name, root.join(&name).exists()) {
-        apply(op, root, keep.max(1), state.steps_done)?;
+        apply(op, root, keep.max(1), shard.steps_done)?;
     }
-    Ok(root.join(name))
+    Ok(Some(root.join(name)))
 }
 
-/// Writes `files` into the new directory `tmp`, each synced, then the
-/// directory; `fail` fails the second file as a full disk would.
-fn write_files(tmp: &Path, files: &[(&str, Content)], fail: bool) -> Result<(), CheckpointError> {
+/// Creates the empty directory `tmp` (removing one left by a crash).
+fn fresh_dir(tmp: &Path) -> Result<(), CheckpointError> {
     if tmp.exists() {
         fs::remove_dir_all(tmp).map_err(io(tmp))?;
     }
-    fs::create_dir_all(tmp).map_err(io(tmp))?;
-    for (i, (file, content)) in files.iter().enumerate() {
-        let path = tmp.join(file);
-        let bytes = content.encode(&path)?;
-        if fail && i == 1 {
-            return Err(io(&path)(std::io::Error::new(
-                ErrorKind::StorageFull,
-                format!("no space left on device (injected by {FAIL_WRITE_ENV})"),
-            )));
-        }
-        write_atomic(&path, &bytes)?;
-    }
-    sync_dir(tmp)
+    fs::create_dir_all(tmp).map_err(io(tmp))
 }
 
-/// The error of a failed write into `tmp` (already removed): a file
-/// system error becomes [`CheckpointError::Write`] with the bytes the
-/// checkpoint needs and what `root` still holds; others stay as they are.
-fn failed(
-    root: &Path,
-    tmp: &Path,
-    files: &[(&str, Content)],
-    e: CheckpointError,
-) -> CheckpointError {
+/// The error of a failed write of a checkpoint of `needed_bytes` into
+/// `root`'s temporary directory (already removed): a file system error
+/// becomes [`CheckpointError::Write`] with what `root` still holds;
+/// others stay as they are.
+fn failed(root: &Path, needed_bytes: u64, e: CheckpointError) -> CheckpointError {
     let CheckpointError::Io { path, source } = e else {
         return e;
     };
-    let needed_bytes = files
-        .iter()
-        .map(|(file, c)| c.encode(&tmp.join(file)).map_or(0, |b| b.len() as u64))
-        .sum();
     let latest = root.join(LATEST);
     let kept = match fs::read_to_string(&latest) {
         Ok(name) => format!("{} still names {}", latest.display(), name.trim()),
@@ -320,17 +365,55 @@ pub fn read_state(dir: &Path) -> Result<CheckpointState, CheckpointError> {
 mod tests {
     use super::*;
 
-    fn state(step: usize) -> TrainerState {
-        TrainerState {
-            model: vec![("w".into(), TensorData::new(vec![1.0f32, 2.0], [2]))],
-            moments: vec![
-                ("m.w".into(), TensorData::new(vec![0.5f32, 0.25], [2])),
-                ("v.w".into(), TensorData::new(vec![0.1f32, 0.2], [2])),
+    use crate::comm::SingleProcess;
+    use index::Layout;
+    use region::Region;
+    use shard::HeldBlock;
+
+    fn state(step: usize) -> Shard {
+        let block = |name: &str, values: Vec<f32>| HeldBlock {
+            name: name.into(),
+            global: vec![2],
+            region: Region::whole(vec![0], vec![2]),
+            values,
+        };
+        Shard {
+            blocks: vec![
+                block("w", vec![1.0, 2.0]),
+                block("m.w", vec![0.5, 0.25]),
+                block("v.w", vec![0.1, 0.2]),
             ],
+            layout: Layout {
+                world: 1,
+                tp: 1,
+                pp: 1,
+                pp_virtual: 1,
+                dp: 1,
+                zero: 0,
+            },
             steps_done: step,
             optimizer_steps: step as u64,
             loss_scaler: None,
         }
+    }
+
+    fn write(
+        root: &Path,
+        state: &Shard,
+        sampler: Option<SamplerState>,
+        extra: &[(String, Vec<u8>)],
+        keep: usize,
+    ) -> Result<PathBuf, CheckpointError> {
+        write_with(root, &SingleProcess, state, sampler, extra, keep, false).map(Option::unwrap)
+    }
+
+    fn write_failing(
+        root: &Path,
+        state: &Shard,
+        extra: &[(String, Vec<u8>)],
+        fail: bool,
+    ) -> Result<PathBuf, CheckpointError> {
+        write_with(root, &SingleProcess, state, None, extra, 1, fail).map(Option::unwrap)
     }
 
     #[test]
@@ -371,18 +454,73 @@ mod tests {
     }
 
     #[test]
+    fn the_reader_gives_the_tensors_back_and_names_what_is_missing_or_damaged() {
+        let root = std::env::temp_dir().join(format!("ferrotron-ckpt-read-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let dir = write(&root, &state(2), None, &[], 1).unwrap();
+        let whole = read::Reader::open(&dir).unwrap().read_whole().unwrap();
+        let values = |n: &str| whole[n].to_vec::<f32>().unwrap();
+        assert_eq!(values("w"), [1.0, 2.0]);
+        assert_eq!(values("m.w"), [0.5, 0.25]);
+        assert_eq!(values("v.w"), [0.1, 0.2]);
+        // Another shape (another architecture or vocabulary) is named.
+        let mut reader = read::Reader::open(&dir).unwrap();
+        let e = reader
+            .read("w", &[3], &Region::whole(vec![0], vec![3]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("index.json") && e.contains("'w'") && e.contains("[2]"),
+            "{e}"
+        );
+        // A flipped byte in a block: the tensor and the file are named.
+        let file = dir.join(shard::rank_file(0));
+        let mut bytes = fs::read(&file).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        fs::write(&file, &bytes).unwrap();
+        let e = read::Reader::open(&dir)
+            .unwrap()
+            .read_whole()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("rank-00000.safetensors") && e.contains("XXH3-64") && e.contains("tensor '"),
+            "{e}"
+        );
+        // A block file that is gone, then the index itself.
+        fs::remove_file(&file).unwrap();
+        let e = index::Index::read(&dir).unwrap_err().to_string();
+        assert!(
+            e.contains("rank-00000.safetensors") && e.contains("does not exist"),
+            "{e}"
+        );
+        fs::remove_file(dir.join(index::INDEX)).unwrap();
+        let e = index::Index::read(&dir).unwrap_err().to_string();
+        assert!(e.contains("index.json") && e.contains("missing"), "{e}");
+        // A checkpoint of the whole-file format is refused by name.
+        fs::write(dir.join("model.safetensors"), b"").unwrap();
+        let e = index::Index::read(&dir).unwrap_err().to_string();
+        assert!(
+            e.contains("model.safetensors") && e.contains("whole-file checkpoint"),
+            "{e}"
+        );
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
     fn a_failed_write_removes_its_temp_dir_names_the_bytes_and_keeps_latest() {
         let root = std::env::temp_dir().join(format!("ferrotron-ckpt-fail-{}", std::process::id()));
         let _ = fs::remove_dir_all(&root);
         fs::create_dir_all(&root).unwrap();
         let extra = [("config.toml".to_string(), b"x = 1\n".to_vec())];
-        let first = write_with(&root, &state(2), None, &extra, 1, false).unwrap();
+        let first = write_failing(&root, &state(2), &extra, false).unwrap();
         // The bytes a checkpoint needs: its files as written.
         let written: u64 = fs::read_dir(&first)
             .unwrap()
             .map(|e| e.unwrap().metadata().unwrap().len())
             .sum();
-        let e = write_with(&root, &state(4), None, &extra, 1, true).unwrap_err();
+        let e = write_failing(&root, &state(4), &extra, true).unwrap_err();
         let CheckpointError::Write {
             path, needed_bytes, ..
         } = &e
@@ -390,7 +528,7 @@ mod tests {
             panic!("not a write error: {e}");
         };
         assert!(
-            path.ends_with(".step-4.tmp/optimizer.safetensors"),
+            path.ends_with(".step-4.tmp/rank-00000.safetensors"),
             "{path}"
         );
         assert_eq!(*needed_bytes, written);
@@ -413,7 +551,7 @@ mod tests {
         // Without an earlier checkpoint the error says so.
         fs::remove_dir_all(&root).unwrap();
         fs::create_dir_all(&root).unwrap();
-        let e = write_with(&root, &state(2), None, &[], 1, true).unwrap_err();
+        let e = write_failing(&root, &state(2), &[], true).unwrap_err();
         assert!(e.to_string().contains("holds no earlier checkpoint"), "{e}");
         assert_eq!(fs::read_dir(&root).unwrap().count(), 0);
         fs::remove_dir_all(&root).unwrap();
