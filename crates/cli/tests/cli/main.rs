@@ -21,6 +21,7 @@ mod nccl_training;
 mod pipeline_parallel;
 mod plan;
 mod recompute;
+mod reshard;
 mod resume;
 mod tensor_parallel;
 mod wgpu_training;
