@@ -4,7 +4,7 @@
 //! and pp2 x tp2, one pp2 x dp2 run of the GPT mini under ZeRO-2 and one
 //! tp2 x pp2 x dp2 run of the Llama mini (8 ranks),
 //! equal the one-rank run on the same global batch after 5 optimizer
-//! steps; a pp2 run's checkpoint (gathered from both stages) generates
+//! steps; a pp2 run (its weights gathered from both stages) generates
 //! text and resumes on one rank; a pipeline that cannot run is refused
 //! before anything is written.
 //!
@@ -157,8 +157,8 @@ fn pp_matches_single_rank(model: &str, layouts: &[Layout]) -> (PathBuf, PathBuf)
     (dir, single)
 }
 
-/// Also GPipe and an uneven `--pp-layers 3,1`; and the pp2 run's
-/// checkpoint (both stages gathered) generates on one rank and its step-3
+/// Also GPipe and an uneven `--pp-layers 3,1`; and the pp2 run's weights
+/// (both stages gathered) generate on one rank and its sharded step-3
 /// checkpoint resumes there (`--pp 1`) to the one-rank run's last steps.
 #[test]
 fn gpt_pipelines_equal_single_rank_and_the_checkpoint_loads_on_one_rank() {

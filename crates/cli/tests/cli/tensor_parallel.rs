@@ -1,8 +1,8 @@
 //! Tensor parallelism across processes: for the GPT, Llama (grouped-query
 //! attention) and BLOOM (ALiBi) minis, `mpirun` runs with `--tp 2`, and
 //! with `--tp 2` x dp 2 under ZeRO 0, 1 and 3, equal the one-rank run on
-//! the same global batch after 5 optimizer steps; the TP run's checkpoint
-//! (whole tensors) generates text on one rank; a TP degree that does not
+//! the same global batch after 5 optimizer steps; the TP run's weights
+//! generate text on one rank; a TP degree that does not
 //! divide the heads is refused before anything is written.
 //!
 //! Needs the binary built with the `mpi` feature and Open MPI's `mpirun`
@@ -83,9 +83,9 @@ fn gpt_tp2_and_tp2_dp2_with_zero_0_1_3_equal_single_rank() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Also: the tp2 run's checkpoints hold whole tensors, so `ferrotron
-/// generate` loads the run on one rank, and its step-3 checkpoint resumes
-/// on one rank (`--tp 1`, the optimizer moments joined and kept whole) to
+/// Also: `ferrotron generate` loads the tp2 run on one rank, and its
+/// sharded step-3 checkpoint resumes on one rank (`--tp 1`, each tensor read
+/// from both TP blocks) to
 /// the one-rank run's steps 4 and 5 and final weights.
 #[test]
 fn llama_tp2_and_tp2_dp2_with_zero_0_1_3_equal_single_rank_generate_and_resume_on_one_rank() {

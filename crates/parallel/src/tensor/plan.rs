@@ -3,11 +3,11 @@
 //! `models/src/hf/names.rs` declares Hugging Face names), and the host-side
 //! cutting and joining of whole tensors that the table implies.
 //!
-//! Checkpoints hold whole tensors: a TP run cuts each parameter (and each
-//! optimizer moment, which has the parameter's shape) with
-//! [`ShardPlan::shard`] when it starts and joins the blocks of every rank
-//! with [`ShardPlan::gather`] when it saves, so a checkpoint loads on any
-//! number of ranks.
+//! A TP run cuts each parameter of the whole model it builds with
+//! [`ShardPlan::shard`]; [`ShardPlan::gather`] joins the blocks of every
+//! rank (validation's weights). A sharded checkpoint stores each rank's
+//! block where [`ShardPlan::placement`] says it lies in the whole tensor,
+//! so a checkpoint loads on any number of ranks.
 
 use burn::tensor::TensorData;
 
