@@ -45,7 +45,8 @@ pub type Parallelized<B> = Trainer<B, Decoder<B>>;
 /// 2. recomputation (`parallelism.recompute`, resolved by validation);
 /// 3. the pipeline split over the PP group (stages, schedule, chunks);
 /// 4. the gradient sync over the DP group: DDP buckets, or ZeRO 1/2/3,
-///    reducing in `precision.reduce_dtype`;
+///    reducing in `precision.reduce_dtype`, overlapped with backward
+///    under `parallelism.overlap_grad_reduce`;
 ///
 /// then the optimizer (AdamW with the job's schedule and clipping) and,
 /// under fp16, dynamic loss scaling.
@@ -71,6 +72,7 @@ pub fn parallelize<B: TrainBackend>(
         zero: par.zero,
         bucket_mb: par.bucket_mb,
         reduce: c.precision.reduce_dtype,
+        overlap_grad_reduce: par.overlap_grad_reduce,
     };
     let trainer = Trainer::parallel(model, step_config(job), device.clone(), groups, parallel)?;
     if job.model.precision != Precision::Fp16 {
