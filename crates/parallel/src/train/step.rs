@@ -199,9 +199,10 @@ where
 
     /// This rank's trainer in the job of `groups`: its replica (or, under
     /// ZeRO-3, shard) of `model`, trained over the DP group with
-    /// `parallel`'s sharding. Every rank must build `model` identically
-    /// (same seed or same checkpoint), then cut it over the TP group with
-    /// `parallel.shards` (tensor parallelism comes first, then the
+    /// `parallel`'s sharding. `model` is this rank's TP part under
+    /// `parallel.shards` of the same model on every rank (same seed or
+    /// same checkpoint), possibly built with placeholders for the other
+    /// pipeline stages' tensors (tensor parallelism comes first, then the
     /// pipeline keeps this stage's parameters, then ZeRO, in torchtitan's
     /// order). Collective over the PP group.
     ///
