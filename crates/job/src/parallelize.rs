@@ -1,21 +1,23 @@
 //! `parallelize`: how a model becomes a trainer on a mesh, in one readable
 //! place and in torchtitan's order — tensor (and sequence) parallelism,
 //! then recomputation, the pipeline split, and the gradient-sync strategy
-//! (DDP or ZeRO) over the data-parallel group.
+//! (DDP or ZeRO) over the data-parallel group. A fresh model is built
+//! already cut to the rank's part ([`build_part`]); loaded weights are
+//! cut here ([`parallelize`]).
 //!
 //! ```no_run
 //! use burn::backend::{Autodiff, Flex};
-//! use ferrotron_job::{parallelize, JobConfig, World};
-//! use ferrotron_models::Decoder;
+//! use ferrotron_job::{build_part, parallelize_part, JobConfig, World};
 //! use ferrotron_parallel::groups::ProcessGroups;
 //!
 //! let job = JobConfig::default()
 //!     .validate(&World::SINGLE)
 //!     .map_err(|e| anyhow::anyhow!("{e:?}"))?;
 //! let device = Default::default();
-//! let model = Decoder::<Autodiff<Flex>>::new(job.model(), 0, &device)?;
-//! // One rank: no sharding, DDP over a group of one.
-//! let trainer = parallelize(model, ProcessGroups::single(), &job, &device)?;
+//! let groups = ProcessGroups::single();
+//! // One rank: the whole model, DDP over a group of one.
+//! let model = build_part::<Autodiff<Flex>>(&job, &groups, &device)?;
+//! let trainer = parallelize_part(model, groups, &job, &device)?;
 //! println!("recompute {}", trainer.recompute());
 //! # Ok::<(), anyhow::Error>(())
 //! ```
@@ -24,10 +26,10 @@ use ferrotron_engine::optim::{AdamWConfig, LrSchedule};
 use ferrotron_engine::precision::Precision;
 use ferrotron_models::ops::TrainBackend;
 use ferrotron_models::tensor_parallel::shard_plan;
-use ferrotron_models::Decoder;
+use ferrotron_models::{Decoder, ModelPart};
 use ferrotron_parallel::groups::ProcessGroups;
 use ferrotron_parallel::pipeline::PipelineConfig;
-use ferrotron_parallel::tensor::TpGroup;
+use ferrotron_parallel::tensor::{ShardPlan, TpGroup};
 use ferrotron_parallel::train::loss_scale::LossScaleConfig;
 use ferrotron_parallel::train::{ParallelConfig, StepConfig, Trainer};
 
@@ -37,42 +39,78 @@ use crate::validate::ValidJob;
 /// with the optimizer and the gradient synchronisation.
 pub type Parallelized<B> = Trainer<B, Decoder<B>>;
 
-/// Applies the job's layout to `model` (the whole model, built or loaded on
-/// this rank) over `groups`, in this order:
-/// 1. tensor parallelism: the sharding plan of the decoder over the TP
-///    group (with sequence parallelism when `parallelism.sp`); the plan is
-///    built once and handed on, since the gradient sync needs it too;
-/// 2. recomputation (`parallelism.recompute`, resolved by validation);
-/// 3. the pipeline split over the PP group (stages, schedule, chunks);
-/// 4. the gradient sync over the DP group: DDP buckets, or ZeRO 1/2/3,
-///    reducing in `precision.reduce_dtype`;
-///
-/// then the optimizer (AdamW with the job's schedule and clipping) and,
-/// under fp16, dynamic loss scaling.
+/// This rank's part of the freshly initialised model of `job` on
+/// `groups`: its TP block of every parameter and its pipeline stage's
+/// units, drawn alone with the values the one-rank model has there
+/// ([`Decoder::new_part`]), so no rank builds the whole model. Hand it to
+/// [`parallelize_part`].
+pub fn build_part<B: TrainBackend>(
+    job: &ValidJob,
+    groups: &ProcessGroups,
+    device: &B::Device,
+) -> anyhow::Result<Decoder<B>> {
+    let layout = pipeline_config(job).layout(job.model.n_layers, groups.pp().world_size())?;
+    let part = ModelPart::tensor_parallel(tp_plan(job)?, TpGroup::new(groups.tp().clone()))?
+        .on_stage(&layout, groups.pp().rank());
+    Ok(Decoder::new_part(
+        &job.model,
+        job.config.schedule.seed,
+        device,
+        &part,
+    )?)
+}
+
+/// Applies the job's layout to `model` (the whole model, loaded on this
+/// rank) over `groups`: cuts it over the TP group with the decoder's
+/// sharding plan (with sequence parallelism when `parallelism.sp`), then
+/// [`parallelize_part`].
 pub fn parallelize<B: TrainBackend>(
     model: Decoder<B>,
     groups: ProcessGroups,
     job: &ValidJob,
     device: &B::Device,
 ) -> anyhow::Result<Parallelized<B>> {
+    let part = model.shard(&tp_plan(job)?, TpGroup::new(groups.tp().clone()))?;
+    parallelize_part(part, groups, job, device)
+}
+
+/// Applies the rest of the job's layout to `part` (this rank's TP part of
+/// the model: [`build_part`], or a whole model cut by [`parallelize`]) over
+/// `groups`, in this order:
+/// 1. tensor parallelism: the sharding plan of the decoder over the TP
+///    group, which the gradient sync needs too;
+/// 2. recomputation (`parallelism.recompute`, resolved by validation);
+/// 3. the pipeline split over the PP group (stages, schedule, chunks);
+/// 4. the gradient sync over the DP group: DDP buckets, or ZeRO 1/2/3,
+///    reducing in `precision.reduce_dtype`, overlapped with backward
+///    under `parallelism.overlap_grad_reduce`;
+///
+/// then the optimizer (AdamW with the job's schedule and clipping) and,
+/// under fp16, dynamic loss scaling.
+pub fn parallelize_part<B: TrainBackend>(
+    part: Decoder<B>,
+    groups: ProcessGroups,
+    job: &ValidJob,
+    device: &B::Device,
+) -> anyhow::Result<Parallelized<B>> {
     let c = &job.config;
     let par = &c.parallelism;
-    let shards = shard_plan(&job.model, job.mesh.tp, par.make_vocab_size_divisible_by)?
-        .with_sequence_parallel(par.sp);
-    let model = model.shard(&shards, TpGroup::new(groups.tp().clone()))?;
+    anyhow::ensure!(
+        part.tp_degree() == job.mesh.tp,
+        "the model is split over {} TP ranks, the job over {}",
+        part.tp_degree(),
+        job.mesh.tp
+    );
     let parallel = ParallelConfig {
-        shards,
+        shards: tp_plan(job)?,
         recompute: job.recompute,
-        pipeline: PipelineConfig {
-            schedule: par.pp_schedule.into(),
-            chunks: par.pp_virtual,
-            layers: par.pp_layers.clone(),
-        },
+        pipeline: pipeline_config(job),
         zero: par.zero,
         bucket_mb: par.bucket_mb,
         reduce: c.precision.reduce_dtype,
+        overlap_grad_reduce: par.overlap_grad_reduce,
     };
-    let trainer = Trainer::parallel(model, step_config(job), device.clone(), groups, parallel)?;
+    let trainer = Trainer::parallel(part, step_config(job), device.clone(), groups, parallel)?;
     if job.model.precision != Precision::Fp16 {
         return Ok(trainer);
     }
@@ -80,6 +118,26 @@ pub fn parallelize<B: TrainBackend>(
         init: c.precision.loss_scale_init,
         window: c.precision.loss_scale_window,
     })?)
+}
+
+/// The decoder's TP sharding plan for the job (`parallelism.tp`, the
+/// vocabulary padding and `parallelism.sp`).
+fn tp_plan(job: &ValidJob) -> anyhow::Result<ShardPlan> {
+    let par = &job.config.parallelism;
+    Ok(
+        shard_plan(&job.model, job.mesh.tp, par.make_vocab_size_divisible_by)?
+            .with_sequence_parallel(par.sp),
+    )
+}
+
+/// The job's pipeline: schedule, chunks per stage and blocks per stage.
+fn pipeline_config(job: &ValidJob) -> PipelineConfig {
+    let par = &job.config.parallelism;
+    PipelineConfig {
+        schedule: par.pp_schedule.into(),
+        chunks: par.pp_virtual,
+        layers: par.pp_layers.clone(),
+    }
 }
 
 /// AdamW, the warm-up + cosine schedule and the clipping of the job.

@@ -6,7 +6,7 @@ use burn::tensor::{FloatDType, Int, Tensor};
 use ferrotron_engine::lm::{CausalLm, LmUnit, LmUnits};
 use ferrotron_parallel::tensor::{
     column_input, embedding_part, gather_from_tp, row_output, vocab_parallel_cross_entropy,
-    TpGroup, VocabShard,
+    ShardError, TpGroup, VocabShard,
 };
 
 use crate::config::{ConfigError, DecoderConfig, Kernels, Position};
@@ -14,6 +14,8 @@ use crate::init::Init;
 use crate::layers::position::{Heads, PositionContext};
 use crate::layers::{Attention, LayerKv, Mlp, Norm};
 use crate::ops::{KernelBackend, OpsChoice};
+use crate::part::{ModelPart, PartError};
+use crate::tensor_parallel::check_tp;
 
 /// One pre-norm transformer block: `x + attn(norm(x))`, then `x + mlp(norm(x))`.
 #[derive(Module, Debug)]
@@ -107,32 +109,76 @@ impl<B: KernelBackend> Decoder<B> {
     /// A freshly initialised model. The same `seed` gives the same weights on
     /// every backend: `N(0, init_std^2)` for matrices and embeddings, scaled by
     /// `1/sqrt(2 n_layers)` for the two residual output projections (GPT-2),
-    /// zero biases, unit norm gains.
+    /// zero biases, unit norm gains; each value drawn by a counter-based
+    /// generator keyed by the seed, the parameter's name and the element's
+    /// index (see `crate::init`), so [`Decoder::new_part`] builds any
+    /// rank's part alone with the same values.
     ///
     /// The hot operations run as [`OpsChoice::resolve`] picks for `config`
     /// on `B` (see [`Decoder::ops`]).
     pub fn new(config: &DecoderConfig, seed: u64, device: &B::Device) -> Result<Self, ConfigError> {
+        match Self::new_part(config, seed, device, &ModelPart::whole()) {
+            Ok(model) => Ok(model),
+            Err(PartError::Config(e)) => Err(e),
+            Err(e) => unreachable!("a whole model on one rank cuts nothing: {e}"),
+        }
+    }
+
+    /// This rank's `part` of the model [`Decoder::new`] builds with the
+    /// same `config` and `seed`, built alone: its TP block of every
+    /// parameter (the vocabulary padded with zero rows), its stage's
+    /// units (the others one-element placeholders; the last stage also
+    /// builds a tied embedding's copy), computing over the part's TP
+    /// group. The same as [`Decoder::shard`] of the whole model (and
+    /// `Trainer::parallel`'s placement of it), bit for bit, without ever
+    /// holding more than the part.
+    ///
+    /// # Errors
+    /// An invalid `config`, or one the TP degree cannot split.
+    pub fn new_part(
+        config: &DecoderConfig,
+        seed: u64,
+        device: &B::Device,
+        part: &ModelPart,
+    ) -> Result<Self, PartError> {
         config.validate()?;
+        let tp = part.tp.size();
+        check_tp(config, tp)?;
         let ops = OpsChoice::resolve::<B>(config)?;
         let c = config;
-        let mut init = Init::<B>::new(seed, device);
+        let init = Init::<B>::sharded(seed, device, part.plan.clone(), part.tp.rank());
+        let unit = |u: LmUnit| init.holding(part.holds(u));
         let out_std = c.init_std / (2.0 * c.n_layers as f64).sqrt();
-        let norm = || Norm::new(c.norm, c.hidden_size, c.norm_eps, ops, device);
-        let embed = init.normal([c.vocab_size, c.hidden_size], c.init_std);
+        let norm_of = (c.norm, c.hidden_size, c.norm_eps);
+        let (first, last) = (unit(LmUnit::Embedding), unit(LmUnit::Head));
+        // The last stage keeps a copy of an embedding tied to the head.
+        let embed_init = first
+            .holding(part.holds(LmUnit::Embedding) || (c.tied_head && part.holds(LmUnit::Head)));
+        let embed = embed_init.normal("embed", [c.vocab_size, c.hidden_size], c.init_std)?;
         let pos_embed = (c.position == Position::Learned)
-            .then(|| init.normal([c.max_seq_len, c.hidden_size], c.init_std));
-        let embed_norm = c.embed_norm.then(norm);
+            .then(|| first.normal("pos_embed", [c.max_seq_len, c.hidden_size], c.init_std))
+            .transpose()?;
+        let embed_norm = c
+            .embed_norm
+            .then(|| Norm::new(&first, "embed_norm", norm_of, ops))
+            .transpose()?;
         let layers = (0..c.n_layers)
-            .map(|_| Block {
-                attn_norm: norm(),
-                attn: Attention::new(&mut init, c, out_std),
-                mlp_norm: norm(),
-                mlp: Mlp::new(&mut init, c, out_std, ops),
+            .map(|i| {
+                let init = unit(LmUnit::Block(i));
+                let name = |sub: &str| format!("layers.{i}.{sub}");
+                Ok(Block {
+                    attn_norm: Norm::new(&init, &name("attn_norm"), norm_of, ops)?,
+                    attn: Attention::new(&init, &name("attn"), c, out_std)?,
+                    mlp_norm: Norm::new(&init, &name("mlp_norm"), norm_of, ops)?,
+                    mlp: Mlp::new(&init, &name("mlp"), c, out_std, ops)?,
+                })
             })
-            .collect();
-        let final_norm = norm();
-        let head = (!c.tied_head).then(|| init.normal([c.hidden_size, c.vocab_size], c.init_std));
-        Ok(Self {
+            .collect::<Result<_, ShardError>>()?;
+        let final_norm = Norm::new(&last, "final_norm", norm_of, ops)?;
+        let head = (!c.tied_head)
+            .then(|| last.normal("head", [c.hidden_size, c.vocab_size], c.init_std))
+            .transpose()?;
+        let model = Self {
             embed,
             pos_embed,
             embed_norm,
@@ -144,7 +190,17 @@ impl<B: KernelBackend> Decoder<B> {
             tp: TpGroup::single(),
             vocab: VocabShard::new(c.vocab_size, 1, 0, 1),
             recompute_attention: false,
-        })
+        };
+        if tp == 1 {
+            return Ok(model);
+        }
+        let vocab = part.plan.vocab_shard(part.tp.rank());
+        Ok(model.split_over(part.tp.clone(), vocab))
+    }
+
+    /// The TP degree the model computes over (1: the whole model).
+    pub fn tp_degree(&self) -> usize {
+        self.tp.size()
     }
 
     /// The model, whose parameters are already cut to this rank's part,

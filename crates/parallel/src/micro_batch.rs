@@ -12,7 +12,10 @@
 //!   recomputed with autodiff and back-propagated from the incoming
 //!   gradient `g` through `sum(block(x) * g)`, its gradients handed to
 //!   [`accumulate`](GradSync::accumulate) and the block released. The
-//!   embedding and head units stay acquired for the whole step.
+//!   embedding and head units stay acquired for the whole step. Before
+//!   each block runs, the block acquired next is
+//!   [`prefetch`](GradSync::prefetch)ed (ZeRO-3 with overlap starts its
+//!   gather then), forward and backward.
 //!
 //! The [`GradSync`] hooks decide what acquiring, releasing and
 //! accumulating mean (ZeRO-3: all-gather, free, reduce-scatter; the other
@@ -91,12 +94,20 @@ where
     let (embedded, context) = model.embed(inputs);
     let mut x = embedded.clone().detach();
     let mut block_inputs = Vec::with_capacity(model.num_blocks());
-    for i in 0..model.num_blocks() {
+    let blocks = model.num_blocks();
+    for i in 0..blocks {
         model = sync.acquire(LmUnit::Block(i), model, false)?;
+        if i + 1 < blocks {
+            sync.prefetch(LmUnit::Block(i + 1))?;
+        }
         block_inputs.push(x.clone());
         // Nothing requires a gradient here, so autodiff keeps nothing.
         x = model.clone().no_grad().block(i, x, &context);
         model = sync.release(LmUnit::Block(i), model);
+    }
+    if blocks > 0 {
+        // Backward starts with the last block again.
+        sync.prefetch(LmUnit::Block(blocks - 1))?;
     }
     let last = x.detach().require_grad();
     let loss = model.head_loss(last.clone(), targets);
@@ -106,8 +117,11 @@ where
         .grad(&grads)
         .expect("the loss depends on the last hidden states");
     let head = GradientsParams::from_grads(grads, &model);
-    for i in (0..model.num_blocks()).rev() {
+    for i in (0..blocks).rev() {
         model = sync.acquire(LmUnit::Block(i), model, true)?;
+        if i > 0 {
+            sync.prefetch(LmUnit::Block(i - 1))?;
+        }
         let input = block_inputs
             .pop()
             .expect("one saved input per block")

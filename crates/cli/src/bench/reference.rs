@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Result};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor, TensorData};
+use ferrotron_models::init::Init;
 use ferrotron_models::layers::Norm;
 use ferrotron_models::ops::{
     attention_reference, cross_entropy, rope_reference, swiglu, KernelBackend,
@@ -83,7 +84,9 @@ pub fn run<B: AutodiffBackend + KernelBackend>(
             } else {
                 NormKind::RmsNorm
             };
-            let norm = Norm::<B>::new(kind, hidden, f64::from(NORM_EPS), Kernels::Reference, dev);
+            let init = Init::new(0, dev);
+            let eps = f64::from(NORM_EPS);
+            let norm = Norm::<B>::new(&init, "norm", (kind, hidden, eps), Kernels::Reference)?;
             let x =
                 Tensor::<B, 3>::from_data(rand(vec![batch, seq, hidden], 1), dev).require_grad();
             timed_backward(dev, meter, || norm.forward(x))?

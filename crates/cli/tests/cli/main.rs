@@ -18,6 +18,7 @@ mod gpu_check;
 mod hf;
 mod mixed_precision;
 mod nccl_training;
+mod overlap;
 mod pipeline_parallel;
 mod plan;
 mod recompute;

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::{MemoryBytes, PipelineTimes};
+use super::{GradCommTimes, MemoryBytes, PipelineTimes};
 
 /// What one optimizer step measured.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -79,6 +79,11 @@ pub struct StepRecord {
     /// (`--pp` > 1); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pipeline: Option<PipelineTimes>,
+    /// The gradient synchronisation's communication over the DP group and
+    /// how much of it the compute thread waited for (`--overlap-grad-reduce`
+    /// hides part of it behind backward); absent on one DP rank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grad_comm: Option<GradCommTimes>,
     /// Under dynamic loss scaling (fp16): the scale the step's loss was
     /// multiplied by.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -5,6 +5,7 @@
 mod device;
 mod device_memory;
 pub mod energy;
+mod grad_comm;
 mod heap;
 mod jsonl;
 mod memory;
@@ -15,6 +16,7 @@ mod plot;
 pub use device::{device_spec, DeviceSpec, DEVICES};
 pub use device_memory::{DeviceMemory, DeviceMemoryProbe};
 pub use energy::{EnergyMeter, EnergyProbe};
+pub use grad_comm::GradCommTimes;
 pub use heap::{heap_bytes, CountingAllocator, HeapWindow};
 pub use jsonl::{MetricsWriter, OverrideRecord, StepRecord, ValRecord};
 pub use memory::{available_memory_bytes, MemoryBytes};

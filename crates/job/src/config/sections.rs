@@ -130,6 +130,12 @@ job_sections! {
         recompute: Option<Recompute> = None, flag recompute: Recompute;
         /// Gradient all-reduce bucket size for data parallelism (and ZeRO-1/2's units), MiB.
         bucket_mb: f64 = ferrotron_parallel::ddp::DEFAULT_BUCKET_MB, flag bucket_mb: f64;
+        /// Overlap the DP gradient reduction with backward: each bucket's all-reduce (ZeRO-1/2/3:
+        /// each unit's reduce-scatter) starts on a communication thread once its gradients are
+        /// complete, and ZeRO-3 gathers the next block ahead; bit-identical results. Honoured when
+        /// tp, cp and pp are 1. --overlap-grad-reduce false turns it off.
+        #[arg(num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+        overlap_grad_reduce: bool = true, flag overlap_grad_reduce: bool;
         /// Under tp, pad the vocabulary to a multiple of this times tp (Megatron-LM's flag; the
         /// padding is never predicted and is dropped from checkpoints).
         #[arg(value_name = "N")]

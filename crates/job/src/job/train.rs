@@ -29,7 +29,7 @@ use super::{finish, Report};
 use crate::backend::BackendTask;
 use crate::config::OnNonFinite;
 use crate::error::{usage, Interrupted};
-use crate::parallelize::{parallelize, Parallelized};
+use crate::parallelize::{build_part, parallelize, parallelize_part, Parallelized};
 use crate::validate::ValidJob;
 
 /// A job on one backend.
@@ -56,11 +56,20 @@ impl TrainTask<'_> {
     fn trainer<B: TrainBackend>(&mut self, device: &B::Device) -> anyhow::Result<Parallelized<B>> {
         let (job, mc) = (&self.job, &self.job.model);
         let groups = ProcessGroups::new(self.comm.clone(), job.mesh)?;
-        let mut model = Decoder::<B>::new(mc, job.config.schedule.seed, device)?;
-        if let Some((initial, name)) = self.prepared.initial.take() {
-            model = load_named_tensors(model, initial, &name)?;
-        }
-        let mut trainer = parallelize(model, groups, job, device)?;
+        // Weights loaded with `--hf-dir` arrive whole and are cut here; a
+        // fresh or resumed model is built already cut to this rank's part
+        // (a resumed one then reads its share of the checkpoint below).
+        let mut trainer = match self.prepared.initial.take() {
+            Some((initial, name)) => {
+                let model = Decoder::<B>::new(mc, job.config.schedule.seed, device)?;
+                let model = load_named_tensors(model, initial, &name)?;
+                parallelize(model, groups, job, device)?
+            }
+            None => {
+                let part = build_part::<B>(job, &groups, device)?;
+                parallelize_part(part, groups, job, device)?
+            }
+        };
         let precision = mc.precision;
         let pr = &job.config.precision;
         self.say(format!(

@@ -6,7 +6,7 @@ use burn::module::Module;
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
-use ferrotron_parallel::tensor::{column_input, TpGroup};
+use ferrotron_parallel::tensor::{column_input, ShardError, TpGroup};
 
 use super::position::PositionContext;
 use super::Linear;
@@ -45,20 +45,34 @@ pub struct Attention<B: Backend> {
 }
 
 impl<B: Backend> Attention<B> {
-    /// A fresh layer; `out_std` initialises the output projection.
-    pub fn new(init: &mut Init<B>, c: &DecoderConfig, out_std: f64) -> Self {
+    /// The layer named `name` (`layers.0.attn`): this rank's part (see
+    /// [`Init`]) of fresh weights; `out_std` initialises the output
+    /// projection. Its head counts are the whole model's until
+    /// [`Attention::split_heads`].
+    ///
+    /// # Errors
+    /// A parameter the shard plan cannot cut.
+    pub fn new(
+        init: &Init<B>,
+        name: &str,
+        c: &DecoderConfig,
+        out_std: f64,
+    ) -> Result<Self, ShardError> {
         let h = c.hidden_size;
         let kv = c.n_kv_heads * c.head_dim();
-        Self {
-            q: Linear::new(init, h, h, c.bias, c.init_std),
-            k: Linear::new(init, h, kv, c.bias, c.init_std),
-            v: Linear::new(init, h, kv, c.bias, c.init_std),
-            o: Linear::new(init, h, h, c.bias, out_std),
+        let linear = |proj: &str, shape, std| {
+            Linear::new(init, &format!("{name}.{proj}"), shape, c.bias, std)
+        };
+        Ok(Self {
+            q: linear("q", [h, h], c.init_std)?,
+            k: linear("k", [h, kv], c.init_std)?,
+            v: linear("v", [h, kv], c.init_std)?,
+            o: linear("o", [h, h], out_std)?,
             n_heads: c.n_heads,
             n_kv_heads: c.n_kv_heads,
             head_dim: c.head_dim(),
             tp: TpGroup::single(),
-        }
+        })
     }
 
     /// The layer with its weights already cut to this rank's heads (see

@@ -6,7 +6,7 @@ use burn::module::{Module, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
-use ferrotron_parallel::tensor::{row_output, TpGroup, TpOps};
+use ferrotron_parallel::tensor::{row_output, ShardError, TpGroup, TpOps};
 
 use crate::init::Init;
 
@@ -20,12 +20,24 @@ pub struct Linear<B: Backend> {
 }
 
 impl<B: Backend> Linear<B> {
-    /// A layer with `N(0, std^2)` weights and zero bias.
-    pub fn new(init: &mut Init<B>, d_in: usize, d_out: usize, bias: bool, std: f64) -> Self {
-        Self {
-            weight: init.normal([d_in, d_out], std),
-            bias: bias.then(|| init.constant([d_out], 0.0)),
-        }
+    /// The layer named `name` (`layers.0.attn.q`): this rank's part (see
+    /// [`Init`]) of `N(0, std^2)` weights `[d_in, d_out]` and a zero bias.
+    ///
+    /// # Errors
+    /// A parameter the shard plan cannot cut.
+    pub fn new(
+        init: &Init<B>,
+        name: &str,
+        [d_in, d_out]: [usize; 2],
+        bias: bool,
+        std: f64,
+    ) -> Result<Self, ShardError> {
+        Ok(Self {
+            weight: init.normal(&format!("{name}.weight"), [d_in, d_out], std)?,
+            bias: bias
+                .then(|| init.constant(&format!("{name}.bias"), [d_out], 0.0))
+                .transpose()?,
+        })
     }
 
     /// `[batch, seq, d_in]` to `[batch, seq, d_out]`, in `x`'s dtype.

@@ -5,7 +5,7 @@ use burn::tensor::activation::sigmoid;
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
-use ferrotron_parallel::tensor::{column_input, TpGroup};
+use ferrotron_parallel::tensor::{column_input, ShardError, TpGroup};
 
 use super::Linear;
 use crate::config::{DecoderConfig, MlpKind};
@@ -31,22 +31,33 @@ pub struct Mlp<B: Backend> {
 }
 
 impl<B: Backend> Mlp<B> {
-    /// A fresh block computed with `ops` (a model's [`OpsChoice`], or a
-    /// `Kernels` value); `out_std` initialises the output projection.
+    /// The block named `name` (`layers.0.mlp`): this rank's part (see
+    /// [`Init`]) of fresh weights, computed with `ops` (a model's
+    /// [`OpsChoice`], or a `Kernels` value); `out_std` initialises the
+    /// output projection.
+    ///
+    /// # Errors
+    /// A parameter the shard plan cannot cut.
     pub fn new(
-        init: &mut Init<B>,
+        init: &Init<B>,
+        name: &str,
         c: &DecoderConfig,
         out_std: f64,
         ops: impl Into<OpsChoice>,
-    ) -> Self {
+    ) -> Result<Self, ShardError> {
         let (h, f) = (c.hidden_size, c.ffn_size);
-        Self {
-            gate: (c.mlp == MlpKind::Swiglu).then(|| Linear::new(init, h, f, c.bias, c.init_std)),
-            up: Linear::new(init, h, f, c.bias, c.init_std),
-            down: Linear::new(init, f, h, c.bias, out_std),
+        let linear = |proj: &str, shape, std| {
+            Linear::new(init, &format!("{name}.{proj}"), shape, c.bias, std)
+        };
+        Ok(Self {
+            gate: (c.mlp == MlpKind::Swiglu)
+                .then(|| linear("gate", [h, f], c.init_std))
+                .transpose()?,
+            up: linear("up", [h, f], c.init_std)?,
+            down: linear("down", [f, h], out_std)?,
             ops: ops.into(),
             tp: TpGroup::single(),
-        }
+        })
     }
 
     /// The block with its weights already cut to this rank's hidden units

@@ -4,7 +4,10 @@ use burn::module::{Module, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{FloatDType, Tensor};
 
+use ferrotron_parallel::tensor::ShardError;
+
 use crate::config::NormKind;
+use crate::init::Init;
 use crate::ops::{KernelBackend, OpsChoice};
 
 /// A normalisation layer: gain `[hidden]` and, for LayerNorm, bias `[hidden]`.
@@ -23,23 +26,27 @@ pub struct Norm<B: Backend> {
 }
 
 impl<B: Backend> Norm<B> {
-    /// A fresh layer of width `hidden`: unit gain, zero bias, computed with
+    /// The layer named `name` (`layers.0.attn_norm`) of width `hidden`:
+    /// unit gain, zero bias (or placeholders, see [`Init`]), computed with
     /// `ops` (a model's [`OpsChoice`], or a `Kernels` value).
+    ///
+    /// # Errors
+    /// A parameter the shard plan does not name.
     pub fn new(
-        kind: NormKind,
-        hidden: usize,
-        eps: f64,
+        init: &Init<B>,
+        name: &str,
+        (kind, hidden, eps): (NormKind, usize, f64),
         ops: impl Into<OpsChoice>,
-        device: &B::Device,
-    ) -> Self {
-        let constant = |v| Param::from_tensor(Tensor::full([hidden], v, device));
-        Self {
-            weight: constant(1.0),
-            bias: (kind == NormKind::LayerNorm).then(|| constant(0.0)),
+    ) -> Result<Self, ShardError> {
+        Ok(Self {
+            weight: init.constant(&format!("{name}.weight"), [hidden], 1.0)?,
+            bias: (kind == NormKind::LayerNorm)
+                .then(|| init.constant(&format!("{name}.bias"), [hidden], 0.0))
+                .transpose()?,
             kind,
             eps,
             ops: ops.into(),
-        }
+        })
     }
 }
 

@@ -2,6 +2,7 @@
 
 use burn::backend::Flex;
 use burn::tensor::{Int, Tensor, TensorData};
+use ferrotron_models::init::Init;
 use ferrotron_models::layers::position::{Heads, PositionContext};
 use ferrotron_models::layers::Norm;
 use ferrotron_models::ops::{cross_entropy, rope_reference, AttentionBias, Rope};
@@ -30,7 +31,13 @@ fn norms_match_their_definitions() {
     let (rows, h) = (3, 8);
     let x = pseudo_random(rows * h, 1);
     for kind in [NormKind::LayerNorm, NormKind::RmsNorm] {
-        let norm = Norm::<B>::new(kind, h, 1e-5, Kernels::Reference, &Default::default());
+        let norm = Norm::<B>::new(
+            &Init::new(0, &Default::default()),
+            "norm",
+            (kind, h, 1e-5),
+            Kernels::Reference,
+        )
+        .unwrap();
         let y: Vec<f32> = norm
             .forward(tensor3(x.clone(), [1, rows, h]))
             .into_data()

@@ -3,6 +3,10 @@
 
 mod common;
 
+/// Counts each thread's heap, for `sharded_init`'s memory test.
+#[global_allocator]
+static ALLOCATOR: common::thread_heap::ThreadCounting = common::thread_heap::ThreadCounting;
+
 mod cpu_elementwise;
 mod decoder_behaviour;
 mod fused_kernels;
@@ -12,4 +16,5 @@ mod linear_cross_entropy;
 mod mixed_precision;
 mod recompute;
 mod ring_attention;
+mod sharded_init;
 mod zero_one_rank;

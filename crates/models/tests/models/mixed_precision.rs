@@ -13,6 +13,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, FloatDType, Int, Tensor, TensorData};
 use ferrotron_engine::lm::{CausalLm, LmUnits};
 use ferrotron_engine::precision::Precision;
+use ferrotron_models::init::Init;
 use ferrotron_models::layers::{Linear, Norm};
 use ferrotron_models::ops::{attention_reference, cross_entropy};
 use ferrotron_models::presets::preset;
@@ -102,7 +103,13 @@ fn norms_compute_in_f32_and_return_the_input_dtype() {
     let x = values(rows * h, 4);
     let (gain, shift) = (values(h, 5), values(h, 6));
     for kind in [NormKind::LayerNorm, NormKind::RmsNorm] {
-        let mut norm = Norm::<B>::new(kind, h, 1e-5, Kernels::Reference, &Default::default());
+        let mut norm = Norm::<B>::new(
+            &Init::new(0, &Default::default()),
+            "norm",
+            (kind, h, 1e-5),
+            Kernels::Reference,
+        )
+        .unwrap();
         norm.weight = Param::from_tensor(tensor(gain.clone(), [h]));
         if let Some(bias) = norm.bias.as_mut() {
             *bias = Param::from_tensor(tensor(shift.clone(), [h]));

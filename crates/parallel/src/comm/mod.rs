@@ -15,15 +15,25 @@
 //! (loaded at run time), bootstrapped over one of these; on host buffers
 //! it needs a library that works on host memory (the repository's test
 //! double), so it serves CPU backends under test (README, "NCCL").
+//!
+//! Every communicator also has a non-blocking form ([`nonblocking`]): a
+//! [`CommThread`] runs its all-reduces, all-gathers and reduce-scatters in
+//! order on a thread of their own, `start_*` returning a [`Pending`]
+//! handle whose `wait` gives the result, with the same timeouts and
+//! errors. [`Latency`] is a test double that slows a communicator down.
 
+mod latency;
 #[cfg(feature = "mpi")]
 mod mpi;
 pub mod nccl;
+pub mod nonblocking;
 mod single;
 pub mod tensor;
 
 #[cfg(feature = "mpi")]
 pub use self::mpi::MpiCommunicator;
+pub use latency::Latency;
+pub use nonblocking::{CommThread, Pending};
 pub use single::SingleProcess;
 
 use std::sync::Arc;

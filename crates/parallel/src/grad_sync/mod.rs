@@ -9,6 +9,11 @@
 //! torchtitan. [`norm`] is the global gradient norm the strategies and the
 //! trainer compute with.
 //!
+//! Collectives of a step may overlap its compute: a strategy starts them
+//! on its communication thread ([`crate::comm::CommThread`]) in the order
+//! of the hooks' calls, the same on every rank, and [`GradSync::settle`]
+//! waits for all of them before the step's other collectives.
+//!
 //! This module is the contract: the strategies (`ddp`, `zero`), the
 //! pipeline and the trainer (`train`) import it, and it imports none of them.
 
@@ -22,7 +27,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Tensor;
 use ferrotron_engine::lm::{LmUnit, LmUnits};
-use ferrotron_engine::metrics::MemoryBytes;
+use ferrotron_engine::metrics::{GradCommTimes, MemoryBytes};
 use ferrotron_engine::optim::AdamW;
 
 use self::norm::NormShares;
@@ -49,12 +54,33 @@ pub trait GradSync<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> {
     /// `model` without what [`GradSync::acquire`] gathered for `unit`.
     fn release(&self, unit: LmUnit, model: M) -> M;
 
+    /// Starts gathering `unit`'s parameters for its coming
+    /// [`GradSync::acquire`], so that the gather runs while the current
+    /// unit computes (ZeRO-3 with overlap; nothing otherwise). A schedule
+    /// calls it for the unit it will acquire next, once per acquire.
+    fn prefetch(&self, unit: LmUnit) -> Result<(), CommError>;
+
+    /// The next micro-batch is the step's last: with overlap, the
+    /// reduction of gradients it completes may start at once (DDP, ZeRO-1).
+    fn last_micro_batch(&mut self);
+
     /// Takes one micro-batch's gradients (already scaled by its share of
     /// the step): kept whole (DDP, ZeRO-1) or reduce-scattered into this
-    /// rank's chunk (ZeRO-2/3). `grads` may cover only some units.
+    /// rank's chunk (ZeRO-2/3). `grads` may cover only some units. With
+    /// overlap the collectives it starts may still be running when it
+    /// returns.
     fn accumulate(&mut self, model: &M, grads: GradientsParams) -> Result<(), CommError>;
 
-    /// After the last micro-batch: the gradients averaged over the DP
+    /// After the last micro-batch: waits for every collective the step
+    /// started (starting the reductions not started yet), so that the
+    /// communicators are idle for the step's other collectives.
+    fn settle(&mut self) -> Result<(), CommError>;
+
+    /// The communication of the strategy's collectives since the last
+    /// call, and the time the compute thread waited for it.
+    fn comm_times(&mut self) -> GradCommTimes;
+
+    /// After [`GradSync::settle`]: the gradients averaged over the DP
     /// group; returns the sum of their squares over the DP group, each
     /// parameter weighted by `shares` (nothing is applied yet).
     fn reduce(&mut self, model: &M, shares: &NormShares) -> Result<f64, CommError>;

@@ -177,6 +177,16 @@ impl StageLayout {
             }
         }
     }
+
+    /// The units stage `stage` owns, in forward order (the last stage also
+    /// keeps a copy of a tied embedding, which stage 0 owns).
+    pub fn units(&self, stage: usize) -> Vec<LmUnit> {
+        let blocks = self.runs.last().map_or(0, |r| r.end);
+        LmUnit::all(blocks)
+            .into_iter()
+            .filter(|&u| self.owner(u) == stage)
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -191,6 +201,9 @@ mod tests {
         assert_eq!(l.owner(LmUnit::Block(6)), 2);
         assert_eq!(l.owner(LmUnit::Embedding), 0);
         assert_eq!(l.owner(LmUnit::Head), 2);
+        assert_eq!(l.units(1), [LmUnit::Block(3), LmUnit::Block(4)]);
+        let last = [LmUnit::Block(5), LmUnit::Block(6), LmUnit::Head];
+        assert_eq!(l.units(2), last);
     }
 
     #[test]

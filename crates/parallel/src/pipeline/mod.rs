@@ -61,6 +61,21 @@ impl Default for PipelineConfig {
     }
 }
 
+impl PipelineConfig {
+    /// The blocks of every (virtual) stage of a model of `blocks` blocks
+    /// over `stages` stages: what [`crate::train::Trainer::parallel`]
+    /// places, and what a stage builds (see `ferrotron_models::ModelPart`).
+    pub fn layout(&self, blocks: usize, stages: usize) -> Result<StageLayout, LayoutError> {
+        StageLayout::new(
+            blocks,
+            stages,
+            self.chunks,
+            self.layers.as_deref(),
+            self.schedule == ScheduleKind::Interleaved,
+        )
+    }
+}
+
 /// A pipeline that cannot be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
@@ -98,14 +113,7 @@ impl Pipeline {
         config: &PipelineConfig,
         pp: Arc<dyn Communicator>,
     ) -> Result<Self, PipelineError> {
-        let interleaved = config.schedule == ScheduleKind::Interleaved;
-        let layout = StageLayout::new(
-            model.num_blocks(),
-            pp.world_size(),
-            config.chunks,
-            config.layers.as_deref(),
-            interleaved,
-        )?;
+        let layout = config.layout(model.num_blocks(), pp.world_size())?;
         let placement = Placement::new(model, &layout, pp.clone())?;
         Ok(Self {
             layout,

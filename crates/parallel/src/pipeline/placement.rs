@@ -1,9 +1,10 @@
 //! Which parameters a pipeline stage holds, and joining them back into the
 //! whole model.
 //!
-//! Every rank builds the whole model (same seed or checkpoint), then keeps
-//! the parameters of its stage's units and replaces the others by
-//! one-element placeholders (ZeRO-3's, so they hold no memory). A token
+//! A stage keeps the parameters of its units and replaces the others by
+//! one-element placeholders (ZeRO-3's, so they hold no memory): a model
+//! built whole (loaded weights) is cut here, a freshly initialised one is
+//! built with the placeholders already in place. A token
 //! embedding tied to the head (GPT-2, BLOOM) is held twice, Megatron's way:
 //! stage 0 owns it and the last stage keeps an identical copy; their
 //! gradients are summed over the two every step ([`Placement::sum_tied`]),
@@ -56,8 +57,9 @@ fn ids(visit: impl FnOnce(&mut Infos)) -> HashSet<ParamId> {
 }
 
 impl Placement {
-    /// The placement of `model` (whole) on this rank's stage, the PP
-    /// group's rank. Collective over `pp` (it splits off the group of the
+    /// The placement of `model` (whole, or already this stage's part) on
+    /// this rank's stage, the PP group's rank. Collective over `pp` (it
+    /// gathers the parameters' shapes and splits off the group of the
     /// first and last stage).
     pub(crate) fn new<B: Backend, M: LmUnits<B>>(
         model: &M,
@@ -83,11 +85,12 @@ impl Placement {
         }
         let mut infos = Infos(Vec::new());
         model.visit(&mut infos);
-        let order = infos
+        let own = infos
             .0
             .into_iter()
             .map(|(id, shape, _)| (id, shape))
             .collect();
+        let order = whole_shapes(own, &*pp)?;
         let end = stage == 0 || stage + 1 == stages;
         let ends = pp.split(usize::from(!end), stage)?;
         Ok(Self {
@@ -102,8 +105,8 @@ impl Placement {
         })
     }
 
-    /// `model` (whole) with the parameters this stage does not hold
-    /// replaced by placeholders.
+    /// `model` with the parameters this stage does not hold replaced by
+    /// placeholders.
     pub(crate) fn place<B: Backend, M: Module<B>>(&self, model: M, device: &B::Device) -> M {
         let others: HashSet<ParamId> = self
             .order
@@ -191,6 +194,40 @@ impl Placement {
             require_grad: false,
         }))
     }
+}
+
+/// `order` (every parameter with its shape on this rank, in visiting
+/// order) with the shape each parameter has on the stages that hold it: a
+/// stage built only with its own units (`ferrotron_models::ModelPart`)
+/// has one-element placeholders for the others, whose shapes it learns
+/// here. Each dimension is the largest over the PP group (a placeholder's
+/// are 1), gathered as two f32 values of 20 bits (exact up to 2^44).
+/// Collective over `pp`.
+fn whole_shapes(
+    order: Vec<(ParamId, Vec<usize>)>,
+    pp: &dyn Communicator,
+) -> Result<Vec<(ParamId, Vec<usize>)>, CommError> {
+    const LOW: usize = 1 << 20;
+    if pp.world_size() == 1 || order.is_empty() {
+        return Ok(order);
+    }
+    let own: Vec<f32> = order
+        .iter()
+        .flat_map(|(_, shape)| shape.iter())
+        .flat_map(|&d| [(d / LOW) as f32, (d % LOW) as f32])
+        .collect();
+    let mut all = vec![0.0; own.len() * pp.world_size()];
+    pp.all_gather(&own, &mut all)?;
+    let mut dims = (0..own.len() / 2).map(|i| {
+        all.chunks(own.len())
+            .map(|rank| rank[2 * i] as usize * LOW + rank[2 * i + 1] as usize)
+            .max()
+            .unwrap_or(0)
+    });
+    Ok(order
+        .into_iter()
+        .map(|(id, shape)| (id, shape.iter().map_while(|_| dims.next()).collect()))
+        .collect())
 }
 
 /// Host values of the parameters in `want`.

@@ -9,6 +9,8 @@
 //! block where [`ShardPlan::placement`] says it lies in the whole tensor,
 //! so a checkpoint loads on any number of ranks.
 
+use std::ops::Range;
+
 use burn::tensor::TensorData;
 
 use super::vocab::{padded_vocab, VocabShard};
@@ -182,22 +184,21 @@ impl ShardPlan {
         Ok((offsets, global))
     }
 
-    /// Rank `rank`'s block of the whole tensor `data` of parameter `name`.
-    pub fn shard(
+    /// The block of parameter `name`, whose whole shape is `shape`, that
+    /// rank `rank` holds: `None` when it holds all of it, else the
+    /// dimension cut and this rank's range of it, which runs past
+    /// `shape[dim]` into the vocabulary padding (zeros) on the last ranks.
+    pub fn block(
         &self,
         name: &str,
-        data: TensorData,
+        shape: &[usize],
         rank: usize,
-    ) -> Result<TensorData, ShardError> {
+    ) -> Result<Option<(usize, Range<usize>)>, ShardError> {
         let (dim, padded) = match self.split(name)? {
-            Split::Replicated => return Ok(data),
-            Split::Even(dim) => (dim, data.shape[dim]),
-            Split::Vocab(dim) => (
-                dim,
-                padded_vocab(data.shape[dim], self.tp, self.divisible_by),
-            ),
+            Split::Replicated => return Ok(None),
+            Split::Even(dim) => (dim, shape[dim]),
+            Split::Vocab(dim) => (dim, padded_vocab(shape[dim], self.tp, self.divisible_by)),
         };
-        let mut shape = data.shape.to_vec();
         if padded % self.tp != 0 {
             return Err(ShardError::Indivisible {
                 name: name.to_string(),
@@ -206,12 +207,27 @@ impl ShardPlan {
                 tp: self.tp,
             });
         }
+        let len = padded / self.tp;
+        Ok(Some((dim, rank * len..(rank + 1) * len)))
+    }
+
+    /// Rank `rank`'s block of the whole tensor `data` of parameter `name`.
+    pub fn shard(
+        &self,
+        name: &str,
+        data: TensorData,
+        rank: usize,
+    ) -> Result<TensorData, ShardError> {
+        let mut shape = data.shape.to_vec();
+        let Some((dim, range)) = self.block(name, &shape, rank)? else {
+            return Ok(data);
+        };
         let values = f32_values(name, data)?;
+        let padded = range.len() * self.tp;
         let values = pad(&values, &shape, dim, padded);
         shape[dim] = padded;
-        let len = padded / self.tp;
-        let block = take(&values, &shape, dim, rank * len, len);
-        shape[dim] = len;
+        let block = take(&values, &shape, dim, range.start, range.len());
+        shape[dim] = range.len();
         Ok(TensorData::new(block, shape))
     }
 

@@ -576,6 +576,7 @@ where
         tokens_per_joule: energy_j.filter(|&j| j > 0.0).map(|j| covered_tokens / j),
         skipped: o.skipped,
         pipeline: o.pipeline,
+        grad_comm: o.grad_comm,
         loss_scale: o.loss_scale,
         skipped_steps: o.skipped_steps,
     };

@@ -8,13 +8,14 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, TensorData};
 use ferrotron_engine::data::Batch;
 use ferrotron_engine::lm::{CausalLm, LmUnit, LmUnits};
-use ferrotron_engine::metrics::{MemoryBytes, PipelineTimes};
+use ferrotron_engine::metrics::{GradCommTimes, MemoryBytes, PipelineTimes};
 use ferrotron_engine::optim::{clip_factor, AdamW, AdamWConfig, LrSchedule};
 use ferrotron_engine::params::{named_tensors, param_names};
 use ferrotron_engine::precision::Precision;
 use serde::{Deserialize, Serialize};
 
 use super::loss_scale::{LossScaleConfig, LossScaler, ScaleOutcome};
+use super::test_faults;
 use crate::comm::CommError;
 use crate::ddp::{bucket_elems, Ddp, DEFAULT_BUCKET_MB};
 use crate::flat::param_infos;
@@ -58,6 +59,12 @@ pub struct ParallelConfig {
     /// (`--reduce-dtype`): f32, or rounded to bf16 before and after the
     /// collective (see `crate::ddp`); the accumulation stays f32.
     pub reduce: Precision,
+    /// Overlap the DP group's gradient reduction (and ZeRO-3's gathers)
+    /// with compute (`--overlap-grad-reduce`): honoured where the DP group
+    /// is the only group of more than one rank (no TP, CP or PP), since
+    /// MPI allows one thread in it at a time; elsewhere the step runs
+    /// without overlap. The results are bit-identical either way.
+    pub overlap_grad_reduce: bool,
 }
 
 impl Default for ParallelConfig {
@@ -69,6 +76,7 @@ impl Default for ParallelConfig {
             pipeline: PipelineConfig::default(),
             recompute: Recompute::None,
             reduce: Precision::Fp32,
+            overlap_grad_reduce: true,
         }
     }
 }
@@ -89,6 +97,9 @@ pub enum BuildError {
     /// does not scale the loss yet.
     #[error("loss scaling is not implemented with pipeline parallelism ({0} stages)")]
     LossScalePipeline(usize),
+    /// The gradient sync's communication thread could not start.
+    #[error(transparent)]
+    Comm(#[from] CommError),
 }
 
 /// What one optimizer step did.
@@ -114,6 +125,9 @@ pub struct StepOutput {
     pub loss_scale: Option<f64>,
     /// Under loss scaling: steps skipped for overflow since the run began.
     pub skipped_steps: Option<usize>,
+    /// The gradient sync's communication over the DP group and the time
+    /// the step waited for it (more than one DP rank only).
+    pub grad_comm: Option<GradCommTimes>,
 }
 
 /// The shape of every parameter of `model`, by id.
@@ -176,9 +190,10 @@ where
 
     /// This rank's trainer in the job of `groups`: its replica (or, under
     /// ZeRO-3, shard) of `model`, trained over the DP group with
-    /// `parallel`'s sharding. Every rank must build `model` identically
-    /// (same seed or same checkpoint), then cut it over the TP group with
-    /// `parallel.shards` (tensor parallelism comes first, then the
+    /// `parallel`'s sharding. `model` is this rank's TP part under
+    /// `parallel.shards` of the same model on every rank (same seed or
+    /// same checkpoint), possibly built with placeholders for the other
+    /// pipeline stages' tensors (tensor parallelism comes first, then the
     /// pipeline keeps this stage's parameters, then ZeRO, in torchtitan's
     /// order). Collective over the PP group.
     ///
@@ -230,17 +245,28 @@ where
             }
         }
         let partial = PartialGrads::new(partial, TpGroup::new(groups.tp().clone()));
-        let dp = groups.dp().clone();
+        let dp = test_faults::slowed(groups.dp().clone());
         let buckets = bucket_elems(parallel.bucket_mb);
         let shapes = param_shapes(&model);
+        let only_dp = [groups.tp(), groups.cp(), groups.pp()]
+            .iter()
+            .all(|g| g.world_size() == 1);
+        let overlap = parallel.overlap_grad_reduce && only_dp;
         let (sync, model): (Box<dyn GradSync<B, M>>, M) = match parallel.zero {
             ZeroStage::Off => (
-                Box::new(Ddp::new(&model, dp, buckets, parallel.reduce)),
+                Box::new(Ddp::new(&model, dp, buckets, parallel.reduce, overlap)?),
                 model,
             ),
             stage => {
-                let (zero, model) =
-                    Zero::new(stage, model, dp, buckets, device.clone(), parallel.reduce);
+                let (zero, model) = Zero::new(
+                    stage,
+                    model,
+                    dp,
+                    buckets,
+                    device.clone(),
+                    parallel.reduce,
+                    overlap,
+                )?;
                 (Box::new(zero), model)
             }
         };
@@ -343,6 +369,9 @@ where
         let n = micro_batches.len().max(1);
         let loss_scale = self.scaler.map_or(1.0, |s| s.scale);
         let weight = loss_scale / n as f64;
+        // The step's communication clock starts here (a checkpoint's
+        // gathers between steps are not the step's).
+        self.sync.comm_times();
         let ends = [LmUnit::Embedding, LmUnit::Head];
         for unit in ends {
             model = self.sync.acquire(unit, model, true)?;
@@ -366,7 +395,10 @@ where
             } else {
                 whole_graph::<B, M>
             };
-            for batch in micro_batches {
+            for (i, batch) in micro_batches.iter().enumerate() {
+                if i + 1 == micro_batches.len() {
+                    self.sync.last_micro_batch();
+                }
                 let (m, loss) = run(
                     &mut *self.sync,
                     &self.partial,
@@ -382,6 +414,9 @@ where
         for unit in ends {
             model = self.sync.release(unit, model);
         }
+        // The optimizer waits for every reduction still in flight; the
+        // step's other collectives follow.
+        self.sync.settle()?;
         let dp = self.groups.dp().clone();
         let mut loss = [(loss_sum / n as f64) as f32];
         let loss = if dp.world_size() > 1 {
@@ -437,6 +472,7 @@ where
             overflow: outcome == ScaleOutcome::Overflow,
             loss_scale: self.scaler.is_some().then_some(loss_scale),
             skipped_steps: self.scaler.map(|s| s.skipped_steps),
+            grad_comm: (dp.world_size() > 1).then(|| self.sync.comm_times()),
         })
     }
 

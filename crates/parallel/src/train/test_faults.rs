@@ -7,10 +7,17 @@
 //! - `FERROTRON_TEST_STALL_AT_STEP=RANK:STEP:SECONDS`: world rank `RANK`
 //!   sleeps `SECONDS` at the start of step `STEP` (a rank stuck between
 //!   two collectives of the step).
+//! - `FERROTRON_TEST_COMM_BYTES_PER_S=RATE`: the gradient synchronisation's
+//!   DP communicator is slowed to `RATE` bytes per second
+//!   ([`Latency`](crate::comm::Latency)), read once when the trainer is
+//!   built (the overlap tests and benchmark).
 //!
 //! A value that does not parse is ignored (the run goes on unharmed).
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use crate::comm::{Communicator, Latency};
 
 /// Panics or sleeps if a hook names this `rank` at this `step`.
 pub(super) fn at_step(rank: usize, step: usize) {
@@ -23,6 +30,15 @@ pub(super) fn at_step(rank: usize, step: usize) {
         if (r, s) == (rank as u64, step as u64) {
             std::thread::sleep(Duration::from_secs(seconds));
         }
+    }
+}
+
+/// `comm`, slowed by [`Latency`] when `FERROTRON_TEST_COMM_BYTES_PER_S`
+/// is set to a positive rate.
+pub(super) fn slowed(comm: Arc<dyn Communicator>) -> Arc<dyn Communicator> {
+    match read::<1>("FERROTRON_TEST_COMM_BYTES_PER_S") {
+        Some([rate]) if rate > 0 => Arc::new(Latency::new(comm, rate as f64)),
+        _ => comm,
     }
 }
 

@@ -1,6 +1,7 @@
 //! The two ZeRO collectives on one unit, through host `f32` vectors:
-//! all-gather of the owned chunks into whole parameters, and reduce-scatter
-//! of whole gradients into the owned chunk.
+//! all-gather of the owned chunks into whole parameters, and the two ends
+//! of the reduce-scatter of whole gradients into the owned chunk (what is
+//! sent, and the average made of what comes back).
 
 use std::collections::HashMap;
 
@@ -59,35 +60,38 @@ pub(crate) fn all_gather_unit(
 ) -> Result<HashMap<ParamId, TensorData>, CommError> {
     let mut flat = vec![0.0; unit.chunk * comm.world_size()];
     comm.all_gather(chunk, &mut flat)?;
-    Ok(unit
-        .slots
+    Ok(unit_values(unit, &flat))
+}
+
+/// Each parameter of `unit`, whole in its shape, cut out of the unit's
+/// gathered flat vector `flat` (`chunk * dp` values).
+pub(crate) fn unit_values(unit: &Unit, flat: &[f32]) -> HashMap<ParamId, TensorData> {
+    unit.slots
         .iter()
         .map(|s| {
             let v = flat[s.offset..s.offset + s.numel()].to_vec();
             (s.id, TensorData::new(v, s.shape.clone()))
         })
-        .collect())
+        .collect()
 }
 
-/// Sums the unit's flat vector `flat` over the ranks and returns this
-/// rank's chunk of the sum divided by the number of ranks (the average).
-/// Over more than one rank, the values sent and the average are rounded
-/// to `reduce` (a low-precision reduce-scatter over an f32 wire).
-pub(crate) fn reduce_scatter_avg(
-    comm: &dyn Communicator,
-    unit: &Unit,
-    mut flat: Vec<f32>,
-    reduce: Precision,
-) -> Result<Vec<f32>, CommError> {
-    let mut chunk = vec![0.0; unit.chunk];
-    let w = comm.world_size() as f32;
-    if w > 1.0 {
+/// A unit's flat gradient vector as a reduce-scatter over `dp` ranks
+/// sends it: over more than one rank, rounded to `reduce` (a
+/// low-precision reduction over an f32 wire).
+pub(crate) fn rounded_for_reduction(mut flat: Vec<f32>, dp: usize, reduce: Precision) -> Vec<f32> {
+    if dp > 1 {
         reduce.round_in_place(&mut flat);
     }
-    comm.reduce_scatter_sum(&flat, &mut chunk)?;
-    if w > 1.0 {
+    flat
+}
+
+/// This rank's `chunk` of a reduce-scatter's sum over `dp` ranks, divided
+/// by `dp` (the average) and, over more than one rank, rounded to `reduce`.
+pub(crate) fn average_chunk(mut chunk: Vec<f32>, dp: usize, reduce: Precision) -> Vec<f32> {
+    if dp > 1 {
+        let w = dp as f32;
         chunk.iter_mut().for_each(|x| *x /= w);
         reduce.round_in_place(&mut chunk);
     }
-    Ok(chunk)
+    chunk
 }

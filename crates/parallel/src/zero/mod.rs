@@ -24,6 +24,18 @@
 //!   reduce-scattered; the embedding and head units stay gathered for the
 //!   whole step.
 //!
+//! With `--overlap-grad-reduce` (where the DP group is the only group of
+//! more than one rank) the reduce-scatters are started on the
+//! communication thread ([`CommThread`]) and waited for only when the step
+//! settles, in the order they started, so the next unit's backward (or
+//! the next micro-batch) runs meanwhile; stage 3 gathers through the same
+//! thread, in order with them, and prefetches: the next block's gather is
+//! started before the current block computes (one unit ahead, forward and
+//! backward), so it is not queued behind the current block's
+//! reduce-scatter. Stage 1 overlaps its all-reduce as DDP does. The values
+//! of every collective, and the order in which the results are added, are
+//! those of the run without overlap: the results are bit-identical.
+//!
 //! Everything moves through host `f32` vectors (the [`Communicator`]
 //! contract). With `--reduce-dtype bf16` the gradients of a
 //! reduce-scatter (and stage 1's all-reduce) are rounded to bf16 before
@@ -37,27 +49,29 @@
 
 mod exchange;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
+use std::marker::PhantomData;
 use std::ops::Range;
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use burn::module::{AutodiffModule, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Tensor, TensorData};
 use ferrotron_engine::lm::{LmUnit, LmUnits};
-use ferrotron_engine::metrics::MemoryBytes;
+use ferrotron_engine::metrics::{GradCommTimes, MemoryBytes};
 use ferrotron_engine::optim::AdamW;
 use ferrotron_engine::precision::Precision;
 use serde::{Deserialize, Serialize};
 
 use self::exchange::{
-    all_gather_unit, chunk_from_pieces, flat_unit, reduce_scatter_avg, split_chunk,
+    all_gather_unit, average_chunk, chunk_from_pieces, flat_unit, rounded_for_reduction,
+    split_chunk, unit_values,
 };
 use crate::comm::tensor::host_f32;
-use crate::comm::{CommError, Communicator};
+use crate::comm::{CommError, CommThread, Communicator, Pending};
 use crate::ddp::ReplicatedGrads;
 use crate::flat::tensors::{Assign, GradValues, ParamBytes, PieceTensors, Release};
 use crate::flat::{param_infos, unit_params, FlatLayout, Piece};
@@ -128,9 +142,18 @@ pub struct Zero<B: AutodiffBackend, M> {
     /// The parameters of each unit.
     unit_ids: Vec<HashSet<ParamId>>,
     comm: Arc<dyn Communicator>,
+    /// Runs `comm`'s collectives of the step, in order.
+    thread: CommThread,
+    /// Whether the step's collectives overlap its compute.
+    overlap: bool,
+    /// Stages 2 and 3: reduce-scatters started and not yet added, by unit,
+    /// in the order they started.
+    in_flight: VecDeque<(usize, Pending<Vec<f32>>)>,
+    /// Stage 3: the gather started for the unit acquired next.
+    prefetched: Mutex<Option<(usize, Pending<Vec<f32>>)>>,
     device: B::Device,
     /// Stage 1: the step's whole gradients.
-    replicated: ReplicatedGrads<M>,
+    replicated: ReplicatedGrads<B>,
     /// Stages 2 and 3: bytes of gradient pieces held when the step was reduced.
     reduced_bytes: usize,
     /// Stage 3: this rank's pieces of the parameters (between steps, the
@@ -140,6 +163,7 @@ pub struct Zero<B: AutodiffBackend, M> {
     grads: HashMap<ParamId, Tensor<B::InnerBackend, 1>>,
     /// The precision gradients are reduced in (the accumulation is f32).
     reduce: Precision,
+    model: PhantomData<M>,
 }
 
 impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
@@ -147,7 +171,11 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
     /// `comm`. Stages 1 and 2 use buckets of at most `bucket_elems` values;
     /// stage 3 uses the model's units, keeps this rank's chunk of every
     /// parameter and returns the model with placeholders in their place.
-    /// Gradients are reduced in precision `reduce`.
+    /// Gradients are reduced in precision `reduce`; the step's collectives
+    /// overlap its compute if `overlap`.
+    ///
+    /// # Errors
+    /// The communication thread could not start.
     pub fn new(
         stage: ZeroStage,
         model: M,
@@ -155,7 +183,8 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
         bucket_elems: usize,
         device: B::Device,
         reduce: Precision,
-    ) -> (Self, M) {
+        overlap: bool,
+    ) -> Result<(Self, M), CommError> {
         assert!(stage != ZeroStage::Off, "ZeRO stage 0 shards nothing");
         let groups = match stage {
             ZeroStage::Three => unit_params(&model),
@@ -172,24 +201,29 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
             .collect();
         let mut zero = Self {
             stage,
+            replicated: ReplicatedGrads::new(layout.clone(), reduce, overlap),
             layout,
             blocks: model.num_blocks(),
             pieces,
             unit_ids,
+            thread: CommThread::new(comm.clone())?,
             comm,
+            overlap,
+            in_flight: VecDeque::new(),
+            prefetched: Mutex::new(None),
             device,
-            replicated: ReplicatedGrads::default(),
             reduced_bytes: 0,
             params: HashMap::new(),
             grads: HashMap::new(),
             reduce,
+            model: PhantomData,
         };
         let model = if stage == ZeroStage::Three {
             zero.shard_parameters(model)
         } else {
             model
         };
-        (zero, model)
+        Ok((zero, model))
     }
 
     /// The stage.
@@ -252,21 +286,44 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
         require_grad: bool,
     ) -> Result<M, CommError> {
         let values = all_gather_unit(&*self.comm, &self.layout.units()[u], chunk)?;
-        Ok(model.map(&mut Assign::<B> {
+        Ok(self.assign(values, model, require_grad))
+    }
+
+    fn assign(&self, values: HashMap<ParamId, TensorData>, model: M, require_grad: bool) -> M {
+        model.map(&mut Assign::<B> {
             values,
             device: self.device.clone(),
             require_grad,
-        }))
+        })
     }
 
-    /// Stage 3: all-gathers the parameters of unit `u` into `model`.
-    fn gather(&self, u: usize, model: M, require_grad: bool) -> Result<M, CommError> {
+    /// Stage 3: starts all-gathering the parameters of unit `u` from this
+    /// rank's pieces, on the communication thread.
+    fn start_gather(&self, u: usize) -> Pending<Vec<f32>> {
         let values: HashMap<ParamId, Vec<f32>> = self.pieces[u]
             .iter()
             .map(|p| (p.id, host_f32(self.params[&p.id].clone())))
             .collect();
         let chunk = chunk_from_pieces(&self.layout.units()[u], &self.pieces[u], &values);
-        self.assign_gathered(u, &chunk, model, require_grad)
+        self.thread.start_all_gather(chunk)
+    }
+
+    /// Stage 3: all-gathers the parameters of unit `u` into `model` (the
+    /// gather prefetched for `u`, if any).
+    fn gather(&self, u: usize, model: M, require_grad: bool) -> Result<M, CommError> {
+        let prefetched = {
+            let mut slot = self.prefetched.lock().unwrap_or_else(|e| e.into_inner());
+            match slot.take() {
+                Some((p, pending)) if p == u => Some(pending),
+                other => {
+                    *slot = other;
+                    None
+                }
+            }
+        };
+        let flat = prefetched.unwrap_or_else(|| self.start_gather(u)).wait()?;
+        let values = unit_values(&self.layout.units()[u], &flat);
+        Ok(self.assign(values, model, require_grad))
     }
 
     /// Stage 3: `model` with every parameter gathered (a collective: every
@@ -294,8 +351,9 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
         values.out
     }
 
-    /// Reduce-scatters unit `u`'s gradients `values` (averaged over the
-    /// ranks) and adds this rank's chunk to the accumulated gradient pieces.
+    /// Starts reduce-scattering unit `u`'s gradients `values` (rounded to
+    /// the reduction precision); without overlap, waits for it and adds it
+    /// at once.
     fn accumulate_values(
         &mut self,
         u: usize,
@@ -303,8 +361,30 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
     ) -> Result<(), CommError> {
         let unit = &self.layout.units()[u];
         let flat = flat_unit(unit, self.layout.dp(), values);
-        let chunk = reduce_scatter_avg(&*self.comm, unit, flat, self.reduce)?;
-        for (id, v) in split_chunk(&self.pieces[u], &chunk) {
+        let flat = rounded_for_reduction(flat, self.layout.dp(), self.reduce);
+        let pending = self.thread.start_reduce_scatter_sum(flat);
+        self.in_flight.push_back((u, pending));
+        if !self.overlap {
+            self.finish_reduce_scatters()?;
+        }
+        Ok(())
+    }
+
+    /// Waits for the reduce-scatters in flight, in the order they started,
+    /// and adds each chunk (averaged over the ranks) to the accumulated
+    /// gradient pieces.
+    fn finish_reduce_scatters(&mut self) -> Result<(), CommError> {
+        while let Some((u, pending)) = self.in_flight.pop_front() {
+            let chunk = average_chunk(pending.wait()?, self.layout.dp(), self.reduce);
+            self.add_chunk(u, &chunk);
+        }
+        Ok(())
+    }
+
+    /// Adds this rank's averaged `chunk` of unit `u`'s gradients to the
+    /// accumulated gradient pieces.
+    fn add_chunk(&mut self, u: usize, chunk: &[f32]) {
+        for (id, v) in split_chunk(&self.pieces[u], chunk) {
             let g = self.tensor(v);
             let sum = match self.grads.remove(&id) {
                 Some(acc) => acc + g,
@@ -312,7 +392,6 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
             };
             self.grads.insert(id, sum);
         }
-        Ok(())
     }
 
     /// Stages 2 and 3: reduce-scatters one micro-batch's gradients, unit
@@ -418,23 +497,59 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> GradSync<B, M> for Z
         }
     }
 
+    fn prefetch(&self, unit: LmUnit) -> Result<(), CommError> {
+        if self.stage != ZeroStage::Three || !self.overlap {
+            return Ok(());
+        }
+        let u = unit.index(self.blocks);
+        let pending = self.start_gather(u);
+        let mut slot = self.prefetched.lock().unwrap_or_else(|e| e.into_inner());
+        // One unit ahead: a prefetch never acquired is waited for (every
+        // rank started it) and dropped.
+        if let Some((_, unused)) = slot.replace((u, pending)) {
+            unused.wait()?;
+        }
+        Ok(())
+    }
+
+    fn last_micro_batch(&mut self) {
+        self.replicated.last_micro_batch();
+    }
+
     fn accumulate(&mut self, model: &M, grads: GradientsParams) -> Result<(), CommError> {
         match self.stage {
             ZeroStage::One => {
-                self.replicated.add(model, grads);
+                self.replicated.add(model, grads, &self.thread);
                 Ok(())
             }
             _ => self.reduce_scatter(model, &grads),
         }
     }
 
+    fn settle(&mut self) -> Result<(), CommError> {
+        let unused = self
+            .prefetched
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some((_, pending)) = unused {
+            pending.wait()?;
+        }
+        match self.stage {
+            ZeroStage::One => self.replicated.settle(&self.thread),
+            _ => self.finish_reduce_scatters(),
+        }
+    }
+
+    fn comm_times(&mut self) -> GradCommTimes {
+        self.thread.take_times()
+    }
+
     fn reduce(&mut self, model: &M, shares: &NormShares) -> Result<f64, CommError> {
         match self.stage {
-            ZeroStage::One => {
-                self.replicated
-                    .reduce(model, &*self.comm, &self.layout, shares, self.reduce)
-            }
+            ZeroStage::One => self.replicated.reduce(model, &self.thread, shares),
             _ => {
+                self.finish_reduce_scatters()?;
                 self.reduced_bytes = self.piece_grad_bytes();
                 self.piece_squares(shares)
             }

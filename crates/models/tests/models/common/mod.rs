@@ -1,5 +1,8 @@
 //! Checks shared by the models' integration tests.
 
+pub mod rank_of;
+pub mod thread_heap;
+
 /// Asserts that every parameter gradient of `got` is within 1e-4 of the
 /// same tensor of `want` (one `Vec` per parameter, same order), measured
 /// against that tensor's largest entry floored at 1e-3 of the model's

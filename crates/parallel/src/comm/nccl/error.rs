@@ -4,7 +4,7 @@ use std::ffi::c_int;
 
 use crate::comm::CommError;
 
-use super::library::LIBRARY_ENV;
+use super::names::LIBRARY_ENV;
 
 /// An error of the NCCL / RCCL binding. Every variant names the library
 /// file, symbol or operation involved.
