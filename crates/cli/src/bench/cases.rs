@@ -6,8 +6,8 @@ use std::fmt;
 #[derive(Clone, Copy, Debug)]
 pub enum Case {
     /// Causal attention, q/k/v `[batch, heads, seq, head_dim]` (kv heads =
-    /// heads). The fused path runs the forward kernel of `forward`, then the
-    /// one backward.
+    /// heads). The fused path runs the forward kernel of `forward`, then
+    /// its backward (`fused::attention_kernels`).
     Attention {
         /// Batch size.
         batch: usize,
@@ -58,12 +58,12 @@ pub enum Case {
     },
 }
 
-/// The fused attention forward a case runs; all take the one backward.
+/// The fused attention kernels a case runs (`fused::attention_kernels`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionPath {
-    /// The row kernel, f32.
+    /// The row forward and backward kernels, f32.
     Row,
-    /// The tiled kernel (FlashAttention-2 tiles), f32.
+    /// The tiled forward and backward kernels (FlashAttention-2 tiles), f32.
     Tiled,
     /// The tiled kernel on matrix units (tensor cores), bf16: inputs,
     /// outputs and gradients bf16 (the kernel runs 16-bit types only).
@@ -122,6 +122,12 @@ impl Case {
             } => Some(4.0 * (batch * heads) as f64 * (seq * seq) as f64 * head_dim as f64 / 2.0),
             _ => None,
         }
+    }
+
+    /// Floating-point operations of the backward by the same count: 2.5
+    /// times [`Case::forward_flops`] (five matrix products instead of two).
+    pub fn backward_flops(&self) -> Option<f64> {
+        self.forward_flops().map(|f| 2.5 * f)
     }
 
     /// Floating-point operations of forward + backward by the same count:

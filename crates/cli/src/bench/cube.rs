@@ -55,7 +55,7 @@ impl<R: CubeRuntime, BT: BoolElement> Target for CubeTarget<R, BT> {
         else {
             return None;
         };
-        fused::forward_kernel(&self.client, head_dim, forward)
+        fused::attention_kernels(&self.client, head_dim, forward)
             .is_none()
             .then(|| format!("{}: not on this device", case.kernel()))
     }

@@ -8,8 +8,8 @@ use cubecl::future::block_on;
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 use ferrotron_kernels::attention::{
-    attention_backward_typed, attention_forward_with, AttentionInputs, AttentionKernel,
-    AttentionOptions, AttentionShape,
+    attention_backward_with, attention_forward_with, AttentionBackwardKernel, AttentionInputs,
+    AttentionKernel, AttentionOptions, AttentionShape,
 };
 use ferrotron_kernels::cross_entropy::cross_entropy_forward_backward;
 use ferrotron_kernels::norm::layer::{layer_norm_backward, layer_norm_forward};
@@ -110,23 +110,31 @@ fn ones<R: Runtime>(client: &ComputeClient<R>, n: usize) -> Handle {
     upload(client, &vec![1.0; n])
 }
 
-/// The forward kernel and storage type of `path`: the row kernel (f32),
-/// the tiled kernel (f32) at the largest tile that fits the device, or the
-/// cmma kernel (bf16); `None` when the device cannot run it.
-pub fn forward_kernel<R: Runtime>(
+/// The kernels of `path`: the forward kernel, the backward kernels and the
+/// storage type. The row forward with the row backward (f32); the tiled
+/// forward (f32) at the largest tile that fits the device with the
+/// backward the launcher chooses (tiled where it fits); the cmma forward
+/// (bf16) with the backward the launcher chooses. `None` when the device
+/// cannot run the forward.
+pub fn attention_kernels<R: Runtime>(
     client: &ComputeClient<R>,
     head_dim: usize,
     path: AttentionPath,
-) -> Option<(AttentionKernel, FloatDtype)> {
+) -> Option<(AttentionKernel, AttentionBackwardKernel, FloatDtype)> {
     let max_shared = client.properties().hardware.max_shared_memory_size;
+    let chosen_backward = AttentionBackwardKernel::choose(client, head_dim);
     match path {
-        AttentionPath::Row => Some((AttentionKernel::Row, FloatDtype::F32)),
+        AttentionPath::Row => Some((
+            AttentionKernel::Row,
+            AttentionBackwardKernel::Row,
+            FloatDtype::F32,
+        )),
         AttentionPath::Tiled => match AttentionKernel::for_shared_memory(max_shared, head_dim) {
             AttentionKernel::Row => None,
-            kernel => Some((kernel, FloatDtype::F32)),
+            kernel => Some((kernel, chosen_backward, FloatDtype::F32)),
         },
         AttentionPath::CmmaBf16 => AttentionKernel::cmma_runs(client, head_dim, FloatDtype::Bf16)
-            .then_some((AttentionKernel::Cmma, FloatDtype::Bf16)),
+            .then_some((AttentionKernel::Cmma, chosen_backward, FloatDtype::Bf16)),
     }
 }
 
@@ -147,7 +155,7 @@ fn attention<R: Runtime>(
     shape: AttentionShape,
     path: AttentionPath,
 ) -> Result<Sample> {
-    let Some((kernel, dtype)) = forward_kernel(client, shape.head_dim, path) else {
+    let Some((kernel, backward, dtype)) = attention_kernels(client, shape.head_dim, path) else {
         bail!("{path:?}: the attention kernel does not run on this device")
     };
     let q = upload_as(client, dtype, &pattern(shape.q_elems(), 1));
@@ -169,8 +177,8 @@ fn attention<R: Runtime>(
     let fwd = attention_forward_with(client, kernel, dtype, shape, options, inputs)?;
     sync(client)?;
     let forward = start.elapsed();
-    let _grads = attention_backward_typed(
-        client, dtype, shape, options, inputs, &fwd.out, &fwd.lse, &d_out,
+    let _grads = attention_backward_with(
+        client, backward, dtype, shape, options, inputs, &fwd.out, &fwd.lse, &d_out,
     )?;
     let mut sample = finish(client, start, base)?;
     sample.forward = Some(forward);

@@ -110,7 +110,8 @@ pub fn run(args: KernelsBenchArgs) -> Result<()> {
 }
 
 /// `warmup` untimed runs, then `reps` runs: median time (and median
-/// forward time, where every run timed it), largest peak.
+/// forward and backward times, where every run timed its forward), largest
+/// peak.
 fn measure(
     warmup: usize,
     reps: usize,
@@ -128,6 +129,13 @@ fn measure(
         .iter()
         .map(|s| s.forward.map(|f| f.as_secs_f64() * 1e3))
         .collect();
+    let backward: Option<Vec<f64>> = samples
+        .iter()
+        .map(|s| {
+            s.forward
+                .map(|f| s.elapsed.saturating_sub(f).as_secs_f64() * 1e3)
+        })
+        .collect();
     Ok(Measured {
         ms: median(
             samples
@@ -136,6 +144,7 @@ fn measure(
                 .collect(),
         ),
         forward_ms: forward.map(median),
+        backward_ms: backward.map(median),
         peak_bytes: samples.iter().map(|s| s.peak_bytes).max().unwrap_or(0),
     })
 }

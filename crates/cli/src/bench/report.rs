@@ -14,6 +14,9 @@ pub struct Measured {
     pub ms: f64,
     /// Median wall time of the forward alone, ms, where the path times it.
     pub forward_ms: Option<f64>,
+    /// Median wall time of the backward alone (each run's forward +
+    /// backward minus its forward), ms, where the path times the forward.
+    pub backward_ms: Option<f64>,
     /// Peak bytes (see the legend for what each path counts).
     pub peak_bytes: u64,
 }
@@ -37,11 +40,15 @@ pub struct Row {
     pub time_ratio: Option<f64>,
     /// Fused forward alone, median ms (attention only).
     pub fused_forward_ms: Option<f64>,
+    /// Fused backward alone, median ms (attention only).
+    pub fused_backward_ms: Option<f64>,
     /// Fused forward + backward, TFLOP/s by the FlashAttention-2 count
     /// (attention only; see `Case::flops`).
     pub fused_tflops: Option<f64>,
     /// Fused forward alone, TFLOP/s (attention only; `Case::forward_flops`).
     pub fused_forward_tflops: Option<f64>,
+    /// Fused backward alone, TFLOP/s (attention only; `Case::backward_flops`).
+    pub fused_backward_tflops: Option<f64>,
     /// `fused_ms` over the reference's ms on `flex` at the same shape (when
     /// both ran): the fused kernels against the default CPU backend.
     pub time_ratio_vs_flex: Option<f64>,
@@ -75,6 +82,7 @@ impl Row {
         let tflops = |flops: Option<f64>, ms: Option<f64>| Some(flops? / (ms? * 1e-3) / 1e12);
         let fused_ms = fused.map(|f| f.ms);
         let fused_forward_ms = fused.and_then(|f| f.forward_ms);
+        let fused_backward_ms = fused.and_then(|f| f.backward_ms);
         let reference_ms = reference.map(|r| r.ms);
         let fused_peak_mib = fused.map(|f| mib(f.peak_bytes));
         let reference_peak_mib = reference.map(|r| mib(r.peak_bytes));
@@ -86,8 +94,10 @@ impl Row {
             reference_ms,
             time_ratio: ratio(fused_ms, reference_ms),
             fused_forward_ms,
+            fused_backward_ms,
             fused_tflops: tflops(case.flops(), fused_ms),
             fused_forward_tflops: tflops(case.forward_flops(), fused_forward_ms),
+            fused_backward_tflops: tflops(case.backward_flops(), fused_backward_ms),
             time_ratio_vs_flex: ratio(fused_ms, flex_reference_ms),
             fused_peak_mib,
             reference_peak_mib,
@@ -108,10 +118,13 @@ fn legend(warmup: usize, reps: usize) -> String {
          CubeCL backend memory = the larger of the device bytes in use after the forward and \
          after the backward (a lower bound of its peak). fused/flex = fused time over the \
          flex reference's time at the same shape. attention: causal; `attention` runs the row \
-         forward kernel, `attention_tiled` the tiled one (FlashAttention-2 tiles), \
-         `attention_cmma_bf16` the tiled one on matrix units (tensor cores) with bf16 inputs, \
-         outputs and gradients (where the device has them), all the same backward and f32 \
-         reference; fwd ms = the fused forward alone; TFLOP/s by the \
+         forward and backward kernels (one row per unit), `attention_tiled` the tiled ones \
+         (FlashAttention-2 tiles in shared memory; the backward's tiles as \
+         AttentionBackwardKernel::choose picks them, the row backward where none fit), \
+         `attention_cmma_bf16` the tiled forward on matrix units (tensor cores) with bf16 inputs, \
+         outputs and gradients (where the device has them) and the chosen backward, all against \
+         the same f32 reference; fwd ms = the fused forward alone, bwd ms = each run's forward \
+         + backward minus its forward (medians); TFLOP/s by the \
          FlashAttention-2 count (forward 4 * batch * heads * seq^2 * head_dim / 2 under the \
          causal mask, backward 2.5 forwards)."
     )
@@ -133,6 +146,8 @@ pub fn table(rows: &[Row], warmup: usize, reps: usize) -> String {
         "fused/flex",
         "fwd ms",
         "fwd TFLOP/s",
+        "bwd ms",
+        "bwd TFLOP/s",
         "TFLOP/s",
         "fused MiB",
         "ref MiB",
@@ -150,6 +165,8 @@ pub fn table(rows: &[Row], warmup: usize, reps: usize) -> String {
             opt(r.time_ratio_vs_flex, 2),
             opt(r.fused_forward_ms, 1),
             opt(r.fused_forward_tflops, 4),
+            opt(r.fused_backward_ms, 1),
+            opt(r.fused_backward_tflops, 4),
             opt(r.fused_tflops, 4),
             opt(r.fused_peak_mib, 1),
             opt(r.reference_peak_mib, 1),

@@ -75,8 +75,9 @@ fn quick_bench_writes_a_json_row_per_kernel_with_positive_times() {
         }
         assert!(stdout.contains(kernel), "table lacks {kernel}");
     }
-    // Both attention forward kernels report their forward alone and TFLOP/s
-    // (on the fused path only), at each shape of the quick sweep.
+    // Both attention kernel pairs report their forward alone, their
+    // backward alone and TFLOP/s (on the fused path only), at each shape of
+    // the quick sweep.
     for kernel in ["attention", "attention_tiled"] {
         let attention: Vec<_> = rows
             .iter()
@@ -84,7 +85,13 @@ fn quick_bench_writes_a_json_row_per_kernel_with_positive_times() {
             .collect();
         assert_eq!(attention.len(), 2, "{kernel}: one wgpu row per quick shape");
         for row in attention {
-            for key in ["fused_forward_ms", "fused_tflops", "fused_forward_tflops"] {
+            for key in [
+                "fused_forward_ms",
+                "fused_backward_ms",
+                "fused_tflops",
+                "fused_forward_tflops",
+                "fused_backward_tflops",
+            ] {
                 positive(row, key);
             }
             assert!(

@@ -1,25 +1,22 @@
-//! Launchers of the attention kernels, generic over the CubeCL runtime.
+//! Launchers of the attention forward kernels, generic over the CubeCL
+//! runtime, and the helpers the backward launchers (`launch_backward.rs`)
+//! share.
 //!
 //! Memory: besides its outputs, the forward pass allocates nothing but a
 //! one-value stand-in when there are no ALiBi slopes; the backward pass adds
 //! `delta` (`[batch, n_heads, seq]`). Every buffer is
 //! therefore `O(batch * heads * seq * head_dim)` or `O(batch * heads * seq)`;
-//! no `[seq, seq]` score matrix exists at any point. Only the tiled forward
-//! uses shared memory (its tiles, [`AttentionKernel::shared_bytes`] per
-//! cube).
+//! no `[seq, seq]` score matrix exists at any point. Only the tiled kernels
+//! use shared memory (their tiles, [`AttentionKernel::shared_bytes`] and
+//! [`super::AttentionBackwardKernel::shared_bytes`] per cube).
 
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
-use super::backward_kv::attention_backward_kv_kernel;
-use super::backward_q::attention_backward_q_kernel;
 use super::choice::AttentionKernel;
 use super::cmma_forward::{attention_forward_cmma_kernel, CMMA_PLANES, CMMA_PLANE_SIZE, CMMA_ROWS};
-use super::delta::attention_delta_kernel;
 use super::forward::attention_forward_kernel;
-use super::shape::{
-    check_buffer, AttentionError, AttentionInputs, AttentionOptions, AttentionShape,
-};
+use super::shape::{AttentionError, AttentionInputs, AttentionOptions, AttentionShape};
 use super::tiled_forward::{attention_forward_tiled_kernel, TILED_UNITS};
 use super::tiles::ROWS_PER_CUBE;
 use crate::dtype::{with_storage, FloatDtype};
@@ -54,18 +51,6 @@ pub struct AttentionForward {
     /// near 10 are 1/16 apart, an `lse` would scale every probability of its
     /// row by up to 3%).
     pub lse: Handle,
-}
-
-/// Result of [`attention_backward_typed`], in the launch's [`FloatDtype`].
-#[derive(Debug)]
-pub struct AttentionGradients {
-    /// Gradient of the queries, `[batch, n_heads, seq, head_dim]`.
-    pub dq: Handle,
-    /// Gradient of the keys, `[batch, n_kv_heads, seq, head_dim]`, summed
-    /// over the query heads that share each key/value head.
-    pub dk: Handle,
-    /// Gradient of the values, `[batch, n_kv_heads, seq, head_dim]`.
-    pub dv: Handle,
 }
 
 /// [`attention_forward_typed`] on f32 tensors ([`FloatDtype::F32`]).
@@ -105,7 +90,7 @@ pub fn attention_forward_typed<R: Runtime>(
 
 /// [`attention_forward_typed`] with the forward kernel named by the caller
 /// (the tests and `ferrotron bench kernels` run both). Both kernels write
-/// the same outputs; [`attention_backward_typed`] takes either's.
+/// the same outputs; [`super::attention_backward_typed`] takes either's.
 ///
 /// Errors as [`attention_forward_typed`], and when `kernel` is tiled with a
 /// tile size it is not compiled for or more shared memory than the device
@@ -222,143 +207,8 @@ pub fn attention_forward_with<R: Runtime>(
     Ok(AttentionForward { out, lse })
 }
 
-/// [`attention_backward_typed`] on f32 tensors ([`FloatDtype::F32`]).
-pub fn attention_backward<R: Runtime>(
-    client: &ComputeClient<R>,
-    shape: AttentionShape,
-    options: AttentionOptions,
-    inputs: AttentionInputs<'_>,
-    out: &Handle,
-    lse: &Handle,
-    d_out: &Handle,
-) -> Result<AttentionGradients, AttentionError> {
-    attention_backward_typed(
-        client,
-        FloatDtype::F32,
-        shape,
-        options,
-        inputs,
-        out,
-        lse,
-        d_out,
-    )
-}
-
-/// FlashAttention-2 backward: from the forward's inputs, its `out` and
-/// `lse`, and the output gradient `d_out` (`[batch, n_heads, seq,
-/// head_dim]`), computes `dq`, `dk`, `dv`. Three launches: `delta =
-/// rowsum(d_out * out)`; dK/dV per key tile over all query tiles (and all
-/// query heads of a key/value group); dQ per query tile over all key tiles.
-/// The probabilities are recomputed from `lse`; no atomics, so the result is
-/// deterministic.
-///
-/// `q`, `k`, `v`, `out`, `d_out` and the gradients hold `dtype`, `lse` is
-/// f32 (as the forward wrote it); `delta` and every sum are f32, each
-/// gradient rounded once to `dtype`.
-///
-/// Errors when the shape is unsupported, a buffer size does not match it or
-/// the runtime cannot run `dtype`.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_backward_typed<R: Runtime>(
-    client: &ComputeClient<R>,
-    dtype: FloatDtype,
-    shape: AttentionShape,
-    options: AttentionOptions,
-    inputs: AttentionInputs<'_>,
-    out: &Handle,
-    lse: &Handle,
-    d_out: &Handle,
-) -> Result<AttentionGradients, AttentionError> {
-    check_dtype(client, dtype)?;
-    shape.validate()?;
-    inputs.check(&shape, dtype)?;
-    let size = dtype.size_bytes();
-    check_buffer("out", out, shape.q_elems(), size)?;
-    check_buffer("lse", lse, shape.rows(), size_of::<f32>())?;
-    check_buffer("d_out", d_out, shape.q_elems(), size)?;
-    let tiles = grid_axis(client, shape.seq.div_ceil(ROWS_PER_CUBE), 0)?;
-    let heads = grid_axis(client, shape.batch * shape.n_heads, 1)?;
-    let kv_heads = grid_axis(client, shape.batch * shape.n_kv_heads, 1)?;
-    let scale = options.scale_for(shape.head_dim);
-    let cube_dim = CubeDim::new_1d(ROWS_PER_CUBE as u32);
-
-    let delta = client.empty(shape.rows() * size_of::<f32>());
-    let dk = client.empty(shape.kv_elems() * size);
-    let dv = client.empty(shape.kv_elems() * size);
-    let dq = client.empty(shape.q_elems() * size);
-    with_storage!(dtype, F, round_bf16, {
-        attention_delta_kernel::launch::<F, R>(
-            client,
-            CubeCount::Static(tiles, heads, 1),
-            cube_dim,
-            array(out, shape.q_elems()),
-            array(d_out, shape.q_elems()),
-            array(&delta, shape.rows()),
-            shape.seq as u32,
-            shape.head_dim,
-            round_bf16,
-        );
-
-        let (slopes, alibi) = slopes_arg(client, &inputs, &shape);
-        // SAFETY: as in `attention_forward_typed`: sizes checked above, rows
-        // read clamped to `seq - 1`, only rows below `seq` written.
-        unsafe {
-            attention_backward_kv_kernel::launch_unchecked::<F, R>(
-                client,
-                CubeCount::Static(tiles, kv_heads, 1),
-                cube_dim,
-                array(inputs.q, shape.q_elems()),
-                array(inputs.k, shape.kv_elems()),
-                array(inputs.v, shape.kv_elems()),
-                slopes,
-                array(d_out, shape.q_elems()),
-                array(lse, shape.rows()),
-                array(&delta, shape.rows()),
-                array(&dk, shape.kv_elems()),
-                array(&dv, shape.kv_elems()),
-                shape.seq as u32,
-                shape.n_heads as u32,
-                shape.group() as u32,
-                scale,
-                shape.head_dim,
-                options.causal,
-                alibi,
-                round_bf16,
-            );
-        }
-
-        let (slopes, alibi) = slopes_arg(client, &inputs, &shape);
-        // SAFETY: as in `attention_forward_typed`: sizes checked above, rows
-        // read clamped to `seq - 1`, only rows below `seq` written.
-        unsafe {
-            attention_backward_q_kernel::launch_unchecked::<F, R>(
-                client,
-                CubeCount::Static(tiles, heads, 1),
-                cube_dim,
-                array(inputs.q, shape.q_elems()),
-                array(inputs.k, shape.kv_elems()),
-                array(inputs.v, shape.kv_elems()),
-                slopes,
-                array(d_out, shape.q_elems()),
-                array(lse, shape.rows()),
-                array(&delta, shape.rows()),
-                array(&dq, shape.q_elems()),
-                shape.seq as u32,
-                shape.n_heads as u32,
-                shape.group() as u32,
-                scale,
-                shape.head_dim,
-                options.causal,
-                alibi,
-                round_bf16,
-            );
-        }
-    });
-    Ok(AttentionGradients { dq, dk, dv })
-}
-
 /// Fails unless `client`'s runtime supports `dtype`.
-fn check_dtype<R: Runtime>(
+pub(super) fn check_dtype<R: Runtime>(
     client: &ComputeClient<R>,
     dtype: FloatDtype,
 ) -> Result<(), AttentionError> {
@@ -369,7 +219,7 @@ fn check_dtype<R: Runtime>(
 
 /// An array argument over `handle` holding `elems` values. The launchers
 /// checked every size against the shape before calling this.
-fn array<R: Runtime>(handle: &Handle, elems: usize) -> ArrayArg<R> {
+pub(super) fn array<R: Runtime>(handle: &Handle, elems: usize) -> ArrayArg<R> {
     // SAFETY: `elems` is the number of values the handle holds (checked by
     // the launchers), so the binding does not overrun it.
     unsafe { ArrayArg::from_raw_parts(handle.clone(), elems) }
@@ -378,7 +228,7 @@ fn array<R: Runtime>(handle: &Handle, elems: usize) -> ArrayArg<R> {
 /// The slopes argument and the kernels' `alibi` flag. Without slopes the
 /// kernels never read the argument (`alibi` is a compile-time `false`), but
 /// every binding needs a buffer: a one-value buffer stands in.
-fn slopes_arg<R: Runtime>(
+pub(super) fn slopes_arg<R: Runtime>(
     client: &ComputeClient<R>,
     inputs: &AttentionInputs<'_>,
     shape: &AttentionShape,
@@ -393,7 +243,7 @@ fn slopes_arg<R: Runtime>(
 }
 
 /// `cubes` as a launch-grid size along `axis`, checked against the device.
-fn grid_axis<R: Runtime>(
+pub(super) fn grid_axis<R: Runtime>(
     client: &ComputeClient<R>,
     cubes: usize,
     axis: usize,

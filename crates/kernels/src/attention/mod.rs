@@ -12,10 +12,17 @@
 //!   units, 16-bit types), runs when a caller names it
 //!   ([`attention_forward_with`]).
 //! - Backward ([`attention_backward`]): `delta = rowsum(dO * O)`, then dK/dV
-//!   per key row (iterating over query rows) and dQ per query row
-//!   (iterating over key rows), both recomputing the probabilities from the
-//!   log-sum-exp. Two passes instead of atomics, so results are
-//!   deterministic.
+//!   (iterating over query rows) and dQ (iterating over key rows), both
+//!   recomputing the probabilities from the log-sum-exp; two passes instead
+//!   of atomics, so results are deterministic. Two pairs of kernels, chosen
+//!   in one place ([`AttentionBackwardKernel::choose`]) by the forward's
+//!   rule: the tiled pair (FlashAttention-2 Algorithm 2: a dK/dV cube holds
+//!   a tile of key/value rows in shared memory and walks query tiles staged
+//!   in shared memory from the causal start, summing the query heads of a
+//!   GQA group; a dQ cube holds a tile of query rows and walks key/value
+//!   tiles) wherever its shared memory fits the device, else the row pair
+//!   (one key or query row per unit, the other side read from global
+//!   memory). Both on plain unit arithmetic (no matrix units).
 //!
 //! Supported: causal masking, grouped-query attention (`n_kv_heads` divides
 //! `n_heads`, K/V never repeated in memory), ALiBi slopes, any sequence
@@ -24,6 +31,7 @@
 //! every score, softmax statistic and sum in f32, the log-sum-exp kept in
 //! f32.
 
+mod backward_choice;
 mod backward_kv;
 mod backward_q;
 mod choice;
@@ -31,15 +39,22 @@ mod cmma_forward;
 mod delta;
 mod forward;
 mod launch;
+mod launch_backward;
 mod shape;
+mod tiled_backward_kv;
+mod tiled_backward_q;
 mod tiled_forward;
 mod tiles;
 
+pub use backward_choice::AttentionBackwardKernel;
 pub use choice::AttentionKernel;
 pub use launch::{
-    attention_backward, attention_backward_typed, attention_forward, attention_forward_typed,
-    attention_forward_with, AttentionForward, AttentionGradients,
+    attention_forward, attention_forward_typed, attention_forward_with, AttentionForward,
+};
+pub use launch_backward::{
+    attention_backward, attention_backward_typed, attention_backward_with, AttentionGradients,
 };
 pub use shape::{AttentionError, AttentionInputs, AttentionOptions, AttentionShape};
+pub use tiled_backward_kv::BACKWARD_TILES;
 pub use tiled_forward::TILE_SIZES;
 pub use tiles::MAX_HEAD_DIM;

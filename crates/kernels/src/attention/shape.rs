@@ -189,6 +189,27 @@ pub enum AttentionError {
         /// The device's `max_shared_memory_size`.
         max: usize,
     },
+    /// A tiled backward with tiles it is not compiled for.
+    #[error("attention: tiles {outer} x {inner} are not tiles of the tiled backward (32 x 32, 32 x 16, 16 x 16 or 16 x 8)")]
+    UnsupportedBackwardTiles {
+        /// Requested rows per cube.
+        outer: usize,
+        /// Requested rows of the other side per step.
+        inner: usize,
+    },
+    /// A tiled backward whose cube needs more shared memory than the
+    /// device has.
+    #[error("attention: the tiled backward with tiles {outer} x {inner} needs {needed} bytes of shared memory per cube, the device has {max}")]
+    BackwardSharedMemory {
+        /// Rows per cube.
+        outer: usize,
+        /// Rows of the other side per step.
+        inner: usize,
+        /// Bytes one cube needs.
+        needed: usize,
+        /// The device's `max_shared_memory_size`.
+        max: usize,
+    },
     /// The launch grid exceeds the device's cube-count limit.
     #[error("attention launch: {cubes} cubes along one axis exceed the device limit {max}")]
     GridTooLarge {

@@ -4,246 +4,26 @@
 //! GPU; CUDA with the `test-cuda` feature). Each case runs the row forward
 //! kernel and the one the launcher chooses (the tile boundary cases: the
 //! tiled kernel at every tile size that fits the device, and the cmma
-//! kernel where it runs) and the backward on the output of the kernel the
-//! launcher chooses. The reference's own gradients are checked against
+//! kernel where it runs) and the row and the chosen backward (the tiled
+//! one where it fits) on the output of the kernel the launcher chooses
+//! (`attention_support::check`); `attention_backward.rs` covers the tiled
+//! backward on its own. The reference's own gradients are checked against
 //! central finite differences first.
 
 use crate::attention_support;
 use crate::common;
 
+use attention_support::check::{
+    alibi_slopes, case, check_case, check_case_as, forward_kernels, row_and_chosen, to_f64,
+};
 use attention_support::reference::Problem;
-use common::{client, download, download_as, round_to, upload, upload_as, Rng, R};
+use common::{client, download, upload, Rng, R};
 use cubecl::prelude::*;
 use ferrotron_kernels::attention::{
-    attention_backward, attention_backward_typed, attention_forward, attention_forward_typed,
-    attention_forward_with, AttentionError, AttentionInputs, AttentionKernel, AttentionOptions,
-    AttentionShape, TILE_SIZES,
+    attention_backward, attention_forward, attention_forward_with, AttentionError, AttentionInputs,
+    AttentionKernel, AttentionOptions, AttentionShape,
 };
 use ferrotron_kernels::FloatDtype;
-
-/// Largest error allowed, relative to the largest magnitude of the
-/// reference tensor.
-const TOLERANCE: f64 = 1e-4;
-
-/// One kernel test: shape and options.
-#[derive(Clone, Copy, Debug)]
-struct Case {
-    shape: AttentionShape,
-    causal: bool,
-    alibi: bool,
-    scale: Option<f32>,
-}
-
-fn case(
-    batch: usize,
-    n_heads: usize,
-    n_kv_heads: usize,
-    seq: usize,
-    head_dim: usize,
-    causal: bool,
-    alibi: bool,
-) -> Case {
-    Case {
-        shape: AttentionShape {
-            batch,
-            n_heads,
-            n_kv_heads,
-            seq,
-            head_dim,
-        },
-        causal,
-        alibi,
-        scale: None,
-    }
-}
-
-/// ALiBi slopes `2^(-8 (h + 1) / n_heads)` (BLOOM's formula for a power-of-two
-/// head count, used here for any count).
-fn alibi_slopes(n_heads: usize) -> Vec<f32> {
-    (0..n_heads)
-        .map(|h| 2f32.powf(-8.0 * (h + 1) as f32 / n_heads as f32))
-        .collect()
-}
-
-/// The forward kernels the tests check on `client`'s device for
-/// `head_dim` and `dtype`: the row kernel, the tiled kernel at every tile
-/// size whose shared memory fits the device, and the cmma kernel where it
-/// runs.
-fn forward_kernels(
-    client: &ComputeClient<R>,
-    head_dim: usize,
-    dtype: FloatDtype,
-) -> Vec<AttentionKernel> {
-    let max_shared = client.properties().hardware.max_shared_memory_size;
-    let tiled = TILE_SIZES
-        .into_iter()
-        .map(|tile| AttentionKernel::Tiled { tile })
-        .filter(|kernel| kernel.shared_bytes(head_dim) <= max_shared);
-    let cmma = AttentionKernel::cmma_runs(client, head_dim, dtype).then_some(AttentionKernel::Cmma);
-    std::iter::once(AttentionKernel::Row)
-        .chain(tiled)
-        .chain(cmma)
-        .collect()
-}
-
-/// The row kernel and the kernel the launcher chooses for `head_dim`
-/// (most cases check these two: each kernel variant is one more shader to
-/// compile, slow on lavapipe).
-fn row_and_chosen(
-    client: &ComputeClient<R>,
-    head_dim: usize,
-    _: FloatDtype,
-) -> Vec<AttentionKernel> {
-    vec![
-        AttentionKernel::Row,
-        AttentionKernel::choose(client, head_dim),
-    ]
-}
-
-/// Tolerance of `kernel`'s output stored as `dtype`: `stored_tol`, plus
-/// for the cmma kernel one unit roundoff of the 16-bit type, because it
-/// rounds the probabilities to it before the second product (each output
-/// `sum_j p_j v_j / l` moves by at most `u sum_j p_j |v_j| / l <= u max
-/// |v|`, and the tests' values have `max |v|` near the outputs' largest
-/// magnitude).
-fn output_tolerance(kernel: AttentionKernel, dtype: FloatDtype, stored_tol: f64) -> f64 {
-    match kernel {
-        AttentionKernel::Cmma => stored_tol + dtype.unit_roundoff(),
-        _ => stored_tol,
-    }
-}
-
-fn to_f64(values: &[f32]) -> Vec<f64> {
-    values.iter().map(|&x| x as f64).collect()
-}
-
-/// Largest `|got - want|` divided by the largest `|want|`.
-fn relative_error(got: &[f32], want: &[f64]) -> f64 {
-    assert_eq!(got.len(), want.len(), "length of a kernel output");
-    let magnitude = want.iter().fold(1e-12f64, |m, w| m.max(w.abs()));
-    let worst = got
-        .iter()
-        .zip(want)
-        .map(|(&g, w)| (g as f64 - w).abs())
-        .fold(0.0, f64::max);
-    worst / magnitude
-}
-
-/// Runs forward and backward of `case` on the device and on the host,
-/// asserts every output within [`TOLERANCE`] and returns the largest
-/// relative error.
-fn check_case(case: Case, seed: u64) -> f64 {
-    check_case_as(FloatDtype::F32, case, seed, row_and_chosen)
-}
-
-/// [`check_case`] with `q`, `k`, `v`, `d_out`, the output and the gradients
-/// stored as `dtype` (the log-sum-exp and the slopes f32). The reference
-/// gets the same rounded inputs; its backward takes the kernel's stored
-/// output for `delta = rowsum(dO * out)`, as the backward kernel does (the
-/// forward output is checked on its own). Outputs of `dtype` must be within
-/// [`common::tolerance`] of [`TOLERANCE`], the log-sum-exp within
-/// [`TOLERANCE`].
-fn check_case_as(
-    dtype: FloatDtype,
-    case: Case,
-    seed: u64,
-    kernels: fn(&ComputeClient<R>, usize, FloatDtype) -> Vec<AttentionKernel>,
-) -> f64 {
-    let s = case.shape;
-    let mut rng = Rng::new(seed);
-    // Queries scaled up so the softmax is far from uniform.
-    let q: Vec<f32> = rng
-        .vec(s.q_elems(), -1.0, 1.0)
-        .iter()
-        .map(|x| 4.0 * x)
-        .collect();
-    let q = round_to(dtype, &q);
-    let k = round_to(dtype, &rng.vec(s.kv_elems(), -1.0, 1.0));
-    let v = round_to(dtype, &rng.vec(s.kv_elems(), -1.0, 1.0));
-    let d_out = round_to(dtype, &rng.vec(s.q_elems(), -1.0, 1.0));
-    let slopes = case.alibi.then(|| alibi_slopes(s.n_heads));
-    let options = AttentionOptions {
-        causal: case.causal,
-        scale: case.scale,
-    };
-
-    let problem = Problem {
-        shape: s,
-        causal: case.causal,
-        scale: options.scale_for(s.head_dim) as f64,
-        slopes: slopes.as_deref().map(to_f64),
-        q: to_f64(&q),
-        k: to_f64(&k),
-        v: to_f64(&v),
-    };
-    let want = problem.forward();
-
-    let client = client();
-    let stored_tol = common::tolerance(dtype, TOLERANCE as f32) as f64;
-    let (q_h, k_h, v_h, do_h) = (
-        upload_as(&client, dtype, &q),
-        upload_as(&client, dtype, &k),
-        upload_as(&client, dtype, &v),
-        upload_as(&client, dtype, &d_out),
-    );
-    let slopes_h = slopes.as_deref().map(|x| upload(&client, x));
-    let inputs = AttentionInputs {
-        q: &q_h,
-        k: &k_h,
-        v: &v_h,
-        alibi_slopes: slopes_h.as_ref(),
-    };
-    // Each forward kernel of `kernels` is checked; the backward takes the
-    // output of the one the launcher chooses.
-    let mut errors = Vec::new();
-    for kernel in kernels(&client, s.head_dim, dtype) {
-        let fwd = attention_forward_with(&client, kernel, dtype, s, options, inputs)
-            .expect("forward launch");
-        let out = download_as(&client, dtype, &fwd.out);
-        errors.push((
-            format!("out ({})", kernel.name()),
-            relative_error(&out, &want.out),
-            output_tolerance(kernel, dtype, stored_tol),
-        ));
-        errors.push((
-            format!("lse ({})", kernel.name()),
-            relative_error(&download(&client, &fwd.lse), &want.lse),
-            TOLERANCE,
-        ));
-    }
-    let fwd = attention_forward_typed(&client, dtype, s, options, inputs).expect("forward launch");
-    let grads = attention_backward_typed(
-        &client, dtype, s, options, inputs, &fwd.out, &fwd.lse, &do_h,
-    )
-    .expect("backward launch");
-
-    let out = download_as(&client, dtype, &fwd.out);
-    let want_grads = if dtype == FloatDtype::F32 {
-        problem.backward(&to_f64(&d_out))
-    } else {
-        problem.backward_given_out(&to_f64(&d_out), &to_f64(&out))
-    };
-    for (name, got, want) in [
-        ("dq", &grads.dq, &want_grads.dq),
-        ("dk", &grads.dk, &want_grads.dk),
-        ("dv", &grads.dv, &want_grads.dv),
-    ] {
-        errors.push((
-            name.to_string(),
-            relative_error(&download_as(&client, dtype, got), want),
-            stored_tol,
-        ));
-    }
-    eprintln!("{} {case:?}: relative errors {errors:?}", dtype.name());
-    for &(ref name, error, tol) in &errors {
-        assert!(
-            error <= tol,
-            "{} {name} off by {error:e} > {tol:e} (relative to its largest magnitude) for {case:?}",
-            dtype.name()
-        );
-    }
-    errors.iter().map(|e| e.1).fold(0.0, f64::max)
-}
 
 #[test]
 fn f16_and_bf16_kernels_match_reference() {

@@ -7,6 +7,7 @@ mod attention_support;
 mod common;
 
 mod attention;
+mod attention_backward;
 mod cross_entropy;
 mod norm;
 mod rope;

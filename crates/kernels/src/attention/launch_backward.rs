@@ -1,0 +1,319 @@
+//! Launchers of the attention backward kernels, generic over the CubeCL
+//! runtime: `delta = rowsum(d_out * out)`, then the dK/dV and the dQ
+//! kernels of an [`AttentionBackwardKernel`] (row or tiled).
+
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+
+use super::backward_choice::AttentionBackwardKernel;
+use super::backward_kv::attention_backward_kv_kernel;
+use super::backward_q::attention_backward_q_kernel;
+use super::delta::attention_delta_kernel;
+use super::launch::{array, check_dtype, grid_axis, slopes_arg};
+use super::shape::{
+    check_buffer, AttentionError, AttentionInputs, AttentionOptions, AttentionShape,
+};
+use super::tiled_backward_kv::{attention_backward_kv_tiled_kernel, BACKWARD_UNITS};
+use super::tiled_backward_q::attention_backward_q_tiled_kernel;
+use super::tiles::ROWS_PER_CUBE;
+use crate::dtype::{with_storage, FloatDtype};
+
+/// Result of [`attention_backward_typed`], in the launch's [`FloatDtype`].
+#[derive(Debug)]
+pub struct AttentionGradients {
+    /// Gradient of the queries, `[batch, n_heads, seq, head_dim]`.
+    pub dq: Handle,
+    /// Gradient of the keys, `[batch, n_kv_heads, seq, head_dim]`, summed
+    /// over the query heads that share each key/value head.
+    pub dk: Handle,
+    /// Gradient of the values, `[batch, n_kv_heads, seq, head_dim]`.
+    pub dv: Handle,
+}
+
+/// [`attention_backward_typed`] on f32 tensors ([`FloatDtype::F32`]).
+pub fn attention_backward<R: Runtime>(
+    client: &ComputeClient<R>,
+    shape: AttentionShape,
+    options: AttentionOptions,
+    inputs: AttentionInputs<'_>,
+    out: &Handle,
+    lse: &Handle,
+    d_out: &Handle,
+) -> Result<AttentionGradients, AttentionError> {
+    attention_backward_typed(
+        client,
+        FloatDtype::F32,
+        shape,
+        options,
+        inputs,
+        out,
+        lse,
+        d_out,
+    )
+}
+
+/// FlashAttention-2 backward: from the forward's inputs, its `out` and
+/// `lse`, and the output gradient `d_out` (`[batch, n_heads, seq,
+/// head_dim]`), computes `dq`, `dk`, `dv`. Three launches: `delta =
+/// rowsum(d_out * out)`; dK/dV per key tile over all query tiles (and all
+/// query heads of a key/value group); dQ per query tile over all key tiles.
+/// The probabilities are recomputed from `lse`; no atomics, so the result is
+/// deterministic. Runs the kernels [`AttentionBackwardKernel::choose`] picks
+/// for the device and `head_dim` (see [`attention_backward_with`]).
+///
+/// `q`, `k`, `v`, `out`, `d_out` and the gradients hold `dtype`, `lse` is
+/// f32 (as the forward wrote it); `delta` and every sum are f32, each
+/// gradient rounded once to `dtype`.
+///
+/// Errors when the shape is unsupported, a buffer size does not match it or
+/// the runtime cannot run `dtype`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward_typed<R: Runtime>(
+    client: &ComputeClient<R>,
+    dtype: FloatDtype,
+    shape: AttentionShape,
+    options: AttentionOptions,
+    inputs: AttentionInputs<'_>,
+    out: &Handle,
+    lse: &Handle,
+    d_out: &Handle,
+) -> Result<AttentionGradients, AttentionError> {
+    let kernel = AttentionBackwardKernel::choose(client, shape.head_dim);
+    attention_backward_with(
+        client, kernel, dtype, shape, options, inputs, out, lse, d_out,
+    )
+}
+
+/// [`attention_backward_typed`] with the backward kernels named by the
+/// caller (the tests and `ferrotron bench kernels` run both). Both give the
+/// same gradients within f32 rounding.
+///
+/// Errors as [`attention_backward_typed`], and when `kernel` is tiled with
+/// tiles it is not compiled for or more shared memory than the device has.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward_with<R: Runtime>(
+    client: &ComputeClient<R>,
+    kernel: AttentionBackwardKernel,
+    dtype: FloatDtype,
+    shape: AttentionShape,
+    options: AttentionOptions,
+    inputs: AttentionInputs<'_>,
+    out: &Handle,
+    lse: &Handle,
+    d_out: &Handle,
+) -> Result<AttentionGradients, AttentionError> {
+    check_dtype(client, dtype)?;
+    shape.validate()?;
+    inputs.check(&shape, dtype)?;
+    let size = dtype.size_bytes();
+    check_buffer("out", out, shape.q_elems(), size)?;
+    check_buffer("lse", lse, shape.rows(), size_of::<f32>())?;
+    check_buffer("d_out", d_out, shape.q_elems(), size)?;
+    kernel.check(&shape, client.properties().hardware.max_shared_memory_size)?;
+    let rows_per_cube = match kernel {
+        AttentionBackwardKernel::Row => ROWS_PER_CUBE,
+        AttentionBackwardKernel::Tiled { outer, .. } => outer,
+    };
+    let grid = Grid {
+        delta_tiles: grid_axis(client, shape.seq.div_ceil(ROWS_PER_CUBE), 0)?,
+        tiles: grid_axis(client, shape.seq.div_ceil(rows_per_cube), 0)?,
+        heads: grid_axis(client, shape.batch * shape.n_heads, 1)?,
+        kv_heads: grid_axis(client, shape.batch * shape.n_kv_heads, 1)?,
+    };
+
+    let delta = client.empty(shape.rows() * size_of::<f32>());
+    let grads = AttentionGradients {
+        dq: client.empty(shape.q_elems() * size),
+        dk: client.empty(shape.kv_elems() * size),
+        dv: client.empty(shape.kv_elems() * size),
+    };
+    let launch = Launch {
+        client,
+        shape,
+        scale: options.scale_for(shape.head_dim),
+        causal: options.causal,
+        inputs,
+        d_out,
+        lse,
+        delta: &delta,
+        grid,
+    };
+    with_storage!(dtype, F, round_bf16, {
+        attention_delta_kernel::launch::<F, R>(
+            client,
+            CubeCount::Static(grid.delta_tiles, grid.heads, 1),
+            CubeDim::new_1d(ROWS_PER_CUBE as u32),
+            array(out, shape.q_elems()),
+            array(d_out, shape.q_elems()),
+            array(&delta, shape.rows()),
+            shape.seq as u32,
+            shape.head_dim,
+            round_bf16,
+        );
+        match kernel {
+            AttentionBackwardKernel::Row => launch.row::<F>(&grads, round_bf16),
+            AttentionBackwardKernel::Tiled { outer, inner } => {
+                launch.tiled::<F>(&grads, outer, inner, round_bf16)
+            }
+        }
+    });
+    Ok(grads)
+}
+
+/// Cube counts of the backward launches, checked against the device.
+#[derive(Clone, Copy)]
+struct Grid {
+    /// Tiles of [`ROWS_PER_CUBE`] rows (the `delta` kernel).
+    delta_tiles: u32,
+    /// Row tiles of the dK/dV and dQ kernels.
+    tiles: u32,
+    /// `batch * n_heads`.
+    heads: u32,
+    /// `batch * n_kv_heads`.
+    kv_heads: u32,
+}
+
+/// What the dK/dV and dQ launches share; every size was checked by
+/// [`attention_backward_with`].
+struct Launch<'a, R: Runtime> {
+    client: &'a ComputeClient<R>,
+    shape: AttentionShape,
+    scale: f32,
+    causal: bool,
+    inputs: AttentionInputs<'a>,
+    d_out: &'a Handle,
+    lse: &'a Handle,
+    delta: &'a Handle,
+    grid: Grid,
+}
+
+impl<R: Runtime> Launch<'_, R> {
+    /// The row kernels: dK/dV per key row, dQ per query row.
+    fn row<F: Float>(&self, grads: &AttentionGradients, round_bf16: bool) {
+        let (s, client, grid) = (self.shape, self.client, self.grid);
+        let cube_dim = CubeDim::new_1d(ROWS_PER_CUBE as u32);
+        let (slopes, alibi) = slopes_arg(client, &self.inputs, &s);
+        // SAFETY: as in `attention_forward_typed`: sizes checked by the
+        // caller, rows read clamped to `seq - 1`, only rows below `seq`
+        // written.
+        unsafe {
+            attention_backward_kv_kernel::launch_unchecked::<F, R>(
+                client,
+                CubeCount::Static(grid.tiles, grid.kv_heads, 1),
+                cube_dim,
+                array(self.inputs.q, s.q_elems()),
+                array(self.inputs.k, s.kv_elems()),
+                array(self.inputs.v, s.kv_elems()),
+                slopes,
+                array(self.d_out, s.q_elems()),
+                array(self.lse, s.rows()),
+                array(self.delta, s.rows()),
+                array(&grads.dk, s.kv_elems()),
+                array(&grads.dv, s.kv_elems()),
+                s.seq as u32,
+                s.n_heads as u32,
+                s.group() as u32,
+                self.scale,
+                s.head_dim,
+                self.causal,
+                alibi,
+                round_bf16,
+            );
+        }
+        let (slopes, alibi) = slopes_arg(client, &self.inputs, &s);
+        // SAFETY: as above.
+        unsafe {
+            attention_backward_q_kernel::launch_unchecked::<F, R>(
+                client,
+                CubeCount::Static(grid.tiles, grid.heads, 1),
+                cube_dim,
+                array(self.inputs.q, s.q_elems()),
+                array(self.inputs.k, s.kv_elems()),
+                array(self.inputs.v, s.kv_elems()),
+                slopes,
+                array(self.d_out, s.q_elems()),
+                array(self.lse, s.rows()),
+                array(self.delta, s.rows()),
+                array(&grads.dq, s.q_elems()),
+                s.seq as u32,
+                s.n_heads as u32,
+                s.group() as u32,
+                self.scale,
+                s.head_dim,
+                self.causal,
+                alibi,
+                round_bf16,
+            );
+        }
+    }
+
+    /// The tiled kernels with `outer` rows per cube and `inner` rows of the
+    /// other side per step.
+    fn tiled<F: Float>(
+        &self,
+        grads: &AttentionGradients,
+        outer: usize,
+        inner: usize,
+        round_bf16: bool,
+    ) {
+        let (s, client, grid) = (self.shape, self.client, self.grid);
+        let cube_dim = CubeDim::new_1d(BACKWARD_UNITS as u32);
+        let (slopes, alibi) = slopes_arg(client, &self.inputs, &s);
+        // SAFETY: sizes checked by the caller, rows read clamped to `seq -
+        // 1`, only rows below `seq` written; the shared memory fits the
+        // device (`AttentionBackwardKernel::check`).
+        unsafe {
+            attention_backward_kv_tiled_kernel::launch_unchecked::<F, R>(
+                client,
+                CubeCount::Static(grid.tiles, grid.kv_heads, 1),
+                cube_dim,
+                array(self.inputs.q, s.q_elems()),
+                array(self.inputs.k, s.kv_elems()),
+                array(self.inputs.v, s.kv_elems()),
+                slopes,
+                array(self.d_out, s.q_elems()),
+                array(self.lse, s.rows()),
+                array(self.delta, s.rows()),
+                array(&grads.dk, s.kv_elems()),
+                array(&grads.dv, s.kv_elems()),
+                s.seq as u32,
+                s.n_heads as u32,
+                s.group() as u32,
+                self.scale,
+                s.head_dim,
+                outer,
+                inner,
+                self.causal,
+                alibi,
+                round_bf16,
+            );
+        }
+        let (slopes, alibi) = slopes_arg(client, &self.inputs, &s);
+        // SAFETY: as above.
+        unsafe {
+            attention_backward_q_tiled_kernel::launch_unchecked::<F, R>(
+                client,
+                CubeCount::Static(grid.tiles, grid.heads, 1),
+                cube_dim,
+                array(self.inputs.q, s.q_elems()),
+                array(self.inputs.k, s.kv_elems()),
+                array(self.inputs.v, s.kv_elems()),
+                slopes,
+                array(self.d_out, s.q_elems()),
+                array(self.lse, s.rows()),
+                array(self.delta, s.rows()),
+                array(&grads.dq, s.q_elems()),
+                s.seq as u32,
+                s.n_heads as u32,
+                s.group() as u32,
+                self.scale,
+                s.head_dim,
+                outer,
+                inner,
+                self.causal,
+                alibi,
+                round_bf16,
+            );
+        }
+    }
+}

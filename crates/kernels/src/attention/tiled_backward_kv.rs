@@ -1,0 +1,221 @@
+//! Tiled FlashAttention-2 backward, key/value side (Algorithm 2 of the
+//! FlashAttention-2 paper): a cube holds a tile of key and value rows in
+//! shared memory and its dK/dV in registers, and walks the query rows in
+//! tiles staged in shared memory, recomputing the probabilities from the
+//! saved log-sum-exp.
+
+use cubecl::prelude::*;
+
+use crate::dtype::{load, store};
+
+use super::tiles::{alibi_bias, visible};
+
+/// Units per cube of both tiled backward kernels.
+pub(crate) const BACKWARD_UNITS: usize = 128;
+
+/// Tile sizes `(outer, inner)` the tiled backward kernels are compiled for,
+/// largest first. `outer` is the number of rows a cube owns (key rows in
+/// the dK/dV kernel, query rows in the dQ kernel), `inner` the number of
+/// rows of the other side staged per step of its loop.
+pub const BACKWARD_TILES: [(usize, usize); 4] = [(32, 32), (32, 16), (16, 16), (16, 8)];
+
+/// Shared memory of one cube of the tiled backward with tiles `(outer,
+/// inner)`, in bytes, for `head_dim`: the larger of the two kernels' (the
+/// dK/dV kernel's for every pair of [`BACKWARD_TILES`]). Both hold two
+/// `outer` and two `inner` tiles of `head_dim` values (rows padded by one
+/// against bank conflicts); the dK/dV kernel adds two `inner x outer` score
+/// tiles (padded likewise) and two values per inner row (log-sum-exp and
+/// `delta`), the dQ kernel one `outer x inner` score tile and two values
+/// per outer row; all f32.
+pub(crate) fn tiled_backward_shared_bytes(outer: usize, inner: usize, head_dim: usize) -> usize {
+    let rows = 2 * (outer + inner) * (head_dim + 1);
+    let kv = rows + 2 * inner * (outer + 1) + 2 * inner;
+    let q = rows + outer * (inner + 1) + 2 * outer;
+    kv.max(q) * size_of::<f32>()
+}
+
+/// One cube per `keys` key rows of one `(batch, kv_head)`,
+/// [`BACKWARD_UNITS`] units. The cube stages its key and value rows in
+/// shared memory once and keeps its `keys x head_dim` dK and dV
+/// accumulators in registers (each unit a fixed share). Then for each query
+/// head of the group that shares this key/value head (grouped-query
+/// attention: the group's sum happens here, without atomics) and each tile
+/// of `queries` query rows from the causal start (the cube's first key):
+///
+/// 1. the units load the tile's `q`, `d_out`, log-sum-exp and `delta` rows
+///    into shared memory together;
+/// 2. each unit computes its share of the `queries x keys` pairs: `s = scale
+///    * q.k + bias`, `dp = d_out.v`, `p = exp(s - lse)`, `ds = p * (dp -
+///    delta)`, both 0 where masked (causal, rows and keys past `seq`);
+/// 3. each unit adds to its dV elements `sum_r p[r, c] d_out[r, :]` and to
+///    its dK elements `sum_r ds[r, c] q[r, :]`.
+///
+/// Finally `dk = scale * dk`. Every value is f32 in shared memory and
+/// registers whatever the storage type `F`; each gradient is rounded to `F`
+/// once.
+///
+/// Cube grid: `x` = tile of `keys` key rows, `y` = `batch * n_kv_heads +
+/// kv_head`. Layouts as [`super::backward_kv::attention_backward_kv_kernel`]'s.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_backward_kv_tiled_kernel<F: Float>(
+    q: &Array<F>,
+    k: &Array<F>,
+    v: &Array<F>,
+    slopes: &Array<f32>,
+    d_out: &Array<F>,
+    lse: &Array<f32>,
+    delta: &Array<f32>,
+    dk: &mut Array<F>,
+    dv: &mut Array<F>,
+    seq: u32,
+    n_heads: u32,
+    group: u32,
+    scale: f32,
+    #[comptime] head_dim: usize,
+    #[comptime] keys: usize,
+    #[comptime] queries: usize,
+    #[comptime] causal: bool,
+    #[comptime] alibi: bool,
+    #[comptime] round_bf16: bool,
+) {
+    let seq = seq as usize;
+    let n_heads = n_heads as usize;
+    let group = group as usize;
+    let unit = UNIT_POS_X as usize;
+    let kv_bh = CUBE_POS_Y as usize;
+    let n_kv_heads = n_heads / group;
+    let batch = kv_bh / n_kv_heads;
+    let kv_head = kv_bh % n_kv_heads;
+    let first_key = CUBE_POS_X as usize * keys;
+    let kv_base = kv_bh * seq * head_dim;
+
+    let stride = comptime!(head_dim + 1);
+    let p_stride = comptime!(keys + 1);
+    let key_elems = comptime!(keys * head_dim);
+    let query_elems = comptime!(queries * head_dim);
+    let pairs = comptime!(queries * keys);
+    let per_key = comptime!(key_elems.div_ceil(BACKWARD_UNITS));
+    let per_query = comptime!(query_elems.div_ceil(BACKWARD_UNITS));
+    let pairs_per_unit = comptime!(pairs.div_ceil(BACKWARD_UNITS));
+
+    let mut k_tile = SharedMemory::<f32>::new(comptime!(keys * (head_dim + 1)));
+    let mut v_tile = SharedMemory::<f32>::new(comptime!(keys * (head_dim + 1)));
+    let mut q_tile = SharedMemory::<f32>::new(comptime!(queries * (head_dim + 1)));
+    let mut do_tile = SharedMemory::<f32>::new(comptime!(queries * (head_dim + 1)));
+    let mut p_tile = SharedMemory::<f32>::new(comptime!(queries * (keys + 1)));
+    let mut ds_tile = SharedMemory::<f32>::new(comptime!(queries * (keys + 1)));
+    let mut lse_tile = SharedMemory::<f32>::new(queries);
+    let mut delta_tile = SharedMemory::<f32>::new(queries);
+
+    // Key rows past `seq` load a copy of the last row and are never written.
+    let mut dk_acc = Array::<f32>::new(per_key);
+    let mut dv_acc = Array::<f32>::new(per_key);
+    for i in 0..per_key {
+        let e = unit + i * BACKWARD_UNITS;
+        if e < key_elems {
+            let c = e / head_dim;
+            let d = e % head_dim;
+            let at = kv_base + min(first_key + c, seq - 1) * head_dim + d;
+            k_tile[c * stride + d] = load::<F>(k[at], round_bf16);
+            v_tile[c * stride + d] = load::<F>(v[at], round_bf16);
+        }
+        dk_acc[i] = 0.0f32;
+        dv_acc[i] = 0.0f32;
+    }
+
+    // With a causal mask, queries before the cube's first key see none of
+    // its keys.
+    let mut query_start = 0usize;
+    if causal {
+        query_start = first_key;
+    }
+
+    for g in 0..group {
+        let head = kv_head * group + g;
+        let bh = batch * n_heads + head;
+        let q_base = bh * seq * head_dim;
+        let mut slope = 0.0f32;
+        if alibi {
+            slope = slopes[head];
+        }
+
+        let mut first_query = query_start;
+        while first_query < seq {
+            // The previous step's reads of the query-side tiles are done
+            // (and, on the first step, the key and value tiles written).
+            sync_cube();
+            for i in 0..per_query {
+                let e = unit + i * BACKWARD_UNITS;
+                if e < query_elems {
+                    let r = e / head_dim;
+                    let d = e % head_dim;
+                    let at = q_base + min(first_query + r, seq - 1) * head_dim + d;
+                    q_tile[r * stride + d] = load::<F>(q[at], round_bf16);
+                    do_tile[r * stride + d] = load::<F>(d_out[at], round_bf16);
+                }
+            }
+            if unit < queries {
+                let row = bh * seq + min(first_query + unit, seq - 1);
+                lse_tile[unit] = lse[row];
+                delta_tile[unit] = delta[row];
+            }
+            sync_cube();
+
+            for i in 0..pairs_per_unit {
+                let e = unit + i * BACKWARD_UNITS;
+                if e < pairs {
+                    let r = e / keys;
+                    let c = e % keys;
+                    let mut qk = 0.0f32;
+                    let mut dp = 0.0f32;
+                    for d in 0..head_dim {
+                        qk += q_tile[r * stride + d] * k_tile[c * stride + d];
+                        dp += do_tile[r * stride + d] * v_tile[c * stride + d];
+                    }
+                    let query = first_query + r;
+                    let key = first_key + c;
+                    let mut score = qk * scale;
+                    if alibi {
+                        score += alibi_bias(slope, query, key);
+                    }
+                    let p = f32::exp(score - lse_tile[r]);
+                    let ds = p * (dp - delta_tile[r]);
+                    let seen = visible(query, key, seq, causal);
+                    p_tile[r * p_stride + c] = select(seen, p, 0.0f32);
+                    ds_tile[r * p_stride + c] = select(seen, ds, 0.0f32);
+                }
+            }
+            sync_cube();
+
+            for i in 0..per_key {
+                let e = unit + i * BACKWARD_UNITS;
+                if e < key_elems {
+                    let c = e / head_dim;
+                    let d = e % head_dim;
+                    let mut grad_v = dv_acc[i];
+                    let mut grad_k = dk_acc[i];
+                    for r in 0..queries {
+                        grad_v += p_tile[r * p_stride + c] * do_tile[r * stride + d];
+                        grad_k += ds_tile[r * p_stride + c] * q_tile[r * stride + d];
+                    }
+                    dv_acc[i] = grad_v;
+                    dk_acc[i] = grad_k;
+                }
+            }
+            first_query += queries;
+        }
+    }
+
+    for i in 0..per_key {
+        let e = unit + i * BACKWARD_UNITS;
+        if e < key_elems {
+            let key = first_key + e / head_dim;
+            if key < seq {
+                let at = kv_base + key * head_dim + e % head_dim;
+                dk[at] = store::<F>(dk_acc[i] * scale, round_bf16);
+                dv[at] = store::<F>(dv_acc[i], round_bf16);
+            }
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! Tiled FlashAttention-2 backward, query side: dQ by a separate pass (no
+//! atomics, so deterministic), one cube per tile of query rows walking the
+//! key/value tiles staged in shared memory.
+
+use cubecl::prelude::*;
+
+use crate::dtype::{load, store};
+
+use super::tiled_backward_kv::BACKWARD_UNITS;
+use super::tiles::{alibi_bias, visible};
+
+/// One cube per `queries` query rows of one `(batch, head)`,
+/// [`BACKWARD_UNITS`] units. The cube stages its `q` and `d_out` rows, their
+/// log-sum-exp and `delta` in shared memory once and keeps its `queries x
+/// head_dim` dQ accumulator in registers (each unit a fixed share). Then
+/// for each tile of `keys` key rows up to the causal end (the cube's last
+/// query):
+///
+/// 1. the units load the tile's `k` and `v` rows into shared memory
+///    together;
+/// 2. each unit computes its share of the `queries x keys` pairs: `p =
+///    exp(scale * q.k + bias - lse)`, `ds = p * (d_out.v - delta)`, 0 where
+///    masked (causal, rows and keys past `seq`);
+/// 3. each unit adds to its dQ elements `sum_c ds[r, c] k[c, :]`.
+///
+/// Finally `dq = scale * dq`, rounded to `F` once; every value before that
+/// is f32.
+///
+/// Cube grid: `x` = tile of `queries` query rows, `y` = `batch * n_heads +
+/// head`. Layouts as [`super::backward_q::attention_backward_q_kernel`]'s.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_backward_q_tiled_kernel<F: Float>(
+    q: &Array<F>,
+    k: &Array<F>,
+    v: &Array<F>,
+    slopes: &Array<f32>,
+    d_out: &Array<F>,
+    lse: &Array<f32>,
+    delta: &Array<f32>,
+    dq: &mut Array<F>,
+    seq: u32,
+    n_heads: u32,
+    group: u32,
+    scale: f32,
+    #[comptime] head_dim: usize,
+    #[comptime] queries: usize,
+    #[comptime] keys: usize,
+    #[comptime] causal: bool,
+    #[comptime] alibi: bool,
+    #[comptime] round_bf16: bool,
+) {
+    let seq = seq as usize;
+    let n_heads = n_heads as usize;
+    let group = group as usize;
+    let unit = UNIT_POS_X as usize;
+    let bh = CUBE_POS_Y as usize;
+    let head = bh % n_heads;
+    let kv_bh = (bh / n_heads) * (n_heads / group) + head / group;
+    let first_query = CUBE_POS_X as usize * queries;
+    let q_base = bh * seq * head_dim;
+    let kv_base = kv_bh * seq * head_dim;
+
+    let stride = comptime!(head_dim + 1);
+    let s_stride = comptime!(keys + 1);
+    let query_elems = comptime!(queries * head_dim);
+    let key_elems = comptime!(keys * head_dim);
+    let pairs = comptime!(queries * keys);
+    let per_query = comptime!(query_elems.div_ceil(BACKWARD_UNITS));
+    let per_key = comptime!(key_elems.div_ceil(BACKWARD_UNITS));
+    let pairs_per_unit = comptime!(pairs.div_ceil(BACKWARD_UNITS));
+
+    let mut q_tile = SharedMemory::<f32>::new(comptime!(queries * (head_dim + 1)));
+    let mut do_tile = SharedMemory::<f32>::new(comptime!(queries * (head_dim + 1)));
+    let mut k_tile = SharedMemory::<f32>::new(comptime!(keys * (head_dim + 1)));
+    let mut v_tile = SharedMemory::<f32>::new(comptime!(keys * (head_dim + 1)));
+    let mut ds_tile = SharedMemory::<f32>::new(comptime!(queries * (keys + 1)));
+    let mut lse_tile = SharedMemory::<f32>::new(queries);
+    let mut delta_tile = SharedMemory::<f32>::new(queries);
+
+    let mut slope = 0.0f32;
+    if alibi {
+        slope = slopes[head];
+    }
+
+    // Query rows past `seq` load a copy of the last row and are never
+    // written.
+    let mut dq_acc = Array::<f32>::new(per_query);
+    for i in 0..per_query {
+        let e = unit + i * BACKWARD_UNITS;
+        if e < query_elems {
+            let r = e / head_dim;
+            let d = e % head_dim;
+            let at = q_base + min(first_query + r, seq - 1) * head_dim + d;
+            q_tile[r * stride + d] = load::<F>(q[at], round_bf16);
+            do_tile[r * stride + d] = load::<F>(d_out[at], round_bf16);
+        }
+        dq_acc[i] = 0.0f32;
+    }
+    if unit < queries {
+        let row = bh * seq + min(first_query + unit, seq - 1);
+        lse_tile[unit] = lse[row];
+        delta_tile[unit] = delta[row];
+    }
+
+    let mut key_end = seq;
+    if causal {
+        key_end = min(first_query + queries, seq);
+    }
+    let mut first_key = 0usize;
+    while first_key < key_end {
+        // The previous step's reads of the key-side tiles are done (and, on
+        // the first step, the query-side tiles written).
+        sync_cube();
+        for i in 0..per_key {
+            let e = unit + i * BACKWARD_UNITS;
+            if e < key_elems {
+                let c = e / head_dim;
+                let d = e % head_dim;
+                let at = kv_base + min(first_key + c, seq - 1) * head_dim + d;
+                k_tile[c * stride + d] = load::<F>(k[at], round_bf16);
+                v_tile[c * stride + d] = load::<F>(v[at], round_bf16);
+            }
+        }
+        sync_cube();
+
+        for i in 0..pairs_per_unit {
+            let e = unit + i * BACKWARD_UNITS;
+            if e < pairs {
+                let r = e / keys;
+                let c = e % keys;
+                let mut qk = 0.0f32;
+                let mut dp = 0.0f32;
+                for d in 0..head_dim {
+                    qk += q_tile[r * stride + d] * k_tile[c * stride + d];
+                    dp += do_tile[r * stride + d] * v_tile[c * stride + d];
+                }
+                let query = first_query + r;
+                let key = first_key + c;
+                let mut score = qk * scale;
+                if alibi {
+                    score += alibi_bias(slope, query, key);
+                }
+                let ds = f32::exp(score - lse_tile[r]) * (dp - delta_tile[r]);
+                ds_tile[r * s_stride + c] = select(visible(query, key, seq, causal), ds, 0.0f32);
+            }
+        }
+        sync_cube();
+
+        for i in 0..per_query {
+            let e = unit + i * BACKWARD_UNITS;
+            if e < query_elems {
+                let r = e / head_dim;
+                let d = e % head_dim;
+                let mut grad = dq_acc[i];
+                for c in 0..keys {
+                    grad += ds_tile[r * s_stride + c] * k_tile[c * stride + d];
+                }
+                dq_acc[i] = grad;
+            }
+        }
+        first_key += keys;
+    }
+
+    for i in 0..per_query {
+        let e = unit + i * BACKWARD_UNITS;
+        if e < query_elems {
+            let query = first_query + e / head_dim;
+            if query < seq {
+                dq[q_base + query * head_dim + e % head_dim] =
+                    store::<F>(dq_acc[i] * scale, round_bf16);
+            }
+        }
+    }
+}
