@@ -16,6 +16,7 @@ mod docs;
 mod goldfish;
 mod gpu_check;
 mod hf;
+mod memory;
 mod mixed_precision;
 mod nccl_training;
 mod overlap;

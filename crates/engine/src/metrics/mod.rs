@@ -1,6 +1,6 @@
 //! Training metrics: per-step records as JSON lines, the loss plot, FLOP/s and MFU, memory by class,
-//! device memory, pipeline stage times, the heap's peak per step (a counting allocator), energy counters and
-//! the device table.
+//! device memory, pipeline stage times, the heap's peak per step (a counting allocator), each rank's peak
+//! memory while building the model and saving or loading a checkpoint, energy counters and the device table.
 
 mod device;
 mod device_memory;
@@ -10,6 +10,7 @@ mod heap;
 mod jsonl;
 mod memory;
 mod peak;
+mod phase;
 mod pipeline;
 mod plot;
 
@@ -21,5 +22,6 @@ pub use heap::{heap_bytes, CountingAllocator, HeapWindow};
 pub use jsonl::{MetricsWriter, OverrideRecord, StepRecord, ValRecord};
 pub use memory::{available_memory_bytes, MemoryBytes};
 pub use peak::{measure_matmul_flops, peak_flops_for, PEAK_FLOPS_TABLE};
+pub use phase::{MemoryPhase, PhaseMemory, PhaseWindow};
 pub use pipeline::PipelineTimes;
 pub use plot::write_loss_svg;

@@ -10,7 +10,9 @@ use ferrotron_engine::checkpoint::CheckpointError;
 
 use ferrotron_engine::backend::BackendKind;
 use ferrotron_engine::data::{self, BatchSampler, TokenSource};
-use ferrotron_engine::metrics::{self, MetricsWriter, OverrideRecord};
+use ferrotron_engine::metrics::{
+    self, MemoryPhase, MetricsWriter, OverrideRecord, PhaseMemory, PhaseWindow,
+};
 use ferrotron_engine::params::load_named_tensors;
 use ferrotron_engine::precision::Precision;
 use ferrotron_models::ops::TrainBackend;
@@ -21,7 +23,7 @@ use ferrotron_parallel::recompute::Recompute;
 use ferrotron_parallel::train::checkpoint::index::Layout;
 use ferrotron_parallel::train::checkpoint::read::Reader;
 use ferrotron_parallel::train::{
-    self, LoopConfig, LoopError, NonFinite, RunSummary, Silent, TokenWindows,
+    self, gather_phase_memory, LoopConfig, LoopError, NonFinite, RunSummary, Silent, TokenWindows,
 };
 
 use super::prepare::Prepared;
@@ -52,10 +54,18 @@ impl TrainTask<'_> {
     }
 
     /// The rank's trainer: the model built (or loaded) and parallelized,
-    /// a resumed run's optimizer state restored.
-    fn trainer<B: TrainBackend>(&mut self, device: &B::Device) -> anyhow::Result<Parallelized<B>> {
+    /// a resumed run's optimizer state restored; and every rank's peak
+    /// memory while building it and while reading the checkpoint.
+    fn trainer<B: TrainBackend>(
+        &mut self,
+        kind: BackendKind,
+        device: &B::Device,
+    ) -> anyhow::Result<(Parallelized<B>, Vec<PhaseMemory>)> {
         let (job, mc) = (&self.job, &self.job.model);
+        let probe = crate::backend::device_memory(kind, job.world.local_rank);
+        let rank = self.comm.rank();
         let groups = ProcessGroups::new(self.comm.clone(), job.mesh)?;
+        let window = PhaseWindow::open(MemoryPhase::Build, probe.clone());
         // Weights loaded with `--hf-dir` arrive whole and are cut here; a
         // fresh or resumed model is built already cut to this rank's part
         // (a resumed one then reads its share of the checkpoint below).
@@ -70,6 +80,7 @@ impl TrainTask<'_> {
                 parallelize_part(part, groups, job, device)?
             }
         };
+        let mut memory = gather_phase_memory(&*self.comm, &window.close(rank, 0))?;
         let precision = mc.precision;
         let pr = &job.config.precision;
         self.say(format!(
@@ -84,8 +95,11 @@ impl TrainTask<'_> {
         if let Some((state, dir)) = self.prepared.restore.take() {
             // A damaged or foreign checkpoint is bad input: exit 2, naming the file.
             let bad = |e: CheckpointError| usage(format!("--resume: {e}"));
+            let window = PhaseWindow::open(MemoryPhase::CheckpointLoad, probe);
             let mut reader = Reader::open(&dir).map_err(bad)?;
             trainer.load(&mut reader, &state).map_err(bad)?;
+            let mine = window.close(rank, state.step);
+            memory.extend(gather_phase_memory(&*self.comm, &mine)?);
             self.say(format!(
                 "resumed from {} (step {}, written by {})",
                 dir.display(),
@@ -93,7 +107,7 @@ impl TrainTask<'_> {
                 describe(&reader.index().layout)
             ));
         }
-        Ok(trainer)
+        Ok((trainer, memory))
     }
 
     /// Rank 0 records the settings a resumed run changed under
@@ -137,6 +151,7 @@ impl TrainTask<'_> {
         kind: BackendKind,
         peak_flops: f64,
         recompute: Recompute,
+        startup_memory: Vec<PhaseMemory>,
     ) -> LoopConfig {
         let (c, mc) = (&self.job.config, &self.job.model);
         let seq_len = c.schedule.seq_len;
@@ -167,11 +182,8 @@ impl TrainTask<'_> {
             } else {
                 None
             },
-            device_memory: if lead {
-                crate::backend::device_memory(kind, self.job.world.local_rank)
-            } else {
-                None
-            },
+            device_memory: crate::backend::device_memory(kind, self.job.world.local_rank),
+            startup_memory,
             // The host heap holds the activations on the CPU backends only.
             measure_heap: kind.is_cpu(),
         }
@@ -224,7 +236,7 @@ impl BackendTask for TrainTask<'_> {
             data::check_ids(&val_tokens, 0, val_windows * c.schedule.seq_len + 1, vocab)
                 .map_err(|e| usage(format!("validation tokens: {e}")))?;
         }
-        let mut trainer = self.trainer::<B>(&device)?;
+        let (mut trainer, startup_memory) = self.trainer::<B>(kind, &device)?;
         self.record_overrides()?;
         let peak = match self.job.peak_flops {
             Some(p) => p,
@@ -238,7 +250,7 @@ impl BackendTask for TrainTask<'_> {
             }
         };
         self.say(finish::describe_run(&self.job, kind, &trainer));
-        let plan = self.loop_config(kind, peak, trainer.recompute());
+        let plan = self.loop_config(kind, peak, trainer.recompute(), startup_memory);
         let mut batches = TokenWindows {
             sampler,
             tokens: &train_tokens,

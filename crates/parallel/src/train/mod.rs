@@ -12,16 +12,20 @@
 //! - [`checkpoint`]: complete checkpoints (model, optimizer, sampler, step)
 //!   written per rank with an index, atomically, for resuming in any
 //!   layout; `held`: the trainer's share of them.
+//! - [`gather_phase_memory`]: every rank's peak memory of a phase (build,
+//!   checkpoint save or load), for rank 0's `metrics.jsonl`.
 //! - `test_faults`: the test-only hooks that make one rank panic or stall
 //!   at a given step (for the tests of lost and stalled ranks).
 
 pub mod checkpoint;
 mod held;
 pub mod loss_scale;
+mod phase_memory;
 pub mod run;
 pub mod step;
 mod test_faults;
 
+pub use phase_memory::gather_phase_memory;
 pub use run::{
     run, BatchSource, LoopConfig, LoopError, NonFinite, Progress, RunSummary, Silent, TokenWindows,
 };

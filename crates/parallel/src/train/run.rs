@@ -43,8 +43,8 @@ use ferrotron_engine::data::{Batch, BatchSampler, DataError, Goldfish, SamplerSt
 use ferrotron_engine::lm::{CausalLm, LmUnits};
 use ferrotron_engine::metrics::energy::Coverage;
 use ferrotron_engine::metrics::{
-    write_loss_svg, DeviceMemoryProbe, EnergyMeter, HeapWindow, MetricsWriter, StepRecord,
-    ValRecord,
+    write_loss_svg, DeviceMemoryProbe, EnergyMeter, HeapWindow, MemoryPhase, MetricsWriter,
+    PhaseMemory, PhaseWindow, StepRecord, ValRecord,
 };
 
 use super::step::Trainer;
@@ -167,9 +167,14 @@ pub struct LoopConfig {
     /// Rank 0's energy counter: each step's `energy_j` and
     /// `tokens_per_joule` (`None`: not measured).
     pub energy: Option<EnergyMeter>,
-    /// Rank 0's GPU memory, read after each step (`device_bytes_in_use`,
-    /// `device_bytes_reserved`); `None` on CPU backends.
+    /// This rank's GPU memory: rank 0's is read after each step
+    /// (`device_bytes_in_use`, `device_bytes_reserved` of the step record),
+    /// every rank's after each checkpoint save; `None` on CPU backends.
     pub device_memory: Option<DeviceMemoryProbe>,
+    /// Every rank's memory of the phases before the loop (building the
+    /// model, loading a checkpoint), written by rank 0 to `metrics.jsonl`
+    /// before the first step ([`super::gather_phase_memory`]).
+    pub startup_memory: Vec<PhaseMemory>,
     /// The goldfish loss's mask applied to every training micro-batch
     /// (`None`: every target counts); see the module doc.
     pub goldfish: Option<Goldfish>,
@@ -202,6 +207,7 @@ impl Default for LoopConfig {
             stop_file: None,
             energy: None,
             device_memory: None,
+            startup_memory: Vec::new(),
             goldfish: None,
             measure_heap: false,
         }
@@ -396,6 +402,11 @@ where
         progress,
         summary: RunSummary::default(),
     };
+    if let Some(w) = reports.writer.as_mut() {
+        for record in &config.startup_memory {
+            w.record(record)?;
+        }
+    }
     if !resumed {
         validate(trainer, val, 0, &mut reports)?;
     }
@@ -428,7 +439,7 @@ where
             && config.save_every > 0
             && (step % config.save_every == 0 || step == config.steps);
         if due || stop {
-            let written = save(trainer, batches, config)?;
+            let written = save(trainer, batches, config, &mut reports)?;
             if stop {
                 return Err(stopped(config, &*world, place.lead, step, written)?);
             }
@@ -660,12 +671,14 @@ fn stopped(
 }
 
 /// A complete checkpoint under the run directory's `checkpoints/` (a
-/// collective: every rank writes its share, rank 0 the index); returns
-/// where (`None` on the other ranks or without a run directory).
+/// collective: every rank writes its share, rank 0 the index, and rank 0
+/// records every rank's peak memory while writing); returns where (`None`
+/// on the other ranks or without a run directory).
 fn save<B, M>(
     trainer: &Trainer<B, M>,
     batches: &dyn BatchSource,
     config: &LoopConfig,
+    reports: &mut Reports<'_>,
 ) -> Result<Option<PathBuf>, LoopError>
 where
     B: AutodiffBackend,
@@ -675,14 +688,22 @@ where
     let Some(dir) = &config.run_dir else {
         return Ok(None);
     };
+    let world = trainer.groups().world();
+    let window = PhaseWindow::open(MemoryPhase::CheckpointSave, config.device_memory.clone());
     let written = checkpoint::write(
         &dir.join("checkpoints"),
-        &**trainer.groups().world(),
+        &**world,
         &trainer.shard()?,
         batches.state(),
         &config.checkpoint_files,
         config.keep_checkpoints,
     )?;
+    let mine = window.close(world.rank(), trainer.steps_done());
+    for record in super::gather_phase_memory(&**world, &mine)? {
+        if let Some(w) = reports.writer.as_mut() {
+            w.record(&record)?;
+        }
+    }
     Ok(written)
 }
 

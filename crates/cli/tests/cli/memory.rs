@@ -1,0 +1,119 @@
+//! Per-rank peak memory (issue 30 §4): on a model whose parameters
+//! dominate its memory (GPT-2 small: 124M parameters, 50,257-token
+//! vocabulary, 32-token sequences), each rank of a tp2 run peaks at most
+//! 0.6 of the one-rank run's resident memory while building the model and
+//! while writing a checkpoint, and each rank of a dp2 ZeRO-3 run while
+//! writing a checkpoint. The peaks are the `memory_phase` records of
+//! `metrics.jsonl` (`VmHWM` reset at the phase's start).
+//!
+//! ZeRO-3 still builds the whole TP part before keeping its DP share, so
+//! its build peak is not bounded here.
+
+use std::path::Path;
+
+use crate::common::{corpus, ferrotron, records, scratch};
+use crate::mpirun::{mpi_built, run};
+
+/// The largest share of the one-rank peak a rank of a 2-way sharded run may
+/// reach.
+const MAX_SHARE: f64 = 0.6;
+
+/// `peak_rss_bytes` of every `phase` record of `run`, by rank (the largest
+/// when a rank recorded the phase more than once); checks that every rank
+/// of `ranks` recorded it, with a peak no smaller than its start.
+fn peaks(run: &Path, phase: &str, ranks: usize) -> Vec<u64> {
+    let mut by_rank = vec![None::<u64>; ranks];
+    for r in records(run).iter().filter(|r| r["memory_phase"] == phase) {
+        let rank = r["rank"].as_u64().unwrap() as usize;
+        let peak = r["peak_rss_bytes"].as_u64().expect("VmHWM on Linux");
+        let start = r["start_rss_bytes"].as_u64().expect("VmRSS on Linux");
+        assert!(peak >= start && start > 0, "{}: {r}", run.display());
+        let slot = &mut by_rank[rank];
+        *slot = Some(slot.map_or(peak, |p| p.max(peak)));
+    }
+    by_rank
+        .into_iter()
+        .enumerate()
+        .map(|(rank, p)| {
+            p.unwrap_or_else(|| panic!("{}: no {phase} record of rank {rank}", run.display()))
+        })
+        .collect()
+}
+
+/// Checks that every rank's `phase` peak of `run` is at most
+/// [`MAX_SHARE`] of the one-rank run's.
+fn at_most_share(label: &str, run: &Path, single: &Path, phase: &str) {
+    let whole = peaks(single, phase, 1)[0];
+    for (rank, peak) in peaks(run, phase, 2).into_iter().enumerate() {
+        let share = peak as f64 / whole as f64;
+        assert!(
+            share <= MAX_SHARE,
+            "{label} rank {rank}: {phase} peak {peak} bytes is {share:.2} of one rank's {whole}"
+        );
+    }
+}
+
+#[test]
+fn tp2_and_zero3_ranks_peak_at_most_six_tenths_of_one_rank() {
+    if !mpi_built() {
+        return;
+    }
+    let dir = scratch("memory");
+    let corpus = corpus(&dir);
+    // A 300-token tokenizer's shards: the model keeps the preset's
+    // vocabulary of 50,257 (a small corpus cannot train a tokenizer that large).
+    let shards = dir.join("shards");
+    let o = ferrotron(&[
+        "data",
+        "prepare",
+        "--input",
+        corpus.to_str().unwrap(),
+        "--vocab-size",
+        "300",
+        "--out",
+        shards.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let args = |out: &Path| -> Vec<String> {
+        let shards = shards.to_str().unwrap();
+        let out = out.to_str().unwrap();
+        [
+            "--model",
+            "gpt2",
+            "--data",
+            shards,
+            "--vocab-size",
+            "50257",
+            "--seq-len",
+            "32",
+            "--micro-batch",
+            "1",
+            "--steps",
+            "1",
+            "--eval-every",
+            "1",
+            "--eval-batches",
+            "1",
+            "--save-every",
+            "1",
+            "--sample-tokens",
+            "0",
+            "--peak-tflops",
+            "1",
+            "--out",
+            out,
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let single = dir.join("single");
+    run("one rank", 1, args(&single), &[]);
+    let tp2 = dir.join("tp2");
+    run("tp2", 2, args(&tp2), &["--tp", "2"]);
+    let zero3 = dir.join("zero3");
+    run("dp2 zero3", 2, args(&zero3), &["--zero", "3"]);
+    at_most_share("tp2", &tp2, &single, "build");
+    at_most_share("tp2", &tp2, &single, "checkpoint_save");
+    at_most_share("dp2 zero3", &zero3, &single, "checkpoint_save");
+    let _ = std::fs::remove_dir_all(&dir);
+}
