@@ -79,8 +79,15 @@ fn ok(args: &[String], what: &str) {
     );
 }
 
+/// Lines of `run`'s `metrics.jsonl` (one per step or validation).
+fn records(run: &Path) -> usize {
+    std::fs::read_to_string(run.join("metrics.jsonl")).map_or(0, |t| t.lines().count())
+}
+
 /// Starts the resumed job of `run` (to no end) and SIGKILLs both ranks
-/// `wait` after both are up; returns once `mpirun` has ended.
+/// `wait` after it recorded its first step (each step ends with a
+/// checkpoint, so the kill lands in or between saves); returns once
+/// `mpirun` has ended.
 fn kill_during_saves(run: &Path, wait: Duration, i: u64) {
     let mut cmd = ferrotron_on(2, &[]);
     cmd.env("OMPI_MCA_rmaps_base_oversubscribe", "1").args([
@@ -92,11 +99,10 @@ fn kill_during_saves(run: &Path, wait: Duration, i: u64) {
         "--override",
         "schedule.steps",
     ]);
+    let before = records(run);
     let mut job = deadline::spawn_within(&mut cmd, DEADLINE).expect("mpirun starts");
     let pid = job.pid();
-    job.wait_until("both ranks to start", || {
-        (0..2).all(|r| rank_pid(pid, r).is_some())
-    });
+    job.wait_until("a step of the resumed job", || records(run) > before);
     std::thread::sleep(wait);
     // Both ranks must still run (a job that was refused or crashed would
     // leave `latest` intact without testing anything).
@@ -129,9 +135,9 @@ fn sigkill_of_both_ranks_during_checkpoint_writes_leaves_a_latest_that_resumes_e
     ok(&flags(&corpus, &run, 2), "the first two steps");
     let mut mid_write = 0;
     for i in 0..KILLS {
-        // 0.3 s to 2.2 s after both ranks started: start-up, then steps
-        // that each end with a checkpoint.
-        kill_during_saves(&run, Duration::from_millis(300 + (i * 7919) % 1900), i);
+        // 0 to 0.9 s after the job's first step: in the checkpoint
+        // write that follows it, or in a later step or write.
+        kill_during_saves(&run, Duration::from_millis((i * 7919) % 900), i);
         mid_write += usize::from(cut_off(&run));
         let latest = resolve(&run).unwrap_or_else(|e| panic!("kill {i}: {e}"));
         let state = read_state(&latest).unwrap_or_else(|e| panic!("kill {i}: {e}"));
