@@ -34,31 +34,56 @@ pub struct ModelSource {
     pub special: SpecialTokens,
 }
 
+/// What a run directory says of its model besides the weights.
+pub struct RunModel {
+    /// The architecture.
+    pub config: DecoderConfig,
+    /// `tokenizer.json`, when the run has one.
+    pub tokenizer: Option<PathBuf>,
+    /// The tokenizer's `<|endoftext|>` as begin and end of sequence.
+    pub special: SpecialTokens,
+    /// The backend the run was trained on.
+    pub backend: String,
+}
+
+impl RunModel {
+    /// Reads the run directory `run`; errors name `--run` or the file.
+    pub fn read(run: &Path) -> anyhow::Result<Self> {
+        let (job, record) =
+            read_run_files(run).map_err(|e| usage(format!("--run {}: {e}", run.display())))?;
+        let tok = run.join("tokenizer.json");
+        let special = if tok.exists() {
+            let t =
+                Tokenizer::from_file(&tok).map_err(|e| usage(format!("{}: {e}", tok.display())))?;
+            SpecialTokens::from_tokenizer(&t)
+        } else {
+            SpecialTokens::default()
+        };
+        Ok(Self {
+            config: record.model,
+            tokenizer: tok.exists().then_some(tok),
+            special,
+            backend: job.backend.name,
+        })
+    }
+}
+
 impl ModelSource {
     /// Reads exactly one of `--run` or `--hf-dir`.
     pub fn read(run: Option<&Path>, hf_dir: Option<&Path>) -> anyhow::Result<Self> {
         match (run, hf_dir) {
             (Some(run), None) => {
-                let (job, record) = read_run_files(run)
-                    .map_err(|e| usage(format!("--run {}: {e}", run.display())))?;
+                let m = RunModel::read(run)?;
                 let weights = run.join("model.safetensors");
                 let tensors = load_safetensors(&weights).map_err(|e| usage(e.to_string()))?;
-                let tok = run.join("tokenizer.json");
-                let special = if tok.exists() {
-                    let t = Tokenizer::from_file(&tok)
-                        .map_err(|e| usage(format!("{}: {e}", tok.display())))?;
-                    SpecialTokens::from_tokenizer(&t)
-                } else {
-                    SpecialTokens::default()
-                };
                 Ok(Self {
-                    config: record.model,
+                    config: m.config,
                     tensors,
-                    tokenizer: tok.exists().then_some(tok),
-                    backend: job.backend.name,
+                    tokenizer: m.tokenizer,
+                    backend: m.backend,
                     name: weights.display().to_string(),
                     dtype: FloatDtype::F32,
-                    special,
+                    special: m.special,
                 })
             }
             (None, Some(dir)) => {

@@ -98,7 +98,8 @@ impl FloatDtype {
         }
     }
 
-    fn safetensors(self) -> Dtype {
+    /// The safetensors dtype tag.
+    pub fn safetensors(self) -> Dtype {
         match self {
             FloatDtype::F32 => Dtype::F32,
             FloatDtype::Bf16 => Dtype::BF16,
@@ -115,8 +116,8 @@ impl FloatDtype {
         }
     }
 
-    /// Little-endian bytes of `values` in this dtype.
-    fn encode(self, values: &[f32]) -> Vec<u8> {
+    /// Little-endian bytes of `values` in this dtype (`size()` bytes each).
+    pub fn encode(self, values: &[f32]) -> Vec<u8> {
         match self {
             FloatDtype::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
             FloatDtype::Bf16 => values

@@ -9,8 +9,8 @@ use serde_json::json;
 
 use super::config::to_hf_config;
 use super::generation::SpecialTokens;
-use super::names::rules;
-use super::shards::{write_shards, DEFAULT_MAX_SHARD_SIZE};
+use super::shards::DEFAULT_MAX_SHARD_SIZE;
+use super::stream::{export_order, write_weights};
 use super::HfError;
 use crate::config::DecoderConfig;
 
@@ -51,7 +51,8 @@ impl Default for ExportOptions {
 ///
 /// `tensors` are our named parameters (`ferrotron_engine::params::named_tensors`).
 /// A tied head is written once, as the embedding (`transformers` ties
-/// `lm_head` to it, as `save_pretrained` does).
+/// `lm_head` to it, as `save_pretrained` does). The weights are written as
+/// [`stream_hf_dir`] writes them.
 ///
 /// # Errors
 ///
@@ -64,46 +65,58 @@ pub fn save_hf_dir(
     tokenizer: Option<&Path>,
     options: &ExportOptions,
 ) -> Result<(), HfError> {
+    let ours: BTreeMap<&str, &TensorData> = tensors.iter().map(|(n, d)| (n.as_str(), d)).collect();
+    for (name, shape) in export_order(config)? {
+        let data = ours
+            .get(name.as_str())
+            .ok_or_else(|| HfError::NotExportable(format!("parameter '{name}' is missing")))?;
+        if data.shape.to_vec() != shape {
+            return Err(HfError::NotExportable(format!(
+                "parameter '{name}' has shape {:?}, the config implies {shape:?}",
+                data.shape.to_vec()
+            )));
+        }
+    }
+    let mut source = |name: &str| {
+        ours.get(name)
+            .map(|d| (*d).clone())
+            .ok_or_else(|| HfError::NotExportable(format!("parameter '{name}' is missing")))
+    };
+    stream_hf_dir(dir, config, &mut source, tokenizer, options).map(|_| ())
+}
+
+/// [`save_hf_dir`] with the parameters handed over one at a time by
+/// `source` (called once per parameter of ours, by name, in
+/// [`export_order`]), so that no more than one
+/// output shard and one tensor are held: a sharded checkpoint or a gather
+/// per tensor across ranks feeds it. Returns the most bytes of tensor data
+/// the writer held at once.
+///
+/// # Errors
+///
+/// As [`save_hf_dir`], and whatever `source` returns.
+pub fn stream_hf_dir(
+    dir: &Path,
+    config: &DecoderConfig,
+    source: &mut dyn FnMut(&str) -> Result<TensorData, HfError>,
+    tokenizer: Option<&Path>,
+    options: &ExportOptions,
+) -> Result<u64, HfError> {
     let (family, mut json) = to_hf_config(config)?;
     json["torch_dtype"] = json!(options.dtype.torch_name());
     json["dtype"] = json!(options.dtype.torch_name());
-    let ours: BTreeMap<&str, &TensorData> = tensors.iter().map(|(n, d)| (n.as_str(), d)).collect();
-    let mut hf: BTreeMap<String, (Vec<usize>, Vec<f32>)> = BTreeMap::new();
-    for rule in rules(family, config) {
-        let data = ours.get(rule.ours.as_str()).ok_or_else(|| {
-            HfError::NotExportable(format!("parameter '{}' is missing", rule.ours))
-        })?;
-        if data.shape.to_vec() != rule.shape {
-            return Err(HfError::NotExportable(format!(
-                "parameter '{}' has shape {:?}, the config implies {:?}",
-                rule.ours,
-                data.shape.to_vec(),
-                rule.shape
-            )));
-        }
-        let values: Vec<f32> = (*data)
-            .clone()
-            .convert::<f32>()
-            .to_vec()
-            .map_err(|e| HfError::NotExportable(format!("parameter '{}': {e:?}", rule.ours)))?;
-        let shape = rule.hf_shape();
-        let entry = hf.entry(rule.hf.clone()).or_insert_with(|| {
-            let n = shape.iter().product();
-            (shape, vec![0.0; n])
-        });
-        for (i, v) in values.into_iter().enumerate() {
-            entry.1[rule.hf_index(i)] = v;
-        }
-    }
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let text = serde_json::to_string_pretty(&json).expect("a JSON value serialises");
     let config_path = dir.join("config.json");
     write_atomic(&config_path, text.as_bytes()).map_err(|e| io(&config_path, e))?;
-    let named: Vec<(String, TensorData)> = hf
-        .into_iter()
-        .map(|(name, (shape, values))| (name, TensorData::new(values, shape)))
-        .collect();
-    write_shards(dir, &named, options.dtype, options.max_shard_size)?;
+    let peak = write_weights(
+        dir,
+        family,
+        config,
+        source,
+        options.dtype,
+        options.max_shard_size,
+    )?;
     let generation = dir.join("generation_config.json");
     let text = serde_json::to_string_pretty(&options.special.generation_config())
         .expect("a JSON value serialises");
@@ -113,5 +126,5 @@ pub fn save_hf_dir(
         let dest = dir.join("tokenizer.json");
         write_atomic(&dest, &bytes).map_err(|e| io(&dest, e))?;
     }
-    Ok(())
+    Ok(peak)
 }

@@ -9,8 +9,10 @@
 //! - [`names`]: the table from our parameter names to Hugging Face tensor
 //!   names and layouts, per family.
 //! - [`import`]: [`load_hf_dir`], a directory to our named tensors.
-//! - [`export`]: [`save_hf_dir`], our named tensors to a directory, with
-//!   [`shards`] splitting the weights as `save_pretrained` does.
+//! - [`export`]: [`save_hf_dir`], our named tensors to a directory, and
+//!   [`stream_hf_dir`], the same fed one tensor at a time; [`stream`]
+//!   writes the weights tensor by tensor, in shards planned as [`shards`]
+//!   says (as `save_pretrained` splits them).
 //! - [`generation`]: the begin- and end-of-sequence ids.
 
 pub mod config;
@@ -20,11 +22,13 @@ pub mod import;
 pub mod names;
 mod rope;
 pub mod shards;
+pub mod stream;
 
 pub use config::{from_hf_config, to_hf_config, Family};
-pub use export::{save_hf_dir, ExportOptions};
+pub use export::{save_hf_dir, stream_hf_dir, ExportOptions};
 pub use generation::SpecialTokens;
 pub use import::{convert_to_ours, load_hf_dir, HfModel};
+pub use stream::export_order;
 
 /// Everything that can be wrong with a Hugging Face model directory or an export.
 #[derive(Debug, thiserror::Error)]

@@ -8,14 +8,6 @@
 //! `huggingface_hub.split_torch_state_dict_into_shards` does; a tensor larger
 //! than the limit gets a shard of its own.
 
-use std::path::Path;
-
-use burn::tensor::TensorData;
-use ferrotron_engine::checkpoint::{save_safetensors_as, write_atomic, FloatDtype};
-use serde_json::{json, Map, Value};
-
-use super::HfError;
-
 /// `save_pretrained`'s default maximum shard size, 5 GB, in bytes.
 pub const DEFAULT_MAX_SHARD_SIZE: u64 = 5_000_000_000;
 
@@ -56,7 +48,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 
 /// Indices of `sizes` (bytes per tensor, in write order) grouped into shards
 /// of at most `max` bytes each (a single oversized tensor excepted).
-fn plan(sizes: &[u64], max: u64) -> Vec<Vec<usize>> {
+pub(crate) fn plan(sizes: &[u64], max: u64) -> Vec<Vec<usize>> {
     let mut shards: Vec<Vec<usize>> = Vec::new();
     let mut current = 0u64;
     for (i, &size) in sizes.iter().enumerate() {
@@ -72,57 +64,6 @@ fn plan(sizes: &[u64], max: u64) -> Vec<Vec<usize>> {
         }
     }
     shards
-}
-
-/// Writes `tensors` (Hugging Face names, sorted) into `dir` as `dtype`, in
-/// shards of at most `max_shard_size` bytes of tensor data, with the index
-/// file when there is more than one shard. Returns the files written.
-///
-/// # Errors
-///
-/// [`HfError::Io`] naming the file that could not be written.
-pub fn write_shards(
-    dir: &Path,
-    tensors: &[(String, TensorData)],
-    dtype: FloatDtype,
-    max_shard_size: u64,
-) -> Result<Vec<String>, HfError> {
-    let io = |path: &Path, e: &dyn std::fmt::Display| HfError::Io {
-        path: path.display().to_string(),
-        message: e.to_string(),
-    };
-    let sizes: Vec<u64> = tensors
-        .iter()
-        .map(|(_, d)| (d.num_elements() * dtype.size()) as u64)
-        .collect();
-    let shards = plan(&sizes, max_shard_size);
-    if shards.len() == 1 {
-        let path = dir.join("model.safetensors");
-        save_safetensors_as(&path, tensors, dtype).map_err(|e| io(&path, &e))?;
-        return Ok(vec!["model.safetensors".into()]);
-    }
-    let n = shards.len();
-    let mut weight_map = Map::new();
-    let mut files = Vec::with_capacity(n);
-    for (k, members) in shards.iter().enumerate() {
-        let file = format!("model-{:05}-of-{n:05}.safetensors", k + 1);
-        let part: Vec<(String, TensorData)> = members.iter().map(|&i| tensors[i].clone()).collect();
-        for (name, _) in &part {
-            weight_map.insert(name.clone(), json!(file));
-        }
-        let path = dir.join(&file);
-        save_safetensors_as(&path, &part, dtype).map_err(|e| io(&path, &e))?;
-        files.push(file);
-    }
-    let index = json!({
-        "metadata": {"total_size": sizes.iter().sum::<u64>()},
-        "weight_map": Value::Object(weight_map),
-    });
-    let path = dir.join("model.safetensors.index.json");
-    let text = serde_json::to_string_pretty(&index).expect("a JSON value serialises");
-    write_atomic(&path, text.as_bytes()).map_err(|e| io(&path, &e))?;
-    files.push("model.safetensors.index.json".into());
-    Ok(files)
 }
 
 #[cfg(test)]

@@ -3,7 +3,8 @@
 
 mod common;
 
-/// Counts each thread's heap, for `sharded_init`'s memory test.
+/// Counts each thread's heap, for the memory tests of `sharded_init` and
+/// `hf_stream`.
 #[global_allocator]
 static ALLOCATOR: common::thread_heap::ThreadCounting = common::thread_heap::ThreadCounting;
 
@@ -11,6 +12,7 @@ mod cpu_elementwise;
 mod decoder_behaviour;
 mod fused_kernels;
 mod hf_parity;
+mod hf_stream;
 mod layer_references;
 mod linear_cross_entropy;
 mod mixed_precision;
