@@ -35,17 +35,16 @@ impl MemoryBytes {
 /// `MemAvailable` of `/proc/meminfo` (Linux: free memory plus the caches
 /// the kernel can drop); `None` where there is no such file or line.
 pub fn available_memory_bytes() -> Option<u64> {
-    parse_meminfo(
+    parse_kb_field(
         &std::fs::read_to_string("/proc/meminfo").ok()?,
         "MemAvailable",
     )
 }
 
-/// The line `FIELD:  N kB` of a `/proc/meminfo` text, in bytes.
-fn parse_meminfo(meminfo: &str, field: &str) -> Option<u64> {
-    let line = meminfo
-        .lines()
-        .find(|l| l.split(':').next() == Some(field))?;
+/// The line `FIELD:  N kB` of a `/proc` text (`/proc/meminfo`,
+/// `/proc/self/status`), in bytes.
+pub(crate) fn parse_kb_field(text: &str, field: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.split(':').next() == Some(field))?;
     let mut words = line[field.len() + 1..].split_whitespace();
     let n: u64 = words.next()?.parse().ok()?;
     match words.next() {
@@ -61,10 +60,10 @@ mod tests {
     #[test]
     fn meminfo_fields_are_read_in_kibibytes() {
         let text = "MemTotal:       24576000 kB\nMemAvailable:  100 kB\n";
-        assert_eq!(parse_meminfo(text, "MemTotal"), Some(24_576_000 * 1024));
-        assert_eq!(parse_meminfo(text, "MemAvailable"), Some(100 * 1024));
-        assert_eq!(parse_meminfo("MemFree: 1 kB\n", "MemAvailable"), None);
-        assert_eq!(parse_meminfo("MemAvailable: 12\n", "MemAvailable"), None);
+        assert_eq!(parse_kb_field(text, "MemTotal"), Some(24_576_000 * 1024));
+        assert_eq!(parse_kb_field(text, "MemAvailable"), Some(100 * 1024));
+        assert_eq!(parse_kb_field("MemFree: 1 kB\n", "MemAvailable"), None);
+        assert_eq!(parse_kb_field("MemAvailable: 12\n", "MemAvailable"), None);
         #[cfg(target_os = "linux")]
         assert!(available_memory_bytes().is_some_and(|b| b > 1 << 20));
     }

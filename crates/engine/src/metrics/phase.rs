@@ -12,6 +12,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::memory::parse_kb_field;
 use super::DeviceMemoryProbe;
 
 /// A phase whose peak memory is recorded.
@@ -106,20 +107,7 @@ fn reset_peak_rss() -> bool {
 
 /// The line `FIELD:  N kB` of `/proc/self/status`, bytes.
 fn status_bytes(field: &str) -> Option<u64> {
-    parse_status(&std::fs::read_to_string("/proc/self/status").ok()?, field)
-}
-
-/// The line `FIELD:  N kB` of a `/proc/*/status` text, bytes.
-fn parse_status(status: &str, field: &str) -> Option<u64> {
-    let line = status
-        .lines()
-        .find(|l| l.split(':').next() == Some(field))?;
-    let mut words = line[field.len() + 1..].split_whitespace();
-    let n: u64 = words.next()?.parse().ok()?;
-    match words.next() {
-        Some("kB") => n.checked_mul(1024),
-        _ => None,
-    }
+    parse_kb_field(&std::fs::read_to_string("/proc/self/status").ok()?, field)
 }
 
 #[cfg(test)]
@@ -129,10 +117,10 @@ mod tests {
     #[test]
     fn status_fields_are_read_in_kibibytes() {
         let text = "Name:\tx\nVmHWM:\t  2048 kB\nVmRSS:\t  1024 kB\n";
-        assert_eq!(parse_status(text, "VmHWM"), Some(2048 * 1024));
-        assert_eq!(parse_status(text, "VmRSS"), Some(1024 * 1024));
-        assert_eq!(parse_status(text, "VmPeak"), None);
-        assert_eq!(parse_status("VmHWM: 12\n", "VmHWM"), None);
+        assert_eq!(parse_kb_field(text, "VmHWM"), Some(2048 * 1024));
+        assert_eq!(parse_kb_field(text, "VmRSS"), Some(1024 * 1024));
+        assert_eq!(parse_kb_field(text, "VmPeak"), None);
+        assert_eq!(parse_kb_field("VmHWM: 12\n", "VmHWM"), None);
     }
 
     /// The window's peak sees a buffer touched and freed inside it, and a
