@@ -86,6 +86,15 @@ pub fn alibi_slopes(n_heads: usize) -> Vec<f32> {
         .collect()
 }
 
+/// The forward kernel the launcher chooses for `head_dim` alone.
+pub fn chosen_forward(
+    client: &ComputeClient<R>,
+    head_dim: usize,
+    _: FloatDtype,
+) -> Vec<AttentionKernel> {
+    vec![AttentionKernel::choose(client, head_dim)]
+}
+
 /// The forward kernels the tests check on `client`'s device for
 /// `head_dim` and `dtype`: the row kernel, the tiled kernel at every tile
 /// size whose shared memory fits the device, and the cmma kernel where it
