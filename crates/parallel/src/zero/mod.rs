@@ -22,7 +22,10 @@
 //!   all-gathered just before it runs and freed after, and gathered again
 //!   for its recomputation in backward, after which its gradients are
 //!   reduce-scattered; the embedding and head units stay gathered for the
-//!   whole step.
+//!   whole step. The chunks come from a built model, which is then
+//!   released ([`Zero::new`]), or, for a model built of placeholders,
+//!   straight from a [`ParamSource`] that draws any flat range of a
+//!   parameter alone ([`Zero::from_source`]), so the rank never holds more.
 //!
 //! With `--overlap-grad-reduce` (where the DP group is the only group of
 //! more than one rank) the reduce-scatters are started on the
