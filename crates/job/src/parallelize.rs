@@ -4,8 +4,8 @@
 //! (DDP or ZeRO) over the data-parallel group. A fresh model is built
 //! already cut to the rank's part ([`build_part`]; under ZeRO-3 only the
 //! rank's DP pieces of it, [`parallelize_fresh`]); a Hugging Face
-//! model is read already cut ([`load_hf_dir_part`]); whole weights loaded
-//! otherwise are cut here ([`parallelize`]).
+//! model is read already cut ([`parallelize_hf_dir`], the same way);
+//! whole weights loaded otherwise are cut here ([`parallelize`]).
 //!
 //! ```no_run
 //! use burn::backend::{Autodiff, Flex};
@@ -28,8 +28,7 @@ use std::path::Path;
 
 use ferrotron_engine::optim::{AdamWConfig, LrSchedule};
 use ferrotron_engine::precision::Precision;
-use ferrotron_models::hf::load_hf_part;
-use ferrotron_models::init::PartSource;
+use ferrotron_models::hf::{load_hf_part, HfError, HfPartSource};
 use ferrotron_models::ops::TrainBackend;
 use ferrotron_models::tensor_parallel::shard_plan;
 use ferrotron_models::{Decoder, ModelPart};
@@ -38,7 +37,7 @@ use ferrotron_parallel::pipeline::PipelineConfig;
 use ferrotron_parallel::tensor::{ShardPlan, TpGroup};
 use ferrotron_parallel::train::loss_scale::LossScaleConfig;
 use ferrotron_parallel::train::{ParallelConfig, StepConfig, Trainer};
-use ferrotron_parallel::zero::ZeroStage;
+use ferrotron_parallel::zero::{ParamSource, ZeroStage};
 
 use crate::error::usage;
 use crate::validate::ValidJob;
@@ -97,8 +96,32 @@ pub fn load_hf_dir_part<B: TrainBackend>(
     device: &B::Device,
 ) -> anyhow::Result<Decoder<B>> {
     let part = model_part(job, groups)?;
-    load_hf_part::<B>(dir, &job.model, &part, device)
-        .map_err(|e| usage(format!("--hf-dir {}: {e}", dir.display())))
+    load_hf_part::<B>(dir, &job.model, &part, device).map_err(|e| hf_error(dir, e))
+}
+
+/// This rank's trainer of the Hugging Face model in `dir`:
+/// [`load_hf_dir_part`] then [`parallelize_part`]; under ZeRO-3 the part
+/// is placeholders and the trainer reads only this rank's DP pieces of the
+/// mapped files ([`HfPartSource`]).
+pub fn parallelize_hf_dir<B: TrainBackend>(
+    dir: &Path,
+    groups: ProcessGroups,
+    job: &ValidJob,
+    device: &B::Device,
+) -> anyhow::Result<Parallelized<B>> {
+    if job.config.parallelism.zero != ZeroStage::Three {
+        let part = load_hf_dir_part::<B>(dir, job, &groups, device)?;
+        return parallelize_part(part, groups, job, device);
+    }
+    let part = model_part(job, &groups)?;
+    let (model, source) =
+        HfPartSource::open::<B>(dir, &job.model, &part, device).map_err(|e| hf_error(dir, e))?;
+    parallelize_with(model, Some(&source), groups, job, device)
+}
+
+/// A Hugging Face directory that cannot be read: bad input (exit 2).
+fn hf_error(dir: &Path, e: HfError) -> anyhow::Error {
+    usage(format!("--hf-dir {}: {e}", dir.display()))
 }
 
 /// The part of the model this rank builds: its TP block and its stage.
@@ -150,7 +173,7 @@ pub fn parallelize_part<B: TrainBackend>(
 /// drawn from `source` (ZeRO-3).
 fn parallelize_with<B: TrainBackend>(
     part: Decoder<B>,
-    source: Option<&PartSource>,
+    source: Option<&dyn ParamSource>,
     groups: ProcessGroups,
     job: &ValidJob,
     device: &B::Device,

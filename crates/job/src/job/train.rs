@@ -29,7 +29,7 @@ use super::{finish, Report};
 use crate::backend::BackendTask;
 use crate::config::OnNonFinite;
 use crate::error::{usage, Interrupted};
-use crate::parallelize::{load_hf_dir_part, parallelize_fresh, parallelize_part, Parallelized};
+use crate::parallelize::{parallelize_fresh, parallelize_hf_dir, Parallelized};
 use crate::validate::ValidJob;
 
 /// A job on one backend.
@@ -64,15 +64,12 @@ impl TrainTask<'_> {
         let rank = self.comm.rank();
         let groups = ProcessGroups::new(self.comm.clone(), job.mesh)?;
         let window = PhaseWindow::open(MemoryPhase::Build, probe.clone());
-        // Weights of `--hf-dir` are read already cut to this rank's part;
-        // a fresh or resumed model is built already cut to it, under
-        // ZeRO-3 to its DP pieces (a resumed one then reads its share of
-        // the checkpoint below).
+        // Weights of `--hf-dir` are read already cut to this rank's part,
+        // and a fresh or resumed model is built already cut to it (under
+        // ZeRO-3 both to its DP pieces); a resumed one then reads its share
+        // of the checkpoint below.
         let mut trainer = match self.prepared.initial.take() {
-            Some(dir) => {
-                let part = load_hf_dir_part::<B>(&dir, job, &groups, device)?;
-                parallelize_part(part, groups, job, device)?
-            }
+            Some(dir) => parallelize_hf_dir::<B>(&dir, groups, job, device)?,
             None => parallelize_fresh::<B>(groups, job, device)?,
         };
         let mut memory = gather_phase_memory(&*self.comm, &window.close(rank, 0))?;

@@ -10,10 +10,12 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::ops::Range;
 use std::path::Path;
 
 use burn::tensor::{bf16, f16, TensorData};
 use ferrotron_engine::params::map_named_tensors;
+use ferrotron_parallel::zero::ParamSource;
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 
@@ -22,7 +24,7 @@ use super::import::{io, match_names, weight_files};
 use super::names::{rules, Rule};
 use super::HfError;
 use crate::config::DecoderConfig;
-use crate::init::block_values;
+use crate::init::{block_values, PartSource};
 use crate::ops::KernelBackend;
 use crate::{Decoder, ModelPart};
 
@@ -124,6 +126,75 @@ impl Mapped {
     }
 }
 
+/// The values of a rank's part of a Hugging Face directory, drawable over
+/// any flat range of any parameter alone (from the mapped files): what a
+/// ZeRO-3 rank draws only its DP pieces from ([`ParamSource`]), and what
+/// [`load_hf_part`] reads whole blocks from.
+pub struct HfPartSource {
+    mapped: Mapped,
+    /// Each of our parameters the part holds: its rule, and its
+    /// Hugging Face tensor's name in the files.
+    rules: BTreeMap<String, (Rule, String)>,
+    /// The part's parameters: whole shapes and the rank's blocks.
+    part: PartSource,
+}
+
+impl HfPartSource {
+    /// The source of `part` of the Hugging Face model in `dir` (shape
+    /// `config`), and the part as placeholders: a ZeRO-3 rank hands both
+    /// to `Trainer::parallel_from_source` and reads only its DP pieces.
+    ///
+    /// # Errors
+    /// As [`load_hf_part`].
+    pub fn open<B: KernelBackend>(
+        dir: &Path,
+        config: &DecoderConfig,
+        part: &ModelPart,
+        device: &B::Device,
+    ) -> Result<(Decoder<B>, Self), HfError> {
+        let (family, _) = from_hf_config(&dir.join("config.json"))?;
+        let mapped = Mapped::open(dir)?;
+        let names = mapped.match_names(family, config)?;
+        let (model, part) = Decoder::<B>::placeholder_part(config, 0, device, part)
+            .map_err(|e| HfError::Layout(e.to_string()))?;
+        let rules = rules(family, config)
+            .into_iter()
+            .map(|r| {
+                let file_name = names[&r.hf].clone();
+                (r.ours.clone(), (r, file_name))
+            })
+            .collect();
+        Ok((
+            model,
+            Self {
+                mapped,
+                rules,
+                part,
+            },
+        ))
+    }
+}
+
+impl ParamSource for HfPartSource {
+    fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.part.shape(name)
+    }
+
+    /// # Panics
+    /// `name` is not one of the part's parameters.
+    fn values(&self, name: &str, range: Range<usize>) -> Vec<f32> {
+        let spec = self
+            .part
+            .spec(name)
+            .unwrap_or_else(|| panic!("'{name}' is not a parameter of the part"));
+        let (rule, file_name) = &self.rules[name];
+        let t = &self.mapped.tensors[file_name];
+        block_values(&spec.shape, spec.block.clone(), range, |i| {
+            self.mapped.value(t, rule.hf_index(i as usize))
+        })
+    }
+}
+
 /// This rank's `part` of the Hugging Face model in `dir`, whose shape is
 /// `config` (ours, as [`super::read_hf_dir`] gives it, with the run's
 /// settings): the part's tensors hold the directory's values in our
@@ -140,28 +211,14 @@ pub fn load_hf_part<B: KernelBackend>(
     part: &ModelPart,
     device: &B::Device,
 ) -> Result<Decoder<B>, HfError> {
-    let (family, _) = from_hf_config(&dir.join("config.json"))?;
-    let mapped = Mapped::open(dir)?;
-    let names = mapped.match_names(family, config)?;
-    let (model, source) = Decoder::<B>::placeholder_part(config, 0, device, part)
-        .map_err(|e| HfError::Layout(e.to_string()))?;
-    let rules: BTreeMap<String, Rule> = rules(family, config)
-        .into_iter()
-        .map(|r| (r.ours.clone(), r))
-        .collect();
+    let (model, source) = HfPartSource::open(dir, config, part, device)?;
     // Each block is read when the mapper reaches its parameter, so the
     // rank holds its part and one block in flight.
     map_named_tensors(model, |name, placeholder| {
-        let Some(spec) = source.spec(name) else {
+        let Some(shape) = source.shape(name) else {
             return Ok::<_, HfError>(placeholder);
         };
-        let rule = &rules[name];
-        let t = &mapped.tensors[&names[&rule.hf]];
-        let shape = spec.block_shape();
-        let n = shape.iter().product();
-        let values = block_values(&spec.shape, spec.block.clone(), 0..n, |i| {
-            mapped.value(t, rule.hf_index(i as usize))
-        });
+        let values = source.values(name, 0..shape.iter().product());
         Ok(TensorData::new(values, shape))
     })
 }

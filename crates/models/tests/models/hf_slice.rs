@@ -28,7 +28,7 @@ use crate::sharded_init::{bits, check_gathered, held, unit_of};
 
 type B = Flex;
 
-fn fixture(name: &str) -> PathBuf {
+pub(crate) fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/hf")
         .join(name)
@@ -36,7 +36,7 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 /// Rank `rank`'s part of `c` under `plan` on `stage` of `layout`.
-fn part(plan: &ShardPlan, rank: usize, layout: &StageLayout, stage: usize) -> ModelPart {
+pub(crate) fn part(plan: &ShardPlan, rank: usize, layout: &StageLayout, stage: usize) -> ModelPart {
     let group = TpGroup::new(Arc::new(RankOf {
         rank,
         size: plan.tp(),

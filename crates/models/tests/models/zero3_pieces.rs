@@ -4,7 +4,9 @@
 //! dp2 and dp3 (uneven chunks), with and without tp2: each rank's pieces equal the pieces `Zero::new`
 //! keeps of the built TP part bit for bit (same layout, same values), and
 //! the pieces of every DP rank, joined, are the whole TP part, each
-//! element owned once.
+//! element owned once. The same holds for the pieces a ZeRO-3 rank reads
+//! from a Hugging Face directory (`HfPartSource`) against its part of the
+//! directory (`load_hf_part`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,14 +16,20 @@ use burn::module::ParamId;
 use burn::tensor::Tensor;
 use ferrotron_engine::params::{named_tensors, param_names};
 use ferrotron_engine::precision::Precision;
+#[cfg(feature = "flex")]
+use ferrotron_models::hf::{load_hf_part, read_hf_dir, HfPartSource};
 use ferrotron_models::presets::preset;
 use ferrotron_models::tensor_parallel::shard_plan;
 use ferrotron_models::{Decoder, DecoderConfig, ModelPart};
 use ferrotron_parallel::grad_sync::GradSync;
+#[cfg(feature = "flex")]
+use ferrotron_parallel::pipeline::PipelineConfig;
 use ferrotron_parallel::tensor::{TpGroup, DEFAULT_VOCAB_DIVISIBLE_BY};
 use ferrotron_parallel::zero::{Zero, ZeroStage};
 
 use crate::common::rank_of::RankOf;
+#[cfg(feature = "flex")]
+use crate::hf_slice::{fixture, part};
 
 type B = Autodiff<Flex>;
 type Z = Zero<B, Decoder<B>>;
@@ -64,23 +72,8 @@ fn check(family: &str, c: &DecoderConfig, tp: usize, tp_rank: usize, dp: usize) 
         ModelPart::tensor_parallel(plan.clone(), group).unwrap()
     };
     let built = Decoder::<B>::new_part(c, SEED, &device, &part()).unwrap();
-    let whole: HashMap<String, Vec<u32>> = named_tensors(&built)
-        .into_iter()
-        .map(|(n, d)| {
-            (
-                n,
-                d.to_vec::<f32>()
-                    .unwrap()
-                    .into_iter()
-                    .map(f32::to_bits)
-                    .collect(),
-            )
-        })
-        .collect();
-    let mut owners: HashMap<&str, Vec<u8>> = whole
-        .iter()
-        .map(|(n, v)| (n.as_str(), vec![0; v.len()]))
-        .collect();
+    let whole = tensor_bits(&built);
+    let mut owners = Owners::of(&whole);
     for rank in 0..dp {
         let (model, source) = Decoder::<B>::placeholder_part(c, SEED, &device, &part()).unwrap();
         assert!(
@@ -118,18 +111,59 @@ fn check(family: &str, c: &DecoderConfig, tp: usize, tp_rank: usize, dp: usize) 
             drawn == pieces(&old, &old_model),
             "{what}: rank {rank}'s pieces"
         );
-        for (name, (range, bits)) in &drawn {
+        owners.check(&what, rank, &drawn, &whole);
+    }
+    owners.once(&what);
+}
+
+/// Every tensor of `model`, by name, as f32 bits.
+fn tensor_bits(model: &Decoder<B>) -> HashMap<String, Vec<u32>> {
+    named_tensors(model)
+        .into_iter()
+        .map(|(n, d)| {
+            let values = d.to_vec::<f32>().unwrap();
+            (n, values.into_iter().map(f32::to_bits).collect())
+        })
+        .collect()
+}
+
+/// How many DP ranks own each element of each tensor.
+struct Owners(HashMap<String, Vec<u8>>);
+
+impl Owners {
+    fn of(whole: &HashMap<String, Vec<u32>>) -> Self {
+        Self(
+            whole
+                .iter()
+                .map(|(n, v)| (n.clone(), vec![0; v.len()]))
+                .collect(),
+        )
+    }
+
+    /// Checks rank `rank`'s `pieces` against `whole` and counts them.
+    fn check(
+        &mut self,
+        what: &str,
+        rank: usize,
+        pieces: &Pieces,
+        whole: &HashMap<String, Vec<u32>>,
+    ) {
+        for (name, (range, bits)) in pieces {
             assert!(
                 bits[..] == whole[name][range.clone()],
                 "{what}: rank {rank}'s piece {range:?} of {name}"
             );
-            owners.get_mut(name.as_str()).unwrap()[range.clone()]
+            self.0.get_mut(name).unwrap()[range.clone()]
                 .iter_mut()
                 .for_each(|o| *o += 1);
         }
     }
-    for (name, owned) in owners {
-        assert!(owned.iter().all(|&o| o == 1), "{what}: {name} owned once");
+
+    /// Checks that every element was owned exactly once.
+    fn once(&self, what: &str) {
+        for (name, owned) in &self.0 {
+            assert!(owned.iter().all(|&o| o == 1), "{what}: {name} owned once");
+        }
     }
 }
 
@@ -146,6 +180,40 @@ fn zero3_pieces_drawn_alone_join_into_the_built_part_bit_for_bit() {
         for (tp, dp) in [(1, 2), (1, 3), (2, 2), (2, 3)] {
             for tp_rank in 0..tp {
                 check(&family, &c, tp, tp_rank, dp);
+            }
+        }
+    }
+}
+
+#[cfg(feature = "flex")]
+#[test]
+fn zero3_pieces_read_from_an_hf_dir_join_into_its_part() {
+    let device = Default::default();
+    for family in ["gpt2", "llama", "bloom"] {
+        let dir = fixture(family);
+        let c = read_hf_dir(&dir).unwrap().config;
+        let layout = PipelineConfig::default().layout(c.n_layers, 1).unwrap();
+        for (tp, dp) in [(1, 2), (2, 3)] {
+            let plan = shard_plan(&c, tp, DEFAULT_VOCAB_DIVISIBLE_BY).unwrap();
+            for tp_rank in 0..tp {
+                let what = format!("{family} tp{tp} rank {tp_rank} dp{dp}");
+                let p = part(&plan, tp_rank, &layout, 0);
+                let whole = tensor_bits(&load_hf_part::<B>(&dir, &c, &p, &device).unwrap());
+                let mut owners = Owners::of(&whole);
+                for rank in 0..dp {
+                    let (model, source) = HfPartSource::open::<B>(&dir, &c, &p, &device).unwrap();
+                    let (zero, model) = Z::from_source(
+                        model,
+                        &source,
+                        dp_rank(rank, dp),
+                        device,
+                        Precision::Fp32,
+                        false,
+                    )
+                    .unwrap();
+                    owners.check(&what, rank, &pieces(&zero, &model), &whole);
+                }
+                owners.once(&what);
             }
         }
     }
