@@ -27,7 +27,10 @@ pub use backend::{check_ready, device_memory, dispatch, parse_backend, BackendTa
 pub use config::{Change, JobConfig, JobFlags, Key, KEYS, SECTIONS};
 pub use error::{ConfigError, Interrupted, UsageError, INTERRUPTED_EXIT};
 pub use job::{Job, PrintReport, Report};
-pub use parallelize::{build_part, parallelize, parallelize_part, Parallelized};
+pub use parallelize::{
+    build_part, load_hf_dir_part, parallelize, parallelize_fresh, parallelize_hf_dir,
+    parallelize_part, Parallelized,
+};
 pub use resume::{on_resume, OnResume, Resume};
 pub use validate::{ValidJob, World, DEFAULT_WARMUP_STEPS};
 

@@ -2,8 +2,10 @@
 //! place and in torchtitan's order — tensor (and sequence) parallelism,
 //! then recomputation, the pipeline split, and the gradient-sync strategy
 //! (DDP or ZeRO) over the data-parallel group. A fresh model is built
-//! already cut to the rank's part ([`build_part`]); loaded weights are
-//! cut here ([`parallelize`]).
+//! already cut to the rank's part ([`build_part`]; under ZeRO-3 only the
+//! rank's DP pieces of it, [`parallelize_fresh`]); a Hugging Face
+//! model is read already cut ([`parallelize_hf_dir`], the same way);
+//! whole weights loaded otherwise are cut here ([`parallelize`]).
 //!
 //! ```no_run
 //! use burn::backend::{Autodiff, Flex};
@@ -22,8 +24,11 @@
 //! # Ok::<(), anyhow::Error>(())
 //! ```
 
+use std::path::Path;
+
 use ferrotron_engine::optim::{AdamWConfig, LrSchedule};
 use ferrotron_engine::precision::Precision;
+use ferrotron_models::hf::{load_hf_part, HfError, HfPartSource};
 use ferrotron_models::ops::TrainBackend;
 use ferrotron_models::tensor_parallel::shard_plan;
 use ferrotron_models::{Decoder, ModelPart};
@@ -32,7 +37,9 @@ use ferrotron_parallel::pipeline::PipelineConfig;
 use ferrotron_parallel::tensor::{ShardPlan, TpGroup};
 use ferrotron_parallel::train::loss_scale::LossScaleConfig;
 use ferrotron_parallel::train::{ParallelConfig, StepConfig, Trainer};
+use ferrotron_parallel::zero::{ParamSource, ZeroStage};
 
+use crate::error::usage;
 use crate::validate::ValidJob;
 
 /// The trainer of one rank: its part of the model under the job's layout,
@@ -49,15 +56,81 @@ pub fn build_part<B: TrainBackend>(
     groups: &ProcessGroups,
     device: &B::Device,
 ) -> anyhow::Result<Decoder<B>> {
-    let layout = pipeline_config(job).layout(job.model.n_layers, groups.pp().world_size())?;
-    let part = ModelPart::tensor_parallel(tp_plan(job)?, TpGroup::new(groups.tp().clone()))?
-        .on_stage(&layout, groups.pp().rank());
     Ok(Decoder::new_part(
         &job.model,
         job.config.schedule.seed,
         device,
-        &part,
+        &model_part(job, groups)?,
     )?)
+}
+
+/// This rank's trainer of the freshly initialised model of `job` on
+/// `groups`: [`build_part`] then [`parallelize_part`]; under ZeRO-3 the
+/// part is built of placeholders and the trainer draws only this rank's
+/// DP pieces of it ([`Decoder::placeholder_part`]), the same values
+/// without ever holding the whole TP part.
+pub fn parallelize_fresh<B: TrainBackend>(
+    groups: ProcessGroups,
+    job: &ValidJob,
+    device: &B::Device,
+) -> anyhow::Result<Parallelized<B>> {
+    if job.config.parallelism.zero != ZeroStage::Three {
+        let part = build_part::<B>(job, &groups, device)?;
+        return parallelize_part(part, groups, job, device);
+    }
+    let seed = job.config.schedule.seed;
+    let part = model_part(job, &groups)?;
+    let (model, source) = Decoder::placeholder_part(&job.model, seed, device, &part)?;
+    parallelize_with(model, Some(&source), groups, job, device)
+}
+
+/// This rank's part of the Hugging Face model in `dir` (`model.hf_dir`,
+/// checked by `read_hf_dir`) under the job's layout: its TP block of every
+/// parameter of its pipeline stage, read alone from the memory-mapped
+/// weight files ([`load_hf_part`]); no rank reads the whole model. Hand it
+/// to [`parallelize_part`].
+pub fn load_hf_dir_part<B: TrainBackend>(
+    dir: &Path,
+    job: &ValidJob,
+    groups: &ProcessGroups,
+    device: &B::Device,
+) -> anyhow::Result<Decoder<B>> {
+    let part = model_part(job, groups)?;
+    load_hf_part::<B>(dir, &job.model, &part, device).map_err(|e| hf_error(dir, e))
+}
+
+/// This rank's trainer of the Hugging Face model in `dir`:
+/// [`load_hf_dir_part`] then [`parallelize_part`]; under ZeRO-3 the part
+/// is placeholders and the trainer reads only this rank's DP pieces of the
+/// mapped files ([`HfPartSource`]).
+pub fn parallelize_hf_dir<B: TrainBackend>(
+    dir: &Path,
+    groups: ProcessGroups,
+    job: &ValidJob,
+    device: &B::Device,
+) -> anyhow::Result<Parallelized<B>> {
+    if job.config.parallelism.zero != ZeroStage::Three {
+        let part = load_hf_dir_part::<B>(dir, job, &groups, device)?;
+        return parallelize_part(part, groups, job, device);
+    }
+    let part = model_part(job, &groups)?;
+    let (model, source) =
+        HfPartSource::open::<B>(dir, &job.model, &part, device).map_err(|e| hf_error(dir, e))?;
+    parallelize_with(model, Some(&source), groups, job, device)
+}
+
+/// A Hugging Face directory that cannot be read: bad input (exit 2).
+fn hf_error(dir: &Path, e: HfError) -> anyhow::Error {
+    usage(format!("--hf-dir {}: {e}", dir.display()))
+}
+
+/// The part of the model this rank builds: its TP block and its stage.
+fn model_part(job: &ValidJob, groups: &ProcessGroups) -> anyhow::Result<ModelPart> {
+    let layout = pipeline_config(job).layout(job.model.n_layers, groups.pp().world_size())?;
+    Ok(
+        ModelPart::tensor_parallel(tp_plan(job)?, TpGroup::new(groups.tp().clone()))?
+            .on_stage(&layout, groups.pp().rank()),
+    )
 }
 
 /// Applies the job's layout to `model` (the whole model, loaded on this
@@ -93,6 +166,18 @@ pub fn parallelize_part<B: TrainBackend>(
     job: &ValidJob,
     device: &B::Device,
 ) -> anyhow::Result<Parallelized<B>> {
+    parallelize_with(part, None, groups, job, device)
+}
+
+/// [`parallelize_part`], with the values of a `part` of placeholders
+/// drawn from `source` (ZeRO-3).
+fn parallelize_with<B: TrainBackend>(
+    part: Decoder<B>,
+    source: Option<&dyn ParamSource>,
+    groups: ProcessGroups,
+    job: &ValidJob,
+    device: &B::Device,
+) -> anyhow::Result<Parallelized<B>> {
     let c = &job.config;
     let par = &c.parallelism;
     anyhow::ensure!(
@@ -110,7 +195,13 @@ pub fn parallelize_part<B: TrainBackend>(
         reduce: c.precision.reduce_dtype,
         overlap_grad_reduce: par.overlap_grad_reduce,
     };
-    let trainer = Trainer::parallel(part, step_config(job), device.clone(), groups, parallel)?;
+    let (step, device) = (step_config(job), device.clone());
+    let trainer = match source {
+        Some(source) => {
+            Trainer::parallel_from_source(part, source, step, device, groups, parallel)?
+        }
+        None => Trainer::parallel(part, step, device, groups, parallel)?,
+    };
     if job.model.precision != Precision::Fp16 {
         return Ok(trainer);
     }

@@ -1,5 +1,7 @@
 //! The decoder-only transformer shared by GPT-2, Llama and BLOOM.
 
+use std::cell::RefCell;
+
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{FloatDType, Int, Tensor};
@@ -10,7 +12,7 @@ use ferrotron_parallel::tensor::{
 };
 
 use crate::config::{ConfigError, DecoderConfig, Kernels, Position};
-use crate::init::Init;
+use crate::init::{Init, PartSource};
 use crate::layers::position::{Heads, PositionContext};
 use crate::layers::{Attention, LayerKv, Mlp, Norm};
 use crate::ops::{KernelBackend, OpsChoice};
@@ -141,12 +143,38 @@ impl<B: KernelBackend> Decoder<B> {
         device: &B::Device,
         part: &ModelPart,
     ) -> Result<Self, PartError> {
+        let init = Init::<B>::sharded(seed, device, part.plan.clone(), part.tp.rank());
+        Self::drawn(config, &init, part)
+    }
+
+    /// This rank's `part` as placeholders only (every tensor `[1; D]`),
+    /// with the source of its values: the shape of each parameter of the
+    /// part and any flat range of it, drawn alone, equal to the same
+    /// elements of [`Decoder::new_part`]'s tensors. A ZeRO-3 rank hands
+    /// both to `Trainer::parallel_from_source`, which draws only its DP
+    /// pieces, so it never holds its whole part.
+    ///
+    /// # Errors
+    /// As [`Decoder::new_part`].
+    pub fn placeholder_part(
+        config: &DecoderConfig,
+        seed: u64,
+        device: &B::Device,
+        part: &ModelPart,
+    ) -> Result<(Self, PartSource), PartError> {
+        let specs = RefCell::new(Vec::new());
+        let init = Init::<B>::sharded(seed, device, part.plan.clone(), part.tp.rank());
+        let model = Self::drawn(config, &init.recording(&specs), part)?;
+        Ok((model, PartSource::new(seed, specs.into_inner())))
+    }
+
+    /// `part` of the model of `config` with its values from `init`.
+    fn drawn(config: &DecoderConfig, init: &Init<B>, part: &ModelPart) -> Result<Self, PartError> {
         config.validate()?;
         let tp = part.tp.size();
         check_tp(config, tp)?;
         let ops = OpsChoice::resolve::<B>(config)?;
         let c = config;
-        let init = Init::<B>::sharded(seed, device, part.plan.clone(), part.tp.rank());
         let unit = |u: LmUnit| init.holding(part.holds(u));
         let out_std = c.init_std / (2.0 * c.n_layers as f64).sqrt();
         let norm_of = (c.norm, c.hidden_size, c.norm_eps);

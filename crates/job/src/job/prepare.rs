@@ -2,17 +2,15 @@
 //! before anything is written), the initial weights, and the run directory
 //! (written by rank 0).
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use burn::tensor::TensorData;
 use ferrotron_engine::checkpoint::write_atomic;
 use ferrotron_engine::data::{self, ShardSet, TokenSource, Tokenizer};
-use ferrotron_models::hf::{load_hf_dir, SpecialTokens};
+use ferrotron_models::hf::{read_hf_dir, SpecialTokens};
 use ferrotron_parallel::comm::Communicator;
 use ferrotron_parallel::train::checkpoint::CheckpointState;
 
@@ -27,8 +25,10 @@ use crate::validate::ValidJob;
 /// its trainer is built).
 pub(super) type Restore = (CheckpointState, PathBuf);
 
-/// Initial weights by parameter name, and the file they came from.
-pub(super) type Initial = (BTreeMap<String, TensorData>, String);
+/// The Hugging Face directory whose weights a run starts from (checked by
+/// [`read_hf_dir`]; each rank reads only its part of them when it builds
+/// its model).
+pub(super) type Initial = PathBuf;
 
 /// What the backend-generic part of a job starts from.
 pub(super) struct Prepared {
@@ -59,7 +59,7 @@ pub(super) fn prepare(
     let lead = comm.rank() == 0;
     let hf = match (&c.model.hf_dir, &job.resume) {
         (Some(dir), None) => {
-            Some(load_hf_dir(dir).map_err(|e| usage(format!("--hf-dir {}: {e}", dir.display())))?)
+            Some(read_hf_dir(dir).map_err(|e| usage(format!("--hf-dir {}: {e}", dir.display())))?)
         }
         _ => None,
     };
@@ -146,7 +146,7 @@ pub(super) fn prepare(
             (t, tokens)
         }
     };
-    let (initial, restore) = initial_weights(job, hf.as_ref().map(|h| h.tensors.clone()))?;
+    let (initial, restore) = initial_weights(job);
     Ok(Prepared {
         tokenizer,
         tokens: Some(tokens),
@@ -190,21 +190,9 @@ fn write_run_dir(
 }
 
 /// The weights to start from, and a resumed run's state.
-fn initial_weights(
-    job: &ValidJob,
-    hf: Option<BTreeMap<String, TensorData>>,
-) -> anyhow::Result<(Option<Initial>, Option<Restore>)> {
+fn initial_weights(job: &ValidJob) -> (Option<Initial>, Option<Restore>) {
     match &job.resume {
-        Some(r) => Ok((None, Some((r.state.clone(), r.dir.clone())))),
-        None => {
-            let name = job
-                .config
-                .model
-                .hf_dir
-                .as_ref()
-                .map(|d| d.display().to_string())
-                .unwrap_or_default();
-            Ok((hf.map(|t| (t, name)), None))
-        }
+        Some(r) => (None, Some((r.state.clone(), r.dir.clone()))),
+        None => (job.config.model.hf_dir.clone(), None),
     }
 }

@@ -13,10 +13,8 @@ use ferrotron_engine::data::{self, BatchSampler, TokenSource};
 use ferrotron_engine::metrics::{
     self, MemoryPhase, MetricsWriter, OverrideRecord, PhaseMemory, PhaseWindow,
 };
-use ferrotron_engine::params::load_named_tensors;
 use ferrotron_engine::precision::Precision;
 use ferrotron_models::ops::TrainBackend;
-use ferrotron_models::Decoder;
 use ferrotron_parallel::comm::Communicator;
 use ferrotron_parallel::groups::ProcessGroups;
 use ferrotron_parallel::recompute::Recompute;
@@ -31,7 +29,7 @@ use super::{finish, Report};
 use crate::backend::BackendTask;
 use crate::config::OnNonFinite;
 use crate::error::{usage, Interrupted};
-use crate::parallelize::{build_part, parallelize, parallelize_part, Parallelized};
+use crate::parallelize::{parallelize_fresh, parallelize_hf_dir, Parallelized};
 use crate::validate::ValidJob;
 
 /// A job on one backend.
@@ -66,19 +64,13 @@ impl TrainTask<'_> {
         let rank = self.comm.rank();
         let groups = ProcessGroups::new(self.comm.clone(), job.mesh)?;
         let window = PhaseWindow::open(MemoryPhase::Build, probe.clone());
-        // Weights loaded with `--hf-dir` arrive whole and are cut here; a
-        // fresh or resumed model is built already cut to this rank's part
-        // (a resumed one then reads its share of the checkpoint below).
+        // Weights of `--hf-dir` are read already cut to this rank's part,
+        // and a fresh or resumed model is built already cut to it (under
+        // ZeRO-3 both to its DP pieces); a resumed one then reads its share
+        // of the checkpoint below.
         let mut trainer = match self.prepared.initial.take() {
-            Some((initial, name)) => {
-                let model = Decoder::<B>::new(mc, job.config.schedule.seed, device)?;
-                let model = load_named_tensors(model, initial, &name)?;
-                parallelize(model, groups, job, device)?
-            }
-            None => {
-                let part = build_part::<B>(job, &groups, device)?;
-                parallelize_part(part, groups, job, device)?
-            }
+            Some(dir) => parallelize_hf_dir::<B>(&dir, groups, job, device)?,
+            None => parallelize_fresh::<B>(groups, job, device)?,
         };
         let mut memory = gather_phase_memory(&*self.comm, &window.close(rank, 0))?;
         let precision = mc.precision;

@@ -33,7 +33,7 @@ pub struct HfModel {
     pub special: SpecialTokens,
 }
 
-fn io(path: &Path, message: impl std::fmt::Display) -> HfError {
+pub(super) fn io(path: &Path, message: impl std::fmt::Display) -> HfError {
     HfError::Io {
         path: path.display().to_string(),
         message: message.to_string(),
@@ -48,11 +48,34 @@ fn io(path: &Path, message: impl std::fmt::Display) -> HfError {
 type Weights = (BTreeMap<String, TensorData>, String, FloatDtype);
 
 fn read_weights(dir: &Path) -> Result<Weights, HfError> {
+    let (files, source) = weight_files(dir)?;
+    let mut all = BTreeMap::new();
+    let mut common: Option<Option<FloatDtype>> = None;
+    for path in files {
+        let (tensors, dtype) = load_safetensors_typed(&path).map_err(|e| io(&path, e))?;
+        common = Some(match common {
+            Some(c) if c != dtype => None,
+            _ => dtype,
+        });
+        for (name, data) in tensors {
+            if all.insert(name.clone(), data).is_some() {
+                return Err(io(&path, format!("tensor '{name}' appears in two shards")));
+            }
+        }
+    }
+    let dtype = common.flatten().unwrap_or(FloatDtype::F32);
+    Ok((all, source, dtype))
+}
+
+/// The weight files of a model directory: `model.safetensors`, or the
+/// shards the `weight_map` of `model.safetensors.index.json` lists (each
+/// once, sorted); and the name errors about the weights give (the file, or
+/// the directory for shards).
+pub(super) fn weight_files(dir: &Path) -> Result<(Vec<PathBuf>, String), HfError> {
     let single = dir.join("model.safetensors");
     if single.exists() {
-        let (t, dtype) = load_safetensors_typed(&single).map_err(|e| io(&single, e))?;
-        let dtype = dtype.unwrap_or(FloatDtype::F32);
-        return Ok((t, single.display().to_string(), dtype));
+        let source = single.display().to_string();
+        return Ok((vec![single], source));
     }
     let index = dir.join("model.safetensors.index.json");
     if !index.exists() {
@@ -81,23 +104,73 @@ fn read_weights(dir: &Path) -> Result<Weights, HfError> {
         })?;
         shards.insert(file.to_string());
     }
-    let mut all = BTreeMap::new();
-    let mut common: Option<Option<FloatDtype>> = None;
-    for shard in shards {
-        let path = dir.join(&shard);
-        let (tensors, dtype) = load_safetensors_typed(&path).map_err(|e| io(&path, e))?;
-        common = Some(match common {
-            Some(c) if c != dtype => None,
-            _ => dtype,
-        });
-        for (name, data) in tensors {
-            if all.insert(name.clone(), data).is_some() {
-                return Err(io(&path, format!("tensor '{name}' appears in two shards")));
-            }
+    let files = shards.into_iter().map(|f| dir.join(f)).collect();
+    Ok((files, dir.display().to_string()))
+}
+
+/// The Hugging Face tensors a model of `family` and shape `config` reads,
+/// found among `found` (the files' tensor names, with or without the
+/// base-model prefix, and their shapes): each rule's full Hugging Face
+/// name to the name in the file. A tied model's `lm_head.weight` is not
+/// needed (and ignored when present).
+///
+/// # Errors
+/// A name present with and without the prefix; [`HfError::MissingTensor`],
+/// [`HfError::TensorShape`] and [`HfError::UnexpectedTensors`] naming the
+/// Hugging Face tensor and `source`.
+pub(super) fn match_names(
+    family: Family,
+    config: &DecoderConfig,
+    found: BTreeMap<String, Vec<usize>>,
+    source: &str,
+) -> Result<BTreeMap<String, String>, HfError> {
+    let prefix = family.prefix();
+    let mut hf: BTreeMap<String, (String, Vec<usize>)> = BTreeMap::new();
+    for (name, shape) in found {
+        let full = if name.starts_with(prefix) || name == "lm_head.weight" {
+            name.clone()
+        } else {
+            format!("{prefix}{name}")
+        };
+        if hf.insert(full.clone(), (name, shape)).is_some() {
+            return Err(io(
+                Path::new(source),
+                format!("tensor '{full}' appears both with and without the '{prefix}' prefix"),
+            ));
         }
     }
-    let dtype = common.flatten().unwrap_or(FloatDtype::F32);
-    Ok((all, dir.display().to_string(), dtype))
+    if config.tied_head {
+        hf.remove("lm_head.weight");
+    }
+    let mut used = BTreeMap::new();
+    for rule in rules(family, config) {
+        let (name, shape) = hf.get(&rule.hf).ok_or_else(|| HfError::MissingTensor {
+            path: source.to_string(),
+            name: rule.hf.clone(),
+        })?;
+        let expected = rule.hf_shape();
+        if *shape != expected {
+            return Err(HfError::TensorShape {
+                path: source.to_string(),
+                name: rule.hf.clone(),
+                found: shape.clone(),
+                expected,
+            });
+        }
+        used.insert(rule.hf.clone(), name.clone());
+    }
+    let unexpected: Vec<&str> = hf
+        .keys()
+        .filter(|n| !used.contains_key(*n) && !is_ignored_buffer(family, n))
+        .map(String::as_str)
+        .collect();
+    if !unexpected.is_empty() {
+        return Err(HfError::UnexpectedTensors {
+            path: source.to_string(),
+            names: unexpected.join(", "),
+        });
+    }
+    Ok(used)
 }
 
 /// Converts tensors under Hugging Face names and layouts (as in a model
@@ -112,70 +185,69 @@ fn read_weights(dir: &Path) -> Result<Weights, HfError> {
 pub fn convert_to_ours(
     family: Family,
     config: &DecoderConfig,
-    raw: BTreeMap<String, TensorData>,
+    mut raw: BTreeMap<String, TensorData>,
     source: &str,
 ) -> Result<BTreeMap<String, TensorData>, HfError> {
-    let source = source.to_string();
-    let prefix = family.prefix();
-    let mut hf: BTreeMap<String, TensorData> = BTreeMap::new();
-    for (name, data) in raw {
-        let full = if name.starts_with(prefix) || name == "lm_head.weight" {
-            name
-        } else {
-            format!("{prefix}{name}")
-        };
-        if hf.insert(full.clone(), data).is_some() {
-            return Err(io(
-                Path::new(&source),
-                format!("tensor '{full}' appears both with and without the '{prefix}' prefix"),
-            ));
-        }
-    }
-    if config.tied_head {
-        hf.remove("lm_head.weight");
-    }
-    let mut used = BTreeSet::new();
+    let found = raw
+        .iter()
+        .map(|(n, d)| (n.clone(), d.shape.to_vec()))
+        .collect();
+    let names = match_names(family, config, found, source)?;
     let mut tensors = BTreeMap::new();
     let mut cache: BTreeMap<String, Vec<f32>> = BTreeMap::new();
     for rule in rules(family, config) {
-        let data = hf.get(&rule.hf).ok_or_else(|| HfError::MissingTensor {
-            path: source.clone(),
-            name: rule.hf.clone(),
-        })?;
-        let expected = rule.hf_shape();
-        if data.shape.to_vec() != expected {
-            return Err(HfError::TensorShape {
-                path: source.clone(),
-                name: rule.hf.clone(),
-                found: data.shape.to_vec(),
-                expected,
-            });
-        }
         if !cache.contains_key(&rule.hf) {
+            let data = raw.remove(&names[&rule.hf]).expect("matched once");
             let values = data
-                .clone()
                 .to_vec::<f32>()
-                .map_err(|e| io(Path::new(&source), format!("tensor '{}': {e:?}", rule.hf)))?;
+                .map_err(|e| io(Path::new(source), format!("tensor '{}': {e:?}", rule.hf)))?;
             cache.insert(rule.hf.clone(), values);
         }
         let values = &cache[&rule.hf];
         let n: usize = rule.shape.iter().product();
         let ours: Vec<f32> = (0..n).map(|i| values[rule.hf_index(i)]).collect();
-        used.insert(rule.hf.clone());
         tensors.insert(rule.ours.clone(), TensorData::new(ours, rule.shape.clone()));
     }
-    let unexpected: Vec<&str> = hf
-        .keys()
-        .filter(|n| !used.contains(*n) && !is_ignored_buffer(family, n))
-        .map(String::as_str)
-        .collect();
-    if !unexpected.is_empty() {
-        return Err(HfError::UnexpectedTensors {
-            path: source,
-            names: unexpected.join(", "),
-        });
-    }
     Ok(tensors)
+}
+
+/// A Hugging Face model directory without its weights' values: what a
+/// run needs besides the weights, read after checking that the weights
+/// hold every tensor the config implies, in its shape (only the files'
+/// headers are read).
+#[derive(Clone, Debug)]
+pub struct HfDir {
+    /// The `transformers` family of `config.json`.
+    pub family: Family,
+    /// Our configuration equivalent to `config.json`.
+    pub config: DecoderConfig,
+    /// `tokenizer.json` of the directory, when there is one (its vocabulary
+    /// is checked to fit `config.vocab_size`).
+    pub tokenizer: Option<PathBuf>,
+    /// Begin- and end-of-sequence ids (`generation_config.json`, `config.json`
+    /// or the tokenizer).
+    pub special: SpecialTokens,
+}
+
+/// Reads a Hugging Face model directory's `config.json`, optional
+/// `tokenizer.json` and special tokens, and checks its weights' names and
+/// shapes (memory-mapped headers; no value is read): the errors of
+/// [`load_hf_dir`] without reading the weights, so that a run can refuse a
+/// bad directory before it writes anything and later read only its part
+/// ([`super::slice::load_hf_part`]).
+///
+/// # Errors
+/// As [`load_hf_dir`].
+pub fn read_hf_dir(dir: &Path) -> Result<HfDir, HfError> {
+    let (family, config) = from_hf_config(&dir.join("config.json"))?;
+    super::slice::Mapped::open(dir)?.match_names(family, &config)?;
+    let (tokenizer, special) = tokenizer_and_special(dir, &config)?;
+    Ok(HfDir {
+        family,
+        config,
+        tokenizer,
+        special,
+    })
 }
 
 /// Reads a Hugging Face model directory (`config.json`, weights, optional
@@ -197,6 +269,23 @@ pub fn load_hf_dir(dir: &Path) -> Result<HfModel, HfError> {
     let (family, config) = from_hf_config(&dir.join("config.json"))?;
     let (raw, source, dtype) = read_weights(dir)?;
     let tensors = convert_to_ours(family, &config, raw, &source)?;
+    let (tokenizer, special) = tokenizer_and_special(dir, &config)?;
+    Ok(HfModel {
+        family,
+        config,
+        tensors,
+        tokenizer,
+        dtype,
+        special,
+    })
+}
+
+/// The directory's `tokenizer.json` (checked to fit `config`'s
+/// vocabulary), if any, and its special tokens.
+fn tokenizer_and_special(
+    dir: &Path,
+    config: &DecoderConfig,
+) -> Result<(Option<PathBuf>, SpecialTokens), HfError> {
     let tok_path = dir.join("tokenizer.json");
     let mut tok = None;
     let tokenizer = if tok_path.exists() {
@@ -214,12 +303,5 @@ pub fn load_hf_dir(dir: &Path) -> Result<HfModel, HfError> {
         None
     };
     let special = SpecialTokens::read_dir(dir, tok.as_ref())?;
-    Ok(HfModel {
-        family,
-        config,
-        tensors,
-        tokenizer,
-        dtype,
-        special,
-    })
+    Ok((tokenizer, special))
 }

@@ -8,7 +8,11 @@
 //! - [`config`]: `config.json` to and from [`DecoderConfig`](crate::DecoderConfig).
 //! - [`names`]: the table from our parameter names to Hugging Face tensor
 //!   names and layouts, per family.
-//! - [`import`]: [`load_hf_dir`], a directory to our named tensors.
+//! - [`import`]: [`load_hf_dir`], a directory to our named tensors;
+//!   [`read_hf_dir`], the same without the weights' values.
+//! - [`slice`]: [`load_hf_part`], only a rank's part of a directory's
+//!   weights, read from the memory-mapped files ([`HfPartSource`]: any
+//!   range of it, a ZeRO-3 rank's pieces).
 //! - [`export`]: [`save_hf_dir`], our named tensors to a directory, and
 //!   [`stream_hf_dir`], the same fed one tensor at a time; [`stream`]
 //!   writes the weights tensor by tensor, in shards planned as [`shards`]
@@ -22,12 +26,14 @@ pub mod import;
 pub mod names;
 mod rope;
 pub mod shards;
+pub mod slice;
 pub mod stream;
 
 pub use config::{from_hf_config, to_hf_config, Family};
 pub use export::{save_hf_dir, stream_hf_dir, ExportOptions};
 pub use generation::SpecialTokens;
-pub use import::{convert_to_ours, load_hf_dir, HfModel};
+pub use import::{convert_to_ours, load_hf_dir, read_hf_dir, HfDir, HfModel};
+pub use slice::{load_hf_part, HfPartSource};
 pub use stream::export_order;
 
 /// Everything that can be wrong with a Hugging Face model directory or an export.
@@ -103,4 +109,7 @@ pub enum HfError {
     /// Our configuration has no Hugging Face equivalent.
     #[error("cannot export: {0}")]
     NotExportable(String),
+    /// A rank's part (TP degree, pipeline stage) that the model cannot take.
+    #[error("the model cannot take this layout: {0}")]
+    Layout(String),
 }

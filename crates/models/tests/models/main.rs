@@ -3,8 +3,8 @@
 
 mod common;
 
-/// Counts each thread's heap, for the memory tests of `sharded_init` and
-/// `hf_stream`.
+/// Counts each thread's heap, for the memory tests of `sharded_init`,
+/// `hf_slice` and `hf_stream`.
 #[global_allocator]
 static ALLOCATOR: common::thread_heap::ThreadCounting = common::thread_heap::ThreadCounting;
 
@@ -12,6 +12,7 @@ mod cpu_elementwise;
 mod decoder_behaviour;
 mod fused_kernels;
 mod hf_parity;
+mod hf_slice;
 mod hf_stream;
 mod layer_references;
 mod linear_cross_entropy;
@@ -19,4 +20,5 @@ mod mixed_precision;
 mod recompute;
 mod ring_attention;
 mod sharded_init;
+mod zero3_pieces;
 mod zero_one_rank;

@@ -83,7 +83,7 @@ const LAYOUTS: [Layout; 7] = [
 ];
 
 /// The unit a parameter belongs to, from its name.
-fn unit_of(name: &str) -> LmUnit {
+pub(crate) fn unit_of(name: &str) -> LmUnit {
     match name.strip_prefix("layers.") {
         Some(rest) => LmUnit::Block(rest.split('.').next().unwrap().parse().unwrap()),
         None if name == "head" || name.starts_with("final_norm.") => LmUnit::Head,
@@ -93,12 +93,12 @@ fn unit_of(name: &str) -> LmUnit {
 
 /// Whether `stage` of `layout` holds parameter `name` (its unit's owner,
 /// and the last stage's copy of a tied embedding).
-fn held(name: &str, layout: &StageLayout, stage: usize, tied: bool) -> bool {
+pub(crate) fn held(name: &str, layout: &StageLayout, stage: usize, tied: bool) -> bool {
     let last = stage + 1 == layout.stages();
     layout.owner(unit_of(name)) == stage || (tied && last && name == "embed")
 }
 
-fn bits(data: &TensorData) -> Vec<u32> {
+pub(crate) fn bits(data: &TensorData) -> Vec<u32> {
     data.to_vec::<f32>()
         .unwrap()
         .into_iter()
@@ -205,7 +205,7 @@ fn check_layout(family: &str, c: &DecoderConfig, whole: &BTreeMap<String, Tensor
 /// Checks that the TP ranks' `blocks` of a tensor, cut along `block`'s
 /// dimension (`None`: replicated), joined are `want` bit for bit, with
 /// zeros in the vocabulary padding.
-fn check_gathered(
+pub(crate) fn check_gathered(
     what: &str,
     want: &TensorData,
     blocks: &[&TensorData],

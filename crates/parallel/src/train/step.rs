@@ -26,7 +26,7 @@ use crate::micro_batch::{batch_tensors, unit_by_unit, whole_graph};
 use crate::pipeline::{Pipeline, PipelineConfig, PipelineError};
 use crate::recompute::{Recompute, RecomputeError};
 use crate::tensor::{PartialGrads, ShardError, ShardPlan, TpGroup};
-use crate::zero::{Zero, ZeroStage};
+use crate::zero::{ParamSource, SourceError, UnknownParam, Zero, ZeroStage};
 
 /// How optimizer steps are taken.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -100,6 +100,22 @@ pub enum BuildError {
     /// The gradient sync's communication thread could not start.
     #[error(transparent)]
     Comm(#[from] CommError),
+    /// A model of placeholders with a ZeRO stage that keeps whole
+    /// parameters (only stage 3 draws its pieces from a source).
+    #[error("a model of placeholders needs ZeRO stage 3, not {0}")]
+    SourceStage(ZeroStage),
+    /// A parameter the source of a model of placeholders does not know.
+    #[error(transparent)]
+    Unknown(#[from] UnknownParam),
+}
+
+impl From<SourceError> for BuildError {
+    fn from(e: SourceError) -> Self {
+        match e {
+            SourceError::Unknown(u) => Self::Unknown(u),
+            SourceError::Comm(c) => Self::Comm(c),
+        }
+    }
 }
 
 /// What one optimizer step did.
@@ -137,6 +153,20 @@ fn param_shapes<B: burn::tensor::backend::Backend, M: burn::module::Module<B>>(
     param_infos(model)
         .into_iter()
         .map(|(id, shape, _)| (id, shape))
+        .collect()
+}
+
+/// The shape `source` gives every parameter of `model` (placeholders), by id.
+fn source_shapes<B: burn::tensor::backend::Backend, M: burn::module::Module<B>>(
+    model: &M,
+    source: &dyn ParamSource,
+) -> Result<HashMap<burn::module::ParamId, Vec<usize>>, UnknownParam> {
+    param_names(model)
+        .into_iter()
+        .map(|(id, name)| match source.shape(&name) {
+            Some(shape) => Ok((id, shape)),
+            None => Err(UnknownParam(name)),
+        })
         .collect()
 }
 
@@ -208,6 +238,42 @@ where
         groups: ProcessGroups,
         parallel: ParallelConfig,
     ) -> Result<Self, BuildError> {
+        Self::build(model, None, config, device, groups, parallel)
+    }
+
+    /// [`Trainer::parallel`] under ZeRO-3 for `model`, this rank's TP part
+    /// built of placeholders: every parameter's shape and this rank's
+    /// pieces of it come from `source` ([`Zero::from_source`]), so the
+    /// rank materialises only its DP share of its part. The trainer equals
+    /// the one [`Trainer::parallel`] makes of the part `source` describes.
+    ///
+    /// # Errors
+    /// As [`Trainer::parallel`]; `parallel.zero` is not stage 3; a
+    /// parameter `source` does not know.
+    pub fn parallel_from_source(
+        model: M,
+        source: &dyn ParamSource,
+        config: StepConfig,
+        device: B::Device,
+        groups: ProcessGroups,
+        parallel: ParallelConfig,
+    ) -> Result<Self, BuildError> {
+        if parallel.zero != ZeroStage::Three {
+            return Err(BuildError::SourceStage(parallel.zero));
+        }
+        Self::build(model, Some(source), config, device, groups, parallel)
+    }
+
+    /// [`Trainer::parallel`], with the parameters drawn from `source`
+    /// (ZeRO-3 only) when the model is placeholders.
+    fn build(
+        model: M,
+        source: Option<&dyn ParamSource>,
+        config: StepConfig,
+        device: B::Device,
+        groups: ProcessGroups,
+        parallel: ParallelConfig,
+    ) -> Result<Self, BuildError> {
         let pp = groups.pp().clone();
         if pp.world_size() > 1 && parallel.zero == ZeroStage::Three {
             return Err(PipelineError::Zero3(pp.world_size()).into());
@@ -247,17 +313,25 @@ where
         let partial = PartialGrads::new(partial, TpGroup::new(groups.tp().clone()));
         let dp = test_faults::slowed(groups.dp().clone());
         let buckets = bucket_elems(parallel.bucket_mb);
-        let shapes = param_shapes(&model);
+        let shapes = match source {
+            Some(source) => source_shapes(&model, source)?,
+            None => param_shapes(&model),
+        };
         let only_dp = [groups.tp(), groups.cp(), groups.pp()]
             .iter()
             .all(|g| g.world_size() == 1);
         let overlap = parallel.overlap_grad_reduce && only_dp;
-        let (sync, model): (Box<dyn GradSync<B, M>>, M) = match parallel.zero {
-            ZeroStage::Off => (
+        let (sync, model): (Box<dyn GradSync<B, M>>, M) = match (parallel.zero, source) {
+            (ZeroStage::Off, _) => (
                 Box::new(Ddp::new(&model, dp, buckets, parallel.reduce, overlap)?),
                 model,
             ),
-            stage => {
+            (ZeroStage::Three, Some(source)) => {
+                let (zero, model) =
+                    Zero::from_source(model, source, dp, device.clone(), parallel.reduce, overlap)?;
+                (Box::new(zero), model)
+            }
+            (stage, _) => {
                 let (zero, model) = Zero::new(
                     stage,
                     model,

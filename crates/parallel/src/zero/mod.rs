@@ -22,7 +22,10 @@
 //!   all-gathered just before it runs and freed after, and gathered again
 //!   for its recomputation in backward, after which its gradients are
 //!   reduce-scattered; the embedding and head units stay gathered for the
-//!   whole step.
+//!   whole step. The chunks come from a built model, which is then
+//!   released ([`Zero::new`]), or, for a model built of placeholders,
+//!   straight from a [`ParamSource`] that draws any flat range of a
+//!   parameter alone ([`Zero::from_source`]), so the rank never holds more.
 //!
 //! With `--overlap-grad-reduce` (where the DP group is the only group of
 //! more than one rank) the reduce-scatters are started on the
@@ -48,6 +51,9 @@
 //! [`GradSync`]: crate::grad_sync::GradSync
 
 mod exchange;
+mod source;
+
+pub use self::source::{ParamSource, UnknownParam};
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
@@ -63,6 +69,7 @@ use burn::tensor::{ElementConversion, Tensor, TensorData};
 use ferrotron_engine::lm::{LmUnit, LmUnits};
 use ferrotron_engine::metrics::{GradCommTimes, MemoryBytes};
 use ferrotron_engine::optim::AdamW;
+use ferrotron_engine::params::param_names;
 use ferrotron_engine::precision::Precision;
 use serde::{Deserialize, Serialize};
 
@@ -74,7 +81,7 @@ use crate::comm::tensor::host_f32;
 use crate::comm::{CommError, CommThread, Communicator, Pending};
 use crate::ddp::ReplicatedGrads;
 use crate::flat::tensors::{Assign, GradValues, ParamBytes, PieceTensors, Release};
-use crate::flat::{param_infos, unit_params, FlatLayout, Piece};
+use crate::flat::{param_infos, unit_params, FlatLayout, ParamInfo, Piece};
 use crate::grad_sync::norm::{group_sum, NormShares};
 use crate::grad_sync::{GradSync, Synced};
 
@@ -128,6 +135,17 @@ impl fmt::Display for ZeroStage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", u8::from(*self))
     }
+}
+
+/// A ZeRO-3 state that cannot be drawn from its [`ParamSource`].
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// The source does not know a parameter of the model.
+    #[error(transparent)]
+    Unknown(#[from] UnknownParam),
+    /// The communication thread could not start.
+    #[error(transparent)]
+    Comm(#[from] CommError),
 }
 
 /// This rank's shards and the ZeRO collectives of one training run of a
@@ -190,6 +208,77 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
             ZeroStage::Three => unit_params(&model),
             _ => FlatLayout::buckets(param_infos(&model), bucket_elems),
         };
+        let mut zero = Self::on_layout(stage, groups, &model, comm, device, reduce, overlap)?;
+        let model = if stage == ZeroStage::Three {
+            zero.shard_parameters(model)
+        } else {
+            model
+        };
+        Ok((zero, model))
+    }
+
+    /// Stage 3 over the ranks of `comm` for `model`, whose tensors are
+    /// placeholders: the units' layout comes from `source`'s shapes, and
+    /// this rank's chunk of every parameter is drawn from `source` piece
+    /// by piece, so the rank never holds more than its chunks (the same
+    /// values [`Zero::new`] keeps of the model `source` describes).
+    /// Returns `model` unchanged. `reduce` and `overlap` as for
+    /// [`Zero::new`].
+    ///
+    /// # Errors
+    /// A parameter of `model` that `source` does not know; the
+    /// communication thread could not start.
+    pub fn from_source(
+        model: M,
+        source: &dyn ParamSource,
+        comm: Arc<dyn Communicator>,
+        device: B::Device,
+        reduce: Precision,
+        overlap: bool,
+    ) -> Result<(Self, M), SourceError> {
+        let names: HashMap<ParamId, String> = param_names(&model).into_iter().collect();
+        let groups = unit_params(&model)
+            .into_iter()
+            .map(|unit| {
+                unit.into_iter()
+                    .map(|(id, _, decay)| {
+                        let name = &names[&id];
+                        let shape = source
+                            .shape(name)
+                            .ok_or_else(|| UnknownParam(name.clone()))?;
+                        Ok((id, shape, decay))
+                    })
+                    .collect::<Result<Vec<_>, UnknownParam>>()
+            })
+            .collect::<Result<Vec<_>, UnknownParam>>()?;
+        let mut zero = Self::on_layout(
+            ZeroStage::Three,
+            groups,
+            &model,
+            comm,
+            device,
+            reduce,
+            overlap,
+        )?;
+        for pieces in &zero.pieces {
+            for p in pieces {
+                let values = source.values(&names[&p.id], p.start..p.end);
+                zero.params.insert(p.id, zero.tensor(values));
+            }
+        }
+        Ok((zero, model))
+    }
+
+    /// `stage` on the units `groups` of `model`, holding nothing yet.
+    fn on_layout(
+        stage: ZeroStage,
+        groups: Vec<Vec<ParamInfo>>,
+        model: &M,
+        comm: Arc<dyn Communicator>,
+        device: B::Device,
+        reduce: Precision,
+        overlap: bool,
+    ) -> Result<Self, CommError> {
         let layout = FlatLayout::new(groups, comm.rank(), comm.world_size());
         let pieces = (0..layout.units().len())
             .map(|u| layout.pieces(u))
@@ -199,7 +288,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
             .iter()
             .map(|u| u.slots.iter().map(|s| s.id).collect())
             .collect();
-        let mut zero = Self {
+        Ok(Self {
             stage,
             replicated: ReplicatedGrads::new(layout.clone(), reduce, overlap),
             layout,
@@ -217,13 +306,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
             grads: HashMap::new(),
             reduce,
             model: PhantomData,
-        };
-        let model = if stage == ZeroStage::Three {
-            zero.shard_parameters(model)
-        } else {
-            model
-        };
-        Ok((zero, model))
+        })
     }
 
     /// The stage.
