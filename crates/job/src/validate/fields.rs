@@ -45,6 +45,7 @@ pub(super) fn check_fields(c: &JobConfig, p: &mut Problems) {
         ("parallelism", "dp", par.dp.unwrap_or(1)),
         ("model", "max_seq_len", c.model.max_seq_len.unwrap_or(1)),
         ("parallelism", "tp", par.tp),
+        ("parallelism", "cp", par.cp),
         (
             "parallelism",
             "make_vocab_size_divisible_by",
@@ -164,6 +165,7 @@ fn check_combinations(c: &JobConfig, p: &mut Problems) {
     if let Err(problem) = recompute(c) {
         p.key("parallelism", "recompute", problem);
     }
+    check_cp(c, p);
     if par.sp && par.tp == 1 {
         p.key(
             "parallelism",
@@ -180,6 +182,38 @@ fn check_combinations(c: &JobConfig, p: &mut Problems) {
                 s.seq_len, par.tp
             ),
         );
+    }
+}
+
+/// Context parallelism: the sequence must cut into `2 x cp` chunks, and
+/// the compositions not built yet (tp, pp) are refused.
+fn check_cp(c: &JobConfig, p: &mut Problems) {
+    let (par, seq) = (&c.parallelism, c.schedule.seq_len);
+    if par.cp < 2 {
+        return;
+    }
+    if seq > 0 && !seq.is_multiple_of(2 * par.cp) {
+        p.key(
+            "parallelism",
+            "cp",
+            format!(
+                "{}: --seq-len {seq} must be a multiple of 2 x cp = {} (each sequence is cut into 2 x cp chunks)",
+                par.cp,
+                2 * par.cp
+            ),
+        );
+    }
+    for (key, degree, what) in [("tp", par.tp, "tensor"), ("pp", par.pp, "pipeline")] {
+        if degree > 1 {
+            p.key(
+                "parallelism",
+                "cp",
+                format!(
+                    "{} with --{key} {degree}: context parallelism is not implemented with {what} parallelism yet",
+                    par.cp
+                ),
+            );
+        }
     }
 }
 
