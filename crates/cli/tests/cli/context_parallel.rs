@@ -1,11 +1,12 @@
 //! Context parallelism across processes: for the GPT (with the goldfish
 //! loss's mask split over the ring), Llama (grouped-query attention) and
-//! BLOOM (ALiBi) minis, `mpirun` runs with `--cp 2`, and for gpt-mini and
-//! llama-mini `--cp 2` x dp 2 under ZeRO-1 and ZeRO-3, equal the one-rank
+//! BLOOM (ALiBi) minis, `mpirun` runs with `--cp 2`, for gpt-mini and
+//! llama-mini `--cp 2` x dp 2 under ZeRO-1 and ZeRO-3, and for llama-mini
+//! `--cp 2` + `--tp 2` with sequence parallelism, equal the one-rank
 //! run on the same global batch after 5 optimizer steps: losses and
 //! gradient norms within 1e-5 relative, and the final weights (the step-1
 //! gradients are compared per tensor at 1e-5 in the job crate's
-//! `gradients_parallel` tests). Five `mpirun` launches and three one-rank
+//! `gradients_parallel` tests). Six `mpirun` launches and three one-rank
 //! runs, 32-token sequences (4 chunks of 8 on a ring of 2).
 //!
 //! Needs the binary built with the `mpi` feature and Open MPI's `mpirun`
@@ -66,7 +67,7 @@ fn gpt_cp2_and_cp2_dp2_zero1_with_goldfish_equal_single_rank() {
 }
 
 #[test]
-fn llama_cp2_and_cp2_dp2_zero3_equal_single_rank() {
+fn llama_cp2_cp2_dp2_zero3_and_cp2_tp2_sp_equal_single_rank() {
     if !mpi_built() {
         return;
     }
@@ -76,6 +77,7 @@ fn llama_cp2_and_cp2_dp2_zero3_equal_single_rank() {
         &[
             ("cp2", 2, "2", &["--cp", "2"]),
             ("cp2-dp2-zero3", 4, "1", &["--cp", "2", "--zero", "3"]),
+            ("cp2-tp2-sp", 4, "2", &["--cp", "2", "--tp", "2", "--sp"]),
         ],
     );
 }

@@ -105,7 +105,7 @@ job_sections! {
         tp: usize = 1, flag tp: usize;
         /// Context-parallel degree: each sequence is cut into 2 x cp chunks, rank r of the ring
         /// holding chunks r and 2cp-1-r, and attention passes keys and values around the ring
-        /// (ring attention); seq_len must be a multiple of 2 x cp. Not yet with tp or pp above 1.
+        /// (ring attention); seq_len must be a multiple of 2 x cp. Not yet with pp above 1.
         cp: usize = 1, flag cp: usize;
         /// Sequence parallelism (needs tp > 1): norms and the residual stream split along the
         /// sequence over the TP group; the sequence length must divide by tp.

@@ -185,8 +185,9 @@ fn check_combinations(c: &JobConfig, p: &mut Problems) {
     }
 }
 
-/// Context parallelism: the sequence must cut into `2 x cp` chunks, and
-/// the compositions not built yet (tp, pp) are refused.
+/// Context parallelism: the sequence must cut into `2 x cp` chunks (and
+/// under sequence parallelism each rank's chunks split over tp); the
+/// composition not built yet (pp) is refused.
 fn check_cp(c: &JobConfig, p: &mut Problems) {
     let (par, seq) = (&c.parallelism, c.schedule.seq_len);
     if par.cp < 2 {
@@ -203,17 +204,26 @@ fn check_cp(c: &JobConfig, p: &mut Problems) {
             ),
         );
     }
-    for (key, degree, what) in [("tp", par.tp, "tensor"), ("pp", par.pp, "pipeline")] {
-        if degree > 1 {
-            p.key(
-                "parallelism",
-                "cp",
-                format!(
-                    "{} with --{key} {degree}: context parallelism is not implemented with {what} parallelism yet",
-                    par.cp
-                ),
-            );
-        }
+    if par.pp > 1 {
+        p.key(
+            "parallelism",
+            "cp",
+            format!(
+                "{} with --pp {}: context parallelism is not implemented with pipeline parallelism yet",
+                par.cp, par.pp
+            ),
+        );
+    }
+    let local = seq / par.cp;
+    if par.sp && par.tp > 1 && seq.is_multiple_of(2 * par.cp) && !local.is_multiple_of(par.tp) {
+        p.key(
+            "parallelism",
+            "sp",
+            format!(
+                "each rank's {local} tokens (--seq-len {seq} / --cp {}) must be divisible by --tp {}",
+                par.cp, par.tp
+            ),
+        );
     }
 }
 

@@ -3,8 +3,9 @@
 //! magnitude, for the GPT, Llama (grouped-query attention) and BLOOM
 //! (ALiBi) minis: tp2, tp2 with sequence parallelism, pp2 (1F1B and
 //! interleaved), dp2, dp2 ZeRO-1 and cp2 on 2 ranks; tp2 x pp2, tp2 with
-//! sequence parallelism x pp2, tp2 x dp2, cp4, and cp2 x dp2 under ZeRO-1
-//! and ZeRO-3 on 4 ranks. Two `mpirun`
+//! sequence parallelism x pp2, tp2 x dp2, cp4, cp2 + tp2 (with and
+//! without sequence parallelism), and cp2 x dp2 under ZeRO-1 and ZeRO-3
+//! on 4 ranks. Two `mpirun`
 //! launches of this binary's ignored workers; each rank computes the
 //! one-rank gradients itself (cheap at this size) and compares on every
 //! rank.
@@ -107,7 +108,7 @@ mod worker {
             ("dp2-zero1", |c| c.parallelism.zero = ZeroStage::One),
             ("cp2", |c| c.parallelism.cp = 2),
         ];
-        let four: [Layout; 6] = [
+        let four: [Layout; 8] = [
             ("tp2-pp2", |c| {
                 c.parallelism.tp = 2;
                 c.parallelism.pp = 2;
@@ -119,6 +120,15 @@ mod worker {
             }),
             ("tp2-dp2", |c| c.parallelism.tp = 2),
             ("cp4", |c| c.parallelism.cp = 4),
+            ("cp2-tp2", |c| {
+                c.parallelism.cp = 2;
+                c.parallelism.tp = 2;
+            }),
+            ("cp2-tp2-sp", |c| {
+                c.parallelism.cp = 2;
+                c.parallelism.tp = 2;
+                c.parallelism.sp = true;
+            }),
             ("cp2-dp2-zero1", |c| {
                 c.parallelism.cp = 2;
                 c.parallelism.zero = ZeroStage::One;

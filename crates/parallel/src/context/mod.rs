@@ -56,7 +56,8 @@
 //!
 //! # Not done yet
 //!
-//! - CP with TP or PP in one mesh (refused by the job's validation);
+//! - CP with PP in one mesh (refused by the job's validation; CP with TP
+//!   and SP runs);
 //! - the planner's CP model (activations divided by `cp`, ring traffic);
 //! - the CubeCL kernels' `(output, lse)` form with global positions as the
 //!   block kernel on GPUs (today the CPU core runs on host copies there);
