@@ -103,14 +103,14 @@ job_sections! {
         /// Tensor-parallel degree (Megatron-LM): attention heads, key/value heads, MLP units and
         /// the vocabulary are split over tp ranks; tp must divide the heads, KV heads and ffn size.
         tp: usize = 1, flag tp: usize;
-        /// Context-parallel degree: each sequence is cut into 2 x cp chunks, rank r of the ring
-        /// holding chunks r and 2cp-1-r, and attention passes keys and values around the ring
-        /// (ring attention); seq_len must be a multiple of 2 x cp. Not yet with pp above 1.
-        cp: usize = 1, flag cp: usize;
         /// Sequence parallelism (needs tp > 1): norms and the residual stream split along the
         /// sequence over the TP group; the sequence length must divide by tp.
         #[arg(num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
         sp: bool = false, flag sp: bool;
+        /// Context-parallel degree: each sequence is cut into 2 x cp chunks, rank r of the ring
+        /// holding chunks r and 2cp-1-r, and attention passes keys and values around the ring
+        /// (ring attention); seq_len must be a multiple of 2 x cp. Not yet with pp above 1.
+        cp: usize = 1, flag cp: usize;
         /// Pipeline-parallel degree: the blocks split into pp contiguous stages (embedding on the
         /// first, final norm, head and loss on the last); a step's micro-batches are its
         /// grad_accum micro-batches.
