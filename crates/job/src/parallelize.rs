@@ -151,10 +151,12 @@ pub fn parallelize<B: TrainBackend>(
 /// the model: [`build_part`], or a whole model cut by [`parallelize`]) over
 /// `groups`, in this order:
 /// 1. tensor parallelism: the sharding plan of the decoder over the TP
-///    group, which the gradient sync needs too;
+///    group, which the gradient sync needs too; context parallelism: the
+///    decoder's attention and loss over the CP group
+///    ([`Decoder::with_context_parallel`]);
 /// 2. recomputation (`parallelism.recompute`, resolved by validation);
 /// 3. the pipeline split over the PP group (stages, schedule, chunks);
-/// 4. the gradient sync over the DP group: DDP buckets, or ZeRO 1/2/3,
+/// 4. the gradient sync over the DP x CP group: DDP buckets, or ZeRO 1/2/3,
 ///    reducing in `precision.reduce_dtype`, overlapped with backward
 ///    under `parallelism.overlap_grad_reduce`;
 ///
@@ -186,6 +188,7 @@ fn parallelize_with<B: TrainBackend>(
         part.tp_degree(),
         job.mesh.tp
     );
+    let part = part.with_context_parallel(groups.cp().clone())?;
     let parallel = ParallelConfig {
         shards: tp_plan(job)?,
         recompute: job.recompute,

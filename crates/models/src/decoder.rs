@@ -1,17 +1,20 @@
 //! The decoder-only transformer shared by GPT-2, Llama and BLOOM.
 
 use std::cell::RefCell;
+use std::sync::Arc;
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
-use burn::tensor::{FloatDType, Int, Tensor};
+use burn::tensor::{FloatDType, Int, Tensor, TensorData};
 use ferrotron_engine::lm::{CausalLm, LmUnit, LmUnits};
+use ferrotron_parallel::comm::Communicator;
 use ferrotron_parallel::tensor::{
     column_input, embedding_part, gather_from_tp, row_output, vocab_parallel_cross_entropy,
     ShardError, TpGroup, VocabShard,
 };
 
 use crate::config::{ConfigError, DecoderConfig, Kernels, Position};
+use crate::context_parallel::ContextParallel;
 use crate::init::{Init, PartSource};
 use crate::layers::position::{Heads, PositionContext};
 use crate::layers::{Attention, LayerKv, Mlp, Norm};
@@ -101,6 +104,10 @@ pub struct Decoder<B: Backend> {
     /// This rank's block of the vocabulary (all of it on one rank).
     #[module(skip)]
     vocab: VocabShard,
+    /// The context-parallel ring (one rank: none; see
+    /// [`Decoder::with_context_parallel`]).
+    #[module(skip)]
+    cp: ContextParallel,
     /// Selective recomputation of the reference attention core (see
     /// [`LmUnits::with_attention_recompute`]).
     #[module(skip)]
@@ -217,6 +224,7 @@ impl<B: KernelBackend> Decoder<B> {
             ops,
             tp: TpGroup::single(),
             vocab: VocabShard::new(c.vocab_size, 1, 0, 1),
+            cp: ContextParallel::single(),
             recompute_attention: false,
         };
         if tp == 1 {
@@ -229,6 +237,38 @@ impl<B: KernelBackend> Decoder<B> {
     /// The TP degree the model computes over (1: the whole model).
     pub fn tp_degree(&self) -> usize {
         self.tp.size()
+    }
+
+    /// The model computing its training loss ([`LmUnits`], [`CausalLm`])
+    /// over the context-parallel ring `ring` (the CP group): each rank
+    /// takes its chunks of every sequence (`ferrotron_parallel::context`'s
+    /// load-balanced split; the sequence length must divide by `2 x cp`),
+    /// attends around the ring and scores its own targets, the loss
+    /// summed over the ring. Logits ([`Decoder::forward`], generation)
+    /// stay whole on each rank. Every rank of the ring must run the same
+    /// passes.
+    ///
+    /// # Errors
+    /// A build without the `flex` feature, whose CPU attention core is the
+    /// ring's block kernel.
+    pub fn with_context_parallel(self, ring: Arc<dyn Communicator>) -> Result<Self, ConfigError> {
+        if ring.world_size() > 1 && !cfg!(feature = "flex") {
+            return Err(ConfigError {
+                field: "cp",
+                problem: "context parallelism needs the flex feature (its CPU attention core \
+                          computes the ring's blocks)"
+                    .into(),
+            });
+        }
+        Ok(Self {
+            cp: ContextParallel::new(ring),
+            ..self
+        })
+    }
+
+    /// The CP degree the model computes over (1: whole sequences).
+    pub fn cp_degree(&self) -> usize {
+        self.cp.size()
     }
 
     /// The model, whose parameters are already cut to this rank's part,
@@ -279,18 +319,36 @@ impl<B: KernelBackend> Decoder<B> {
     ) -> PositionContext<B> {
         let c = &self.config;
         let fused = self.ops.fused_positions() && !cached;
-        let per_rank = c.n_heads / self.tp.size();
-        let first = self.tp.rank() * per_rank;
-        let heads = Heads {
-            total: c.n_heads,
-            range: first..first + per_rank,
-        };
+        let heads = self.heads();
         let mut pos =
             PositionContext::new(&c.position, &heads, c.head_dim(), start, len, fused, device);
         pos.attn_bias = pos
             .attn_bias
             .recomputed(self.recompute_attention)
             .on_host(self.ops.host_attention());
+        pos.rope = pos.rope.map(|r| r.on_host(self.ops.cpu_elementwise()));
+        pos
+    }
+
+    /// The attention heads this rank computes.
+    fn heads(&self) -> Heads {
+        let n = self.config.n_heads;
+        let per_rank = n / self.tp.size();
+        let first = self.tp.rank() * per_rank;
+        Heads {
+            total: n,
+            range: first..first + per_rank,
+        }
+    }
+
+    /// The positions of this rank's chunks of `seq`-token sequences under
+    /// context parallelism, attending around the ring.
+    fn ring_positions(&self, seq: usize, device: &B::Device) -> PositionContext<B> {
+        let c = &self.config;
+        let slopes = (c.position == Position::Alibi).then(|| self.heads().alibi_slopes());
+        let ring = self.cp.ring(seq, slopes);
+        let at = self.cp.positions(seq);
+        let mut pos = PositionContext::ring(&c.position, c.head_dim(), &at, ring, device);
         pos.rope = pos.rope.map(|r| r.on_host(self.ops.cpu_elementwise()));
         pos
     }
@@ -322,7 +380,7 @@ impl<B: KernelBackend> Decoder<B> {
     ) -> Tensor<B, 3> {
         let t = tokens.dims()[1];
         let device = tokens.device();
-        let mut x = self.embed_from(tokens, start);
+        let mut x = self.embed_from(tokens, start, None);
         let pos = self.positions(start, t, cache.is_some(), &device);
         for (i, layer) in self.layers.iter().enumerate() {
             let kv = cache.as_mut().map(|c| &mut c.layers[i]);
@@ -366,17 +424,24 @@ impl<B: KernelBackend> Decoder<B> {
     }
 
     /// Hidden states `[batch, len, hidden]` of `tokens` `[batch, len]` at
-    /// positions `start..start+len`: token (and position) embeddings, then
-    /// the embedding norm (BLOOM), in the config's compute precision (every
-    /// later layer computes in the dtype of its input). Under sequence parallelism this rank's
-    /// block of the positions, `[batch, len / tp, hidden]`.
-    fn embed_from(&self, tokens: Tensor<B, 2, Int>, start: usize) -> Tensor<B, 3> {
+    /// positions `start..start+len` (under context parallelism at the
+    /// global positions `at`, `len` of them): token (and position)
+    /// embeddings, then the embedding norm (BLOOM), in the config's compute
+    /// precision (every later layer computes in the dtype of its input).
+    /// Under sequence parallelism this rank's block of the positions,
+    /// `[batch, len / tp, hidden]`.
+    fn embed_from(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        start: usize,
+        at: Option<&[usize]>,
+    ) -> Tensor<B, 3> {
         let c = &self.config;
         let [b, t] = tokens.dims();
+        let end = at.map_or(start + t, |at| at.iter().max().map_or(0, |p| p + 1));
         assert!(
-            start + t <= c.max_seq_len,
-            "sequence of {} tokens exceeds max_seq_len {}",
-            start + t,
+            end <= c.max_seq_len,
+            "sequence of {end} tokens exceeds max_seq_len {}",
             c.max_seq_len
         );
         let flat = tokens.reshape([b * t]);
@@ -396,12 +461,16 @@ impl<B: KernelBackend> Decoder<B> {
             } else {
                 0
             };
-            let first = start + block;
-            x = x.clone()
-                + pe.val()
-                    .narrow(0, first, len)
-                    .cast(x.dtype())
-                    .unsqueeze::<3>();
+            let rows = match at {
+                None => pe.val().narrow(0, start + block, len),
+                Some(at) => {
+                    let mine: Vec<i64> = at[block..block + len].iter().map(|&p| p as i64).collect();
+                    let mine = TensorData::new(mine, [len]);
+                    pe.val()
+                        .select(0, Tensor::<B, 1, Int>::from_data(mine, &x.device()))
+                }
+            };
+            x = x.clone() + rows.cast(x.dtype()).unsqueeze::<3>();
         }
         if let Some(n) = &self.embed_norm {
             x = n.forward(x);
@@ -449,15 +518,24 @@ impl<B: KernelBackend> LmUnits<B> for Decoder<B> {
     }
 
     fn embed(&self, inputs: Tensor<B, 2, Int>) -> (Tensor<B, 3>, PositionContext<B>) {
-        let pos = self.block_context(inputs.dims()[1], &inputs.device());
-        (self.embed_from(inputs, 0), pos)
+        let seq = inputs.dims()[1];
+        let pos = self.block_context(seq, &inputs.device());
+        if self.cp.size() == 1 {
+            return (self.embed_from(inputs, 0, None), pos);
+        }
+        let at = self.cp.positions(seq);
+        (self.embed_from(self.cp.split(inputs), 0, Some(&at)), pos)
     }
 
     fn block_context(&self, seq_len: usize, device: &B::Device) -> PositionContext<B> {
+        if self.cp.size() > 1 {
+            return self.ring_positions(seq_len, device);
+        }
         self.positions(0, seq_len, false, device)
     }
 
     fn hidden_dims(&self, batch: usize, seq_len: usize) -> [usize; 3] {
+        let seq_len = seq_len / self.cp.size();
         let len = if self.tp.sequence_parallel() {
             seq_len / self.tp.size()
         } else {
@@ -471,7 +549,12 @@ impl<B: KernelBackend> LmUnits<B> for Decoder<B> {
     }
 
     fn head_loss(&self, x: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
-        self.loss_of(x, targets)
+        if self.cp.size() == 1 {
+            return self.loss_of(x, targets);
+        }
+        let targets = self.cp.split(targets);
+        let local = self.loss_of(x, targets.clone());
+        self.cp.loss(local, &targets)
     }
 
     fn with_attention_recompute(self, on: bool) -> Self {

@@ -5,6 +5,7 @@
 //! and small CPU-sized ones.
 
 pub mod config;
+pub mod context_parallel;
 pub mod decoder;
 pub mod generate;
 pub mod hf;

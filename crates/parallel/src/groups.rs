@@ -13,7 +13,11 @@
 //! - a **DP group** is the ranks of one pipeline stage with the same CP
 //!   and TP index, `cp * tp` apart; ZeRO shards over it;
 //! - a **PP group** is the ranks with the same DP, CP and TP index, one per
-//!   stage, `dp * cp * tp` apart.
+//!   stage, `dp * cp * tp` apart;
+//! - the **DP x CP group** is the ranks of one stage with the same TP
+//!   index (every DP and CP index): they hold the same parameters, so the
+//!   gradients are reduced and ZeRO shards over it, as in Megatron-Core
+//!   ([`dp_cp_index`]; the DP group itself without context parallelism).
 //!
 //! [`members`] says who is in a rank's group without any communication
 //! (unit-tested against Megatron's documented layouts); [`ProcessGroups`]
@@ -96,6 +100,14 @@ pub struct ProcessGroups {
     cp: Arc<dyn Communicator>,
     dp: Arc<dyn Communicator>,
     pp: Arc<dyn Communicator>,
+    dp_cp: Arc<dyn Communicator>,
+}
+
+/// The DP x CP group of `rank` in `mesh`, numbered `pp * tp + tp_index`:
+/// the ranks with the same pipeline stage and TP index share it.
+pub fn dp_cp_index(mesh: &Mesh, rank: usize) -> usize {
+    let MeshCoord { pp, tp, .. } = mesh.coord(rank);
+    pp * mesh.tp + tp
 }
 
 impl ProcessGroups {
@@ -113,7 +125,8 @@ impl ProcessGroups {
             tp: one.clone(),
             cp: one.clone(),
             dp: one.clone(),
-            pp: one,
+            pp: one.clone(),
+            dp_cp: one,
         }
     }
 
@@ -135,11 +148,18 @@ impl ProcessGroups {
                 _ => world.split(group_index(&mesh, dim, rank), rank),
             }
         };
+        let dp = group(Dim::Dp)?;
+        let dp_cp = match mesh.dp * mesh.cp {
+            _ if mesh.cp == 1 => dp.clone(),
+            n if n == world.world_size() => world.clone(),
+            _ => world.split(dp_cp_index(&mesh, rank), rank)?,
+        };
         Ok(Self {
             tp: group(Dim::Tp)?,
             cp: group(Dim::Cp)?,
-            dp: group(Dim::Dp)?,
+            dp,
             pp: group(Dim::Pp)?,
+            dp_cp,
             world,
             mesh,
         })
@@ -173,6 +193,14 @@ impl ProcessGroups {
     /// The data-parallel group (ZeRO shards over it).
     pub fn dp(&self) -> &Arc<dyn Communicator> {
         &self.dp
+    }
+
+    /// The DP x CP group: the ranks holding the same parameters (this
+    /// stage's, this TP block), over which the gradients are reduced and
+    /// ZeRO shards; the DP group when `cp` is 1. Its rank is `dp_index *
+    /// cp + cp_index`.
+    pub fn dp_cp(&self) -> &Arc<dyn Communicator> {
+        &self.dp_cp
     }
 
     /// The tensor-parallel group (the model's layers are split over it).
@@ -362,6 +390,17 @@ mod tests {
                 want.dedup();
                 let want: Vec<&[usize]> = want.iter().map(|g| g.as_slice()).collect();
                 check_dims(m, &[(dim, &want)]);
+            }
+            // DP x CP: same stage and TP index, every DP and CP index.
+            for r in 0..coords.len() {
+                for q in 0..coords.len() {
+                    let same = coords[q][0] == coords[r][0] && coords[q][3] == coords[r][3];
+                    assert_eq!(
+                        dp_cp_index(&m, q) == dp_cp_index(&m, r),
+                        same,
+                        "{m:?}: ranks {q} and {r}"
+                    );
+                }
             }
         }
     }

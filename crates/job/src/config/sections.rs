@@ -94,11 +94,11 @@ job_sections! {
         eval_batches: usize = 8, flag eval_batches: usize;
     }
 
-    /// `[parallelism]`: the mesh (dp x pp x tp ranks), ZeRO, recomputation
-    /// and the transport of the collectives.
+    /// `[parallelism]`: the mesh (dp x pp x cp x tp ranks), ZeRO,
+    /// recomputation and the transport of the collectives.
     [parallelism] ParallelismSection {
-        /// Data-parallel degree (default: the world size / (tp x pp)); dp x tp x pp must equal
-        /// the world size.
+        /// Data-parallel degree (default: the world size / (tp x cp x pp)); dp x cp x tp x pp
+        /// must equal the world size.
         dp: Option<usize> = None, flag dp: usize;
         /// Tensor-parallel degree (Megatron-LM): attention heads, key/value heads, MLP units and
         /// the vocabulary are split over tp ranks; tp must divide the heads, KV heads and ffn size.
@@ -107,6 +107,10 @@ job_sections! {
         /// sequence over the TP group; the sequence length must divide by tp.
         #[arg(num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
         sp: bool = false, flag sp: bool;
+        /// Context-parallel degree: each sequence is cut into 2 x cp chunks, rank r of the ring
+        /// holding chunks r and 2cp-1-r, and attention passes keys and values around the ring
+        /// (ring attention); seq_len must be a multiple of 2 x cp. Not yet with pp above 1.
+        cp: usize = 1, flag cp: usize;
         /// Pipeline-parallel degree: the blocks split into pp contiguous stages (embedding on the
         /// first, final norm, head and loss on the last); a step's micro-batches are its
         /// grad_accum micro-batches.

@@ -45,6 +45,7 @@ pub(super) fn check_fields(c: &JobConfig, p: &mut Problems) {
         ("parallelism", "dp", par.dp.unwrap_or(1)),
         ("model", "max_seq_len", c.model.max_seq_len.unwrap_or(1)),
         ("parallelism", "tp", par.tp),
+        ("parallelism", "cp", par.cp),
         (
             "parallelism",
             "make_vocab_size_divisible_by",
@@ -164,6 +165,7 @@ fn check_combinations(c: &JobConfig, p: &mut Problems) {
     if let Err(problem) = recompute(c) {
         p.key("parallelism", "recompute", problem);
     }
+    check_cp(c, p);
     if par.sp && par.tp == 1 {
         p.key(
             "parallelism",
@@ -178,6 +180,48 @@ fn check_combinations(c: &JobConfig, p: &mut Problems) {
             format!(
                 "--seq-len {} must be divisible by --tp {}",
                 s.seq_len, par.tp
+            ),
+        );
+    }
+}
+
+/// Context parallelism: the sequence must cut into `2 x cp` chunks (and
+/// under sequence parallelism each rank's chunks split over tp); the
+/// composition not built yet (pp) is refused.
+fn check_cp(c: &JobConfig, p: &mut Problems) {
+    let (par, seq) = (&c.parallelism, c.schedule.seq_len);
+    if par.cp < 2 {
+        return;
+    }
+    if seq > 0 && !seq.is_multiple_of(2 * par.cp) {
+        p.key(
+            "parallelism",
+            "cp",
+            format!(
+                "{}: --seq-len {seq} must be a multiple of 2 x cp = {} (each sequence is cut into 2 x cp chunks)",
+                par.cp,
+                2 * par.cp
+            ),
+        );
+    }
+    if par.pp > 1 {
+        p.key(
+            "parallelism",
+            "cp",
+            format!(
+                "{} with --pp {}: context parallelism is not implemented with pipeline parallelism yet",
+                par.cp, par.pp
+            ),
+        );
+    }
+    let local = seq / par.cp;
+    if par.sp && par.tp > 1 && seq.is_multiple_of(2 * par.cp) && !local.is_multiple_of(par.tp) {
+        p.key(
+            "parallelism",
+            "sp",
+            format!(
+                "each rank's {local} tokens (--seq-len {seq} / --cp {}) must be divisible by --tp {}",
+                par.cp, par.tp
             ),
         );
     }

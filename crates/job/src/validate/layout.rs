@@ -62,17 +62,22 @@ pub(super) fn backend(
     }
 }
 
-/// The mesh of `parallelism.{dp,tp,pp}` over `world`.
+/// The mesh of `parallelism.{dp,tp,cp,pp}` over `world`.
 pub(super) fn mesh(c: &JobConfig, world: &World, p: &mut Problems) -> Option<Mesh> {
     let par = &c.parallelism;
-    if par.tp == 0 || par.pp == 0 || par.dp == Some(0) {
+    if par.tp == 0 || par.cp == 0 || par.pp == 0 || par.dp == Some(0) {
         return None; // reported by the field checks
     }
-    match Mesh::new(par.dp, par.tp, par.pp, world.world_size) {
+    match Mesh::with_cp(par.dp, par.tp, par.cp, par.pp, world.world_size) {
         Ok(m) => Some(m),
         Err(e) => {
+            let degrees = if par.cp == 1 {
+                "dp x tp x pp"
+            } else {
+                "dp x cp x tp x pp"
+            };
             p.other(
-                format!("parallelism (dp x tp x pp over {} ranks)", world.world_size),
+                format!("parallelism ({degrees} over {} ranks)", world.world_size),
                 e.to_string(),
             );
             None
@@ -120,10 +125,10 @@ pub(super) fn check_with_model(
         precision
     });
     if model.precision != Precision::Fp32 {
-        for (key, degree) in [("tp", mesh.tp), ("pp", mesh.pp)] {
+        for (key, degree) in [("tp", mesh.tp), ("cp", mesh.cp), ("pp", mesh.pp)] {
             if degree > 1 {
                 p.key("precision", "compute", format!(
-                    "{} with --{key} {degree}: mixed precision is not implemented with tensor or pipeline parallelism yet; use --precision fp32",
+                    "{} with --{key} {degree}: mixed precision is not implemented with tensor, context or pipeline parallelism yet; use --precision fp32",
                     model.precision
                 ));
             }

@@ -94,7 +94,7 @@ impl ValidJob {
         &self.model
     }
 
-    /// The mesh: dp x pp x tp ranks.
+    /// The mesh: dp x pp x cp x tp ranks.
     pub fn mesh(&self) -> &Mesh {
         &self.mesh
     }

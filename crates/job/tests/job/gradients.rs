@@ -53,7 +53,8 @@ pub fn job(model: &str, world: &World, layout: impl FnOnce(&mut JobConfig)) -> V
     c.optimizer.grad_clip = 0.0;
     c.checkpoint.out = Some(std::env::temp_dir().join("ferrotron-gradients-never-written"));
     layout(&mut c);
-    let dp = world.world_size / (c.parallelism.tp * c.parallelism.pp);
+    let par = &c.parallelism;
+    let dp = world.world_size / (par.tp * par.cp * par.pp);
     c.schedule.grad_accum = MICRO_BATCHES / dp;
     c.validate(world)
         .unwrap_or_else(|e| panic!("{model}: the job is refused: {e:?}"))

@@ -1,9 +1,11 @@
-//! Step-1 gradients under tensor and pipeline parallelism equal the
-//! one-rank gradient, every tensor within 1e-5 of its own largest
+//! Step-1 gradients under tensor, pipeline and context parallelism equal
+//! the one-rank gradient, every tensor within 1e-5 of its own largest
 //! magnitude, for the GPT, Llama (grouped-query attention) and BLOOM
 //! (ALiBi) minis: tp2, tp2 with sequence parallelism, pp2 (1F1B and
-//! interleaved), dp2 and dp2 ZeRO-1 on 2 ranks; tp2 x pp2, tp2 with
-//! sequence parallelism x pp2 and tp2 x dp2 on 4 ranks. Two `mpirun`
+//! interleaved), dp2, dp2 ZeRO-1 and cp2 on 2 ranks; tp2 x pp2, tp2 with
+//! sequence parallelism x pp2, tp2 x dp2, cp4, cp2 + tp2 (with and
+//! without sequence parallelism), and cp2 x dp2 under ZeRO-1 and ZeRO-3
+//! on 4 ranks. Two `mpirun`
 //! launches of this binary's ignored workers; each rank computes the
 //! one-rank gradients itself (cheap at this size) and compares on every
 //! rank.
@@ -90,7 +92,7 @@ mod worker {
 
     /// The layouts of `ranks` ranks.
     fn layouts(ranks: usize) -> Vec<Layout> {
-        let two: [Layout; 6] = [
+        let two: [Layout; 7] = [
             ("tp2", |c| c.parallelism.tp = 2),
             ("tp2-sp", |c| {
                 c.parallelism.tp = 2;
@@ -104,8 +106,9 @@ mod worker {
             }),
             ("dp2", |_| {}),
             ("dp2-zero1", |c| c.parallelism.zero = ZeroStage::One),
+            ("cp2", |c| c.parallelism.cp = 2),
         ];
-        let four: [Layout; 3] = [
+        let four: [Layout; 8] = [
             ("tp2-pp2", |c| {
                 c.parallelism.tp = 2;
                 c.parallelism.pp = 2;
@@ -116,6 +119,24 @@ mod worker {
                 c.parallelism.pp = 2;
             }),
             ("tp2-dp2", |c| c.parallelism.tp = 2),
+            ("cp4", |c| c.parallelism.cp = 4),
+            ("cp2-tp2", |c| {
+                c.parallelism.cp = 2;
+                c.parallelism.tp = 2;
+            }),
+            ("cp2-tp2-sp", |c| {
+                c.parallelism.cp = 2;
+                c.parallelism.tp = 2;
+                c.parallelism.sp = true;
+            }),
+            ("cp2-dp2-zero1", |c| {
+                c.parallelism.cp = 2;
+                c.parallelism.zero = ZeroStage::One;
+            }),
+            ("cp2-dp2-zero3", |c| {
+                c.parallelism.cp = 2;
+                c.parallelism.zero = ZeroStage::Three;
+            }),
         ];
         match ranks {
             2 => two.to_vec(),

@@ -90,6 +90,53 @@ fn a_world_the_mesh_does_not_fill_is_refused() {
     );
 }
 
+/// Context parallelism: a sequence that does not cut into 2 x cp chunks,
+/// a mesh whose cp x tp x dp x pp is not the world, and the compositions
+/// not built yet (pp), and under sequence parallelism a rank's tokens
+/// that tp does not divide, each one line naming the key or the mesh.
+#[test]
+fn context_parallel_jobs_the_ring_cannot_run_are_refused() {
+    let cp = |toml: &str, world: usize| {
+        let text = format!("[parallelism]\ncp = 2\n{toml}[checkpoint]\nout = \"x\"\n");
+        problems(&JobConfig::from_toml_str(&text, "cp.toml").unwrap(), world)
+    };
+    let p = cp("[schedule]\nseq_len = 30\n", 2);
+    assert_eq!(p.len(), 1, "{p:#?}");
+    assert!(
+        p[0].starts_with("parallelism.cp: --cp 2: --seq-len 30 must be a multiple of 2 x cp = 4"),
+        "{p:#?}"
+    );
+    let p = cp("dp = 2\n", 6);
+    assert_eq!(p.len(), 1, "{p:#?}");
+    assert!(
+        p[0].starts_with(
+            "parallelism (dp x cp x tp x pp over 6 ranks): --dp 2 x --tp 1 x --cp 2 x --pp 1 = 4 must equal the world size 6"
+        ),
+        "{p:#?}"
+    );
+    let p = cp("pp = 2\n", 4);
+    assert_eq!(p.len(), 1, "{p:#?}");
+    assert!(
+        p[0].starts_with(
+            "parallelism.cp: --cp 2 with --pp 2: context parallelism is not implemented with pipeline parallelism yet"
+        ),
+        "{p:#?}"
+    );
+    // 8 tokens: 4 per rank of the ring, which 8 TP ranks cannot split.
+    let p = cp("tp = 8\nsp = true\n[schedule]\nseq_len = 8\n", 16);
+    assert!(
+        p.iter().any(|l| l
+            == "parallelism.sp: --sp each rank's 4 tokens (--seq-len 8 / --cp 2) must be divisible by --tp 8"),
+        "{p:#?}"
+    );
+    let job = JobConfig::from_toml_str(
+        "[parallelism]\ncp = 2\n[schedule]\nseq_len = 64\n[checkpoint]\nout = \"x\"\n",
+        "cp.toml",
+    )
+    .unwrap();
+    assert!(job.check_portable(2).is_ok());
+}
+
 #[test]
 fn a_valid_job_resolves_its_defaults() {
     let dir = std::env::temp_dir().join(format!("ferrotron-job-valid-{}", std::process::id()));

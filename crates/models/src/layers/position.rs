@@ -9,6 +9,8 @@ use std::ops::Range;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
+use ferrotron_parallel::context::RingAttention;
+
 use crate::config::Position;
 use crate::ops::{AttentionBias, KernelBackend, Rope};
 use crate::rope_scaling::inv_freq;
@@ -33,7 +35,7 @@ impl Heads {
     }
 
     /// ALiBi slopes of these heads.
-    fn alibi_slopes(&self) -> Vec<f32> {
+    pub(crate) fn alibi_slopes(&self) -> Vec<f32> {
         alibi_slopes(self.total)[self.range.clone()].to_vec()
     }
 }
@@ -71,7 +73,8 @@ impl<B: KernelBackend> PositionContext<B> {
                         inv_freq: Tensor::from_data(TensorData::new(freqs, [n]), device),
                     }
                 } else {
-                    let (cos, sin) = rope_tables(&freqs, start, len, device);
+                    let at: Vec<usize> = (start..start + len).collect();
+                    let (cos, sin) = rope_tables(&freqs, &at, device);
                     Rope::Tables(cos, sin)
                 })
             }
@@ -88,6 +91,31 @@ impl<B: KernelBackend> PositionContext<B> {
             AttentionBias::Matrix(bias_matrix(position, heads, start, len, device))
         };
         Self { rope, attn_bias }
+    }
+
+    /// The context of this rank's tokens under context parallelism: its
+    /// chunks of the sequences, at the global `positions` (RoPE's tables
+    /// at those positions), attending around `ring`, whose block kernel
+    /// applies the causal mask and ALiBi of the same global positions.
+    pub fn ring(
+        position: &Position,
+        head_dim: usize,
+        positions: &[usize],
+        ring: RingAttention,
+        device: &B::Device,
+    ) -> Self {
+        let rope = match position {
+            Position::Rope { theta, scaling } => {
+                let freqs = inv_freq(*theta, scaling.as_ref(), head_dim);
+                let (cos, sin) = rope_tables(&freqs, positions, device);
+                Some(Rope::Tables(cos, sin))
+            }
+            _ => None,
+        };
+        Self {
+            rope,
+            attn_bias: AttentionBias::Ring(ring),
+        }
     }
 }
 
@@ -123,20 +151,19 @@ fn bias_matrix<B: Backend>(
     Tensor::from_data(TensorData::new(bias, [1, slopes.len(), len, keys]), device)
 }
 
-/// RoPE cosines and sines `[1, 1, len, head_dim]` for positions
-/// `start..start+len`, computed in f32 the way Hugging Face `transformers`
+/// RoPE cosines and sines `[1, 1, len, head_dim]` for the `len` token
+/// positions `at`, computed in f32 the way Hugging Face `transformers`
 /// does (angle = position x inv_freq, duplicated across both halves), from
 /// the `head_dim / 2` inverse frequencies.
 fn rope_tables<B: Backend>(
     inv_freq: &[f32],
-    start: usize,
-    len: usize,
+    at: &[usize],
     device: &B::Device,
 ) -> (Tensor<B, 4>, Tensor<B, 4>) {
-    let head_dim = 2 * inv_freq.len();
+    let (head_dim, len) = (2 * inv_freq.len(), at.len());
     let mut cos = Vec::with_capacity(len * head_dim);
     let mut sin = Vec::with_capacity(len * head_dim);
-    for p in start..start + len {
+    for &p in at {
         for _ in 0..2 {
             for f in inv_freq {
                 let angle = p as f32 * f;

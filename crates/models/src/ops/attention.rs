@@ -6,6 +6,7 @@ use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, FloatDType, Tensor, TensorPrimitive};
 use ferrotron_kernels::attention::AttentionOptions;
+use ferrotron_parallel::context::RingAttention;
 
 use super::fused::KernelBackend;
 
@@ -35,6 +36,12 @@ pub enum AttentionBias<B: KernelBackend> {
         /// ALiBi slopes, when the family uses ALiBi.
         slopes: Option<Tensor<B, 1>>,
     },
+    /// Context parallelism: this rank's queries, keys and values are its
+    /// chunks of the sequences, and the attention runs around the ring
+    /// ([`CpOps::ring_attention`](ferrotron_parallel::context::CpOps::ring_attention)),
+    /// each block by the ring's kernel with
+    /// the causal mask and ALiBi of the global positions.
+    Ring(RingAttention),
 }
 
 impl<B: KernelBackend> AttentionBias<B> {
@@ -93,6 +100,7 @@ pub fn attention<B: KernelBackend>(
                 matrix.clone().into_primitive().tensor(),
             )))
         }
+        AttentionBias::Ring(ring) => B::ring_attention(q, k, v, ring),
         AttentionBias::Fused { slopes } => {
             let options = AttentionOptions {
                 causal: true,

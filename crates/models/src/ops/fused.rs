@@ -6,6 +6,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{Tensor, TensorPrimitive};
 use ferrotron_kernels::attention::AttentionOptions;
+use ferrotron_parallel::context::CpOps;
 use ferrotron_parallel::tensor::TpOps;
 
 use super::attention::{attention_reference, attention_reference_backward};
@@ -203,7 +204,7 @@ pub trait FusedKernels: KernelBackend {
 /// `true`, report the misuse. Shapes are those of [`FusedKernels`]; each
 /// `fused_*` returns the forward output only, and on the autodiff backend
 /// records the kernels' backward.
-pub trait KernelBackend: Backend + TpOps {
+pub trait KernelBackend: Backend + TpOps + CpOps {
     /// Whether this backend runs Ferrotron's fused kernels.
     fn has_fused_kernels() -> bool {
         false

@@ -117,7 +117,9 @@ fn attention_bias_hides_exactly_the_future_keys_and_adds_alibi() {
     .attn_bias
     {
         AttentionBias::Matrix(m) | AttentionBias::Recomputed(m) | AttentionBias::Host(m) => m,
-        AttentionBias::Fused { .. } => panic!("the reference context holds a bias matrix"),
+        AttentionBias::Fused { .. } | AttentionBias::Ring(_) => {
+            panic!("the reference context holds a bias matrix")
+        }
     };
     let m = matrix(&Position::Learned);
     assert_eq!(m.dims(), [1, 1, 3, 5]);

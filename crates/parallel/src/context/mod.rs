@@ -40,32 +40,36 @@
 //! `dv` of its own keys. Traffic per rank: K/V `cp - 1` times forward and
 //! backward, `dk`, `dv` `cp` times.
 //!
+//! # In training ([`CpOps`], [`ring_mean`])
+//!
+//! [`CpOps::ring_attention`] makes the ring one node of the autodiff
+//! graph: its forward keeps `q`, `k`, `v`, the output and the log-sum-exp
+//! (host buffers), its backward runs [`ring_backward`]. The decoder
+//! (`ferrotron-models`' `Decoder::with_context_parallel`) splits the ids
+//! and targets by [`ChunkLayout::split`]'s layout, takes RoPE, learned
+//! positions and ALiBi from [`ChunkLayout::positions`], and sums the loss
+//! over the ring ([`ring_mean`]). The gradients are reduced, and ZeRO
+//! shards, over DP x CP
+//! ([`ProcessGroups::dp_cp`](crate::groups::ProcessGroups::dp_cp)); the
+//! trainer weights each rank's loss by `cp`, as Megatron-Core does, since
+//! that group averages. The job layer's key is `parallelism.cp` (`--cp`).
+//!
 //! # Not done yet
 //!
-//! This is the numerical core, tested against the one-rank attention with
-//! the CPU attention core as the block kernel (`ferrotron-models`'
-//! `HostBlockAttention`). Still to come:
-//!
-//! - the decoder's attention as one autodiff node over the ring (forward
-//!   keeps `q`, `k`, `v`, the output and the log-sum-exp; backward runs
-//!   [`ring_backward`]) on the CP group
-//!   ([`ProcessGroups::cp`](crate::groups::ProcessGroups::cp)); the
-//!   inputs (ids, targets, goldfish mask) split by [`ChunkLayout::split`];
-//!   RoPE, learned positions and ALiBi from [`ChunkLayout::positions`];
-//!   the loss and its token count summed over the CP group;
-//! - gradients reduced, and ZeRO sharded, over DP x CP (a group of the
-//!   ranks with the same PP and TP index);
-//! - the user-facing degree (`parallelism.cp`, `--cp`) and its checks
-//!   ([`SplitError`], [`MeshError`](crate::mesh::MeshError)), the planner's
-//!   CP model;
-//! - the CubeCL kernels' `(output, lse)` form with global positions; the
-//!   CPU block's bias `[heads or 1, len_q, len_k]` is built per step (a
+//! - CP with PP in one mesh (refused by the job's validation; CP with TP
+//!   and SP runs);
+//! - the planner's CP model (activations divided by `cp`, ring traffic);
+//! - the CubeCL kernels' `(output, lse)` form with global positions as the
+//!   block kernel on GPUs (today the CPU core runs on host copies there);
+//!   the CPU block's bias `[heads or 1, len_q, len_k]` is built per step (a
 //!   mask from positions inside the kernel would avoid it);
 //! - the all-to-all (Ulysses) kind.
 
 mod backward;
 mod block;
 mod forward;
+mod loss;
+mod ops;
 pub mod pairing;
 pub mod split;
 mod transport;
@@ -73,6 +77,8 @@ mod transport;
 pub use backward::{ring_backward, Kept, RingBackward};
 pub use block::{merge, Block, BlockAttention, HeadBuf, WholeRows};
 pub use forward::{ring_forward, RingForward};
+pub use loss::ring_mean;
+pub use ops::{CpOps, RingAttention};
 pub use pairing::Pairing;
 pub use split::{ChunkLayout, SplitError};
 

@@ -102,10 +102,11 @@ where
     /// What this rank stores of a checkpoint (no communication): for each
     /// parameter of its stage, the weights and AdamW's moments over its
     /// share, clipped to the whole tensor. Of the ranks holding the same
-    /// values one stores them: DP rank 0 without ZeRO, TP rank 0 for a
+    /// values one stores them: DP x CP rank 0 without ZeRO, TP rank 0 for a
     /// parameter TP does not split, stage 0 for a tied embedding.
     pub fn shard(&self) -> Result<Shard, ShardError> {
-        let (dp_rank, tp_rank) = (self.groups.dp().rank(), self.groups.tp().rank());
+        // Replicas: DP x CP (a CP ring's ranks hold the same parameters).
+        let (dp_rank, tp_rank) = (self.groups.dp_cp().rank(), self.groups.tp().rank());
         let replicated_over_dp = self.sync.owned_ranges().is_none();
         let pieces = self.sync.param_pieces();
         let mut whole: HashMap<String, TensorData> = match pieces {

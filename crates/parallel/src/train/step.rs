@@ -311,7 +311,9 @@ where
             }
         }
         let partial = PartialGrads::new(partial, TpGroup::new(groups.tp().clone()));
-        let dp = test_faults::slowed(groups.dp().clone());
+        // The ranks of a CP ring hold the same parameters, each its
+        // tokens' share of their gradients: the sync runs over DP x CP.
+        let dp = test_faults::slowed(groups.dp_cp().clone());
         let buckets = bucket_elems(parallel.bucket_mb);
         let shapes = match source {
             Some(source) => source_shapes(&model, source)?,
@@ -442,7 +444,12 @@ where
             .expect("the model is always present between steps");
         let n = micro_batches.len().max(1);
         let loss_scale = self.scaler.map_or(1.0, |s| s.scale);
-        let weight = loss_scale / n as f64;
+        // The sync averages over DP x CP, while a CP ring's gradients
+        // add up to its replica's (each rank back-propagates its tokens'
+        // share of the loss): the weight carries cp, as Megatron-Core
+        // scales the loss by the CP degree.
+        let cp = self.groups.cp().world_size() as f64;
+        let weight = loss_scale * cp / n as f64;
         // The step's communication clock starts here (a checkpoint's
         // gathers between steps are not the step's).
         self.sync.comm_times();

@@ -1,0 +1,107 @@
+//! Context parallelism in the decoder (`ferrotron_parallel::context`):
+//! the ranks of a ring each take their chunks of every sequence
+//! ([`ContextParallel::split`]: chunks `r` and `2cp - 1 - r` of `2cp`),
+//! compute the embeddings and blocks on them at their global positions,
+//! attend around the ring ([`ContextParallel::ring`]) and score their own
+//! targets, the loss summed over the ring ([`ContextParallel::loss`]).
+//! The per-block attention is the CPU attention core in its `(output,
+//! lse)` form (`ops::HostBlockAttention`), on every backend.
+
+use std::fmt;
+use std::sync::Arc;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
+use ferrotron_parallel::comm::{Communicator, SingleProcess};
+use ferrotron_parallel::context::{ring_mean, ChunkLayout, RingAttention};
+use ferrotron_parallel::tensor::{TpGroup, TpOps};
+
+/// The context-parallel ring a decoder computes over (a ring of one rank:
+/// no context parallelism).
+#[derive(Clone)]
+pub struct ContextParallel {
+    comm: Arc<dyn Communicator>,
+}
+
+impl ContextParallel {
+    /// No context parallelism.
+    pub fn single() -> Self {
+        Self::new(Arc::new(SingleProcess))
+    }
+
+    /// The ring of `comm`'s ranks (the CP group), in its rank order.
+    pub fn new(comm: Arc<dyn Communicator>) -> Self {
+        Self { comm }
+    }
+
+    /// Ranks in the ring (the CP degree).
+    pub fn size(&self) -> usize {
+        self.comm.world_size()
+    }
+
+    /// How sequences of `seq` tokens are split over the ring; panics when
+    /// `seq` is not a multiple of `2 * cp` (the job's validation refuses
+    /// such a `seq_len` first).
+    pub fn layout(&self, seq: usize) -> ChunkLayout {
+        ChunkLayout::new(seq, self.size())
+            .unwrap_or_else(|e| panic!("context parallelism over {} ranks: {e}", self.size()))
+    }
+
+    /// The global positions of this rank's tokens of a `seq`-token
+    /// sequence, in its local order (`seq / cp` of them).
+    pub fn positions(&self, seq: usize) -> Vec<usize> {
+        self.layout(seq).positions(self.comm.rank())
+    }
+
+    /// This rank's tokens `[batch, seq / cp]` of `ids` `[batch, seq]`
+    /// (token ids or targets, a dropped target staying dropped).
+    pub fn split<B: Backend>(&self, ids: Tensor<B, 2, Int>) -> Tensor<B, 2, Int> {
+        let seq = ids.dims()[1];
+        let at: Vec<i64> = self.positions(seq).into_iter().map(|p| p as i64).collect();
+        let n = at.len();
+        let at = Tensor::<B, 1, Int>::from_data(TensorData::new(at, [n]), &ids.device());
+        ids.select(1, at)
+    }
+
+    /// The ring attention of `seq`-token sequences whose query heads have
+    /// ALiBi slopes `slopes` (one per head this rank computes; `None`
+    /// without ALiBi).
+    pub fn ring(&self, seq: usize, slopes: Option<Vec<f32>>) -> RingAttention {
+        #[cfg(feature = "flex")]
+        return RingAttention::new(
+            self.comm.clone(),
+            self.layout(seq),
+            Arc::new(crate::ops::HostBlockAttention::new(slopes)),
+        );
+        #[cfg(not(feature = "flex"))]
+        {
+            let _ = (seq, slopes);
+            unreachable!("Decoder::with_context_parallel refuses a build without the flex feature")
+        }
+    }
+
+    /// The mean loss (nats per kept token, `[1]`) of the ring's sequences
+    /// from this rank's mean `local` over its `targets` `[batch, seq /
+    /// cp]` (negative targets are dropped, as by the loss).
+    pub fn loss<B: TpOps>(&self, local: Tensor<B, 1>, targets: &Tensor<B, 2, Int>) -> Tensor<B, 1> {
+        let kept = targets
+            .clone()
+            .greater_equal_elem(0)
+            .int()
+            .sum()
+            .into_scalar()
+            .elem::<i64>();
+        ring_mean(local, kept as usize, &TpGroup::new(self.comm.clone()))
+    }
+}
+
+impl fmt::Debug for ContextParallel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "ContextParallel(rank {} of {})",
+            self.comm.rank(),
+            self.size()
+        )
+    }
+}
