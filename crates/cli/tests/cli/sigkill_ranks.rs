@@ -4,7 +4,9 @@
 //! `checkpoints/latest` must name a checkpoint whose every block loads,
 //! and at the end that checkpoint must equal, bit for bit, the one an
 //! uninterrupted tp2 run writes at the same step (same layout), and a run
-//! resumed from it must succeed.
+//! resumed from it must succeed. The killed job writes its checkpoints in
+//! the background (`--async-checkpoint`), so the kills also land during
+//! background writes; the uninterrupted run writes them synchronously.
 //!
 //! Needs the binary built with the `mpi` feature and Open MPI's `mpirun`
 //! (skipped with a printed reason otherwise).
@@ -27,10 +29,10 @@ const KILLS: u64 = 6;
 const DEADLINE: Duration = Duration::from_secs(300);
 
 /// A tp2 gpt-mini run of `steps` steps on `corpus` into `out`, a
-/// checkpoint after every step. The learning rate is constant after
-/// warm-up (`--min-lr` = `--lr`), so runs of different lengths take the
-/// same steps.
-fn flags(corpus: &Path, out: &Path, steps: u64) -> Vec<String> {
+/// checkpoint after every step, written in the background if
+/// `background`. The learning rate is constant after warm-up (`--min-lr`
+/// = `--lr`), so runs of different lengths take the same steps.
+fn flags(corpus: &Path, out: &Path, steps: u64, background: bool) -> Vec<String> {
     [
         "--model",
         "gpt-mini",
@@ -64,6 +66,7 @@ fn flags(corpus: &Path, out: &Path, steps: u64) -> Vec<String> {
     .chain(["--corpus".into(), corpus.display().to_string()])
     .chain(["--out".into(), out.display().to_string()])
     .chain(["--steps".into(), steps.to_string()])
+    .chain(background.then(|| "--async-checkpoint".to_string()))
     .collect()
 }
 
@@ -132,7 +135,7 @@ fn sigkill_of_both_ranks_during_checkpoint_writes_leaves_a_latest_that_resumes_e
     let dir = scratch("sigkill-ranks");
     let corpus = corpus(&dir);
     let run = dir.join("run");
-    ok(&flags(&corpus, &run, 2), "the first two steps");
+    ok(&flags(&corpus, &run, 2, true), "the first two steps");
     let mut mid_write = 0;
     for i in 0..KILLS {
         // 0 to 0.9 s after the job's first step: in the checkpoint
@@ -156,7 +159,10 @@ fn sigkill_of_both_ranks_during_checkpoint_writes_leaves_a_latest_that_resumes_e
 
     // The checkpoint the kills left equals an uninterrupted run's.
     let whole = dir.join("whole");
-    ok(&flags(&corpus, &whole, step), "the uninterrupted run");
+    ok(
+        &flags(&corpus, &whole, step, false),
+        "the uninterrupted run",
+    );
     let reference = whole.join("checkpoints").join(format!("step-{step}"));
     let (got, want) = (
         Reader::open(&latest).unwrap().read_whole().unwrap(),

@@ -48,6 +48,7 @@
 //! [`GradSync`]: crate::grad_sync::GradSync
 
 mod exchange;
+mod one_param;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
@@ -606,6 +607,13 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> GradSync<B, M> for Z
 
     fn param_pieces_mut(&mut self) -> Option<&mut HashMap<ParamId, Tensor<B::InnerBackend, 1>>> {
         (self.stage == ZeroStage::Three).then_some(&mut self.params)
+    }
+
+    fn whole_param(&self, id: ParamId) -> Result<Option<Vec<f32>>, CommError> {
+        match self.stage {
+            ZeroStage::Three => self.gather_param(id).map(Some),
+            _ => Ok(None),
+        }
     }
 
     fn whole_model(&self, model: M) -> Result<M, CommError> {
