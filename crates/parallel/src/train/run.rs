@@ -457,7 +457,7 @@ where
             }
             let background = config.async_checkpoint && !stop;
             match save(trainer, batches, config, &mut reports, background)? {
-                Saved::Background(b) => pending = Some(b),
+                Saved::Background(b) => pending = Some(*b),
                 Saved::Written(written) if stop => {
                     return Err(stopped(config, &*world, place.lead, step, written)?)
                 }
@@ -690,7 +690,7 @@ enum Saved {
     /// other ranks or without a run directory).
     Written(Option<PathBuf>),
     /// This rank's file is being written in the background.
-    Background(Background),
+    Background(Box<Background>),
 }
 
 /// A complete checkpoint under the run directory's `checkpoints/` (a
@@ -714,12 +714,13 @@ where
         return Ok(Saved::Written(None));
     };
     let world = trainer.groups().world();
+    super::phase_memory::release_free_heap();
     let window = PhaseWindow::open(MemoryPhase::CheckpointSave, config.device_memory.clone());
     let (root, sampler) = (dir.join("checkpoints"), batches.state());
     let (files, keep) = (&config.checkpoint_files, config.keep_checkpoints);
     let saved = if background {
         match trainer.start_checkpoint(&root, sampler, files, keep)? {
-            Some(b) => Saved::Background(b),
+            Some(b) => Saved::Background(Box::new(b)),
             None => Saved::Written(None),
         }
     } else {

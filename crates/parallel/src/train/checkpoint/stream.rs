@@ -215,7 +215,7 @@ mod tests {
         let path = dir.join("t.safetensors");
         // Names out of order, one with a quote, a tensor larger than a chunk.
         let big: Vec<f32> = (0..CHUNK * 2 + 5).map(|i| i as f32 * 0.5 - 3.0).collect();
-        let tensors = vec![
+        let tensors = [
             (
                 "m.w\"x".to_string(),
                 vec![2, 3],
