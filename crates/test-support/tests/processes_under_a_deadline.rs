@@ -23,7 +23,13 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 
 /// The test code of the workspace: each crate's `tests/` and the root's.
 fn test_files() -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    // The crate's directory as cargo gives it when it runs the test, so a
+    // binary built in another checkout of the same target directory reads
+    // this checkout's files.
+    let crate_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    let root = crate_dir.join("../..");
     let mut dirs = vec![root.join("tests")];
     for e in std::fs::read_dir(root.join("crates")).unwrap().flatten() {
         let name = e.file_name();

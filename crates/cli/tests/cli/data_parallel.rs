@@ -1,7 +1,10 @@
 //! Data parallelism across processes: `mpirun -np 2` and `-np 4` runs of
 //! the `ferrotron` binary, and `-np 2` runs with ZeRO-1, -2 and -3, match
-//! the one-rank run with the same global batch; ZeRO's per-rank memory is
-//! the one-rank figure divided by the DP size for each sharded class.
+//! the one-rank run with the same global batch (losses, validation losses
+//! computed on the sharded model, weights; under ZeRO-3 also the
+//! `--hf-out` export, gathered one parameter at a time); ZeRO's per-rank
+//! memory is the one-rank figure divided by the DP size for each sharded
+//! class.
 //!
 //! Needs the binary built with the `mpi` feature (`cargo test -p
 //! ferrotron-cli --features mpi`) and Open MPI's `mpirun`; without the
@@ -17,6 +20,7 @@ use ferrotron_engine::checkpoint::load_safetensors;
 use crate::common;
 use crate::mpirun;
 
+use crate::equivalence::check_val_losses;
 use common::{copy_dir, corpus, max_weight_rel_err, scratch, step_losses, step_records};
 use ferrotron_test_support::deadline;
 use mpirun::{mpi_built, train, train_within, RunFlags};
@@ -31,6 +35,11 @@ fn losses(run: &Path) -> Vec<f64> {
 fn memory(run: &Path) -> [u64; 3] {
     let last = step_records(run).pop().unwrap();
     ["param_bytes", "grad_bytes", "optimizer_bytes"].map(|k| last[k].as_u64().unwrap())
+}
+
+/// The `--hf-out` directory of the run directory `run` (beside it).
+fn hf_out(run: &Path) -> std::path::PathBuf {
+    run.with_extension("hf")
 }
 
 /// Checks each memory class: sharded ones (by ZeRO `stage`) hold 1/`dp`
@@ -74,6 +83,11 @@ fn dp_matches_single_rank(model: &str) {
         }
         .args();
         args.extend(["--zero".into(), zero.to_string()]);
+        // The one-rank run and ZeRO-3 export at the end (`NAME-hf`).
+        if ranks == 1 || zero == 3 {
+            let hf = hf_out(&out).display().to_string();
+            args.extend(["--hf-out".into(), hf]);
+        }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let o = train(ranks, &args);
         assert!(
@@ -107,12 +121,21 @@ fn dp_matches_single_rank(model: &str) {
                 step + 1
             );
         }
+        let label = format!("{model} np{ranks} zero {zero}");
+        check_val_losses(&label, &out, &single, 1e-5);
         let rel = max_weight_rel_err(&out, &single);
-        eprintln!("{model} np{ranks} zero {zero}: max relative weight error {rel:e}");
+        eprintln!("{label}: max relative weight error {rel:e}");
         assert!(
             rel <= 1e-5,
-            "{model} np{ranks} zero {zero}: weights differ, relative error {rel:e}"
+            "{label}: weights differ, relative error {rel:e}"
         );
+        if zero == 3 {
+            let rel = max_weight_rel_err(&hf_out(&out), &hf_out(&single));
+            assert!(
+                rel <= 1e-5,
+                "{label}: --hf-out differs, relative error {rel:e}"
+            );
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -5,13 +5,19 @@
 //! equivalence tolerances; a damaged block is refused with one line and
 //! nothing written.
 //!
+//! The same runs check the end of training without a whole-model gather:
+//! `train --hf-out` (each parameter gathered in turn, rank 0 streaming the
+//! export) writes exactly the files `export --run` writes from the final
+//! checkpoint, and the tp2 x pp2 run's validation (on the parallel model,
+//! through the pipeline) matches the one-rank run's.
+//!
 //! Needs the binary built with the `mpi` feature and Open MPI's `mpirun`
 //! (skipped with a printed reason otherwise).
 
 use std::path::Path;
 
 use crate::common::{corpus, ferrotron, scratch};
-use crate::equivalence::check_weights;
+use crate::equivalence::{check_val_losses, check_weights};
 use crate::mpirun::{mpi_built, run, RunFlags};
 
 /// `tensor_parallel.rs`'s tolerances (which explain them): the largest
@@ -79,11 +85,27 @@ fn export_of_a_tp2_pp2_run_equals_the_export_of_the_one_rank_run() {
             save_every: Some("3"),
             ..RunFlags::new("llama-mini", &corpus, out, "3")
         };
-        run("llama-mini", ranks, flags.args(), extra);
+        let hf_out = out.with_extension("hf-out").display().to_string();
+        let mut extra = extra.to_vec();
+        extra.extend(["--hf-out", &hf_out]);
+        run("llama-mini", ranks, flags.args(), &extra);
     }
+    check_val_losses("tp2 x pp2 validation", &split, &single, 1e-5);
     let (a, b) = (dir.join("one-hf"), dir.join("tp2-pp2-hf"));
     export(&single, &a);
     export(&split, &b);
+    // `--hf-out` (gathered per parameter at the end of the run) is the
+    // export of the final checkpoint, byte for byte.
+    for (run, exported) in [(&single, &a), (&split, &b)] {
+        for file in ["config.json", "model.safetensors", "tokenizer.json"] {
+            let read = |d: &Path| std::fs::read(d.join(file)).unwrap();
+            assert!(
+                read(&run.with_extension("hf-out")) == read(exported),
+                "{}: --hf-out's {file} differs from the export",
+                run.display()
+            );
+        }
+    }
     let config = |d: &Path| std::fs::read_to_string(d.join("config.json")).unwrap();
     assert_eq!(config(&a), config(&b));
     check_weights(

@@ -1,4 +1,5 @@
-//! Runs that survive: complete checkpoints, `--resume` continuing a run
+//! Runs that survive: complete checkpoints (also written in the
+//! background, `--async-checkpoint`), `--resume` continuing a run
 //! bit for bit, SIGTERM ending a run with a checkpoint, the non-finite
 //! guard, the refusals of bad resumes and non-finite settings, and (ignored,
 //! run by `scripts/soak`) a run killed and resumed 5 times ending
@@ -153,6 +154,33 @@ fn a_resumed_run_equals_the_uninterrupted_run_bit_for_bit() {
     );
     let step20 = |run: &Path| run.join("checkpoints").join("step-20");
     same_checkpoints(&step20(&whole), &step20(&copy));
+
+    // The same run with its checkpoints written in the background: the
+    // same losses and the same checkpoint files, byte for byte.
+    let background = dir.join("async");
+    let mut args = common(&corpus, 20);
+    args.extend(
+        [
+            "--save-every",
+            "10",
+            "--keep-checkpoints",
+            "3",
+            "--async-checkpoint",
+        ]
+        .map(String::from),
+    );
+    args.extend(["--out".into(), background.display().to_string()]);
+    ok(&train(&args), "the 20-step run with --async-checkpoint");
+    assert_eq!(step_losses(&background), want);
+    for step in ["step-10", "step-20"] {
+        for file in ["index.json", "rank-00000.safetensors", "state.json"] {
+            let read = |run: &Path| std::fs::read(run.join("checkpoints").join(step).join(file));
+            assert!(
+                read(&background).unwrap() == read(&whole).unwrap(),
+                "--async-checkpoint wrote another {step}/{file}"
+            );
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -4,7 +4,9 @@
 //! `checkpoints/latest` must name a checkpoint whose every block loads,
 //! and at the end that checkpoint must equal, bit for bit, the one an
 //! uninterrupted tp2 run writes at the same step (same layout), and a run
-//! resumed from it must succeed.
+//! resumed from it must succeed. The killed job writes its checkpoints in
+//! the background (`--async-checkpoint`), so the kills also land during
+//! background writes; the uninterrupted run writes them synchronously.
 //!
 //! Needs the binary built with the `mpi` feature and Open MPI's `mpirun`
 //! (skipped with a printed reason otherwise).
@@ -27,10 +29,10 @@ const KILLS: u64 = 6;
 const DEADLINE: Duration = Duration::from_secs(300);
 
 /// A tp2 gpt-mini run of `steps` steps on `corpus` into `out`, a
-/// checkpoint after every step. The learning rate is constant after
-/// warm-up (`--min-lr` = `--lr`), so runs of different lengths take the
-/// same steps.
-fn flags(corpus: &Path, out: &Path, steps: u64) -> Vec<String> {
+/// checkpoint after every step, written in the background if
+/// `background`. The learning rate is constant after warm-up (`--min-lr`
+/// = `--lr`), so runs of different lengths take the same steps.
+fn flags(corpus: &Path, out: &Path, steps: u64, background: bool) -> Vec<String> {
     [
         "--model",
         "gpt-mini",
@@ -64,6 +66,7 @@ fn flags(corpus: &Path, out: &Path, steps: u64) -> Vec<String> {
     .chain(["--corpus".into(), corpus.display().to_string()])
     .chain(["--out".into(), out.display().to_string()])
     .chain(["--steps".into(), steps.to_string()])
+    .chain(background.then(|| "--async-checkpoint".to_string()))
     .collect()
 }
 
@@ -79,15 +82,18 @@ fn ok(args: &[String], what: &str) {
     );
 }
 
-/// Lines of `run`'s `metrics.jsonl` (one per step or validation).
+/// Step records of `run`'s `metrics.jsonl` (not its memory or
+/// validation records).
 fn records(run: &Path) -> usize {
-    std::fs::read_to_string(run.join("metrics.jsonl")).map_or(0, |t| t.lines().count())
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .map_or(0, |t| t.lines().filter(|l| l.contains("\"loss\"")).count())
 }
 
 /// Starts the resumed job of `run` (to no end) and SIGKILLs both ranks
-/// `wait` after it recorded its first step (each step ends with a
-/// checkpoint, so the kill lands in or between saves); returns once
-/// `mpirun` has ended.
+/// `wait` after it recorded its second step (each step ends with a
+/// checkpoint written in the background, and the first step's is
+/// published at the second's end, so the kill lands in a publication, a
+/// background write or a step); returns once `mpirun` has ended.
 fn kill_during_saves(run: &Path, wait: Duration, i: u64) {
     let mut cmd = ferrotron_on(2, &[]);
     cmd.env("OMPI_MCA_rmaps_base_oversubscribe", "1").args([
@@ -102,7 +108,7 @@ fn kill_during_saves(run: &Path, wait: Duration, i: u64) {
     let before = records(run);
     let mut job = deadline::spawn_within(&mut cmd, DEADLINE).expect("mpirun starts");
     let pid = job.pid();
-    job.wait_until("a step of the resumed job", || records(run) > before);
+    job.wait_until("two steps of the resumed job", || records(run) > before + 1);
     std::thread::sleep(wait);
     // Both ranks must still run (a job that was refused or crashed would
     // leave `latest` intact without testing anything).
@@ -132,11 +138,12 @@ fn sigkill_of_both_ranks_during_checkpoint_writes_leaves_a_latest_that_resumes_e
     let dir = scratch("sigkill-ranks");
     let corpus = corpus(&dir);
     let run = dir.join("run");
-    ok(&flags(&corpus, &run, 2), "the first two steps");
+    ok(&flags(&corpus, &run, 2, true), "the first two steps");
     let mut mid_write = 0;
     for i in 0..KILLS {
-        // 0 to 0.9 s after the job's first step: in the checkpoint
-        // write that follows it, or in a later step or write.
+        // 0 to 0.9 s after the job's second step: in the publication of
+        // the first step's checkpoint, the second's background write, or
+        // a later step or write.
         kill_during_saves(&run, Duration::from_millis((i * 7919) % 900), i);
         mid_write += usize::from(cut_off(&run));
         let latest = resolve(&run).unwrap_or_else(|e| panic!("kill {i}: {e}"));
@@ -156,7 +163,10 @@ fn sigkill_of_both_ranks_during_checkpoint_writes_leaves_a_latest_that_resumes_e
 
     // The checkpoint the kills left equals an uninterrupted run's.
     let whole = dir.join("whole");
-    ok(&flags(&corpus, &whole, step), "the uninterrupted run");
+    ok(
+        &flags(&corpus, &whole, step, false),
+        "the uninterrupted run",
+    );
     let reference = whole.join("checkpoints").join(format!("step-{step}"));
     let (got, want) = (
         Reader::open(&latest).unwrap().read_whole().unwrap(),

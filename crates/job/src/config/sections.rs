@@ -186,6 +186,11 @@ job_sections! {
         save_every: Option<usize> = None, flag save_every: usize;
         /// Complete checkpoints kept in RUN/checkpoints (the newest).
         keep_checkpoints: usize = 2, flag keep_checkpoints: usize;
+        /// Write checkpoints in the background: the step copies its shards to host memory
+        /// and training goes on while a thread writes them; the next save, a stop and the
+        /// end of the run wait for it. See docs/checkpoints.md.
+        #[arg(num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+        async_checkpoint: bool = false, flag async_checkpoint: bool;
         /// At the end, also write the model as a Hugging Face directory (must be new or empty).
         hf_out: Option<PathBuf> = None, flag hf_out: PathBuf;
         /// A file every rank looks for after each step: once it exists, the run stops as on

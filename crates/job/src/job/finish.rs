@@ -1,13 +1,13 @@
-//! The start-up description of a job and its end: the whole model gathered,
-//! the summary lines, the Hugging Face export and the sample.
+//! The start-up description of a job and its end: the summary lines, the
+//! Hugging Face export streamed from a gather per parameter, and the sample.
 
 use std::time::Instant;
 
 use ferrotron_engine::backend::BackendKind;
 use ferrotron_engine::data::{self, Tokenizer};
 use ferrotron_engine::metrics;
-use ferrotron_engine::params::{load_named_tensors, named_tensors};
-use ferrotron_models::hf::{save_hf_dir, ExportOptions, SpecialTokens};
+use ferrotron_engine::params::load_named_tensors;
+use ferrotron_models::hf::{export_order, stream_hf_dir, ExportOptions, HfError, SpecialTokens};
 use ferrotron_models::ops::{KernelBackend, TrainBackend};
 use ferrotron_models::{generate, Decoder, SamplingConfig};
 use ferrotron_parallel::train::RunSummary;
@@ -75,8 +75,11 @@ pub(super) fn open_energy(
     }
 }
 
-/// After the loop: every rank takes part in gathering the whole model;
-/// rank 0 then reports the run, writes the export and samples.
+/// After the loop: rank 0 reports the run; every rank takes part in
+/// gathering the model one parameter at a time while rank 0 streams the
+/// Hugging Face export (`--hf-out`) and, for the sample, builds the whole
+/// model (the only whole copy, on rank 0, and only when a sample is asked
+/// for).
 pub(super) fn finish<B: TrainBackend>(
     task: &mut TrainTask<'_>,
     trainer: Parallelized<B>,
@@ -84,18 +87,85 @@ pub(super) fn finish<B: TrainBackend>(
     t0: Instant,
     device: &B::Device,
 ) -> anyhow::Result<()> {
-    // The whole model (gathered over the DP, TP and PP groups).
-    let whole = trainer.whole_parameters()?;
-    if task.comm.rank() != 0 {
+    let lead = task.comm.rank() == 0;
+    if lead {
+        report_summary(&mut *task.report, summary, t0);
+    }
+    let whole = trainer.whole_parameters_one_by_one();
+    let (c, mc) = (&task.job.config, &task.job.model);
+    if let Some(dir) = &c.checkpoint.hf_out {
+        if lead {
+            let options = ExportOptions {
+                special: task
+                    .prepared
+                    .special
+                    .clone()
+                    .unwrap_or_else(|| SpecialTokens::from_tokenizer(&task.prepared.tokenizer)),
+                ..ExportOptions::default()
+            };
+            // A failed gather keeps its own error (not the writer's word for it).
+            let mut gather_error = None;
+            let mut source = |name: &str| {
+                whole.get(name).map_err(|e| {
+                    let message = format!("gathering parameter '{name}': {e}");
+                    gather_error = Some(e);
+                    HfError::NotExportable(message)
+                })
+            };
+            let tokenizer = task.job.out.join("tokenizer.json");
+            let written = stream_hf_dir(dir, mc, &mut source, Some(&tokenizer), &options);
+            if let Some(e) = gather_error {
+                return Err(e.into());
+            }
+            written?;
+            task.report
+                .line(&format!("Hugging Face model written to {}", dir.display()));
+        } else {
+            for (name, _) in export_order(mc)? {
+                whole.get(&name)?;
+            }
+        }
+    }
+    let m = &c.metrics;
+    if m.sample_tokens == 0 {
         return Ok(());
     }
-    let (c, mc) = (&task.job.config, &task.job.model);
+    let mut named = std::collections::BTreeMap::new();
+    for (name, _) in whole.shapes()? {
+        let data = whole.get(&name)?;
+        if lead {
+            named.insert(name, data);
+        }
+    }
+    if !lead {
+        return Ok(());
+    }
     let model = load_named_tensors(
         Decoder::<B::InnerBackend>::new(mc, c.schedule.seed, device)?,
-        whole.into_iter().collect(),
+        named,
         "the trained model",
     )?;
-    let report = &mut *task.report;
+    let sampling = SamplingConfig {
+        temperature: 0.8,
+        top_k: 40,
+        seed: c.schedule.seed,
+    };
+    let text = sample(
+        &model,
+        &task.prepared.tokenizer,
+        &m.sample_prompt,
+        m.sample_tokens,
+        &sampling,
+        &[],
+        device,
+    )?;
+    task.report
+        .line(&format!("--- sample ---\n{text}\n--------------"));
+    Ok(())
+}
+
+/// Rank 0's closing lines: the validation loss's progress and the energy.
+fn report_summary(report: &mut dyn Report, summary: &RunSummary, t0: Instant) {
     if let (Some(&(s0, first)), Some(&(s1, last))) =
         (summary.validations.first(), summary.validations.last())
     {
@@ -118,44 +188,6 @@ pub(super) fn finish<B: TrainBackend>(
             tokens / j
         ));
     }
-    let tokenizer = &task.prepared.tokenizer;
-    if let Some(dir) = &c.checkpoint.hf_out {
-        let options = ExportOptions {
-            special: task
-                .prepared
-                .special
-                .clone()
-                .unwrap_or_else(|| SpecialTokens::from_tokenizer(tokenizer)),
-            ..ExportOptions::default()
-        };
-        save_hf_dir(
-            dir,
-            mc,
-            &named_tensors(&model),
-            Some(&task.job.out.join("tokenizer.json")),
-            &options,
-        )?;
-        report.line(&format!("Hugging Face model written to {}", dir.display()));
-    }
-    let m = &c.metrics;
-    if m.sample_tokens > 0 {
-        let sampling = SamplingConfig {
-            temperature: 0.8,
-            top_k: 40,
-            seed: c.schedule.seed,
-        };
-        let text = sample(
-            &model,
-            tokenizer,
-            &m.sample_prompt,
-            m.sample_tokens,
-            &sampling,
-            &[],
-            device,
-        )?;
-        report.line(&format!("--- sample ---\n{text}\n--------------"));
-    }
-    Ok(())
 }
 
 /// Continues `prompt` by up to `n` sampled tokens (stopping after any id of

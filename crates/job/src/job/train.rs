@@ -159,6 +159,7 @@ impl TrainTask<'_> {
             run_dir: Some(self.job.out.clone()),
             save_every: c.save_every(),
             keep_checkpoints: c.checkpoint.keep_checkpoints,
+            async_checkpoint: c.checkpoint.async_checkpoint,
             checkpoint_files: self.prepared.run_files.clone(),
             on_nonfinite: match c.optimizer.on_nonfinite {
                 OnNonFinite::Stop => NonFinite::Stop,

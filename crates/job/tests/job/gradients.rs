@@ -20,7 +20,7 @@ use ferrotron_engine::data::Batch;
 use ferrotron_job::{parallelize, JobConfig, ValidJob, World};
 use ferrotron_models::Decoder;
 use ferrotron_parallel::groups::ProcessGroups;
-use ferrotron_parallel::train::checkpoint::{self, read::Reader};
+use ferrotron_parallel::train::checkpoint::read::Reader;
 use ferrotron_parallel::train::Trainer;
 
 /// The backend of the one-rank and multi-rank runs: f32 on the CPU.
@@ -246,8 +246,7 @@ fn whole_state(trainer: &Trainer<B, Decoder<B>>, groups: &ProcessGroups) -> Tens
     world.broadcast(&mut pid, 0).unwrap();
     let call = CALLS.fetch_add(1, Ordering::SeqCst);
     let root = std::env::temp_dir().join(format!("ferrotron-gradients-{}-{call}", pid[0]));
-    let shard = trainer.shard().unwrap();
-    checkpoint::write(&root, &**world, &shard, None, &[], 1).unwrap();
+    trainer.write_checkpoint(&root, None, &[], 1).unwrap();
     world.barrier().unwrap();
     let whole = Reader::open(&root.join("step-1"))
         .unwrap()

@@ -16,7 +16,6 @@ use ferrotron_engine::optim::{AdamWConfig, LrSchedule};
 use ferrotron_engine::params::named_tensors;
 use ferrotron_models::presets::preset;
 use ferrotron_models::{Decoder, DecoderConfig};
-use ferrotron_parallel::comm::SingleProcess;
 use ferrotron_parallel::groups::ProcessGroups;
 use ferrotron_parallel::train::checkpoint::{self, read::Reader};
 use ferrotron_parallel::train::{
@@ -277,8 +276,8 @@ fn trainer_state_restores_exactly_under_every_stage() {
             "ferrotron-zero-restore-{}-{stage}",
             std::process::id()
         ));
-        let shard = first.shard().unwrap();
-        let dir = checkpoint::write(&root, &SingleProcess, &shard, None, &[], 1)
+        let dir = first
+            .write_checkpoint(&root, None, &[], 1)
             .unwrap()
             .unwrap();
         let mut reader = Reader::open(&dir).unwrap();

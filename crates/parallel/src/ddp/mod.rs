@@ -159,6 +159,10 @@ where
         Ok(model)
     }
 
+    fn whole_param(&self, _id: ParamId) -> Result<Option<Vec<f32>>, CommError> {
+        Ok(None)
+    }
+
     fn param_bytes(&self, model: &M) -> usize {
         let mut p = ParamBytes(0);
         model.visit(&mut p);

@@ -102,6 +102,12 @@ pub trait GradSync<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> {
     /// The whole model (ZeRO-3 gathers every unit: a collective).
     fn whole_model(&self, model: M) -> Result<M, CommError>;
 
+    /// ZeRO-3: parameter `id` whole (this rank's TP block, flat row-major),
+    /// from every DP rank's piece of it (a collective over the DP group:
+    /// every rank asks for the same parameters in the same order); `None`
+    /// where the model itself holds its parameters whole.
+    fn whole_param(&self, id: ParamId) -> Result<Option<Vec<f32>>, CommError>;
+
     /// The range of each parameter's flat (row-major) elements, as the
     /// model holds it (its TP block), whose AdamW moments this rank keeps
     /// (ZeRO: its piece; a parameter it has no piece of is absent), or

@@ -13,6 +13,7 @@
 //!   gradients point to point over the PP group, and times them (the
 //!   measured bubble in [`PipelineTimes`]).
 
+mod evaluate;
 mod executor;
 pub mod layout;
 mod placement;
@@ -146,6 +147,26 @@ impl Pipeline {
     /// Whether `id` is the last stage's copy of a tied parameter.
     pub(crate) fn is_tied_copy(&self, id: ParamId) -> bool {
         self.placement.is_tied_copy(id)
+    }
+
+    /// The shape of parameter `id` (this rank's TP block), on whichever
+    /// stage holds it.
+    pub(crate) fn shape(&self, id: ParamId) -> &[usize] {
+        self.placement.shape(id)
+    }
+
+    /// Parameter `id` (flat, this rank's TP block) from the stage owning
+    /// it, whose values `mine` are (collective over the PP group; on one
+    /// stage, `mine` itself).
+    pub(crate) fn broadcast_param(
+        &self,
+        id: ParamId,
+        mine: Option<Vec<f32>>,
+    ) -> Result<Vec<f32>, CommError> {
+        if self.stages() == 1 {
+            return Ok(mine.expect("one stage holds every parameter"));
+        }
+        self.placement.broadcast_param(id, mine)
     }
 
     /// The whole model from every stage's parameters (collective over the PP group).

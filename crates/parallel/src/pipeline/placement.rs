@@ -159,6 +159,36 @@ impl Placement {
         self.ends.all_reduce_sum(values)
     }
 
+    /// The shape of parameter `id` on the stages that hold it (this
+    /// rank's TP block).
+    ///
+    /// # Panics
+    /// If `id` is not a parameter of the model (a caller bug).
+    pub(crate) fn shape(&self, id: ParamId) -> &[usize] {
+        self.order
+            .iter()
+            .find(|(p, _)| *p == id)
+            .map(|(_, shape)| shape.as_slice())
+            .expect("a parameter of the model")
+    }
+
+    /// Parameter `id` (flat, this rank's TP block) on every stage:
+    /// broadcast from the stage that owns it, whose `mine` it is (the
+    /// others pass `None`). Collective over the PP group.
+    pub(crate) fn broadcast_param(
+        &self,
+        id: ParamId,
+        mine: Option<Vec<f32>>,
+    ) -> Result<Vec<f32>, CommError> {
+        let owner = self.owner[&id];
+        let mut buf = match mine.filter(|_| owner == self.stage) {
+            Some(v) => v,
+            None => vec![0.0; self.shape(id).iter().product()],
+        };
+        self.pp.broadcast(&mut buf, owner)?;
+        Ok(buf)
+    }
+
     /// The whole model on every stage: each parameter broadcast over the
     /// PP group from the stage that owns it. Collective over the PP group.
     pub(crate) fn join<B: Backend, M: Module<B>>(

@@ -1,6 +1,7 @@
-//! The trainer's side of sharded checkpoints: what this rank stores
-//! ([`Trainer::shard`], no communication) and loading a checkpoint of any
-//! layout into this rank's share ([`Trainer::load`]).
+//! The trainer's side of sharded checkpoints: writing what this rank
+//! stores ([`Trainer::write_checkpoint`], one tensor's host copy at a
+//! time) and loading a checkpoint of any layout into this rank's share
+//! ([`Trainer::load`]).
 //!
 //! A parameter's share on a rank is a [`Region`]: the box of its TP block
 //! in the whole tensor ([`ShardPlan::placement`]) and the range of that
@@ -11,20 +12,24 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::path::{Path, PathBuf};
 
 use burn::module::{AutodiffModule, ParamId};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
 use ferrotron_engine::checkpoint::CheckpointError;
+use ferrotron_engine::data::SamplerState;
 use ferrotron_engine::lm::{CausalLm, LmUnits};
-use ferrotron_engine::params::{named_tensors, param_names};
+use ferrotron_engine::params::param_names;
 
+use super::checkpoint::background::Background;
 use super::checkpoint::index::Layout;
 use super::checkpoint::read::Reader;
 use super::checkpoint::region::Region;
 use super::checkpoint::shard::{HeldBlock, Shard};
-use super::checkpoint::CheckpointState;
+use super::checkpoint::{self, CheckpointState};
 use super::step::Trainer;
+use super::whole::one_parameter;
 use crate::comm::tensor::{from_host, host_f32};
 use crate::flat::tensors::Assign;
 use crate::tensor::{ShardError, Split};
@@ -49,6 +54,24 @@ impl Share {
             end: range.end,
         }
     }
+}
+
+/// Which of a parameter's tensors a checkpoint block holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Part {
+    Weights,
+    M,
+    V,
+}
+
+/// Where the values of a checkpoint block come from: `part` of parameter
+/// `id` over `range` of its TP block (`unclipped`), cut to the tensor.
+struct Origin {
+    id: ParamId,
+    name: String,
+    part: Part,
+    range: Range<usize>,
+    unclipped: Region,
 }
 
 impl<B, M> Trainer<B, M>
@@ -99,22 +122,16 @@ where
         Ok(out)
     }
 
-    /// What this rank stores of a checkpoint (no communication): for each
-    /// parameter of its stage, the weights and AdamW's moments over its
-    /// share, clipped to the whole tensor. Of the ranks holding the same
-    /// values one stores them: DP x CP rank 0 without ZeRO, TP rank 0 for a
-    /// parameter TP does not split, stage 0 for a tied embedding.
-    pub fn shard(&self) -> Result<Shard, ShardError> {
-        // Replicas: DP x CP (a CP ring's ranks hold the same parameters).
+    /// The blocks this rank stores of a checkpoint (no communication), with
+    /// where their values come from: for each parameter of its stage, the
+    /// weights and AdamW's moments over its share, clipped to the whole
+    /// tensor. Of the ranks holding the same values one stores them: DP x
+    /// CP rank 0 without ZeRO (a CP ring's ranks hold the same
+    /// parameters), TP rank 0 for a parameter TP does not split, stage 0
+    /// for a tied embedding.
+    fn held_blocks(&self) -> Result<Vec<(HeldBlock, Origin)>, ShardError> {
         let (dp_rank, tp_rank) = (self.groups.dp_cp().rank(), self.groups.tp().rank());
         let replicated_over_dp = self.sync.owned_ranges().is_none();
-        let pieces = self.sync.param_pieces();
-        let mut whole: HashMap<String, TensorData> = match pieces {
-            Some(_) => HashMap::new(),
-            None => named_tensors(&self.held_model().valid())
-                .into_iter()
-                .collect(),
-        };
         let mut blocks = Vec::new();
         for (id, share) in self.shares()? {
             let Some(range) = share.range.clone() else {
@@ -124,44 +141,112 @@ where
             if self.pipeline.is_tied_copy(id) || tp_copy || (replicated_over_dp && dp_rank > 0) {
                 continue;
             }
-            let weights = match pieces {
-                Some(p) => host_f32(p[&id].clone()),
-                None => {
-                    let data = whole.remove(&share.name).expect("every parameter is named");
-                    let values = data
-                        .into_vec::<f32>()
-                        .map_err(|_| ShardError::NotF32(share.name.clone()))?;
-                    values[range.clone()].to_vec()
-                }
-            };
-            let (m, v) = match self.optimizer.moments(id) {
-                Some((m, v)) => (host_f32(m), host_f32(v)),
-                None => (vec![0.0; range.len()], vec![0.0; range.len()]),
-            };
-            let region = share.region(range);
-            for (name, values) in [
-                (share.name.clone(), weights),
-                (format!("m.{}", share.name), m),
-                (format!("v.{}", share.name), v),
+            let unclipped = share.region(range.clone());
+            let region = unclipped.clipped(&share.global);
+            if region.is_empty() {
+                continue;
+            }
+            for (name, part) in [
+                (share.name.clone(), Part::Weights),
+                (format!("m.{}", share.name), Part::M),
+                (format!("v.{}", share.name), Part::V),
             ] {
-                let (region, values) = region.clip(&share.global, &values);
-                if !region.is_empty() {
-                    blocks.push(HeldBlock {
-                        name,
-                        global: share.global.clone(),
-                        region,
-                        values,
-                    });
-                }
+                let block = HeldBlock {
+                    name,
+                    global: share.global.clone(),
+                    region: region.clone(),
+                };
+                let origin = Origin {
+                    id,
+                    name: share.name.clone(),
+                    part,
+                    range: range.clone(),
+                    unclipped: unclipped.clone(),
+                };
+                blocks.push((block, origin));
             }
         }
-        Ok(Shard {
+        Ok(blocks)
+    }
+
+    /// The values of the block `origin` describes, copied to the host now
+    /// (one tensor at a time: a parameter, or one of its moments).
+    fn block_values(&self, origin: &Origin, global: &[usize]) -> Vec<f32> {
+        let range = origin.range.clone();
+        let values = match origin.part {
+            Part::Weights => match self.sync.param_pieces() {
+                Some(p) => host_f32(p[&origin.id].clone()),
+                None => {
+                    let mut all = one_parameter(self.held_model(), origin.id)
+                        .unwrap_or_else(|| panic!("parameter '{}' is held", origin.name));
+                    all.truncate(range.end);
+                    all.drain(..range.start);
+                    all
+                }
+            },
+            Part::M | Part::V => match self.optimizer.moments(origin.id) {
+                Some((m, v)) => host_f32(if origin.part == Part::M { m } else { v }),
+                None => vec![0.0; range.len()],
+            },
+        };
+        origin.unclipped.clip(global, &values).1
+    }
+
+    /// This rank's blocks of a checkpoint, with where their values come from.
+    fn checkpoint_shard(&self, root: &Path) -> Result<(Shard, Vec<Origin>), CheckpointError> {
+        let held = self.held_blocks().map_err(|e| CheckpointError::Format {
+            path: root.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let (blocks, origins): (Vec<HeldBlock>, Vec<Origin>) = held.into_iter().unzip();
+        let shard = Shard {
             blocks,
             layout: self.layout(),
             steps_done: self.steps_done,
             optimizer_steps: self.optimizer.steps_taken(),
             loss_scaler: self.scaler,
-        })
+        };
+        Ok((shard, origins))
+    }
+
+    /// Writes this rank's part of a complete checkpoint into `root` (a
+    /// run's `checkpoints/`; a collective over the whole job, see
+    /// [`super::checkpoint`]): each block's values are copied to the host
+    /// only while it is written, so the save holds one tensor's host copy
+    /// at a time beyond the training state. Rank 0 adds `sampler` and
+    /// `extra` and gets the checkpoint's directory.
+    pub fn write_checkpoint(
+        &self,
+        root: &Path,
+        sampler: Option<SamplerState>,
+        extra: &[(String, Vec<u8>)],
+        keep: usize,
+    ) -> Result<Option<PathBuf>, CheckpointError> {
+        let (shard, origins) = self.checkpoint_shard(root)?;
+        let world = self.groups.world();
+        let mut values = |i: usize| self.block_values(&origins[i], &shard.blocks[i].global);
+        checkpoint::write(root, &**world, &shard, &mut values, sampler, extra, keep)
+    }
+
+    /// [`Trainer::write_checkpoint`] in the background: this rank's blocks
+    /// are copied to the host now (a second copy of its share), a thread
+    /// writes them, and [`Background::finish`] (a collective, at a later
+    /// step boundary) publishes the checkpoint.
+    pub fn start_checkpoint(
+        &self,
+        root: &Path,
+        sampler: Option<SamplerState>,
+        extra: &[(String, Vec<u8>)],
+        keep: usize,
+    ) -> Result<Option<Background>, CheckpointError> {
+        let (shard, origins) = self.checkpoint_shard(root)?;
+        let values = origins
+            .iter()
+            .zip(&shard.blocks)
+            .map(|(o, b)| self.block_values(o, &b.global))
+            .collect();
+        let world = self.groups.world();
+        Background::start(root, &**world, shard, values, sampler, extra, keep)
     }
 
     /// Continues from the checkpoint `reader` (of any layout) with its

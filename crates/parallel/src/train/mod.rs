@@ -12,21 +12,27 @@
 //! - [`checkpoint`]: complete checkpoints (model, optimizer, sampler, step)
 //!   written per rank with an index, atomically, for resuming in any
 //!   layout; `held`: the trainer's share of them.
+//! - `evaluate`: validation on the parallel model (no gather); `whole`:
+//!   the whole model one parameter at a time, for streaming writers
+//!   ([`WholeParameters`]).
 //! - [`gather_phase_memory`]: every rank's peak memory of a phase (build,
 //!   checkpoint save or load), for rank 0's `metrics.jsonl`.
 //! - `test_faults`: the test-only hooks that make one rank panic or stall
 //!   at a given step (for the tests of lost and stalled ranks).
 
 pub mod checkpoint;
+mod evaluate;
 mod held;
 pub mod loss_scale;
 mod phase_memory;
 pub mod run;
 pub mod step;
 mod test_faults;
+mod whole;
 
 pub use phase_memory::gather_phase_memory;
 pub use run::{
     run, BatchSource, LoopConfig, LoopError, NonFinite, Progress, RunSummary, Silent, TokenWindows,
 };
 pub use step::{ParallelConfig, StepConfig, StepOutput, Trainer};
+pub use whole::WholeParameters;

@@ -4,6 +4,10 @@
 //! The communicator moves `f32`, which holds integers exactly only up to
 //! 2^24; each count crosses as four 16-bit words (an absent one as four
 //! `0xFFFF` words, a value no memory reading reaches).
+//!
+//! [`release_free_heap`] runs before a checkpoint save's window opens: the
+//! step before it frees its activations and gradients, which glibc's
+//! allocator keeps resident, and the save's peak would count them.
 
 use ferrotron_engine::metrics::{MemoryPhase, PhaseMemory};
 
@@ -15,6 +19,24 @@ const WORDS: usize = 4;
 const COUNTS: usize = 5;
 /// An absent count's words.
 const ABSENT: u64 = u64::MAX;
+
+/// Returns the heap's free pages to the system (glibc's `malloc_trim`),
+/// so that the process's resident memory is what it uses, not what the
+/// step before freed and the allocator kept; nothing on other C
+/// libraries.
+pub(crate) fn release_free_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        extern "C" {
+            fn malloc_trim(pad: usize) -> std::ffi::c_int;
+        }
+        // SAFETY: glibc's malloc_trim only gives free pages back to the
+        // system; it takes the allocator's locks itself.
+        unsafe {
+            malloc_trim(0);
+        }
+    }
+}
 
 /// Every world rank's record of `mine` (collective: every rank calls it for
 /// the same phase), in rank order.

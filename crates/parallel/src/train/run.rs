@@ -37,8 +37,7 @@ use std::time::Instant;
 
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::TensorData;
-use ferrotron_engine::checkpoint::{save_safetensors, write_atomic, CheckpointError};
+use ferrotron_engine::checkpoint::{write_atomic, CheckpointError};
 use ferrotron_engine::data::{Batch, BatchSampler, DataError, Goldfish, SamplerState, TokenSource};
 use ferrotron_engine::lm::{CausalLm, LmUnits};
 use ferrotron_engine::metrics::energy::Coverage;
@@ -47,8 +46,9 @@ use ferrotron_engine::metrics::{
     PhaseMemory, PhaseWindow, StepRecord, ValRecord,
 };
 
+use super::checkpoint::background::Background;
 use super::step::Trainer;
-use super::{checkpoint, test_faults};
+use super::test_faults;
 use crate::comm::{CommError, Communicator};
 use crate::tensor::ShardError;
 
@@ -153,6 +153,12 @@ pub struct LoopConfig {
     pub save_every: usize,
     /// Complete checkpoints kept (the newest ones; at least 1).
     pub keep_checkpoints: usize,
+    /// Write each checkpoint in the background: the host copies are taken
+    /// at the step boundary, a thread writes them while training goes on,
+    /// and the checkpoint is published at a later step boundary once every
+    /// rank's file is written (the next save, a stop and the end of the
+    /// run wait for it); a stop's checkpoint is written at once.
+    pub async_checkpoint: bool,
     /// Files `(name, bytes)` copied into every checkpoint (the run's config).
     pub checkpoint_files: Vec<(String, Vec<u8>)>,
     /// What a non-finite loss or gradient norm does.
@@ -201,6 +207,7 @@ impl Default for LoopConfig {
             run_dir: None,
             save_every: 0,
             keep_checkpoints: 2,
+            async_checkpoint: false,
             checkpoint_files: Vec::new(),
             on_nonfinite: NonFinite::Stop,
             stop: None,
@@ -382,7 +389,7 @@ pub fn run<B, M>(
 where
     B: AutodiffBackend,
     M: AutodiffModule<B> + LmUnits<B> + 'static,
-    M::InnerModule: CausalLm<B::InnerBackend>,
+    M::InnerModule: CausalLm<B::InnerBackend> + LmUnits<B::InnerBackend>,
 {
     let world = trainer.groups().world().clone();
     let dp = trainer.groups().dp();
@@ -408,9 +415,11 @@ where
         }
     }
     if !resumed {
-        validate(trainer, val, 0, &mut reports)?;
+        validate(trainer, val, 0, config, &mut reports)?;
     }
     let mut skipped_in_a_row = 0;
+    // A checkpoint being written in the background (`async_checkpoint`).
+    let mut pending: Option<Background> = None;
     for step in trainer.steps_done() + 1..=config.steps {
         test_faults::at_step(world.rank(), step);
         let micro = draw(batches, config, place)?;
@@ -428,22 +437,36 @@ where
         } else {
             skipped_in_a_row = 0;
             if step % config.eval_every == 0 || step == config.steps {
-                validate(trainer, val, step, &mut reports)?;
+                validate(trainer, val, step, config, &mut reports)?;
             }
         }
         // Asked also after a skipped step: a run that skips steps in a row
         // still stops when told to (its checkpoint holds the unchanged
         // weights, and the resumed run starts at the next step).
         let stop = stop_requested(config, &*world)?;
+        if let Some(b) = pending.take() {
+            pending = publish_when_written(b, &*world)?;
+        }
         let due = skipped_in_a_row == 0
             && config.save_every > 0
             && (step % config.save_every == 0 || step == config.steps);
         if due || stop {
-            let written = save(trainer, batches, config, &mut reports)?;
-            if stop {
-                return Err(stopped(config, &*world, place.lead, step, written)?);
+            // A save waits for the one still in the background.
+            if let Some(b) = pending.take() {
+                b.finish(&*world)?;
+            }
+            let background = config.async_checkpoint && !stop;
+            match save(trainer, batches, config, &mut reports, background)? {
+                Saved::Background(b) => pending = Some(*b),
+                Saved::Written(written) if stop => {
+                    return Err(stopped(config, &*world, place.lead, step, written)?)
+                }
+                Saved::Written(_) => {}
             }
         }
+    }
+    if let Some(b) = pending.take() {
+        b.finish(&*world)?;
     }
     if let Some(w) = &reports.writer {
         w.plot()?;
@@ -486,19 +509,11 @@ impl Reports<'_> {
         Ok(())
     }
 
-    /// Records a validation: `metrics.jsonl` and `model.safetensors` (the
-    /// `weights`, if given) on rank 0, the summary, progress (rank 0).
-    fn validation(
-        &mut self,
-        step: usize,
-        val_loss: f64,
-        weights: Option<&[(String, TensorData)]>,
-    ) -> Result<(), LoopError> {
+    /// Records a validation: `metrics.jsonl` (rank 0), the summary,
+    /// progress (rank 0).
+    fn validation(&mut self, step: usize, val_loss: f64) -> Result<(), LoopError> {
         if let Some(w) = self.writer.as_mut() {
             w.record(&ValRecord { step, val_loss })?;
-            if let Some(weights) = weights {
-                save_safetensors(&w.dir.join("model.safetensors"), weights)?;
-            }
         }
         self.summary.validations.push((step, val_loss));
         if self.lead {
@@ -602,31 +617,30 @@ fn skips_allowed(on_nonfinite: NonFinite) -> usize {
     }
 }
 
-/// Validates the model at `step` and reports it; after step 0 rank 0 also
-/// writes the weights.
+/// Validates the model at `step` on the parallel model (no gather) and
+/// reports it; after step 0 rank 0 also writes the weights to the run
+/// directory's `model.safetensors`, gathered one parameter at a time
+/// (every rank takes part).
 fn validate<B, M>(
     trainer: &Trainer<B, M>,
     val: &[Batch],
     step: usize,
+    config: &LoopConfig,
     reports: &mut Reports<'_>,
 ) -> Result<(), LoopError>
 where
     B: AutodiffBackend,
     M: AutodiffModule<B> + LmUnits<B> + 'static,
-    M::InnerModule: CausalLm<B::InnerBackend>,
+    M::InnerModule: CausalLm<B::InnerBackend> + LmUnits<B::InnerBackend>,
 {
-    // Gathering the model is a collective under ZeRO-3 (and joining
-    // its TP blocks one under TP): every rank takes part, once for the
-    // loss and the weights.
-    let model = trainer.full_model()?;
-    let val_loss = trainer.mean_loss(&model.valid(), val);
+    let val_loss = trainer.evaluate(val)?;
     finite(step, "validation loss", val_loss)?;
-    let weights = if step > 0 {
-        Some(trainer.whole_named(&model)?)
-    } else {
-        None
-    };
-    reports.validation(step, val_loss, weights.as_deref())
+    if let (Some(dir), true) = (&config.run_dir, step > 0) {
+        trainer
+            .whole_parameters_one_by_one()
+            .write_safetensors(&dir.join("model.safetensors"), reports.lead)?;
+    }
+    reports.validation(step, val_loss)
 }
 
 /// Whether any rank was asked to stop: its `config.stop` flag is set or
@@ -670,41 +684,71 @@ fn stopped(
     })
 }
 
+/// What [`save`] left.
+enum Saved {
+    /// The checkpoint is written: its directory on rank 0 (`None` on the
+    /// other ranks or without a run directory).
+    Written(Option<PathBuf>),
+    /// This rank's file is being written in the background.
+    Background(Box<Background>),
+}
+
 /// A complete checkpoint under the run directory's `checkpoints/` (a
 /// collective: every rank writes its share, rank 0 the index, and rank 0
-/// records every rank's peak memory while writing); returns where (`None`
-/// on the other ranks or without a run directory).
+/// records every rank's peak memory while saving), or with `background`
+/// begun: the host copies taken and a thread writing them
+/// ([`Trainer::start_checkpoint`]).
 fn save<B, M>(
     trainer: &Trainer<B, M>,
     batches: &dyn BatchSource,
     config: &LoopConfig,
     reports: &mut Reports<'_>,
-) -> Result<Option<PathBuf>, LoopError>
+    background: bool,
+) -> Result<Saved, LoopError>
 where
     B: AutodiffBackend,
     M: AutodiffModule<B> + LmUnits<B> + 'static,
     M::InnerModule: CausalLm<B::InnerBackend>,
 {
     let Some(dir) = &config.run_dir else {
-        return Ok(None);
+        return Ok(Saved::Written(None));
     };
     let world = trainer.groups().world();
+    super::phase_memory::release_free_heap();
     let window = PhaseWindow::open(MemoryPhase::CheckpointSave, config.device_memory.clone());
-    let written = checkpoint::write(
-        &dir.join("checkpoints"),
-        &**world,
-        &trainer.shard()?,
-        batches.state(),
-        &config.checkpoint_files,
-        config.keep_checkpoints,
-    )?;
+    let (root, sampler) = (dir.join("checkpoints"), batches.state());
+    let (files, keep) = (&config.checkpoint_files, config.keep_checkpoints);
+    let saved = if background {
+        match trainer.start_checkpoint(&root, sampler, files, keep)? {
+            Some(b) => Saved::Background(Box::new(b)),
+            None => Saved::Written(None),
+        }
+    } else {
+        Saved::Written(trainer.write_checkpoint(&root, sampler, files, keep)?)
+    };
     let mine = window.close(world.rank(), trainer.steps_done());
     for record in super::gather_phase_memory(&**world, &mine)? {
         if let Some(w) = reports.writer.as_mut() {
             w.record(&record)?;
         }
     }
-    Ok(written)
+    Ok(saved)
+}
+
+/// Publishes the background checkpoint `b` if every rank's file is
+/// written (a collective over `world`, at a step boundary); else gives it
+/// back.
+fn publish_when_written(
+    b: Background,
+    world: &dyn Communicator,
+) -> Result<Option<Background>, LoopError> {
+    let mut done = [f32::from(u8::from(b.written()))];
+    world.all_reduce_sum(&mut done)?;
+    if done[0] as usize == world.world_size() {
+        b.finish(world)?;
+        return Ok(None);
+    }
+    Ok(Some(b))
 }
 
 #[cfg(test)]

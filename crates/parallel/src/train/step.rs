@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{ElementConversion, TensorData};
+use burn::tensor::TensorData;
 use ferrotron_engine::data::Batch;
 use ferrotron_engine::lm::{CausalLm, LmUnit, LmUnits};
 use ferrotron_engine::metrics::{GradCommTimes, MemoryBytes, PipelineTimes};
@@ -22,7 +22,7 @@ use crate::flat::param_infos;
 use crate::grad_sync::norm::{global_norm, group_sum, NormShares};
 use crate::grad_sync::{GradSync, Synced};
 use crate::groups::ProcessGroups;
-use crate::micro_batch::{batch_tensors, unit_by_unit, whole_graph};
+use crate::micro_batch::{unit_by_unit, whole_graph};
 use crate::pipeline::{Pipeline, PipelineConfig, PipelineError};
 use crate::recompute::{Recompute, RecomputeError};
 use crate::tensor::{PartialGrads, ShardError, ShardPlan, TpGroup};
@@ -558,41 +558,15 @@ where
     }
 
     /// Every parameter of the whole model by name: gathered over the DP
-    /// group under ZeRO-3 and joined over the TP group (a collective:
-    /// every rank must call it).
+    /// group under ZeRO-3, over the PP group, and joined over the TP group
+    /// (a collective: every rank must call it). Holds the whole model on
+    /// every rank: writers stream it instead
+    /// ([`Trainer::whole_parameters_one_by_one`]).
     pub fn whole_parameters(&self) -> Result<Vec<(String, TensorData)>, ShardError> {
-        self.whole_named(&self.full_model()?)
-    }
-
-    /// The parameters of `dp_whole` (this rank's TP part, whole over the
-    /// DP group) joined over the TP group.
-    pub(crate) fn whole_named(
-        &self,
-        dp_whole: &M,
-    ) -> Result<Vec<(String, TensorData)>, ShardError> {
         let tp = &**self.groups.tp();
-        named_tensors(&dp_whole.valid())
+        named_tensors(&self.full_model()?.valid())
             .into_iter()
             .map(|(name, data)| Ok((name.clone(), self.shards.gather(&name, data, tp)?)))
             .collect()
-    }
-
-    /// Mean loss over `batches` without gradients, nats/token. Under ZeRO-3
-    /// the model is gathered first (every rank must call this).
-    pub fn evaluate(&self, batches: &[Batch]) -> Result<f64, CommError> {
-        Ok(self.mean_loss(&self.full_model()?.valid(), batches))
-    }
-
-    /// Mean loss of `model` (a whole model, as [`Trainer::full_model`]
-    /// gives it, without autodiff) over `batches`, nats/token.
-    pub fn mean_loss(&self, model: &M::InnerModule, batches: &[Batch]) -> f64 {
-        let total: f64 = batches
-            .iter()
-            .map(|b| {
-                let (inputs, targets) = batch_tensors::<B::InnerBackend>(b, &self.device);
-                model.loss(inputs, targets).into_scalar().elem::<f64>()
-            })
-            .sum();
-        total / batches.len().max(1) as f64
     }
 }

@@ -51,6 +51,7 @@
 //! [`GradSync`]: crate::grad_sync::GradSync
 
 mod exchange;
+mod one_param;
 mod source;
 
 pub use self::source::{ParamSource, UnknownParam};
@@ -689,6 +690,13 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> GradSync<B, M> for Z
 
     fn param_pieces_mut(&mut self) -> Option<&mut HashMap<ParamId, Tensor<B::InnerBackend, 1>>> {
         (self.stage == ZeroStage::Three).then_some(&mut self.params)
+    }
+
+    fn whole_param(&self, id: ParamId) -> Result<Option<Vec<f32>>, CommError> {
+        match self.stage {
+            ZeroStage::Three => self.gather_param(id).map(Some),
+            _ => Ok(None),
+        }
     }
 
     fn whole_model(&self, model: M) -> Result<M, CommError> {

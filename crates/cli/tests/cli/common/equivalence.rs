@@ -31,6 +31,34 @@ pub fn loss_and_norm(run: &Path) -> Vec<(f64, f64)> {
         .collect()
 }
 
+/// `(step, val_loss)` of every validation record of a run's `metrics.jsonl`.
+pub fn val_losses(run: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter_map(|v| Some((v["step"].as_u64()?, v.get("val_loss")?.as_f64()?)))
+        .collect()
+}
+
+/// Checks that run `got` validated at the steps run `want` did, each
+/// validation loss within `tolerance` relative.
+pub fn check_val_losses(label: &str, got: &Path, want: &Path, tolerance: f64) {
+    let (got, want) = (val_losses(got), val_losses(want));
+    assert_eq!(
+        got.iter().map(|v| v.0).collect::<Vec<_>>(),
+        want.iter().map(|v| v.0).collect::<Vec<_>>(),
+        "{label}: validation steps"
+    );
+    for ((step, a), (_, b)) in got.iter().zip(&want) {
+        let rel = (a - b).abs() / b.abs();
+        assert!(
+            rel <= tolerance,
+            "{label} step {step}: val_loss {a} vs {b} (rel {rel:e})"
+        );
+    }
+}
+
 /// Checks that run `got` has the steps of run `want`, each loss and
 /// gradient norm within `tolerance` relative.
 pub fn check_steps(label: &str, got: &Path, want: &Path, tolerance: f64) {

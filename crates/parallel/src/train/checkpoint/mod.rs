@@ -29,13 +29,14 @@
 //! and the system's error; `latest` and the earlier checkpoints are
 //! untouched.
 
+pub mod background;
 pub mod index;
 pub mod read;
 pub mod region;
 pub mod shard;
+pub mod stream;
 
 use std::fs;
-use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -106,9 +107,11 @@ fn injected_failure() -> bool {
 
 /// Writes rank `world.rank()`'s part of the checkpoint of `shard` into
 /// `root` (a run's `checkpoints/`; a collective over `world`, the whole
-/// job); rank 0 adds `sampler` and the `extra` files `(name, bytes)`,
-/// points `latest` at the checkpoint, keeps the newest `keep` (at least 1)
-/// and returns its directory (`None` on the other ranks). A failed write
+/// job), asking `values` for the values of each of `shard`'s blocks (by
+/// index) as it writes them, one block at a time; rank 0 adds `sampler`
+/// and the `extra` files `(name, bytes)`, points `latest` at the
+/// checkpoint, keeps the newest `keep` (at least 1) and returns its
+/// directory (`None` on the other ranks). A failed write
 /// ([`CheckpointError::Write`], on the rank that failed) removes the
 /// temporary directory and leaves `latest` and the checkpoints as they
 /// were.
@@ -116,11 +119,19 @@ pub fn write(
     root: &Path,
     world: &dyn Communicator,
     shard: &Shard,
+    values: &mut dyn FnMut(usize) -> Vec<f32>,
     sampler: Option<SamplerState>,
     extra: &[(String, Vec<u8>)],
     keep: usize,
 ) -> Result<Option<PathBuf>, CheckpointError> {
-    write_with(root, world, shard, sampler, extra, keep, injected_failure())
+    let fail = injected_failure()
+        .then(|| format!("no space left on device (injected by {FAIL_WRITE_ENV})"));
+    let written = Written {
+        shard,
+        sampler,
+        extra,
+    };
+    write_with(root, world, &written, values, keep, fail)
 }
 
 fn comm(root: &Path) -> impl FnOnce(CommError) -> CheckpointError + '_ {
@@ -130,101 +141,168 @@ fn comm(root: &Path) -> impl FnOnce(CommError) -> CheckpointError + '_ {
     }
 }
 
-/// [`write`], failing this rank's file as a full disk does when `fail` is set.
+/// What a checkpoint records besides the blocks' values.
+struct Written<'a> {
+    shard: &'a Shard,
+    sampler: Option<SamplerState>,
+    extra: &'a [(String, Vec<u8>)],
+}
+
+/// Rank 0's own files of a checkpoint: the index of every rank's
+/// `entries`, `state.json` and the extra files.
+fn lead_files(w: &Written<'_>, entries: Vec<Vec<shard::Entry>>) -> Vec<(String, Vec<u8>)> {
+    let index = shard::index(w.shard, entries);
+    let meta = CheckpointState {
+        step: w.shard.steps_done,
+        optimizer_steps: w.shard.optimizer_steps,
+        sampler: w.sampler,
+        loss_scaler: w.shard.loss_scaler,
+    };
+    let mut own = vec![
+        (
+            index::INDEX.into(),
+            serde_json::to_vec_pretty(&index).expect("the index serialises"),
+        ),
+        (
+            "state.json".into(),
+            serde_json::to_vec_pretty(&meta).expect("the checkpoint state serialises"),
+        ),
+    ];
+    own.extend(w.extra.iter().cloned());
+    own
+}
+
+/// [`write`], this rank's file failing as a full disk does (for the
+/// reason given) when `fail` is set.
 fn write_with(
     root: &Path,
     world: &dyn Communicator,
-    shard: &Shard,
-    sampler: Option<SamplerState>,
-    extra: &[(String, Vec<u8>)],
+    w: &Written<'_>,
+    values: &mut dyn FnMut(usize) -> Vec<f32>,
     keep: usize,
-    fail: bool,
+    fail: Option<String>,
 ) -> Result<Option<PathBuf>, CheckpointError> {
-    let lead = world.rank() == 0;
-    let name = format!("step-{}", shard.steps_done);
-    let tmp = root.join(format!(".{name}.tmp"));
-    let prepared = if lead { fresh_dir(&tmp) } else { Ok(()) };
-    if shard::failures(world, prepared.is_ok()).map_err(comm(root))? > 0 {
-        return prepared.map(|()| None);
-    }
-    let file = shard::rank_file(world.rank());
-    let path = tmp.join(&file);
-    let (bytes, entries) = shard::encode(&path, &file, &shard.blocks)?;
-    let sent = serde_json::to_vec(&entries).expect("index entries serialise");
-    let all = shard::gather_bytes(world, &sent).map_err(comm(root))?;
-    // Rank 0's own files: the index, state.json and the extra files.
-    let mut own: Vec<(String, Vec<u8>)> = Vec::new();
-    if lead {
-        let entries = all
-            .iter()
-            .map(|b| serde_json::from_slice(b).expect("every rank sends its entries"))
-            .collect();
-        let index = shard::index(shard, entries);
-        let meta = CheckpointState {
-            step: shard.steps_done,
-            optimizer_steps: shard.optimizer_steps,
-            sampler,
-            loss_scaler: shard.loss_scaler,
-        };
-        own.push((
-            index::INDEX.into(),
-            serde_json::to_vec_pretty(&index).expect("the index serialises"),
-        ));
-        own.push((
-            "state.json".into(),
-            serde_json::to_vec_pretty(&meta).expect("the checkpoint state serialises"),
-        ));
-        own.extend(extra.iter().cloned());
-    }
-    let mine = if shard.blocks.is_empty() {
-        0
-    } else {
-        bytes.len()
-    };
-    let mine = mine + own.iter().map(|(_, b)| b.len()).sum::<usize>();
-    let needed_bytes = shard::gather_u64(world, mine as u64)
-        .map_err(comm(root))?
-        .iter()
-        .sum();
-    let written = match (shard.blocks.is_empty(), fail) {
-        (true, _) => Ok(()),
-        (false, true) => Err(io(&path)(std::io::Error::new(
-            ErrorKind::StorageFull,
-            format!("no space left on device (injected by {FAIL_WRITE_ENV})"),
-        ))),
-        (false, false) => write_atomic(&path, &bytes),
-    };
-    // Every rank's file is on disk before the index is written.
-    let failed_ranks = shard::failures(world, written.is_ok()).map_err(comm(root))?;
-    if failed_ranks > 0 {
-        if lead {
-            // Best effort: the error below is the one to report.
-            let _ = fs::remove_dir_all(&tmp);
-        }
-        return match written {
-            Err(e) => Err(failed(root, needed_bytes, e)),
-            Ok(()) if lead => Err(CheckpointError::Format {
-                path: tmp.display().to_string(),
-                message: format!("{failed_ranks} rank(s) could not write their part (their error says why); the checkpoint was abandoned and its temporary directory removed"),
-            }),
-            Ok(()) => Ok(None),
-        };
-    }
-    if !lead {
+    let Some(started) = Started::begin(root, world, w.shard.steps_done)? else {
         return Ok(None);
+    };
+    let blocks = &w.shard.blocks;
+    // This rank's file, streamed block by block (no file when it stores nothing).
+    let file = if blocks.is_empty() {
+        (Vec::new(), Ok(()))
+    } else {
+        shard::write_file(&started.path, &started.file, blocks, values, fail)
+    };
+    started.publish(world, w, file, keep)
+}
+
+/// A checkpoint begun: its temporary directory exists, and each rank
+/// writes its file at [`Started::path`], then every rank calls
+/// [`Started::publish`].
+struct Started {
+    root: PathBuf,
+    name: String,
+    tmp: PathBuf,
+    /// This rank's file: its name and path.
+    file: String,
+    path: PathBuf,
+}
+
+impl Started {
+    /// Rank 0 creates the temporary directory of the checkpoint of step
+    /// `step` in `root` (a collective over `world`). `None` on the other
+    /// ranks if rank 0 could not (rank 0 gets its error).
+    fn begin(
+        root: &Path,
+        world: &dyn Communicator,
+        step: usize,
+    ) -> Result<Option<Self>, CheckpointError> {
+        let name = format!("step-{step}");
+        let tmp = root.join(format!(".{name}.tmp"));
+        let prepared = if world.rank() == 0 {
+            fresh_dir(&tmp)
+        } else {
+            Ok(())
+        };
+        if shard::failures(world, prepared.is_ok()).map_err(comm(root))? > 0 {
+            return prepared.map(|()| None);
+        }
+        let file = shard::rank_file(world.rank());
+        Ok(Some(Self {
+            root: root.to_path_buf(),
+            name,
+            path: tmp.join(&file),
+            tmp,
+            file,
+        }))
     }
-    let published = own
-        .iter()
-        .try_for_each(|(f, b)| write_atomic(&tmp.join(f), b))
-        .and_then(|()| sync_dir(&tmp));
-    if let Err(e) = published {
-        let _ = fs::remove_dir_all(&tmp);
-        return Err(failed(root, needed_bytes, e));
+
+    /// Ends the checkpoint once this rank's `file` was written (its index
+    /// entries and whether the write succeeded): a collective over
+    /// `world` (see the module doc).
+    fn publish(
+        self,
+        world: &dyn Communicator,
+        w: &Written<'_>,
+        file: (Vec<shard::Entry>, Result<(), CheckpointError>),
+        keep: usize,
+    ) -> Result<Option<PathBuf>, CheckpointError> {
+        let (root, tmp, lead) = (&self.root, &self.tmp, world.rank() == 0);
+        let (entries, written) = file;
+        let sent = serde_json::to_vec(&entries).expect("index entries serialise");
+        let all = shard::gather_bytes(world, &sent).map_err(comm(root))?;
+        let own = if lead {
+            let entries = all
+                .iter()
+                .map(|b| serde_json::from_slice(b).expect("every rank sends its entries"))
+                .collect();
+            lead_files(w, entries)
+        } else {
+            Vec::new()
+        };
+        let blocks = &w.shard.blocks;
+        let mine = if blocks.is_empty() {
+            0
+        } else {
+            stream::file_size(&shard::file_tensors(blocks))
+        };
+        let mine = mine + own.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
+        let needed_bytes = shard::gather_u64(world, mine)
+            .map_err(comm(root))?
+            .iter()
+            .sum();
+        // Every rank's file is on disk before the index is written.
+        let failed_ranks = shard::failures(world, written.is_ok()).map_err(comm(root))?;
+        if failed_ranks > 0 {
+            if lead {
+                // Best effort: the error below is the one to report.
+                let _ = fs::remove_dir_all(tmp);
+            }
+            return match written {
+                Err(e) => Err(failed(root, needed_bytes, e)),
+                Ok(()) if lead => Err(CheckpointError::Format {
+                    path: tmp.display().to_string(),
+                    message: format!("{failed_ranks} rank(s) could not write their part (their error says why); the checkpoint was abandoned and its temporary directory removed"),
+                }),
+                Ok(()) => Ok(None),
+            };
+        }
+        if !lead {
+            return Ok(None);
+        }
+        let published = own
+            .iter()
+            .try_for_each(|(f, b)| write_atomic(&tmp.join(f), b))
+            .and_then(|()| sync_dir(tmp));
+        if let Err(e) = published {
+            let _ = fs::remove_dir_all(tmp);
+            return Err(failed(root, needed_bytes, e));
+        }
+        let name = &self.name;
+        for op in publish_steps(root, name, root.join(name).exists()) {
+            apply(op, root, keep.max(1), w.shard.steps_done)?;
+        }
+        Ok(Some(root.join(name)))
     }
-    for op in publish_steps(root, &name, root.join(&name).exists()) {
-        apply(op, root, keep.max(1), shard.steps_done)?;
-    }
-    Ok(Some(root.join(name)))
 }
 
 /// Creates the empty directory `tmp` (removing one left by a crash).
@@ -370,19 +448,17 @@ mod tests {
     use region::Region;
     use shard::HeldBlock;
 
+    /// The values of [`state`]'s blocks, in order.
+    const VALUES: [[f32; 2]; 3] = [[1.0, 2.0], [0.5, 0.25], [0.1, 0.2]];
+
     fn state(step: usize) -> Shard {
-        let block = |name: &str, values: Vec<f32>| HeldBlock {
+        let block = |name: &str| HeldBlock {
             name: name.into(),
             global: vec![2],
             region: Region::whole(vec![0], vec![2]),
-            values,
         };
         Shard {
-            blocks: vec![
-                block("w", vec![1.0, 2.0]),
-                block("m.w", vec![0.5, 0.25]),
-                block("v.w", vec![0.1, 0.2]),
-            ],
+            blocks: vec![block("w"), block("m.w"), block("v.w")],
             layout: Layout {
                 world: 1,
                 tp: 1,
@@ -404,7 +480,20 @@ mod tests {
         extra: &[(String, Vec<u8>)],
         keep: usize,
     ) -> Result<PathBuf, CheckpointError> {
-        write_with(root, &SingleProcess, state, sampler, extra, keep, false).map(Option::unwrap)
+        let w = Written {
+            shard: state,
+            sampler,
+            extra,
+        };
+        write_with(
+            root,
+            &SingleProcess,
+            &w,
+            &mut |i| VALUES[i].to_vec(),
+            keep,
+            None,
+        )
+        .map(Option::unwrap)
     }
 
     fn write_failing(
@@ -413,7 +502,21 @@ mod tests {
         extra: &[(String, Vec<u8>)],
         fail: bool,
     ) -> Result<PathBuf, CheckpointError> {
-        write_with(root, &SingleProcess, state, None, extra, 1, fail).map(Option::unwrap)
+        let w = Written {
+            shard: state,
+            sampler: None,
+            extra,
+        };
+        let fail = fail.then(|| "no space left on device".to_string());
+        write_with(
+            root,
+            &SingleProcess,
+            &w,
+            &mut |i| VALUES[i].to_vec(),
+            1,
+            fail,
+        )
+        .map(Option::unwrap)
     }
 
     #[test]

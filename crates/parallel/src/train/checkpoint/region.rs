@@ -82,13 +82,6 @@ impl Region {
     /// The region cut to a tensor of shape `global` (padding beyond it
     /// dropped), and `values` (the region's, in order) cut the same way.
     pub fn clip(&self, global: &[usize], values: &[f32]) -> (Region, Vec<f32>) {
-        let clipped: Vec<usize> = (0..self.shape.len())
-            .map(|d| {
-                (self.offsets[d] + self.shape[d])
-                    .min(global[d])
-                    .saturating_sub(self.offsets[d])
-            })
-            .collect();
         let last = self.shape.len() - 1;
         let mut kept = Vec::with_capacity(values.len());
         self.runs(|r| {
@@ -99,14 +92,26 @@ impl Region {
                 kept.extend_from_slice(&values[r.pos..r.pos + n]);
             }
         });
+        (self.clipped(global), kept)
+    }
+
+    /// The region cut to a tensor of shape `global` (what [`Region::clip`]
+    /// gives, without the values).
+    pub fn clipped(&self, global: &[usize]) -> Region {
+        let clipped: Vec<usize> = (0..self.shape.len())
+            .map(|d| {
+                (self.offsets[d] + self.shape[d])
+                    .min(global[d])
+                    .saturating_sub(self.offsets[d])
+            })
+            .collect();
         let start = rank_in(&clipped, &self.unravel(self.start));
-        let region = Region {
+        Region {
             offsets: self.offsets.clone(),
             shape: clipped,
             start,
-            end: start + kept.len(),
-        };
-        (region, kept)
+            end: start + self.inside(global),
+        }
     }
 
     /// The box index (relative to the box) of element `p` of the box; `p`

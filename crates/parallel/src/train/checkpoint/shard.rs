@@ -1,21 +1,21 @@
-//! What one rank writes into a sharded checkpoint: its blocks, encoded as
-//! one safetensors file, and their entries for the index, which rank 0
-//! gathers over the communicator.
+//! What one rank writes into a sharded checkpoint: its blocks, streamed
+//! into one safetensors file ([`super::stream`]), and their entries for
+//! the index, which rank 0 gathers over the communicator.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
-use burn::tensor::TensorData;
-use ferrotron_engine::checkpoint::{encode_safetensors, CheckpointError, FloatDtype};
+use ferrotron_engine::checkpoint::CheckpointError;
 use serde::{Deserialize, Serialize};
-use xxhash_rust::xxh3::xxh3_64;
 
 use super::index::{Block, Index, Layout, TensorEntry, FORMAT, VERSION};
 use super::region::Region;
+use super::stream::StreamWriter;
 use crate::comm::{CommError, Communicator};
 use crate::train::loss_scale::LossScaler;
 
-/// One block a rank writes: the part of a tensor it alone stores.
+/// One block a rank writes: the part of a tensor it alone stores. Its
+/// values are produced only while the block is written (see [`write_file`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct HeldBlock {
     /// The tensor: a parameter `NAME`, or AdamW's `m.NAME` / `v.NAME`.
@@ -24,8 +24,6 @@ pub struct HeldBlock {
     pub global: Vec<usize>,
     /// Where the values lie (inside `global`).
     pub region: Region,
-    /// The region's values, in order.
-    pub values: Vec<f32>,
 }
 
 /// What a rank writes into a checkpoint, and the counters rank 0 records.
@@ -56,38 +54,50 @@ pub fn rank_file(rank: usize) -> String {
     format!("rank-{rank:05}.safetensors")
 }
 
-/// The bytes of `blocks` as the safetensors file `file` (at `path`, named
-/// in errors), and their index entries.
-pub(super) fn encode(
+/// The `(name, shape)` of `blocks` in their file: each one-dimensional.
+pub(super) fn file_tensors(blocks: &[HeldBlock]) -> Vec<(String, Vec<usize>)> {
+    blocks
+        .iter()
+        .map(|b| (b.name.clone(), vec![b.region.len()]))
+        .collect()
+}
+
+/// Writes `blocks` as the safetensors file `file` at `path`, asking
+/// `values` for each block's values (by its index in `blocks`, one block
+/// at a time, in the file's name order) and hashing them as they are
+/// written. Returns the blocks' index entries (complete even when the
+/// write failed) and whether the write succeeded; `fail` makes it fail as
+/// a full disk does, naming the reason.
+pub(super) fn write_file(
     path: &Path,
     file: &str,
     blocks: &[HeldBlock],
-) -> Result<(Vec<u8>, Vec<Entry>), CheckpointError> {
-    let tensors: Vec<(String, TensorData)> = blocks
+    values: &mut dyn FnMut(usize) -> Vec<f32>,
+    fail: Option<String>,
+) -> (Vec<Entry>, Result<(), CheckpointError>) {
+    let mut writer = StreamWriter::create(path, file_tensors(blocks), fail);
+    let by_name: HashMap<&str, usize> = blocks
         .iter()
-        .map(|b| {
-            let n = b.values.len();
-            (b.name.clone(), TensorData::new(b.values.clone(), [n]))
-        })
+        .enumerate()
+        .map(|(i, b)| (b.name.as_str(), i))
         .collect();
-    let bytes = encode_safetensors(path, &tensors, FloatDtype::F32)?;
-    let entries = blocks
-        .iter()
-        .map(|b| {
-            let raw: Vec<u8> = b.values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            Entry {
-                name: b.name.clone(),
-                global: b.global.clone(),
-                block: Block {
-                    file: file.to_string(),
-                    key: b.name.clone(),
-                    region: b.region.clone(),
-                    xxh3_64: format!("{:016x}", xxh3_64(&raw)),
-                },
-            }
-        })
-        .collect();
-    Ok((bytes, entries))
+    let mut entries = Vec::with_capacity(blocks.len());
+    while let Some(name) = writer.next_name() {
+        let i = by_name[name];
+        let b = &blocks[i];
+        let hash = writer.append(&values(i));
+        entries.push(Entry {
+            name: b.name.clone(),
+            global: b.global.clone(),
+            block: Block {
+                file: file.to_string(),
+                key: b.name.clone(),
+                region: b.region.clone(),
+                xxh3_64: format!("{hash:016x}"),
+            },
+        });
+    }
+    (entries, writer.finish())
 }
 
 /// The index of every rank's `entries` (in rank order).

@@ -1,0 +1,56 @@
+//! The loss of one batch through the pipeline without gradients: the
+//! virtual stages run one after another (embedding on stage 0, each
+//! stage's blocks, the head and loss on the last stage), each sending its
+//! hidden states to the next over the PP group; the last stage broadcasts
+//! the loss. No schedule is needed: nothing overlaps, and each stage
+//! waits for its input before it computes, so the order cannot deadlock.
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{ElementConversion, Tensor, TensorData};
+use ferrotron_engine::data::Batch;
+use ferrotron_engine::lm::LmUnits;
+
+use super::Pipeline;
+use crate::comm::tensor::host_f32;
+use crate::comm::CommError;
+use crate::micro_batch::batch_tensors;
+
+impl Pipeline {
+    /// The mean loss of `batch`, nats/token, computed by `model` (this
+    /// stage's part, without autodiff) and every other stage's; the same
+    /// on every stage. Collective over the PP group (each stage's TP group
+    /// runs its blocks together).
+    pub(crate) fn eval_loss<B: Backend, M: LmUnits<B>>(
+        &self,
+        model: &M,
+        batch: &Batch,
+        device: &B::Device,
+    ) -> Result<f64, CommError> {
+        let (stage, stages) = (self.pp.rank(), self.stages());
+        let virtual_stages = stages * self.layout.chunks();
+        let (inputs, targets) = batch_tensors::<B>(batch, device);
+        let context = model.block_context(batch.seq_len, device);
+        let dims = model.hidden_dims(batch.batch, batch.seq_len);
+        let mut loss = [0.0f32];
+        for w in (stage..virtual_stages).step_by(stages) {
+            let mut x = if w == 0 {
+                model.embed(inputs.clone()).0
+            } else {
+                let mut values = vec![0.0; dims.iter().product()];
+                self.pp.recv(&mut values, (w - 1) % stages, w as i32)?;
+                Tensor::from_data(TensorData::new(values, dims), device)
+            };
+            for i in self.layout.blocks(w) {
+                x = model.block(i, x, &context);
+            }
+            if self.layout.is_last(w) {
+                let value = model.head_loss(x, targets.clone()).into_scalar();
+                loss[0] = value.elem::<f32>();
+            } else {
+                self.pp.send(&host_f32(x), (w + 1) % stages, w as i32 + 1)?;
+            }
+        }
+        self.pp.broadcast(&mut loss, stages - 1)?;
+        Ok(f64::from(loss[0]))
+    }
+}
