@@ -155,6 +155,14 @@ impl Pipeline {
         self.placement.shape(id)
     }
 
+    /// Replaces the recorded shapes of the parameters of `shapes`: on one
+    /// stage only (a ZeRO-3 model of placeholders; ZeRO-3 refuses a
+    /// pipeline).
+    pub(crate) fn set_shapes(&mut self, shapes: &std::collections::HashMap<ParamId, Vec<usize>>) {
+        assert_eq!(self.stages(), 1, "shapes are replaced on one stage only");
+        self.placement.set_shapes(shapes);
+    }
+
     /// Parameter `id` (flat, this rank's TP block) from the stage owning
     /// it, whose values `mine` are (collective over the PP group; on one
     /// stage, `mine` itself).

@@ -172,6 +172,17 @@ impl Placement {
             .expect("a parameter of the model")
     }
 
+    /// Replaces the recorded shape of each parameter of `shapes` (on one
+    /// stage: a model of placeholders whose values a ZeRO-3 source draws,
+    /// where a placeholder's shape is not its parameter's).
+    pub(crate) fn set_shapes(&mut self, shapes: &HashMap<ParamId, Vec<usize>>) {
+        for (id, shape) in &mut self.order {
+            if let Some(s) = shapes.get(id) {
+                shape.clone_from(s);
+            }
+        }
+    }
+
     /// Parameter `id` (flat, this rank's TP block) on every stage:
     /// broadcast from the stage that owns it, whose `mine` it is (the
     /// others pass `None`). Collective over the PP group.

@@ -292,7 +292,7 @@ where
         // Recomputation comes after TP (the model is already split) and
         // before ZeRO: the model's part of it is selective.
         let model = model.with_attention_recompute(recompute == Recompute::Selective);
-        let pipeline = Pipeline::new(&model, &parallel.pipeline, pp)?;
+        let mut pipeline = Pipeline::new(&model, &parallel.pipeline, pp)?;
         let model = pipeline.place(model, &device);
         let mut norm_shares = NormShares::new();
         let mut partial = std::collections::HashSet::new();
@@ -316,7 +316,12 @@ where
         let dp = test_faults::slowed(groups.dp_cp().clone());
         let buckets = bucket_elems(parallel.bucket_mb);
         let shapes = match source {
-            Some(source) => source_shapes(&model, source)?,
+            Some(source) => {
+                // The placeholders' shapes are not their parameters'.
+                let shapes = source_shapes(&model, source)?;
+                pipeline.set_shapes(&shapes);
+                shapes
+            }
             None => param_shapes(&model),
         };
         let only_dp = [groups.tp(), groups.cp(), groups.pp()]
