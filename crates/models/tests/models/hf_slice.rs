@@ -16,7 +16,6 @@ use burn::backend::Flex;
 use burn::tensor::TensorData;
 use ferrotron_engine::params::named_tensors;
 use ferrotron_models::hf::{load_hf_dir, load_hf_part, save_hf_dir, ExportOptions};
-use ferrotron_models::presets::preset;
 use ferrotron_models::tensor_parallel::shard_plan;
 use ferrotron_models::{Decoder, DecoderConfig, ModelPart};
 use ferrotron_parallel::pipeline::{PipelineConfig, StageLayout};
@@ -103,11 +102,8 @@ fn every_layouts_parts_of_an_hf_dir_join_into_the_whole_load() {
 
 #[test]
 fn a_tp2_rank_reads_about_half_of_an_hf_dir() {
-    // Parameters dominate: a 16384-token embedding of width 256 (16 MiB)
-    // and two blocks (6 MiB), written as a GPT-2 directory.
-    let mut c = preset("gpt-mini").unwrap();
-    (c.vocab_size, c.hidden_size, c.n_layers) = (16384, 256, 2);
-    (c.n_heads, c.n_kv_heads, c.ffn_size, c.max_seq_len) = (4, 4, 1024, 64);
+    // Written as a GPT-2 directory.
+    let c = crate::sharded_init::parameters_dominate();
     let device = Default::default();
     let dir = std::env::temp_dir().join(format!("ferrotron-hf-slice-{}", std::process::id()));
     let tensors = named_tensors(&Decoder::<B>::new(&c, 7, &device).unwrap());

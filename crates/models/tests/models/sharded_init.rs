@@ -322,13 +322,18 @@ fn initial_values_are_the_counter_stream_of_each_parameter_name() {
     }
 }
 
-#[test]
-fn a_tp2_rank_builds_its_share_of_the_heap_not_the_whole_model() {
-    // Parameters dominate: a 16384-token embedding of width 256 (16 MiB)
-    // and two blocks (6 MiB).
+/// A GPT whose parameters dominate the heap of building or loading it: a
+/// 16384-token embedding of width 256 (16 MiB) and two blocks (6 MiB).
+pub(crate) fn parameters_dominate() -> DecoderConfig {
     let mut c = preset("gpt-mini").unwrap();
     (c.vocab_size, c.hidden_size, c.n_layers) = (16384, 256, 2);
     (c.n_heads, c.n_kv_heads, c.ffn_size, c.max_seq_len) = (4, 4, 1024, 64);
+    c
+}
+
+#[test]
+fn a_tp2_rank_builds_its_share_of_the_heap_not_the_whole_model() {
+    let c = parameters_dominate();
     let device = Default::default();
     let (whole, whole_peak) = peak_during(|| Decoder::<B>::new(&c, SEED, &device).unwrap());
     let whole_bytes = 4 * named_tensors(&whole)
