@@ -29,7 +29,7 @@ pub use error::{ConfigError, Interrupted, UsageError, INTERRUPTED_EXIT};
 pub use job::{Job, PrintReport, Report};
 pub use parallelize::{
     build_part, load_hf_dir_part, parallelize, parallelize_fresh, parallelize_hf_dir,
-    parallelize_part, Parallelized,
+    parallelize_part, parallelize_to_load, Parallelized,
 };
 pub use resume::{on_resume, OnResume, Resume};
 pub use validate::{ValidJob, World, DEFAULT_WARMUP_STEPS};

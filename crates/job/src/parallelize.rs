@@ -3,7 +3,8 @@
 //! then recomputation, the pipeline split, and the gradient-sync strategy
 //! (DDP or ZeRO) over the data-parallel group. A fresh model is built
 //! already cut to the rank's part ([`build_part`]; under ZeRO-3 only the
-//! rank's DP pieces of it, [`parallelize_fresh`]); a Hugging Face
+//! rank's DP pieces of it, [`parallelize_fresh`]; a resumed ZeRO-3 rank
+//! draws nothing, [`parallelize_to_load`]); a Hugging Face
 //! model is read already cut ([`parallelize_hf_dir`], the same way);
 //! whole weights loaded otherwise are cut here ([`parallelize`]).
 //!
@@ -37,7 +38,7 @@ use ferrotron_parallel::pipeline::PipelineConfig;
 use ferrotron_parallel::tensor::{ShardPlan, TpGroup};
 use ferrotron_parallel::train::loss_scale::LossScaleConfig;
 use ferrotron_parallel::train::{ParallelConfig, StepConfig, Trainer};
-use ferrotron_parallel::zero::{ParamSource, ZeroStage};
+use ferrotron_parallel::zero::{ParamSource, ToBeLoaded, ZeroStage};
 
 use crate::error::usage;
 use crate::validate::ValidJob;
@@ -82,6 +83,26 @@ pub fn parallelize_fresh<B: TrainBackend>(
     let part = model_part(job, &groups)?;
     let (model, source) = Decoder::placeholder_part(&job.model, seed, device, &part)?;
     parallelize_with(model, Some(&source), groups, job, device)
+}
+
+/// This rank's trainer of the model of `job` on `groups` whose values a
+/// checkpoint gives next (`Trainer::load`: a resumed run). Under ZeRO-3
+/// its DP pieces are laid out from the part's shapes and start as zeros
+/// ([`ToBeLoaded`]): nothing is drawn only to be overwritten. Other
+/// stages draw the part as [`parallelize_fresh`] does (their replicated
+/// and bucketed layouts need the part's tensors).
+pub fn parallelize_to_load<B: TrainBackend>(
+    groups: ProcessGroups,
+    job: &ValidJob,
+    device: &B::Device,
+) -> anyhow::Result<Parallelized<B>> {
+    if job.config.parallelism.zero != ZeroStage::Three {
+        return parallelize_fresh(groups, job, device);
+    }
+    let seed = job.config.schedule.seed;
+    let part = model_part(job, &groups)?;
+    let (model, source) = Decoder::placeholder_part(&job.model, seed, device, &part)?;
+    parallelize_with(model, Some(&ToBeLoaded(&source)), groups, job, device)
 }
 
 /// This rank's part of the Hugging Face model in `dir` (`model.hf_dir`,

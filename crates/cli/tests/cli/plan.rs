@@ -4,8 +4,9 @@
 //!   `mpirun -np 2` with ZeRO 0, 1, 2 and 3, and `mpirun -np 4 --pp 2`
 //!   with ZeRO 0, 1 and 2) report parameter, gradient and optimizer bytes
 //!   in `metrics.jsonl`; `ferrotron plan --explain` of the same layout
-//!   must give exactly those bytes. (The activation peak is
-//!   checked in `plan_activations.rs`.)
+//!   must give exactly those bytes, and as the host copy of an
+//!   `--async-checkpoint` exactly the bytes rank 0 stores of a
+//!   checkpoint. (The activation peak is checked in `plan_activations.rs`.)
 //! - The command: the ranked table, `--json`, `--explain`, bad input.
 //! - Energy: a run on a fake powercap tree whose counter advances writes
 //!   `energy_j` and `tokens_per_joule` per step and prints the total; a run
@@ -158,6 +159,12 @@ fn planned_memory_classes_equal_the_measured_ones_on_one_rank_dp2_zero_0_to_3_an
                 );
             }
             train(ranks, &args, &[]);
+            // An async checkpoint's host copy is what rank 0 stores: the
+            // tensor bytes of its file of the step-2 checkpoint.
+            let stored = tensor_bytes(&out.join("checkpoints/step-2/rank-00000.safetensors"));
+            let background = &plan["memory"]["checkpoint"]["background"];
+            println!("{model} {label} checkpoint: stored {stored}, planned {background}");
+            assert_eq!(background.as_f64(), Some(stored as f64), "{model} {label}");
             let last = step_records(&out).pop().unwrap();
             let state = &plan["memory"]["state"];
             for class in ["param_bytes", "grad_bytes", "optimizer_bytes"] {
@@ -186,6 +193,14 @@ fn planned_memory_classes_equal_the_measured_ones_on_one_rank_dp2_zero_0_to_3_an
         }
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Bytes of tensor data in the safetensors file `path` (the file less its
+/// 8-byte header length and the header).
+fn tensor_bytes(path: &Path) -> u64 {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let header = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+    bytes.len() as u64 - 8 - header
 }
 
 /// The `today` column against `ferrotron train`: each layout below is

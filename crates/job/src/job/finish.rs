@@ -11,6 +11,7 @@ use ferrotron_models::hf::{export_order, stream_hf_dir, ExportOptions, HfError, 
 use ferrotron_models::ops::{KernelBackend, TrainBackend};
 use ferrotron_models::{generate, Decoder, SamplingConfig};
 use ferrotron_parallel::train::RunSummary;
+use ferrotron_parallel::zero::ZeroStage;
 
 use super::train::TrainTask;
 use super::Report;
@@ -78,8 +79,9 @@ pub(super) fn open_energy(
 /// After the loop: rank 0 reports the run; every rank takes part in
 /// gathering the model one parameter at a time while rank 0 streams the
 /// Hugging Face export (`--hf-out`) and, for the sample, builds the whole
-/// model (the only whole copy, on rank 0, and only when a sample is asked
-/// for).
+/// model (the only whole copy, on rank 0, only when a sample is asked for
+/// and only where every rank holds the whole model anyway: see
+/// [`sample_skipped`]).
 pub(super) fn finish<B: TrainBackend>(
     task: &mut TrainTask<'_>,
     trainer: Parallelized<B>,
@@ -130,6 +132,12 @@ pub(super) fn finish<B: TrainBackend>(
     if m.sample_tokens == 0 {
         return Ok(());
     }
+    if let Some(why) = sample_skipped(&task.job) {
+        if lead {
+            task.report.line(&why);
+        }
+        return Ok(());
+    }
     let mut named = std::collections::BTreeMap::new();
     for (name, _) in whole.shapes()? {
         let data = whole.get(&name)?;
@@ -162,6 +170,29 @@ pub(super) fn finish<B: TrainBackend>(
     task.report
         .line(&format!("--- sample ---\n{text}\n--------------"));
     Ok(())
+}
+
+/// Why the end-of-run sample is not drawn on `job`'s layout (`None`: it
+/// is): a sample needs the whole model in one process, and no rank of a
+/// run with tp, pp or ZeRO-3 over more than one rank may hold it (issue
+/// 30). Megatron-LM and torchtitan print no sample either;
+/// `ferrotron generate --run` samples from the run directory's weights.
+fn sample_skipped(job: &ValidJob) -> Option<String> {
+    let mesh = &job.mesh;
+    let zero3 = job.config.parallelism.zero == ZeroStage::Three && mesh.dp * mesh.cp > 1;
+    let sharded: Vec<String> = [("tp", mesh.tp), ("pp", mesh.pp)]
+        .into_iter()
+        .filter(|&(_, n)| n > 1)
+        .map(|(name, n)| format!("{name} {n}"))
+        .chain(zero3.then(|| format!("ZeRO-3 over {} ranks", mesh.dp * mesh.cp)))
+        .collect();
+    (!sharded.is_empty()).then(|| {
+        format!(
+            "sample: not drawn, since under {} no rank holds the whole model; sample the trained model with: ferrotron generate --run {}",
+            sharded.join(" x "),
+            job.out.display()
+        )
+    })
 }
 
 /// Rank 0's closing lines: the validation loss's progress and the energy.

@@ -29,7 +29,9 @@ use super::{finish, Report};
 use crate::backend::BackendTask;
 use crate::config::OnNonFinite;
 use crate::error::{usage, Interrupted};
-use crate::parallelize::{parallelize_fresh, parallelize_hf_dir, Parallelized};
+use crate::parallelize::{
+    parallelize_fresh, parallelize_hf_dir, parallelize_to_load, Parallelized,
+};
 use crate::validate::ValidJob;
 
 /// A job on one backend.
@@ -66,10 +68,12 @@ impl TrainTask<'_> {
         let window = PhaseWindow::open(MemoryPhase::Build, probe.clone());
         // Weights of `--hf-dir` are read already cut to this rank's part,
         // and a fresh or resumed model is built already cut to it (under
-        // ZeRO-3 both to its DP pieces); a resumed one then reads its share
-        // of the checkpoint below.
+        // ZeRO-3 both to its DP pieces, which a resumed run does not draw);
+        // a resumed one then reads its share of the checkpoint below.
+        let resumed = self.prepared.restore.is_some();
         let mut trainer = match self.prepared.initial.take() {
             Some(dir) => parallelize_hf_dir::<B>(&dir, groups, job, device)?,
+            None if resumed => parallelize_to_load::<B>(groups, job, device)?,
             None => parallelize_fresh::<B>(groups, job, device)?,
         };
         let mut memory = gather_phase_memory(&*self.comm, &window.close(rank, 0))?;

@@ -7,6 +7,7 @@ use serde::Serialize;
 use super::activation::{in_flight, LayerActivations, Recompute};
 use ferrotron_engine::lm::LmUnit;
 
+use super::checkpoint::{checkpoint_bytes, CheckpointBytes};
 use super::memory::{layout_state_bytes, Held};
 use super::model::ModelShape;
 use super::split::stage_blocks;
@@ -50,6 +51,9 @@ pub struct MemoryEstimate {
     pub transient: f64,
     /// Fixed allowance for the framework, the runtime and fragmentation.
     pub reserve: f64,
+    /// Host memory a checkpoint adds (not counted in [`Self::total`]: on a
+    /// GPU it is not device memory).
+    pub checkpoint: CheckpointBytes,
 }
 
 impl MemoryEstimate {
@@ -303,12 +307,17 @@ pub fn memory(input: &MemoryInput, c: &Choice, layout: &StageLayout) -> MemoryEs
         }
         st
     };
-    let stage = |s: usize, units: &[Vec<usize>], name, acts: ActivationBytes| MemoryEstimate {
-        stage: name,
-        state: state(s),
-        activations: acts,
-        transient: transient(units),
-        reserve: input.reserve_bytes,
+    let stage = |s: usize, units: &[Vec<usize>], name, acts: ActivationBytes| {
+        let state = state(s);
+        let held = stage_layout(m, c, layout, s);
+        MemoryEstimate {
+            stage: name,
+            state,
+            activations: acts,
+            transient: transient(units),
+            reserve: input.reserve_bytes,
+            checkpoint: checkpoint_bytes(&held, c.dp, c.zero, bucket),
+        }
     };
     let first_acts = ActivationBytes {
         layers: split[0] as f64 * held * per_layer,

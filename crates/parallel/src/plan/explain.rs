@@ -60,6 +60,12 @@ pub fn explain(input: &PlanInput, e: &Estimate) -> String {
     for (name, bytes) in rows {
         let _ = writeln!(s, "  {name:<36} {:>10.3} GiB", gib(bytes));
     }
+    let _ = writeln!(
+        s,
+        "checkpoint, host memory beyond the above: {:.3} GiB while a save streams its blocks, {:.3} GiB held through the next steps with --async-checkpoint",
+        gib(mem.checkpoint.streamed),
+        gib(mem.checkpoint.background)
+    );
     if c.pp > 1 {
         let split: Vec<String> = e.stage_layers.iter().map(usize::to_string).collect();
         let _ = writeln!(

@@ -9,7 +9,8 @@
 //!   fullest stage by the trainer's own classes and sharding
 //!   ([`memory`]), the activations after Korthikanti et al. 2022 or as
 //!   Ferrotron's CPU path keeps them ([`activation`]), transient buffers
-//!   and a reserve;
+//!   and a reserve; and the host memory a checkpoint adds
+//!   ([`checkpoint`]);
 //! - the time of one optimizer step ([`time`]): Megatron's FLOP count at a
 //!   fraction of the device peak on the slowest pipeline stage (blocks
 //!   split to balance the head, [`split`]), alpha-beta costs of every
@@ -21,6 +22,7 @@
 //! arithmetic: no tensors, no ranks.
 
 pub mod activation;
+pub mod checkpoint;
 pub mod choice;
 pub mod comm;
 pub mod estimate;

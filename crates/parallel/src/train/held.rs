@@ -266,12 +266,16 @@ where
         })?;
         let sharded = self.sync.param_pieces().is_some();
         let mut assign = HashMap::new();
-        let mut pieces = HashMap::new();
         for (id, share) in &shares {
             if sharded {
                 if let Some(range) = share.range.clone() {
                     let values = reader.read(&share.name, &share.global, &share.region(range))?;
-                    pieces.insert(*id, self.host_tensor(values));
+                    let piece = self.host_tensor(values);
+                    // Replaced one at a time: the load holds one piece
+                    // beyond the rank's share, not a second share.
+                    if let Some(held) = self.sync.param_pieces_mut() {
+                        held.insert(*id, piece);
+                    }
                 }
             } else {
                 let whole = Region::whole(share.offsets.clone(), share.local.clone());
@@ -295,9 +299,6 @@ where
             device: self.device.clone(),
             require_grad: true,
         }));
-        if let Some(held) = self.sync.param_pieces_mut() {
-            held.extend(pieces);
-        }
         self.optimizer.set_steps_taken(state.optimizer_steps);
         self.steps_done = state.step;
         if let (Some(_), Some(scaler)) = (self.scaler, state.loss_scaler) {

@@ -54,7 +54,7 @@ mod exchange;
 mod one_param;
 mod source;
 
-pub use self::source::{ParamSource, UnknownParam};
+pub use self::source::{ParamSource, ToBeLoaded, UnknownParam};
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;

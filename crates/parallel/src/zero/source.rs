@@ -3,7 +3,9 @@
 //! parameter of the rank's (TP) part and can draw any flat range of it
 //! alone, so [`super::Zero::from_source`] materialises only the rank's
 //! pieces and never the part (see `ferrotron_models`' counter-based
-//! initialisation, which implements it).
+//! initialisation, which implements it). A trainer whose values a
+//! checkpoint gives next takes its shapes from such a source and draws
+//! nothing ([`ToBeLoaded`]).
 
 use std::ops::Range;
 
@@ -26,3 +28,45 @@ pub trait ParamSource {
 #[derive(Debug, thiserror::Error)]
 #[error("the parameter source does not know the model's parameter '{0}'")]
 pub struct UnknownParam(pub String);
+
+/// The shapes of another source, with every value 0: the pieces of a
+/// ZeRO-3 trainer that a checkpoint fills next (a resumed run, whose
+/// `Trainer::load` replaces every piece this rank owns), so nothing is
+/// drawn only to be overwritten.
+pub struct ToBeLoaded<'a>(pub &'a dyn ParamSource);
+
+impl ParamSource for ToBeLoaded<'_> {
+    fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.0.shape(name)
+    }
+
+    fn values(&self, _name: &str, range: Range<usize>) -> Vec<f32> {
+        vec![0.0; range.len()]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A source that fails the test if a value is drawn from it.
+    struct MustNotDraw;
+
+    impl ParamSource for MustNotDraw {
+        fn shape(&self, name: &str) -> Option<Vec<usize>> {
+            (name == "w").then(|| vec![3, 4])
+        }
+
+        fn values(&self, name: &str, range: Range<usize>) -> Vec<f32> {
+            panic!("drew {name}[{range:?}] from a source whose values are to be loaded")
+        }
+    }
+
+    #[test]
+    fn a_source_to_be_loaded_keeps_the_shapes_and_draws_nothing() {
+        let source = ToBeLoaded(&MustNotDraw);
+        assert_eq!(source.shape("w"), Some(vec![3, 4]));
+        assert_eq!(source.shape("b"), None);
+        assert_eq!(source.values("w", 5..9), vec![0.0; 4]);
+    }
+}

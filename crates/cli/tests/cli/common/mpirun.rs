@@ -149,8 +149,8 @@ pub fn equivalence_args(model: &str, corpus: &Path, out: &Path, accum: &str) -> 
 }
 
 /// Runs `ferrotron train` on `ranks` with `args` plus `extra`; fails the
-/// test, naming `label`, if it fails.
-pub fn run(label: &str, ranks: usize, args: Vec<String>, extra: &[&str]) {
+/// test, naming `label`, if it fails; else returns its output.
+pub fn run(label: &str, ranks: usize, args: Vec<String>, extra: &[&str]) -> Output {
     let mut all: Vec<&str> = args.iter().map(String::as_str).collect();
     all.extend(extra);
     let o = train(ranks, &all);
@@ -160,4 +160,5 @@ pub fn run(label: &str, ranks: usize, args: Vec<String>, extra: &[&str]) {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     );
+    o
 }
