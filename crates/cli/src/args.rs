@@ -224,6 +224,14 @@ pub struct PlanArgs {
     /// Ferrotron's default CPU path, counted primitive by primitive and node by node).
     #[arg(long, default_value = "korthikanti")]
     pub activations: String,
+    /// Price the DP collectives overlapped with compute where `ferrotron train` overlaps them
+    /// (its default; dp only: tp = pp = 1): only the part compute cannot hide counts in the
+    /// step. --overlap-grad-reduce false counts all of it, as a run with the overlap off.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub overlap_grad_reduce: Option<bool>,
+    /// ZeRO-3 with overlap: blocks whose all-gathers start ahead (train's --zero3-prefetch).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub zero3_prefetch: usize,
     /// Rows of the ranked table.
     #[arg(long, default_value_t = 10)]
     pub top: usize,

@@ -252,6 +252,8 @@ pub fn input(a: &PlanArgs) -> anyhow::Result<(String, PlanInput)> {
             recompute,
             sequence_parallel: !a.no_sp,
             activations,
+            overlap_grad_reduce: a.overlap_grad_reduce.unwrap_or(true),
+            zero3_prefetch: a.zero3_prefetch,
         },
     ))
 }

@@ -8,6 +8,7 @@ use ferrotron_engine::precision::Precision as Compute;
 use ferrotron_job::error::usage_lines;
 use ferrotron_job::JobConfig;
 use ferrotron_parallel::plan::{Estimate, PlanInput, Precision};
+use ferrotron_parallel::zero::{ZeroStage, DEFAULT_ZERO3_PREFETCH};
 
 use crate::args::PlanArgs;
 use crate::error::usage;
@@ -42,6 +43,14 @@ pub fn emit_config(
     let par = &mut job.parallelism;
     (par.dp, par.tp, par.pp, par.sp, par.zero) = (Some(c.dp), c.tp, c.pp, c.sp, c.zero);
     par.recompute = Some(c.recompute);
+    // The overlap and prefetch the step was priced with.
+    par.overlap_grad_reduce = input.overlap_grad_reduce;
+    if c.zero == ZeroStage::Three
+        && input.overlap_grad_reduce
+        && input.zero3_prefetch != DEFAULT_ZERO3_PREFETCH
+    {
+        par.zero3_prefetch = Some(input.zero3_prefetch);
+    }
     if c.interleave > 1 {
         par.pp_schedule = ferrotron_job::config::PpSchedule::Interleaved;
         par.pp_virtual = c.interleave;

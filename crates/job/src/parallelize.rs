@@ -38,7 +38,7 @@ use ferrotron_parallel::pipeline::PipelineConfig;
 use ferrotron_parallel::tensor::{ShardPlan, TpGroup};
 use ferrotron_parallel::train::loss_scale::LossScaleConfig;
 use ferrotron_parallel::train::{ParallelConfig, StepConfig, Trainer};
-use ferrotron_parallel::zero::{ParamSource, ToBeLoaded, ZeroStage};
+use ferrotron_parallel::zero::{ParamSource, ToBeLoaded, ZeroStage, DEFAULT_ZERO3_PREFETCH};
 
 use crate::error::usage;
 use crate::validate::ValidJob;
@@ -179,7 +179,8 @@ pub fn parallelize<B: TrainBackend>(
 /// 3. the pipeline split over the PP group (stages, schedule, chunks);
 /// 4. the gradient sync over the DP x CP group: DDP buckets, or ZeRO 1/2/3,
 ///    reducing in `precision.reduce_dtype`, overlapped with backward
-///    under `parallelism.overlap_grad_reduce`;
+///    under `parallelism.overlap_grad_reduce` (ZeRO-3 gathering
+///    `parallelism.zero3_prefetch` blocks ahead);
 ///
 /// then the optimizer (AdamW with the job's schedule and clipping) and,
 /// under fp16, dynamic loss scaling.
@@ -218,6 +219,7 @@ fn parallelize_with<B: TrainBackend>(
         bucket_mb: par.bucket_mb,
         reduce: c.precision.reduce_dtype,
         overlap_grad_reduce: par.overlap_grad_reduce,
+        zero3_prefetch: par.zero3_prefetch.unwrap_or(DEFAULT_ZERO3_PREFETCH),
     };
     let (step, device) = (step_config(job), device.clone());
     let trainer = match source {

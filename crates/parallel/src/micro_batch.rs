@@ -12,10 +12,13 @@
 //!   recomputed with autodiff and back-propagated from the incoming
 //!   gradient `g` through `sum(block(x) * g)`, its gradients handed to
 //!   [`accumulate`](GradSync::accumulate) and the block released. The
-//!   embedding and head units stay acquired for the whole step. Before
-//!   each block runs, the block acquired next is
-//!   [`prefetch`](GradSync::prefetch)ed (ZeRO-3 with overlap starts its
-//!   gather then), forward and backward.
+//!   embedding and head units stay acquired for the whole step. After
+//!   each acquire, before the block runs, the blocks acquired after it
+//!   are handed to [`prefetch`](GradSync::prefetch) in the order they
+//!   will be acquired (forward `0..L`, then backward `L-1` down to 0):
+//!   ZeRO-3 with overlap starts the gathers of the next
+//!   `--zero3-prefetch` of them then, across the turn from forward to
+//!   backward too.
 //!
 //! The [`GradSync`] hooks decide what acquiring, releasing and
 //! accumulating mean (ZeRO-3: all-gather, free, reduce-scatter; the other
@@ -95,19 +98,19 @@ where
     let mut x = embedded.clone().detach();
     let mut block_inputs = Vec::with_capacity(model.num_blocks());
     let blocks = model.num_blocks();
+    // Every acquire of the micro-batch, in order: forward, then backward
+    // from the last block.
+    let order: Vec<LmUnit> = (0..blocks)
+        .chain((0..blocks).rev())
+        .map(LmUnit::Block)
+        .collect();
     for i in 0..blocks {
         model = sync.acquire(LmUnit::Block(i), model, false)?;
-        if i + 1 < blocks {
-            sync.prefetch(LmUnit::Block(i + 1))?;
-        }
+        sync.prefetch(&order[i + 1..])?;
         block_inputs.push(x.clone());
         // Nothing requires a gradient here, so autodiff keeps nothing.
         x = model.clone().no_grad().block(i, x, &context);
         model = sync.release(LmUnit::Block(i), model);
-    }
-    if blocks > 0 {
-        // Backward starts with the last block again.
-        sync.prefetch(LmUnit::Block(blocks - 1))?;
     }
     let last = x.detach().require_grad();
     let loss = model.head_loss(last.clone(), targets);
@@ -119,9 +122,8 @@ where
     let head = GradientsParams::from_grads(grads, &model);
     for i in (0..blocks).rev() {
         model = sync.acquire(LmUnit::Block(i), model, true)?;
-        if i > 0 {
-            sync.prefetch(LmUnit::Block(i - 1))?;
-        }
+        // Backward's acquire of block i is the (2 blocks - i)th of `order`.
+        sync.prefetch(&order[2 * blocks - i..])?;
         let input = block_inputs
             .pop()
             .expect("one saved input per block")

@@ -140,6 +140,12 @@ job_sections! {
         /// tp, cp and pp are 1. --overlap-grad-reduce false turns it off.
         #[arg(num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
         overlap_grad_reduce: bool = true, flag overlap_grad_reduce: bool;
+        /// ZeRO-3 under overlap_grad_reduce: blocks whose parameter all-gathers start ahead, while
+        /// the current block computes, forward and backward (default 1; 0 gathers each block as it
+        /// runs). At most N + 1 blocks are gathered at once. Needs zero = 3, and above 0
+        /// overlap_grad_reduce (as Megatron-LM's --overlap-param-gather).
+        #[arg(value_name = "N")]
+        zero3_prefetch: Option<usize> = None, flag zero3_prefetch: usize;
         /// Under tp, pad the vocabulary to a multiple of this times tp (Megatron-LM's flag; the
         /// padding is never predicted and is dropped from checkpoints).
         #[arg(value_name = "N")]

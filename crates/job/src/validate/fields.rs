@@ -166,6 +166,7 @@ fn check_combinations(c: &JobConfig, p: &mut Problems) {
         p.key("parallelism", "recompute", problem);
     }
     check_cp(c, p);
+    check_prefetch(c, p);
     if par.sp && par.tp == 1 {
         p.key(
             "parallelism",
@@ -222,6 +223,37 @@ fn check_cp(c: &JobConfig, p: &mut Problems) {
             format!(
                 "each rank's {local} tokens (--seq-len {seq} / --cp {}) must be divisible by --tp {}",
                 par.cp, par.tp
+            ),
+        );
+    }
+}
+
+/// `parallelism.zero3_prefetch`, when given, needs ZeRO-3 (the only stage
+/// that gathers parameters) and, above 0, the overlap that runs the
+/// gathers on the communication thread: Megatron-LM refuses
+/// `--overlap-param-gather` without the distributed optimizer and
+/// `--overlap-grad-reduce` alike, where DeepSpeed ignores its `stage3_*`
+/// keys below stage 3; a key that would do nothing is refused here.
+fn check_prefetch(c: &JobConfig, p: &mut Problems) {
+    let par = &c.parallelism;
+    let Some(n) = par.zero3_prefetch else {
+        return;
+    };
+    if par.zero != ZeroStage::Three {
+        p.key(
+            "parallelism",
+            "zero3_prefetch",
+            format!(
+                "{n} with --zero {}: only ZeRO-3 gathers parameters; leave it unset or use --zero 3",
+                par.zero
+            ),
+        );
+    } else if n > 0 && !par.overlap_grad_reduce {
+        p.key(
+            "parallelism",
+            "zero3_prefetch",
+            format!(
+                "{n} with --overlap-grad-reduce false: gathers run ahead only on the overlapping communication thread; give 0 or turn the overlap on"
             ),
         );
     }

@@ -215,3 +215,44 @@ fn outputs_that_cannot_be_written_are_refused_before_training() {
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
     std::fs::remove_dir(&dir).unwrap();
 }
+
+#[test]
+fn zero3_prefetch_is_refused_where_it_would_do_nothing() {
+    let check = |toml: &str| {
+        let text = format!("[parallelism]\n{toml}[checkpoint]\nout = \"x\"\n");
+        JobConfig::from_toml_str(&text, "prefetch.toml")
+            .unwrap()
+            .check_portable(2)
+    };
+    let refused = |toml: &str| -> Vec<String> {
+        check(toml)
+            .unwrap_err()
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    };
+    let p = refused("zero = 2\nzero3_prefetch = 2\n");
+    assert_eq!(p.len(), 1, "{p:#?}");
+    assert!(
+        p[0].starts_with(
+            "parallelism.zero3_prefetch: --zero3-prefetch 2 with --zero 2: only ZeRO-3 gathers parameters"
+        ),
+        "{p:#?}"
+    );
+    let p = refused("zero = 3\noverlap_grad_reduce = false\nzero3_prefetch = 1\n");
+    assert_eq!(p.len(), 1, "{p:#?}");
+    assert!(
+        p[0].starts_with(
+            "parallelism.zero3_prefetch: --zero3-prefetch 1 with --overlap-grad-reduce false:"
+        ),
+        "{p:#?}"
+    );
+    for ok in [
+        "zero = 3\nzero3_prefetch = 0\n",
+        "zero = 3\nzero3_prefetch = 3\n",
+        "zero = 3\noverlap_grad_reduce = false\nzero3_prefetch = 0\n",
+        "zero = 1\n",
+    ] {
+        assert!(check(ok).is_ok(), "{ok}");
+    }
+}

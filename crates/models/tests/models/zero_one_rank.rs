@@ -65,21 +65,20 @@ fn one_rank(stage: ZeroStage) -> ParallelConfig {
     }
 }
 
-/// Trains 3 steps of 2 micro-batches; returns the losses and the weights.
-fn train(config: &DecoderConfig, zero: Option<ZeroStage>) -> (Vec<f64>, Vec<(String, Vec<f32>)>) {
+/// Trains 3 steps of 2 micro-batches, with the plain trainer or on one
+/// rank with `parallel`; returns the losses and the weights.
+fn train(
+    config: &DecoderConfig,
+    parallel: Option<ParallelConfig>,
+) -> (Vec<f64>, Vec<(String, Vec<f32>)>) {
     let device = Default::default();
     let model = Decoder::<B>::new(config, 3, &device).unwrap();
     let step = three_steps();
-    let mut trainer = match zero {
+    let mut trainer = match parallel {
         None => Trainer::new(model, step, device),
-        Some(stage) => Trainer::parallel(
-            model,
-            step,
-            device,
-            ProcessGroups::single(),
-            one_rank(stage),
-        )
-        .unwrap(),
+        Some(parallel) => {
+            Trainer::parallel(model, step, device, ProcessGroups::single(), parallel).unwrap()
+        }
     };
     let tokens = token_stream();
     let sampler = BatchSampler::new(tokens.len(), 16, 5).unwrap();
@@ -113,7 +112,7 @@ fn zero_stages_on_one_rank_train_like_the_plain_trainer() {
         let config = tiny(family);
         let (want_losses, want_weights) = train(&config, None);
         for stage in [ZeroStage::One, ZeroStage::Two, ZeroStage::Three] {
-            let (losses, weights) = train(&config, Some(stage));
+            let (losses, weights) = train(&config, Some(one_rank(stage)));
             for (a, b) in losses.iter().zip(&want_losses) {
                 assert!(
                     (a - b).abs() <= 1e-5 * b.abs(),
@@ -133,6 +132,29 @@ fn zero_stages_on_one_rank_train_like_the_plain_trainer() {
                 "{family} zero {stage}: weights differ by {diff} (max weight {scale})"
             );
         }
+    }
+}
+
+/// ZeRO-3 on one rank (overlap on: the DP group is the only group) with
+/// its gathers started 0, 1 (the default) and 2 blocks ahead: the
+/// gathers' order changes, not one bit of the losses or weights.
+#[test]
+fn zero3_prefetch_depths_train_bit_identically() {
+    let config = tiny("gpt-mini");
+    let with = |n: usize| {
+        let parallel = ParallelConfig {
+            zero3_prefetch: n,
+            ..one_rank(ZeroStage::Three)
+        };
+        assert!(parallel.overlap_grad_reduce);
+        train(&config, Some(parallel))
+    };
+    let (want_losses, want_weights) = with(1);
+    for n in [0, 2] {
+        let (losses, weights) = with(n);
+        let bits = |l: &[f64]| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&losses), bits(&want_losses), "prefetch {n}");
+        assert!(weights == want_weights, "prefetch {n}: the weights differ");
     }
 }
 

@@ -100,7 +100,7 @@ where
         model
     }
 
-    fn prefetch(&self, _unit: LmUnit) -> Result<(), CommError> {
+    fn prefetch(&self, _next: &[LmUnit]) -> Result<(), CommError> {
         Ok(())
     }
 

@@ -54,11 +54,13 @@ pub trait GradSync<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> {
     /// `model` without what [`GradSync::acquire`] gathered for `unit`.
     fn release(&self, unit: LmUnit, model: M) -> M;
 
-    /// Starts gathering `unit`'s parameters for its coming
-    /// [`GradSync::acquire`], so that the gather runs while the current
-    /// unit computes (ZeRO-3 with overlap; nothing otherwise). A schedule
-    /// calls it for the unit it will acquire next, once per acquire.
-    fn prefetch(&self, unit: LmUnit) -> Result<(), CommError>;
+    /// Starts gathering the parameters of the first units of `next` (the
+    /// units the schedule will acquire after the current one, in the order
+    /// it will acquire them) for their coming [`GradSync::acquire`]s, so
+    /// that the gathers run while the current unit computes (ZeRO-3 with
+    /// overlap: `--zero3-prefetch` units ahead; nothing otherwise). A
+    /// schedule calls it once per acquire, after it, with what follows.
+    fn prefetch(&self, next: &[LmUnit]) -> Result<(), CommError>;
 
     /// The next micro-batch is the step's last: with overlap, the
     /// reduction of gradients it completes may start at once (DDP, ZeRO-1).

@@ -2,6 +2,7 @@
 
 use std::fmt::Write as _;
 
+use super::time::overlaps;
 use super::{Estimate, PlanInput};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -93,11 +94,22 @@ pub fn explain(input: &PlanInput, e: &Estimate) -> String {
         ("tensor-parallel collectives", t.tp_comm_s),
         ("pipeline sends", t.pp_comm_s),
         ("pipeline bubble", t.bubble_s),
-        ("data-parallel collectives", t.dp_comm_s),
+        ("data-parallel collectives, exposed", t.dp_exposed_s),
     ];
     for (name, secs) in rows {
         let _ = writeln!(s, "  {name:<36} {secs:>10.4} s");
     }
+    let _ = writeln!(
+        s,
+        "  (data-parallel collectives in all {:.4} s, {:.4} s of it hidden behind compute{})",
+        t.dp_comm_s,
+        t.dp_comm_s - t.dp_exposed_s,
+        if overlaps(input, c) {
+            ": overlapped as the trainer runs it"
+        } else {
+            ": not overlapped (dp 1, tp or pp above 1, or --overlap-grad-reduce false)"
+        }
+    );
     let _ = writeln!(
         s,
         "energy per step: {:.0} kJ (an estimate: {} GPUs at their {:.0} W board power)",

@@ -14,8 +14,9 @@
 //! - the time of one optimizer step ([`time`]): Megatron's FLOP count at a
 //!   fraction of the device peak on the slowest pipeline stage (blocks
 //!   split to balance the head, [`split`]), alpha-beta costs of every
-//!   collective ([`comm`]) on the links of [`link`], and the pipeline
-//!   bubble;
+//!   collective ([`comm`]) on the links of [`link`], the pipeline
+//!   bubble, and the part of the DP communication compute cannot hide
+//!   where the trainer overlaps it ([`overlap`]);
 //!
 //! and ranks the layouts that fit by step time ([`search`]). Devices come
 //! from [`ferrotron_engine::metrics::DEVICES`]. The planner is pure
@@ -30,6 +31,7 @@ pub mod explain;
 pub mod link;
 pub mod memory;
 pub mod model;
+pub mod overlap;
 pub mod search;
 pub mod split;
 pub mod time;
@@ -92,6 +94,13 @@ pub struct PlanInput {
     /// fused op, or what Burn's autodiff keeps over Ferrotron's reference
     /// ops on the CPU path.
     pub activations: ActivationModel,
+    /// Whether the trainer overlaps the DP collectives with compute
+    /// (`--overlap-grad-reduce`; honoured with `tp = pp = 1`): the step
+    /// then counts only their exposed part.
+    pub overlap_grad_reduce: bool,
+    /// ZeRO-3 with overlap: blocks whose all-gathers start ahead
+    /// (`--zero3-prefetch`).
+    pub zero3_prefetch: usize,
 }
 
 impl PlanInput {

@@ -1,6 +1,7 @@
 //! Time of one optimizer step: compute from FLOPs, tensor-parallel and
 //! pipeline communication per micro-batch, the pipeline bubble, and the
-//! data-parallel gradient synchronisation, none of it overlapped.
+//! data-parallel gradient synchronisation, exposed in full, or only its
+//! part that compute cannot hide where the trainer overlaps it.
 //!
 //! - Compute: the slowest stage's FLOPs (its blocks, and the head on the
 //!   last; the split is [`super::split`]'s) over `tp` GPUs at
@@ -28,6 +29,13 @@
 //!   gradients, which the first and last stage sum once after the
 //!   schedule, are reduce-scattered once per step.
 //!
+//! - Overlap: where the trainer overlaps the DP collectives with compute
+//!   (`overlap_grad_reduce`, the DP group the only group of more than one
+//!   rank: `tp = pp = 1`), the step is its compute plus the exposed part
+//!   of the DP communication, [`super::overlap`]'s replay of the trainer's
+//!   schedule ([`TimeEstimate::dp_exposed_s`]); `dp_comm_s` stays the
+//!   total. Elsewhere nothing overlaps: the exposed part is the total.
+//!
 //! Groups are placed in Megatron's rank order (TP innermost, then DP, then
 //! PP): a group stays within a node when the consecutive ranks it spans
 //! divide `gpus_per_node`, and otherwise runs at the inter-node link's
@@ -38,6 +46,7 @@ use serde::Serialize;
 use super::activation::Recompute;
 use super::comm::{all_gather, all_reduce, p2p};
 use super::link::Link;
+use super::overlap::{exposed, OverlapInput};
 use super::{Choice, PlanInput};
 use crate::zero::ZeroStage;
 
@@ -52,8 +61,12 @@ pub struct TimeEstimate {
     pub pp_comm_s: f64,
     /// The pipeline bubble (idle stage time).
     pub bubble_s: f64,
-    /// Data-parallel gradient and parameter collectives.
+    /// Data-parallel gradient and parameter collectives, in all.
     pub dp_comm_s: f64,
+    /// Of `dp_comm_s`, the part compute does not hide (all of it unless
+    /// the trainer overlaps it; see the module doc): the part in
+    /// `step_s`.
+    pub dp_exposed_s: f64,
     /// The whole step.
     pub step_s: f64,
     /// Global batch tokens over the step time.
@@ -211,7 +224,12 @@ pub fn step_time(
     };
     let dp_outside = stages.iter().map(outside).fold(0.0, f64::max);
     let dp_comm = mb * rs_mb + dp_outside;
-    let step = (mb + bubble_steps) * stage_time + dp_outside;
+    let overlapped =
+        overlaps(input, c).then(|| dp_exposed(input, c, &stages[0], micro_batches, compute_mb));
+    let (step, exposed_s) = match overlapped {
+        Some(part) => (mb * (compute_mb + tp_mb + pp_mb) + part, part),
+        None => ((mb + bubble_steps) * stage_time + dp_outside, dp_comm),
+    };
     let tokens = (input.global_batch * input.seq) as f64;
     let gpus = (c.dp * c.tp * c.pp) as f64;
     let model_flops = m.train_flops_per_token(input.seq) * tokens;
@@ -224,6 +242,7 @@ pub fn step_time(
         pp_comm_s: mb * pp_mb,
         bubble_s: bubble_steps * stage_time,
         dp_comm_s: dp_comm,
+        dp_exposed_s: exposed_s,
         step_s: step,
         tokens_per_s: tokens / step,
         mfu: model_flops / step / (gpus * peak),
@@ -231,6 +250,72 @@ pub fn step_time(
         bubble_fraction: bubble_steps / mb,
         energy_estimate_j: input.device.tdp_w * gpus * step,
     }
+}
+
+/// Whether the trainer overlaps the DP collectives of `c` with compute:
+/// asked to (`overlap_grad_reduce`), and the DP group, of more than one
+/// rank, is the only group of more than one (the rule of
+/// `crate::train::step`).
+pub fn overlaps(input: &PlanInput, c: &Choice) -> bool {
+    input.overlap_grad_reduce && c.tp == 1 && c.pp == 1 && c.dp > 1
+}
+
+/// The exposed DP communication of `c` (one stage `st`, no TP, no
+/// pipeline) with `micro_batches` micro-batches of `compute_mb` seconds
+/// each, where the trainer overlaps it: each collective of the step as
+/// [`step_time`] prices it over the whole stage, cut into the units' shares
+/// by their values, replayed by [`exposed`].
+fn dp_exposed(
+    input: &PlanInput,
+    c: &Choice,
+    st: &StageParams,
+    micro_batches: usize,
+    compute_mb: f64,
+) -> f64 {
+    let m = &input.model;
+    let link = group_link(input, 1, c.dp);
+    let (bp, bg, _) = input.precision.state_bytes();
+    let elems = st.elems as f64;
+    let block = m.block_tensors(1).iter().sum::<usize>() as f64;
+    let share = block / elems;
+    let ends = (elems - st.blocks as f64 * block) / elems;
+    let grads = (bg * st.elems) as f64;
+    let params = (bp * st.elems) as f64;
+    let reduce = match c.zero {
+        ZeroStage::Off | ZeroStage::One => all_reduce(grads, c.dp, link),
+        ZeroStage::Two | ZeroStage::Three => all_gather(grads, c.dp, link),
+    };
+    let gather = if c.zero == ZeroStage::Three {
+        all_gather(params, c.dp, link)
+    } else {
+        0.0
+    };
+    let after = match c.zero {
+        ZeroStage::One | ZeroStage::Two => all_gather(params, c.dp, link),
+        _ => 0.0,
+    };
+    // Compute of one micro-batch by part: a block's forward is a third of
+    // its FLOPs without recomputation, the rest its backward.
+    let per_block = block_flops(input, c);
+    let forward = m.block_flops_per_token(input.seq) / 3.0 / per_block;
+    let (b, s) = (c.micro_batch as f64, input.seq as f64);
+    let block_s = b * s * per_block / (input.peak_flops() * input.efficiency);
+    let blocks_s = st.blocks as f64 * block_s;
+    exposed(&OverlapInput {
+        zero: c.zero,
+        blocks: st.blocks,
+        micro_batches,
+        unit_by_unit: c.zero == ZeroStage::Three || c.recompute == Recompute::Full,
+        prefetch: input.zero3_prefetch,
+        block_forward_s: forward * block_s,
+        block_backward_s: (1.0 - forward) * block_s,
+        head_s: compute_mb - blocks_s,
+        block_reduce_s: share * reduce,
+        ends_reduce_s: ends * reduce,
+        block_gather_s: share * gather,
+        ends_gather_s: 2.0 * ends * gather,
+        after_s: after,
+    })
 }
 
 #[cfg(test)]
@@ -275,7 +360,85 @@ mod tests {
             recompute: vec![Recompute::None],
             sequence_parallel: false,
             activations: ActivationModel::Korthikanti,
+            overlap_grad_reduce: false,
+            zero3_prefetch: 1,
         }
+    }
+
+    /// DDP on 2 ranks, full recomputation, one micro-batch of 4 sequences,
+    /// with and without overlap. Each block's all-reduce (~50 000 values:
+    /// 0.22 ms) outlasts a block's backward (0.08 ms), so once the last
+    /// block's reduction starts the communication thread never idles:
+    /// what compute hides is the backward of the other 3 blocks.
+    #[test]
+    fn ddp_overlap_hides_the_backward_of_all_blocks_but_the_last() {
+        let mut input = input();
+        let c = Choice {
+            dp: 2,
+            tp: 1,
+            pp: 1,
+            sp: false,
+            zero: ZeroStage::Off,
+            micro_batch: 4,
+            recompute: Recompute::Full,
+            interleave: 1,
+        };
+        // 4 blocks of about 50 000 values and made-up ends of the rest.
+        let stages = [StageParams {
+            blocks: 4,
+            elems: 300_000,
+            once_per_step: 0,
+        }];
+        let off = step_time(&input, &c, &stages, 1);
+        assert_eq!(off.dp_exposed_s, off.dp_comm_s);
+        let parts = off.compute_s + off.tp_comm_s + off.pp_comm_s + off.bubble_s + off.dp_comm_s;
+        assert!((parts / off.step_s - 1.0).abs() < 1e-12);
+        input.overlap_grad_reduce = true;
+        let on = step_time(&input, &c, &stages, 1);
+        assert_eq!(on.dp_comm_s, off.dp_comm_s);
+        assert_eq!(on.compute_s, off.compute_s);
+        let (h, s, b) = (64.0, 32.0, 4.0);
+        // A block's backward with its recomputation: the FLOPs of forward
+        // and backward without recomputation.
+        let backward = b * s * (6.0 * (12.0 * h * h) + 12.0 * s * h) / (0.5 * 1e12);
+        let want = off.dp_comm_s - 3.0 * backward;
+        assert!(
+            (on.dp_exposed_s / want - 1.0).abs() < 1e-9,
+            "{} vs {want}",
+            on.dp_exposed_s
+        );
+        assert!(((on.compute_s + want) / on.step_s - 1.0).abs() < 1e-9);
+    }
+
+    /// Where the trainer does not overlap (TP, a pipeline, one DP rank)
+    /// the estimate is the one without overlap.
+    #[test]
+    fn nothing_overlaps_beside_other_groups() {
+        let mut input = input();
+        let c = Choice {
+            dp: 2,
+            tp: 2,
+            pp: 1,
+            sp: false,
+            zero: ZeroStage::Three,
+            micro_batch: 4,
+            recompute: Recompute::Full,
+            interleave: 1,
+        };
+        let stages = [StageParams {
+            blocks: 4,
+            elems: 150_000,
+            once_per_step: 0,
+        }];
+        let off = step_time(&input, &c, &stages, 1);
+        input.overlap_grad_reduce = true;
+        assert_eq!(step_time(&input, &c, &stages, 1), off);
+        let dp2 = Choice { tp: 1, ..c };
+        let on = step_time(&input, &dp2, &stages, 1);
+        input.overlap_grad_reduce = false;
+        let off = step_time(&input, &dp2, &stages, 1);
+        assert!(on.dp_exposed_s < off.dp_exposed_s && on.step_s < off.step_s);
+        assert_eq!(on.dp_comm_s, off.dp_comm_s);
     }
 
     /// ZeRO-2 on a pipeline of 2 stages over 2 DP ranks, 4 micro-batches

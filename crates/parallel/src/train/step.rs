@@ -26,7 +26,9 @@ use crate::micro_batch::{unit_by_unit, whole_graph};
 use crate::pipeline::{Pipeline, PipelineConfig, PipelineError};
 use crate::recompute::{Recompute, RecomputeError};
 use crate::tensor::{PartialGrads, ShardError, ShardPlan, TpGroup};
-use crate::zero::{ParamSource, SourceError, UnknownParam, Zero, ZeroStage};
+use crate::zero::{
+    ParamSource, SourceError, UnknownParam, Zero, ZeroStage, DEFAULT_ZERO3_PREFETCH,
+};
 
 /// How optimizer steps are taken.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -65,6 +67,11 @@ pub struct ParallelConfig {
     /// MPI allows one thread in it at a time; elsewhere the step runs
     /// without overlap. The results are bit-identical either way.
     pub overlap_grad_reduce: bool,
+    /// ZeRO-3 with overlap: blocks whose all-gathers start ahead, while the
+    /// current block computes (`--zero3-prefetch`; 0: none). At most this
+    /// many + 1 blocks are gathered at once. Ignored by the other stages
+    /// and without overlap.
+    pub zero3_prefetch: usize,
 }
 
 impl Default for ParallelConfig {
@@ -77,6 +84,7 @@ impl Default for ParallelConfig {
             recompute: Recompute::None,
             reduce: Precision::Fp32,
             overlap_grad_reduce: true,
+            zero3_prefetch: DEFAULT_ZERO3_PREFETCH,
         }
     }
 }
@@ -334,12 +342,13 @@ where
                 model,
             ),
             (ZeroStage::Three, Some(source)) => {
-                let (zero, model) =
+                let (mut zero, model) =
                     Zero::from_source(model, source, dp, device.clone(), parallel.reduce, overlap)?;
+                zero.set_prefetch(parallel.zero3_prefetch);
                 (Box::new(zero), model)
             }
             (stage, _) => {
-                let (zero, model) = Zero::new(
+                let (mut zero, model) = Zero::new(
                     stage,
                     model,
                     dp,
@@ -348,6 +357,7 @@ where
                     parallel.reduce,
                     overlap,
                 )?;
+                zero.set_prefetch(parallel.zero3_prefetch);
                 (Box::new(zero), model)
             }
         };

@@ -32,12 +32,17 @@
 //! communication thread ([`CommThread`]) and waited for only when the step
 //! settles, in the order they started, so the next unit's backward (or
 //! the next micro-batch) runs meanwhile; stage 3 gathers through the same
-//! thread, in order with them, and prefetches: the next block's gather is
-//! started before the current block computes (one unit ahead, forward and
-//! backward), so it is not queued behind the current block's
-//! reduce-scatter. Stage 1 overlaps its all-reduce as DDP does. The values
-//! of every collective, and the order in which the results are added, are
-//! those of the run without overlap: the results are bit-identical.
+//! thread, in order with them, and prefetches: the gathers of the next
+//! `--zero3-prefetch N` blocks (default 1; 0 turns prefetch off) are
+//! started before the current block computes, forward and backward and
+//! across the turn between them, so they are not queued behind the
+//! current block's reduce-scatter ([`ahead`]). Gathered parameters are
+//! freed after use, so at most `N + 1` blocks are gathered at once, the
+//! one computing and `N` in flight, besides the embedding and head: that
+//! is prefetch's memory cost. Stage 1 overlaps its all-reduce as DDP
+//! does. The values of every collective, and the order in which the
+//! results are added, are those of the run without overlap: the results
+//! are bit-identical.
 //!
 //! Everything moves through host `f32` vectors (the [`Communicator`]
 //! contract). With `--reduce-dtype bf16` the gradients of a
@@ -50,6 +55,7 @@
 //!
 //! [`GradSync`]: crate::grad_sync::GradSync
 
+mod ahead;
 mod exchange;
 mod one_param;
 mod source;
@@ -74,6 +80,7 @@ use ferrotron_engine::params::param_names;
 use ferrotron_engine::precision::Precision;
 use serde::{Deserialize, Serialize};
 
+use self::ahead::Ahead;
 use self::exchange::{
     all_gather_unit, average_chunk, chunk_from_pieces, flat_unit, rounded_for_reduction,
     split_chunk, unit_values,
@@ -85,6 +92,11 @@ use crate::flat::tensors::{Assign, GradValues, ParamBytes, PieceTensors, Release
 use crate::flat::{param_infos, unit_params, FlatLayout, ParamInfo, Piece};
 use crate::grad_sync::norm::{group_sum, NormShares};
 use crate::grad_sync::{GradSync, Synced};
+
+/// Blocks whose gathers ZeRO-3 starts ahead by default
+/// (`--zero3-prefetch`): one, as FSDP's `forward_prefetch` and
+/// `BackwardPrefetch.BACKWARD_PRE` do.
+pub const DEFAULT_ZERO3_PREFETCH: usize = 1;
 
 /// How much of the training state is sharded over the DP ranks (`--zero`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -168,8 +180,10 @@ pub struct Zero<B: AutodiffBackend, M> {
     /// Stages 2 and 3: reduce-scatters started and not yet added, by unit,
     /// in the order they started.
     in_flight: VecDeque<(usize, Pending<Vec<f32>>)>,
-    /// Stage 3: the gather started for the unit acquired next.
-    prefetched: Mutex<Option<(usize, Pending<Vec<f32>>)>>,
+    /// Stage 3, with overlap: the gathers started for the units acquired
+    /// next, in order ([`DEFAULT_ZERO3_PREFETCH`] of them unless
+    /// [`Zero::set_prefetch`] says otherwise).
+    prefetched: Mutex<Ahead<Pending<Vec<f32>>>>,
     device: B::Device,
     /// Stage 1: the step's whole gradients.
     replicated: ReplicatedGrads<B>,
@@ -300,7 +314,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
             comm,
             overlap,
             in_flight: VecDeque::new(),
-            prefetched: Mutex::new(None),
+            prefetched: Mutex::new(Ahead::new(DEFAULT_ZERO3_PREFETCH)),
             device,
             reduced_bytes: 0,
             params: HashMap::new(),
@@ -318,6 +332,17 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
     /// The units and this rank's chunks.
     pub fn layout(&self) -> &FlatLayout {
         &self.layout
+    }
+
+    /// Stage 3 with overlap: the gathers of the next `units` blocks start
+    /// while the current one computes (0: each block is gathered when it
+    /// is acquired). At most `units + 1` blocks are gathered at once. Has
+    /// no effect on the other stages, or without overlap.
+    pub fn set_prefetch(&mut self, units: usize) {
+        self.prefetched
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .set_depth(units);
     }
 
     /// Keeps this rank's pieces of every parameter and releases the rest.
@@ -395,16 +420,11 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
     /// Stage 3: all-gathers the parameters of unit `u` into `model` (the
     /// gather prefetched for `u`, if any).
     fn gather(&self, u: usize, model: M, require_grad: bool) -> Result<M, CommError> {
-        let prefetched = {
-            let mut slot = self.prefetched.lock().unwrap_or_else(|e| e.into_inner());
-            match slot.take() {
-                Some((p, pending)) if p == u => Some(pending),
-                other => {
-                    *slot = other;
-                    None
-                }
-            }
-        };
+        let prefetched = self
+            .prefetched
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take(u);
         let flat = prefetched.unwrap_or_else(|| self.start_gather(u)).wait()?;
         let values = unit_values(&self.layout.units()[u], &flat);
         Ok(self.assign(values, model, require_grad))
@@ -581,18 +601,15 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> GradSync<B, M> for Z
         }
     }
 
-    fn prefetch(&self, unit: LmUnit) -> Result<(), CommError> {
+    fn prefetch(&self, next: &[LmUnit]) -> Result<(), CommError> {
         if self.stage != ZeroStage::Three || !self.overlap {
             return Ok(());
         }
-        let u = unit.index(self.blocks);
-        let pending = self.start_gather(u);
-        let mut slot = self.prefetched.lock().unwrap_or_else(|e| e.into_inner());
-        // One unit ahead: a prefetch never acquired is waited for (every
-        // rank started it) and dropped.
-        if let Some((_, unused)) = slot.replace((u, pending)) {
-            unused.wait()?;
-        }
+        let next: Vec<usize> = next.iter().map(|u| u.index(self.blocks)).collect();
+        self.prefetched
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .fill(&next, |u| self.start_gather(u));
         Ok(())
     }
 
@@ -611,12 +628,15 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> GradSync<B, M> for Z
     }
 
     fn settle(&mut self) -> Result<(), CommError> {
-        let unused = self
+        // Gathers started and never acquired are waited for (every rank
+        // started them) and dropped.
+        let unused: Vec<_> = self
             .prefetched
             .get_mut()
             .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some((_, pending)) = unused {
+            .drain()
+            .collect();
+        for pending in unused {
             pending.wait()?;
         }
         match self.stage {

@@ -251,6 +251,9 @@ fn published_layouts_rank_among_the_top_three() {
             recompute: vec![Recompute::Full],
             sequence_parallel: run.sp,
             activations: ActivationModel::Korthikanti,
+            // Priced as they always were here: nothing overlapped.
+            overlap_grad_reduce: false,
+            zero3_prefetch: 1,
         };
         let p = plan(&input);
         let layouts = p.layouts();
