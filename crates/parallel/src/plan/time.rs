@@ -28,7 +28,13 @@
 //!   gradients, which the first and last stage sum once after the
 //!   schedule, are reduce-scattered once per step.
 //!
-//! Groups are placed in Megatron's rank order (TP innermost, then DP, then
+//! - Context parallelism: each rank computes and communicates for its
+//!   `s / cp` tokens of every sequence (its attention over all `s` keys);
+//!   the ring's transfers beside each block's attention cost what the
+//!   attention does not hide ([`super::ring`]); the gradients are reduced,
+//!   and ZeRO shards, over the DP x CP group.
+//!
+//! Groups are placed in Megatron's rank order (TP innermost, then CP, DP,
 //! PP): a group stays within a node when the consecutive ranks it spans
 //! divide `gpus_per_node`, and otherwise runs at the inter-node link's
 //! speed.
@@ -38,6 +44,7 @@ use serde::Serialize;
 use super::activation::Recompute;
 use super::comm::{all_gather, all_reduce, p2p};
 use super::link::Link;
+use super::ring::ring_exposed_s;
 use super::{Choice, PlanInput};
 use crate::zero::ZeroStage;
 
@@ -48,6 +55,9 @@ pub struct TimeEstimate {
     pub compute_s: f64,
     /// Tensor-parallel collectives.
     pub tp_comm_s: f64,
+    /// The context-parallel ring's transfers that the attention does not
+    /// hide.
+    pub cp_comm_s: f64,
     /// Pipeline sends and receives.
     pub pp_comm_s: f64,
     /// The pipeline bubble (idle stage time).
@@ -114,7 +124,8 @@ pub struct StageParams {
 /// head on the last), with `micro_batches` micro-batches per DP rank.
 ///
 /// Each stage's slot (the time of one micro-batch's forward and backward)
-/// is its compute, its TP collectives, the pipeline sends and, under
+/// is its compute, its TP collectives, its ring transfers, the pipeline
+/// sends and, under
 /// ZeRO-2, the reduce-scatter of the gradients of that backward (`v` of
 /// them, one per chunk, with `v` interleaved chunks): the trainer runs it
 /// inside each backward, before the stage moves on, so it lengthens every
@@ -126,7 +137,8 @@ pub fn step_time(
     micro_batches: usize,
 ) -> TimeEstimate {
     let m = &input.model;
-    let (s, b) = (input.seq as f64, c.micro_batch as f64);
+    // This rank's tokens of each sequence (all of them without CP).
+    let (s, b) = (input.seq as f64 / c.cp as f64, c.micro_batch as f64);
     let h = m.hidden as f64;
     let e = input.precision.activation_bytes() as f64;
     let per_block = block_flops(input, c);
@@ -145,7 +157,10 @@ pub fn step_time(
         4.0
     };
 
-    let pp_link = group_link(input, c.tp * c.dp, c.pp);
+    // The ring's exposed transfers of one micro-batch through one block.
+    let ring_block = ring_exposed_s(input, c, group_link(input, c.tp, c.cp));
+
+    let pp_link = group_link(input, c.tp * c.cp * c.dp, c.pp);
     let pp_mb = if c.pp > 1 {
         let bytes = act_bytes / if c.sp { c.tp as f64 } else { 1.0 };
         2.0 * p2p(bytes, pp_link) * c.interleave as f64
@@ -153,12 +168,14 @@ pub fn step_time(
         0.0
     };
 
-    let dp_link = group_link(input, c.tp, c.dp);
+    // The gradient group, DP x CP (its ranks `tp` apart).
+    let grad_ranks = c.dp * c.cp;
+    let dp_link = group_link(input, c.tp, grad_ranks);
     let (bp, bg, _) = input.precision.state_bytes();
     let chunks = c.interleave as f64;
-    // One stage's slot by part: (compute, TP collectives, ZeRO-2's
-    // reduce-scatters), seconds per micro-batch.
-    let slot = |i: usize, st: &StageParams| -> (f64, f64, f64) {
+    // One stage's slot by part: [compute, TP collectives, the ring,
+    // ZeRO-2's reduce-scatters], seconds per micro-batch.
+    let slot = |i: usize, st: &StageParams| -> [f64; 4] {
         let head = if i + 1 == stages.len() {
             m.head_flops_per_token()
         } else {
@@ -167,25 +184,26 @@ pub fn step_time(
         let flops = b * s * (st.blocks as f64 * per_block + head);
         let compute = flops / c.tp as f64 / (peak * input.efficiency);
         let tp = st.blocks as f64 * collectives * per_collective;
+        let ring = st.blocks as f64 * ring_block;
         let rs = if c.zero == ZeroStage::Two {
             let grads = (bg * (st.elems - st.once_per_step)) as f64;
-            chunks * all_gather(grads / chunks, c.dp, dp_link)
+            chunks * all_gather(grads / chunks, grad_ranks, dp_link)
         } else {
             0.0
         };
-        (compute, tp, rs)
+        [compute, tp, ring, rs]
     };
-    let (compute_mb, tp_mb, rs_mb) = stages
+    let [compute_mb, tp_mb, ring_mb, rs_mb] = stages
         .iter()
         .enumerate()
         .map(|(i, st)| slot(i, st))
         .max_by(|x, y| {
-            let total = |t: &(f64, f64, f64)| t.0 + t.1 + t.2;
+            let total = |t: &[f64; 4]| t.iter().sum::<f64>();
             total(x).partial_cmp(&total(y)).expect("times are finite")
         })
         .expect("at least one stage");
     let mb = micro_batches as f64;
-    let stage_time = compute_mb + tp_mb + pp_mb + rs_mb;
+    let stage_time = compute_mb + tp_mb + ring_mb + pp_mb + rs_mb;
     let bubble_steps = (c.pp - 1) as f64 / c.interleave as f64;
 
     // Data-parallel collectives outside the schedule, of the stage that
@@ -193,19 +211,20 @@ pub fn step_time(
     let outside = |st: &StageParams| -> f64 {
         let grads = (bg * st.elems) as f64;
         let params = (bp * st.elems) as f64;
+        let k = grad_ranks;
         match c.zero {
-            ZeroStage::Off => all_reduce(grads, c.dp, dp_link),
-            ZeroStage::One => all_reduce(grads, c.dp, dp_link) + all_gather(params, c.dp, dp_link),
+            ZeroStage::Off => all_reduce(grads, k, dp_link),
+            ZeroStage::One => all_reduce(grads, k, dp_link) + all_gather(params, k, dp_link),
             ZeroStage::Two => {
                 let tied = if st.once_per_step > 0 {
-                    all_gather((bg * st.once_per_step) as f64, c.dp, dp_link)
+                    all_gather((bg * st.once_per_step) as f64, k, dp_link)
                 } else {
                     0.0
                 };
-                tied + all_gather(params, c.dp, dp_link)
+                tied + all_gather(params, k, dp_link)
             }
             ZeroStage::Three => {
-                mb * (2.0 * all_gather(params, c.dp, dp_link) + all_gather(grads, c.dp, dp_link))
+                mb * (2.0 * all_gather(params, k, dp_link) + all_gather(grads, k, dp_link))
             }
         }
     };
@@ -213,7 +232,7 @@ pub fn step_time(
     let dp_comm = mb * rs_mb + dp_outside;
     let step = (mb + bubble_steps) * stage_time + dp_outside;
     let tokens = (input.global_batch * input.seq) as f64;
-    let gpus = (c.dp * c.tp * c.pp) as f64;
+    let gpus = (c.dp * c.cp * c.tp * c.pp) as f64;
     let model_flops = m.train_flops_per_token(input.seq) * tokens;
     let hardware_flops = (m.train_flops_per_token(input.seq)
         + m.layers as f64 * (per_block - m.block_flops_per_token(input.seq)))
@@ -221,6 +240,7 @@ pub fn step_time(
     TimeEstimate {
         compute_s: mb * compute_mb,
         tp_comm_s: mb * tp_mb,
+        cp_comm_s: mb * ring_mb,
         pp_comm_s: mb * pp_mb,
         bubble_s: bubble_steps * stage_time,
         dp_comm_s: dp_comm,
@@ -274,6 +294,7 @@ mod tests {
             zero_stages: vec![ZeroStage::Two],
             recompute: vec![Recompute::None],
             sequence_parallel: false,
+            context_parallel: false,
             activations: ActivationModel::Korthikanti,
         }
     }
@@ -315,6 +336,7 @@ mod tests {
             let c = Choice {
                 dp: 2,
                 tp: 1,
+                cp: 1,
                 pp: 2,
                 sp: false,
                 zero: ZeroStage::Two,
@@ -343,7 +365,8 @@ mod tests {
             );
             assert!((t.bubble_s - last / v_).abs() < 1e-15);
             assert!((t.dp_comm_s - (4.0 * rs(50_000.0) + after)).abs() < 1e-15);
-            let parts = t.compute_s + t.tp_comm_s + t.pp_comm_s + t.bubble_s + t.dp_comm_s;
+            let parts =
+                t.compute_s + t.tp_comm_s + t.cp_comm_s + t.pp_comm_s + t.bubble_s + t.dp_comm_s;
             assert!((parts / t.step_s - 1.0).abs() < 1e-12);
         }
     }
