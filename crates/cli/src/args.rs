@@ -219,6 +219,9 @@ pub struct PlanArgs {
     /// Do not try sequence parallelism.
     #[arg(long)]
     pub no_sp: bool,
+    /// Do not try context parallelism (a ring of cp ranks per sequence).
+    #[arg(long)]
+    pub no_cp: bool,
     /// How activations are counted: korthikanti (Korthikanti et al. 2022: fused kernels,
     /// Megatron-LM, Ferrotron on GPUs) or ferrotron-cpu (what Burn's autodiff keeps on
     /// Ferrotron's default CPU path, counted primitive by primitive and node by node).

@@ -251,6 +251,7 @@ pub fn input(a: &PlanArgs) -> anyhow::Result<(String, PlanInput)> {
             zero_stages,
             recompute,
             sequence_parallel: !a.no_sp,
+            context_parallel: !a.no_cp,
             activations,
             overlap_grad_reduce: a.overlap_grad_reduce.unwrap_or(true),
             zero3_prefetch: a.zero3_prefetch,
@@ -267,7 +268,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             .map_err(|e| usage(format!("--explain: {e}")))?;
         if !choices(&input).contains(&c) {
             return Err(usage(format!(
-                "--explain: {label} is not a layout the planner tries here (dp x tp x pp must be {}, tp must divide the heads, dp the global batch {}, the micro-batch each DP rank's share; ZeRO 1-3 need dp above 1, ZeRO-3 no pipeline)",
+                "--explain: {label} is not a layout the planner tries here (dp x cp x tp x pp must be {}, tp must divide the heads, dp the global batch {}, the micro-batch each DP rank's share, 2 x cp the sequence; ZeRO 1-3 need dp x cp above 1, ZeRO-3 no pipeline)",
                 input.gpus, input.global_batch
             )));
         }

@@ -42,6 +42,7 @@ pub fn emit_config(
     job.schedule.grad_accum = input.global_batch / (c.dp * c.micro_batch);
     let par = &mut job.parallelism;
     (par.dp, par.tp, par.pp, par.sp, par.zero) = (Some(c.dp), c.tp, c.pp, c.sp, c.zero);
+    par.cp = c.cp;
     par.recompute = Some(c.recompute);
     // The overlap and prefetch the step was priced with.
     par.overlap_grad_reduce = input.overlap_grad_reduce;

@@ -6,8 +6,9 @@
 //! Per rank it counts the fuller of the first and the last pipeline stage:
 //! f32 parameters, gradients and AdamW's two moments (4 + 4 + 8 bytes per
 //! parameter the rank holds: its TP slice of its stage's blocks, sharded
-//! over DP by the ZeRO stage as the trainer lays them out), the
-//! activations of the micro-batches in flight (the planner's activation
+//! over DP x CP by the ZeRO stage as the trainer lays them out), the
+//! activations of the micro-batches in flight, of this rank's
+//! `seq_len / cp` tokens under context parallelism (the planner's activation
 //! model: [`ActivationModel::FerrotronCpu`] on the CPU path, Korthikanti et
 //! al. elsewhere; f32 elements), and the step's buffers (two gradient
 //! buckets, or one gathered ZeRO-3 unit). No reserve is added: the check
@@ -94,6 +95,7 @@ pub fn job_memory(
     let choice = Choice {
         dp: mesh.dp,
         tp: mesh.tp,
+        cp: mesh.cp,
         pp: mesh.pp,
         sp: par.sp,
         zero: par.zero,
@@ -109,8 +111,8 @@ pub fn job_memory(
 fn remedies(c: &JobConfig, recompute: Recompute) -> String {
     let par = &c.parallelism;
     let mut ways = vec![format!(
-        "raise --tp (now {}) or --pp (now {}) over more ranks",
-        par.tp, par.pp
+        "raise --tp (now {}), --cp (now {}) or --pp (now {}) over more ranks",
+        par.tp, par.cp, par.pp
     )];
     // ZeRO-3 cannot run on pipeline stages.
     let top = if par.pp > 1 {

@@ -2,11 +2,13 @@
 //! loss's mask split over the ring), Llama (grouped-query attention) and
 //! BLOOM (ALiBi) minis, `mpirun` runs with `--cp 2`, for gpt-mini and
 //! llama-mini `--cp 2` x dp 2 under ZeRO-1 and ZeRO-3, and for llama-mini
-//! `--cp 2` + `--tp 2` with sequence parallelism, equal the one-rank
+//! `--cp 2` + `--tp 2` with sequence parallelism, and for all three
+//! `--cp 2` x `--pp 2` (1F1B: each stage's ring passes its chunks' hidden
+//! states to the same ring rank of the next stage), equal the one-rank
 //! run on the same global batch after 5 optimizer steps: losses and
 //! gradient norms within 1e-5 relative, and the final weights (the step-1
 //! gradients are compared per tensor at 1e-5 in the job crate's
-//! `gradients_parallel` tests). Six `mpirun` launches and three one-rank
+//! `gradients_parallel` tests). Nine `mpirun` launches and three one-rank
 //! runs, 32-token sequences (4 chunks of 8 on a ring of 2).
 //!
 //! Needs the binary built with the `mpi` feature and Open MPI's `mpirun`
@@ -52,7 +54,7 @@ fn cp_matches_single_rank(model: &str, extra: &[&str], layouts: &[(&str, usize, 
 }
 
 #[test]
-fn gpt_cp2_and_cp2_dp2_zero1_with_goldfish_equal_single_rank() {
+fn gpt_cp2_cp2_dp2_zero1_and_cp2_pp2_with_goldfish_equal_single_rank() {
     if !mpi_built() {
         return;
     }
@@ -62,12 +64,13 @@ fn gpt_cp2_and_cp2_dp2_zero1_with_goldfish_equal_single_rank() {
         &[
             ("cp2", 2, "2", &["--cp", "2"]),
             ("cp2-dp2-zero1", 4, "1", &["--cp", "2", "--zero", "1"]),
+            ("cp2-pp2", 4, "2", &["--cp", "2", "--pp", "2"]),
         ],
     );
 }
 
 #[test]
-fn llama_cp2_cp2_dp2_zero3_and_cp2_tp2_sp_equal_single_rank() {
+fn llama_cp2_cp2_dp2_zero3_cp2_tp2_sp_and_cp2_pp2_equal_single_rank() {
     if !mpi_built() {
         return;
     }
@@ -78,14 +81,22 @@ fn llama_cp2_cp2_dp2_zero3_and_cp2_tp2_sp_equal_single_rank() {
             ("cp2", 2, "2", &["--cp", "2"]),
             ("cp2-dp2-zero3", 4, "1", &["--cp", "2", "--zero", "3"]),
             ("cp2-tp2-sp", 4, "2", &["--cp", "2", "--tp", "2", "--sp"]),
+            ("cp2-pp2", 4, "2", &["--cp", "2", "--pp", "2"]),
         ],
     );
 }
 
 #[test]
-fn bloom_cp2_equals_single_rank() {
+fn bloom_cp2_and_cp2_pp2_equal_single_rank() {
     if !mpi_built() {
         return;
     }
-    cp_matches_single_rank("bloom-mini", &[], &[("cp2", 2, "2", &["--cp", "2"])]);
+    cp_matches_single_rank(
+        "bloom-mini",
+        &[],
+        &[
+            ("cp2", 2, "2", &["--cp", "2"]),
+            ("cp2-pp2", 4, "2", &["--cp", "2", "--pp", "2"]),
+        ],
+    );
 }

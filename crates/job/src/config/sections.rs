@@ -109,7 +109,9 @@ job_sections! {
         sp: bool = false, flag sp: bool;
         /// Context-parallel degree: each sequence is cut into 2 x cp chunks, rank r of the ring
         /// holding chunks r and 2cp-1-r, and attention passes keys and values around the ring
-        /// (ring attention); seq_len must be a multiple of 2 x cp. Not yet with pp above 1.
+        /// (ring attention); seq_len must be a multiple of 2 x cp. Composes with tp (and sp), dp,
+        /// ZeRO and pp (each stage's ring passes its rank's chunks to the same ring rank of the
+        /// next stage); fp32 only.
         cp: usize = 1, flag cp: usize;
         /// Pipeline-parallel degree: the blocks split into pp contiguous stages (embedding on the
         /// first, final norm, head and loss on the last); a step's micro-batches are its

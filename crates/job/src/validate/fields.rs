@@ -187,8 +187,7 @@ fn check_combinations(c: &JobConfig, p: &mut Problems) {
 }
 
 /// Context parallelism: the sequence must cut into `2 x cp` chunks (and
-/// under sequence parallelism each rank's chunks split over tp); the
-/// composition not built yet (pp) is refused.
+/// under sequence parallelism each rank's chunks split over tp).
 fn check_cp(c: &JobConfig, p: &mut Problems) {
     let (par, seq) = (&c.parallelism, c.schedule.seq_len);
     if par.cp < 2 {
@@ -202,16 +201,6 @@ fn check_cp(c: &JobConfig, p: &mut Problems) {
                 "{}: --seq-len {seq} must be a multiple of 2 x cp = {} (each sequence is cut into 2 x cp chunks)",
                 par.cp,
                 2 * par.cp
-            ),
-        );
-    }
-    if par.pp > 1 {
-        p.key(
-            "parallelism",
-            "cp",
-            format!(
-                "{} with --pp {}: context parallelism is not implemented with pipeline parallelism yet",
-                par.cp, par.pp
             ),
         );
     }

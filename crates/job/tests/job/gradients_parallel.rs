@@ -4,8 +4,8 @@
 //! (ALiBi) minis: tp2, tp2 with sequence parallelism, pp2 (1F1B and
 //! interleaved), dp2, dp2 ZeRO-1 and cp2 on 2 ranks; tp2 x pp2, tp2 with
 //! sequence parallelism x pp2, tp2 x dp2, cp4, cp2 + tp2 (with and
-//! without sequence parallelism), and cp2 x dp2 under ZeRO-1 and ZeRO-3
-//! on 4 ranks. Two `mpirun`
+//! without sequence parallelism), cp2 x dp2 under ZeRO-1 and ZeRO-3, and
+//! cp2 x pp2 (1F1B and interleaved) on 4 ranks. Two `mpirun`
 //! launches of this binary's ignored workers; each rank computes the
 //! one-rank gradients itself (cheap at this size) and compares on every
 //! rank.
@@ -108,7 +108,7 @@ mod worker {
             ("dp2-zero1", |c| c.parallelism.zero = ZeroStage::One),
             ("cp2", |c| c.parallelism.cp = 2),
         ];
-        let four: [Layout; 8] = [
+        let four: [Layout; 10] = [
             ("tp2-pp2", |c| {
                 c.parallelism.tp = 2;
                 c.parallelism.pp = 2;
@@ -136,6 +136,16 @@ mod worker {
             ("cp2-dp2-zero3", |c| {
                 c.parallelism.cp = 2;
                 c.parallelism.zero = ZeroStage::Three;
+            }),
+            ("cp2-pp2", |c| {
+                c.parallelism.cp = 2;
+                c.parallelism.pp = 2;
+            }),
+            ("cp2-pp2-interleaved", |c| {
+                c.parallelism.cp = 2;
+                c.parallelism.pp = 2;
+                c.parallelism.pp_schedule = PpSchedule::Interleaved;
+                c.parallelism.pp_virtual = 2;
             }),
         ];
         match ranks {

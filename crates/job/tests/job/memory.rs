@@ -3,6 +3,7 @@
 //! `--no-memory-check`, which lets the same job validate.
 
 use ferrotron_engine::backend::BackendKind;
+use ferrotron_engine::metrics::available_memory_bytes;
 use ferrotron_job::memory::job_memory;
 use ferrotron_job::{JobConfig, World};
 use ferrotron_models::presets::preset;
@@ -10,6 +11,7 @@ use ferrotron_models::{DecoderConfig, MlpKind, NormKind, Position};
 use ferrotron_parallel::mesh::Mesh;
 use ferrotron_parallel::recompute::Recompute;
 use ferrotron_parallel::zero::ZeroStage;
+use ferrotron_test_support::skip::skip;
 
 /// A GPT-2-style model small enough to count by hand: vocabulary 64,
 /// width 8, 2 blocks of 2 heads, MLP 32, 16 learned positions, LayerNorm,
@@ -27,6 +29,12 @@ fn tiny() -> DecoderConfig {
 /// Bytes per rank of `tiny()` at micro-batch 2 x 16 tokens, buckets of
 /// 1024 f32 values, no vocabulary padding beyond tp.
 fn bytes(dp: usize, tp: usize, pp: usize, zero: ZeroStage, grad_accum: usize) -> (f64, String) {
+    let mesh = Mesh::new(Some(dp), tp, pp, dp * tp * pp).unwrap();
+    bytes_on(mesh, zero, grad_accum)
+}
+
+/// [`bytes`] on `mesh`.
+fn bytes_on(mesh: Mesh, zero: ZeroStage, grad_accum: usize) -> (f64, String) {
     let mut c = JobConfig::default();
     c.schedule.micro_batch = 2;
     c.schedule.seq_len = 16;
@@ -34,7 +42,7 @@ fn bytes(dp: usize, tp: usize, pp: usize, zero: ZeroStage, grad_accum: usize) ->
     c.parallelism.bucket_mb = 1.0 / 256.0;
     c.parallelism.make_vocab_size_divisible_by = 1;
     c.parallelism.zero = zero;
-    let mesh = Mesh::new(Some(dp), tp, pp, dp * tp * pp).unwrap();
+    c.parallelism.cp = mesh.cp;
     let recompute = if zero == ZeroStage::Three {
         Recompute::Full
     } else {
@@ -90,6 +98,79 @@ fn estimate_zero3_shards_every_class_over_dp() {
     let state = 4.0 * (1200.0 + 36.0) + 4.0 * 1200.0 + 8.0 * 1200.0;
     let want = state + 2.0 * 1024.0 + 10624.0 + 16896.0 + 8.0 * 872.0;
     assert_eq!(bytes(2, 1, 1, ZeroStage::Three, 1), (want, "only".into()));
+}
+
+#[test]
+fn estimate_cp2_counts_half_the_tokens_and_shards_over_dp_x_cp() {
+    // A ring of 2 (dp 1): ZeRO-3 shards over DP x CP, so the state is
+    // dp 2's above. Each rank holds 8 of the 16 tokens: T = 16 per
+    // micro-batch, so a block's input is 4 T h = 512 bytes; the rebuilt
+    // block 4 x (2(T h + 2T) + 2 T h + 4 T h + 2 T f) = 8448 plus the ring
+    // node's f32 output and log-sum-exp, 4 T (h + heads) = 640; the output
+    // layer 4 x (2 T h + 2T) + 4 T V + 4 T = 5312.
+    let state = 4.0 * (1200.0 + 36.0) + 4.0 * 1200.0 + 8.0 * 1200.0;
+    let want = state + 2.0 * 512.0 + 5312.0 + (8448.0 + 640.0) + 8.0 * 872.0;
+    let mesh = Mesh::with_cp(Some(1), 1, 2, 1, 2).unwrap();
+    assert_eq!(bytes_on(mesh, ZeroStage::Three, 1), (want, "only".into()));
+}
+
+/// A Llama mini at a length whose activations on one rank need twice
+/// this host's available memory: refused without context parallelism,
+/// accepted on a ring of 8 ranks (each holding an eighth of every
+/// sequence; one rank per host, as no launcher says otherwise).
+#[test]
+fn a_job_that_fits_only_because_of_cp_is_not_refused() {
+    let Some(have) = available_memory_bytes() else {
+        skip("no MemAvailable in /proc/meminfo: the pre-check is not done here");
+        return;
+    };
+    let out = std::env::temp_dir().join(format!("ferrotron-memory-cp-{}", std::process::id()));
+    let job = |seq: usize, cp: usize| {
+        let mut c = JobConfig::default();
+        c.model.name = "llama-mini".into();
+        c.model.max_seq_len = Some(seq);
+        c.schedule.seq_len = seq;
+        c.parallelism.cp = cp;
+        c.checkpoint.out = Some(out.clone());
+        c
+    };
+    let world = |cp: usize| World {
+        world_size: cp,
+        ..World::SINGLE
+    };
+    // One rank's need, by the estimate the check makes.
+    let need = |seq: usize, cp: usize| {
+        let mut c = job(seq, cp);
+        c.parallelism.memory_check = false;
+        let v = c.validate(&world(cp)).unwrap();
+        let m = job_memory(
+            v.model(),
+            v.config(),
+            v.mesh(),
+            Recompute::None,
+            v.backend(),
+        );
+        m.unwrap().total()
+    };
+    let mut seq = 1 << 12;
+    while need(seq, 1) <= 2.0 * have as f64 {
+        seq *= 2;
+    }
+    assert!(need(seq, 8) < have as f64 / 2.0, "cp 8 at seq {seq}");
+    let Err(problems) = job(seq, 1).validate(&world(1)) else {
+        panic!("seq {seq} on one rank passed the memory pre-check");
+    };
+    let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(
+        lines[0].contains("memory: the job needs about"),
+        "{}",
+        lines[0]
+    );
+    assert!(lines[0].contains("--cp (now 1)"), "{}", lines[0]);
+    let ring = job(seq, 8).validate(&world(8));
+    assert!(ring.is_ok(), "seq {seq} on a ring of 8: {:?}", ring.err());
+    assert!(!out.exists());
 }
 
 /// llama3-70b on this host (1.1 TB of training state alone) with an

@@ -25,8 +25,8 @@ use ferrotron_models::layers::position::alibi_slopes;
 use ferrotron_models::ops::{
     attention_reference, attention_reference_backward, HostBlockAttention,
 };
-use ferrotron_parallel::context::pairing::source;
-use ferrotron_parallel::context::{ChunkLayout, HeadBuf, Kept, RingBackward, RingForward};
+use ferrotron_parallel::context::simulate::{rank_part, simulate_ring};
+use ferrotron_parallel::context::{ChunkLayout, HeadBuf, Kept};
 
 use ferrotron_test_support::mpirun;
 use ferrotron_test_support::skip::skip;
@@ -150,15 +150,6 @@ fn one_rank(c: Case, [q, k, v, d_out]: &[HeadBuf; 4]) -> [HeadBuf; 5] {
     [buf(out), lse, buf(dq), buf(dk), buf(dv)]
 }
 
-/// Rank `rank`'s part of whole-sequence rows `x` `[batch, heads, seq, w]`.
-fn part(layout: ChunkLayout, x: &HeadBuf, rank: usize) -> HeadBuf {
-    let [b, h, _, w] = x.dims;
-    HeadBuf::new(
-        [b, h, layout.local_len(), w],
-        layout.split(&x.data, w, rank),
-    )
-}
-
 const NAMES: [&str; 5] = ["out", "lse", "dq", "dk", "dv"];
 
 /// Within 1e-5 of the largest value of `want`.
@@ -177,53 +168,6 @@ fn assert_close(got: &HeadBuf, want: &HeadBuf, what: &str) {
     );
 }
 
-/// The ring of `cp` ranks in one process: every rank's forward steps,
-/// then every rank's backward steps, each step's `dk`, `dv` added to the
-/// block's owner; the results put back in sequence order.
-fn simulated(kernel: &HostBlockAttention, cp: usize, whole: &[HeadBuf; 4]) -> [HeadBuf; 5] {
-    let layout = ChunkLayout::new(SEQ, cp).unwrap();
-    let [qs, ks, vs, gs] = whole
-        .each_ref()
-        .map(|x| (0..cp).map(|r| part(layout, x, r)).collect::<Vec<_>>());
-    let mut outs = Vec::new();
-    for (r, q) in qs.iter().enumerate() {
-        let mut state = RingForward::new(kernel, layout, r, q);
-        for t in 0..cp {
-            let s = source(r, t, cp);
-            state.step(s, &ks[s], &vs[s]);
-        }
-        outs.push(state.finish());
-    }
-    let mut dks: Vec<HeadBuf> = ks.iter().map(|x| HeadBuf::filled(x.dims, 0.0)).collect();
-    let mut dvs = dks.clone();
-    let mut dqs = Vec::new();
-    for r in 0..cp {
-        let (out, lse) = &outs[r];
-        let kept = Kept {
-            q: &qs[r],
-            k: &ks[r],
-            v: &vs[r],
-            out,
-            lse,
-        };
-        let mut state = RingBackward::new(kernel, layout, r, kept, &gs[r]);
-        for t in 0..cp {
-            let s = source(r, t, cp);
-            let [dk, dv] = state.step(s, &ks[s], &vs[s]);
-            dks[s].add(&dk);
-            dvs[s].add(&dv);
-        }
-        dqs.push(state.finish());
-    }
-    let join = |parts: Vec<HeadBuf>| {
-        let [b, h, _, w] = parts[0].dims;
-        let data: Vec<Vec<f32>> = parts.into_iter().map(|p| p.data).collect();
-        HeadBuf::new([b, h, SEQ, w], layout.unsplit(&data, w))
-    };
-    let (out, lse): (Vec<HeadBuf>, Vec<HeadBuf>) = outs.into_iter().unzip();
-    [join(out), join(lse), join(dqs), join(dks), join(dvs)]
-}
-
 #[test]
 fn simulated_rings_of_1_2_4_and_8_ranks_equal_the_one_rank_attention() {
     for (n, c) in CASES.into_iter().enumerate() {
@@ -231,7 +175,7 @@ fn simulated_rings_of_1_2_4_and_8_ranks_equal_the_one_rank_attention() {
         let want = one_rank(c, &whole);
         let kernel = HostBlockAttention::new(slopes(c));
         for cp in [1, 2, 4, 8] {
-            let got = simulated(&kernel, cp, &whole);
+            let got = simulate_ring(&kernel, cp, whole.each_ref()).unwrap();
             for ((g, w), name) in got.iter().zip(&want).zip(NAMES) {
                 assert_close(g, w, &format!("{c:?} cp {cp}: {name}"));
             }
@@ -287,7 +231,7 @@ mod worker {
                 // Each replica its own data.
                 let whole = inputs(c, (n + 10 * groups.coord().dp) as u64 + 1);
                 let want = one_rank(c, &whole);
-                let [q, k, v, d_out] = whole.each_ref().map(|x| part(layout, x, rank));
+                let [q, k, v, d_out] = whole.each_ref().map(|x| rank_part(layout, x, rank));
                 let kernel = HostBlockAttention::new(slopes(c));
                 let (out, lse) = ring_forward(ring.as_ref(), &kernel, layout, &q, &k, &v).unwrap();
                 let kept = Kept {
@@ -301,7 +245,7 @@ mod worker {
                     ring_backward(ring.as_ref(), &kernel, layout, kept, &d_out).unwrap();
                 for ((g, w), name) in [out, lse, dq, dk, dv].iter().zip(&want).zip(NAMES) {
                     let what = format!("dp {dp} x cp {cp}, rank {rank}, {c:?}: {name}");
-                    assert_close(g, &part(layout, w, rank), &what);
+                    assert_close(g, &rank_part(layout, w, rank), &what);
                 }
             }
         }

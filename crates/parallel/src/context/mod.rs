@@ -40,6 +40,12 @@
 //! `dv` of its own keys. Traffic per rank: K/V `cp - 1` times forward and
 //! backward, `dk`, `dv` `cp` times.
 //!
+//! # In one process ([`simulate_ring`])
+//!
+//! The same steps with the transfers replaced by indexing: every rank's
+//! forward, then every rank's backward, in one process; the tests check
+//! it against the one-rank attention.
+//!
 //! # In training ([`CpOps`], [`ring_mean`])
 //!
 //! [`CpOps::ring_attention`] makes the ring one node of the autodiff
@@ -54,11 +60,13 @@
 //! trainer weights each rank's loss by `cp`, as Megatron-Core does, since
 //! that group averages. The job layer's key is `parallelism.cp` (`--cp`).
 //!
+//! With pipeline parallelism each stage runs its own ring and sends its
+//! rank's chunks' hidden states (`seq / cp` rows) to the same CP rank of
+//! the next stage; the planner prices the ring in `plan::ring`.
+//!
 //! # Not done yet
 //!
-//! - CP with PP in one mesh (refused by the job's validation; CP with TP
-//!   and SP runs);
-//! - the planner's CP model (activations divided by `cp`, ring traffic);
+//! - CP with bf16 or fp16 compute (refused by the job's validation);
 //! - the CubeCL kernels' `(output, lse)` form with global positions as the
 //!   block kernel on GPUs (today the CPU core runs on host copies there);
 //!   the CPU block's bias `[heads or 1, len_q, len_k]` is built per step (a
@@ -71,6 +79,7 @@ mod forward;
 mod loss;
 mod ops;
 pub mod pairing;
+pub mod simulate;
 pub mod split;
 mod transport;
 
@@ -80,6 +89,7 @@ pub use forward::{ring_forward, RingForward};
 pub use loss::ring_mean;
 pub use ops::{CpOps, RingAttention};
 pub use pairing::Pairing;
+pub use simulate::simulate_ring;
 pub use split::{ChunkLayout, SplitError};
 
 #[cfg(test)]

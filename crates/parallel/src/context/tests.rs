@@ -4,7 +4,6 @@
 //! ranks' steps in a loop, blocks handed over by index), and the
 //! communicator drivers on one rank.
 
-use super::pairing::source;
 use super::*;
 use crate::comm::SingleProcess;
 
@@ -145,71 +144,6 @@ fn whole(kernel: &Plain, q: &HeadBuf, k: &HeadBuf, v: &HeadBuf, d_out: &HeadBuf)
     [out, lse, dq, dk, dv]
 }
 
-/// The ring of `cp` ranks run in one process: every rank's forward
-/// steps, then every rank's backward steps, each step's `dk`, `dv` added
-/// to the block's owner; the results put back in sequence order.
-fn simulated(
-    kernel: &Plain,
-    cp: usize,
-    q: &HeadBuf,
-    k: &HeadBuf,
-    v: &HeadBuf,
-    d_out: &HeadBuf,
-) -> [HeadBuf; 5] {
-    let layout = ChunkLayout::new(q.dims[2], cp).unwrap();
-    let part = |x: &HeadBuf, r: usize| {
-        let [b, h, _, d] = x.dims;
-        HeadBuf::new([b, h, layout.local_len(), d], layout.split(&x.data, d, r))
-    };
-    let [qs, ks, vs, gs]: [Vec<HeadBuf>; 4] =
-        [q, k, v, d_out].map(|x| (0..cp).map(|r| part(x, r)).collect());
-    let mut outs = Vec::new();
-    for (r, q) in qs.iter().enumerate() {
-        let mut state = RingForward::new(kernel, layout, r, q);
-        for t in 0..cp {
-            let s = source(r, t, cp);
-            state.step(s, &ks[s], &vs[s]);
-        }
-        outs.push(state.finish());
-    }
-    let mut dks: Vec<HeadBuf> = ks.iter().map(|x| HeadBuf::filled(x.dims, 0.0)).collect();
-    let mut dvs = dks.clone();
-    let mut dqs = Vec::new();
-    for r in 0..cp {
-        let (out, lse) = &outs[r];
-        let kept = Kept {
-            q: &qs[r],
-            k: &ks[r],
-            v: &vs[r],
-            out,
-            lse,
-        };
-        let mut state = RingBackward::new(kernel, layout, r, kept, &gs[r]);
-        for t in 0..cp {
-            let s = source(r, t, cp);
-            let [dk, dv] = state.step(s, &ks[s], &vs[s]);
-            dks[s].add(&dk);
-            dvs[s].add(&dv);
-        }
-        dqs.push(state.finish());
-    }
-    let join = |parts: Vec<HeadBuf>, like: &HeadBuf| {
-        let d = like.dims[3];
-        let data: Vec<Vec<f32>> = parts.into_iter().map(|p| p.data).collect();
-        HeadBuf::new(like.dims, layout.unsplit(&data, d))
-    };
-    let (out, lse): (Vec<HeadBuf>, Vec<HeadBuf>) = outs.into_iter().unzip();
-    let [b, h, seq, _] = q.dims;
-    let lse_like = HeadBuf::filled([b, h, seq, 1], 0.0);
-    [
-        join(out, q),
-        join(lse, &lse_like),
-        join(dqs, q),
-        join(dks, k),
-        join(dvs, v),
-    ]
-}
-
 fn assert_close(got: &HeadBuf, want: &HeadBuf, what: &str) {
     assert_eq!(got.dims, want.dims, "{what}: shape");
     let scale = want.data.iter().fold(1.0f32, |m, x| m.max(x.abs()));
@@ -235,7 +169,7 @@ fn simulated_rings_of_1_to_4_ranks_equal_the_whole_attention() {
         let g = values([batch, heads, seq, d], 4);
         let want = whole(&kernel, &q, &k, &v, &g);
         for cp in (1..=4).filter(|cp| seq % (2 * cp) == 0) {
-            let got = simulated(&kernel, cp, &q, &k, &v, &g);
+            let got = simulate_ring(&kernel, cp, [&q, &k, &v, &g]).unwrap();
             for ((g, w), name) in got.iter().zip(&want).zip(["out", "lse", "dq", "dk", "dv"]) {
                 assert_close(
                     g,

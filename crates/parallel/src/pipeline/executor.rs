@@ -5,8 +5,9 @@
 //! ids on virtual stage 0, else the received activation as a fresh leaf
 //! that requires a gradient; its output is sent on, or is the loss on the
 //! last virtual stage. A backward propagates the received gradient `g`
-//! through `sum(output * g)` (or the loss divided by the number of
-//! micro-batches), sends its input's gradient back and hands the
+//! through `sum(output * g)` (or the loss times the step's weight: `1 /`
+//! micro-batches, times `cp` under context parallelism), sends its input's
+//! gradient back and hands the
 //! parameters' gradients to the [`GradSync`], as a micro-batch does
 //! without a pipeline. The gradients of a tied embedding are kept aside
 //! and summed over the first and last stage once, after the schedule.
@@ -91,7 +92,8 @@ impl StageStep<'_> {
     }
 
     /// Runs the actions on `micro_batches` (this DP rank's, the same on
-    /// every stage), handing gradients to `sync`. Returns the model, the
+    /// every stage), back-propagating each micro-batch's loss times
+    /// `weight`, handing gradients to `sync`. Returns the model, the
     /// sum of the micro-batches' mean losses (every stage gets it from the
     /// last), nats/token, and where this stage's time went.
     pub(crate) fn run<B, M>(
@@ -100,6 +102,7 @@ impl StageStep<'_> {
         partial: &PartialGrads,
         model: M,
         micro_batches: &[Batch],
+        weight: f64,
         device: &B::Device,
     ) -> Result<(M, f64, StageClock), CommError>
     where
@@ -109,7 +112,6 @@ impl StageStep<'_> {
         let start = Instant::now();
         let mut clock = StageClock::default();
         let stage = self.pp.rank();
-        let m = micro_batches.len();
         let first = &micro_batches[0];
         let context = model.block_context(first.seq_len, device);
         let dims = model.hidden_dims(first.batch, first.seq_len);
@@ -155,7 +157,7 @@ impl StageStep<'_> {
                         .remove(&(micro_batch, chunk))
                         .expect("the schedule runs a backward after its forward");
                     let grads = match output {
-                        Output::Loss(loss) => loss.div_scalar(m as f64).backward(),
+                        Output::Loss(loss) => loss.mul_scalar(weight).backward(),
                         Output::Hidden(out) => {
                             let g = inbox
                                 .remove(&(Payload::Gradient, micro_batch, chunk))

@@ -190,7 +190,9 @@ impl Pipeline {
     }
 
     /// Forward and backward of `micro_batches` through this stage on the
-    /// schedule; gradients go to `sync`. Returns the model, the sum of the
+    /// schedule, each micro-batch's loss weighted `weight` in backward
+    /// (`cp / micro_batches`: see `Trainer::step`); gradients go to
+    /// `sync`. Returns the model, the sum of the
     /// micro-batches' mean losses, nats/token, and every stage's times
     /// (the same on every stage: collective over the PP group).
     pub(crate) fn step<B, M>(
@@ -199,6 +201,7 @@ impl Pipeline {
         partial: &PartialGrads,
         model: M,
         micro_batches: &[Batch],
+        weight: f64,
         device: &B::Device,
     ) -> Result<(M, f64, PipelineTimes), CommError>
     where
@@ -227,7 +230,7 @@ impl Pipeline {
             pp: &*self.pp,
             actions,
         }
-        .run(sync, partial, model, micro_batches, device)?;
+        .run(sync, partial, model, micro_batches, weight, device)?;
         let times = self.gather_times(clock, shape)?;
         Ok((model, losses, times))
     }

@@ -16,6 +16,14 @@
 //! first stage, and on the last the final norm's and the head's inputs and
 //! the logits the cross-entropy keeps in fp32, `4 s b V / t`.
 //!
+//! Context parallelism (a ring of `c` ranks, `ferrotron_parallel::context`)
+//! gives each rank `s / c` tokens of every sequence, so every term above
+//! is counted for `s / c` tokens. The ring's attention node keeps no
+//! probabilities (it merges blocks by their log-sum-exp and recomputes
+//! them in backward), so under `c > 1` the `a s^2 b` scores term is
+//! dropped; the node keeps, besides `q`, `k` and `v`, f32 host copies of
+//! its output and log-sum-exp, `4 (s/c) b (h + a) / t` bytes per layer.
+//!
 //! Micro-batches in flight on the first pipeline stage: `p` under 1F1B
 //! (stage `i` holds `p - i`; Narayanan et al. 2021, Sec. 2.2.1), and
 //! `p (1 + (p - 1)/(p v))` under the interleaved schedule of `v` model
@@ -101,8 +109,11 @@ impl std::str::FromStr for ActivationModel {
 /// One micro-batch's activations as the layer counts them.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LayerActivations {
-    /// Sequence length `s`.
+    /// Sequence length `s` (whole sequences).
     pub seq: usize,
+    /// Context-parallel degree `c`: each rank holds `s / c` tokens of
+    /// every sequence.
+    pub cp: usize,
     /// Micro-batch `b`, sequences.
     pub micro_batch: usize,
     /// Tensor-parallel degree `t`.
@@ -119,9 +130,25 @@ pub struct LayerActivations {
 }
 
 impl LayerActivations {
+    /// Tokens of each sequence this rank holds, `s / c`.
+    fn local_seq(&self) -> f64 {
+        self.seq as f64 / self.cp as f64
+    }
+
+    /// Bytes the ring attention node keeps besides `q`, `k`, `v` (none
+    /// without context parallelism): f32 copies of its output and its
+    /// log-sum-exp, this rank's tokens and heads.
+    fn ring_bytes(&self, m: &ModelShape) -> f64 {
+        if self.cp == 1 {
+            return 0.0;
+        }
+        let tokens = self.local_seq() * self.micro_batch as f64;
+        4.0 * tokens * (m.hidden + m.heads) as f64 / self.tp as f64
+    }
+
     /// Bytes one transformer layer stores for backward.
     pub fn layer_bytes(&self, m: &ModelShape, recompute: Recompute) -> f64 {
-        let (s, b, t) = (self.seq as f64, self.micro_batch as f64, self.tp as f64);
+        let (s, b, t) = (self.local_seq(), self.micro_batch as f64, self.tp as f64);
         let e = self.elem_bytes as f64;
         let sbh = s * b * m.hidden as f64;
         let sbk = s * b * m.kv_width() as f64;
@@ -132,7 +159,7 @@ impl LayerActivations {
             return e * sbh / sp;
         }
         if self.model == ActivationModel::FerrotronCpu {
-            return self.ferrotron_cpu_layer_bytes(m);
+            return self.ferrotron_cpu_layer_bytes(m) + self.ring_bytes(m);
         }
         // Outside the TP regions: two norm inputs, the QKV and MLP inputs,
         // two dropout masks (10 sbh in the paper).
@@ -141,20 +168,21 @@ impl LayerActivations {
         // (GELU: its input and output; SwiGLU: gate, SiLU, up, product).
         let mlp = if m.gated_mlp { 4.0 } else { 2.0 };
         let split = e * (2.0 * sbh + 2.0 * sbk) + mlp * e * sbf;
-        // Attention scores: softmax output, its dropout mask and output.
+        // Attention scores: softmax output, its dropout mask and output
+        // (none kept around a ring).
         let a_s2_b = m.heads as f64 * s * s * b;
-        let scores = if recompute == Recompute::Selective {
+        let scores = if recompute == Recompute::Selective || self.cp > 1 {
             0.0
         } else {
             e * a_s2_b + mask * a_s2_b + if self.dropout { e * a_s2_b } else { 0.0 }
         };
-        replicated / sp + (split + scores) / t
+        replicated / sp + (split + scores) / t + self.ring_bytes(m)
     }
 
     /// [`LayerActivations::layer_bytes`] under [`ActivationModel::FerrotronCpu`],
     /// recomputing `none` or `selective` (the same on this path).
     fn ferrotron_cpu_layer_bytes(&self, m: &ModelShape) -> f64 {
-        let (s, b, t) = (self.seq as f64, self.micro_batch as f64, self.tp as f64);
+        let (s, b, t) = (self.local_seq(), self.micro_batch as f64, self.tp as f64);
         let e = self.elem_bytes as f64;
         let tokens = s * b;
         let h = m.hidden as f64;
@@ -175,20 +203,20 @@ impl LayerActivations {
     /// norm's input and statistics (BLOOM).
     pub fn embedding_bytes(&self, m: &ModelShape) -> f64 {
         let sp = if self.sp { self.tp as f64 } else { 1.0 };
+        let tokens = self.local_seq() * self.micro_batch as f64;
         if self.model == ActivationModel::FerrotronCpu {
-            let tokens = (self.seq * self.micro_batch) as f64;
             let norm = tokens * m.hidden as f64 + 2.0 * tokens;
             let e = self.elem_bytes as f64;
             return if m.embed_norm { e * norm / sp } else { 0.0 };
         }
         let mask = if self.dropout { 1.0 } else { 0.0 };
-        mask * (self.seq * self.micro_batch * m.hidden) as f64 / sp
+        mask * tokens * m.hidden as f64 / sp
     }
 
     /// Bytes the last stage keeps for the output layer per micro-batch: the
     /// final norm's and the head's inputs, and fp32 logits split over TP.
     pub fn output_bytes(&self, m: &ModelShape) -> f64 {
-        let (s, b, t) = (self.seq as f64, self.micro_batch as f64, self.tp as f64);
+        let (s, b, t) = (self.local_seq(), self.micro_batch as f64, self.tp as f64);
         let sp = if self.sp { t } else { 1.0 };
         let e = self.elem_bytes as f64;
         let logits = 4.0 * s * b * m.vocab as f64 / t;
@@ -234,6 +262,7 @@ mod tests {
         for (t, sp) in [(1, false), (8, false), (8, true)] {
             let act = LayerActivations {
                 seq: 2048,
+                cp: 1,
                 micro_batch: 1,
                 tp: t,
                 sp,
@@ -259,6 +288,7 @@ mod tests {
         }
         let act = LayerActivations {
             seq: 2048,
+            cp: 1,
             micro_batch: 1,
             tp: 8,
             sp: false,
@@ -271,6 +301,41 @@ mod tests {
         let act = LayerActivations { sp: true, ..act };
         let want = 4.0 * sbh / 8.0 * (1.0 + 51200.0 / h);
         assert!((act.output_bytes(&m) / want - 1.0).abs() < 1e-12);
+    }
+
+    /// A ring of 4 ranks at 8192 tokens counts what one rank counts at
+    /// 2048, without the scores, plus the ring node's f32 output and
+    /// log-sum-exp: `4 x 2048 x b x (h + a) / t` bytes.
+    #[test]
+    fn a_ring_of_c_ranks_counts_s_over_c_tokens_and_no_scores() {
+        let m = gpt();
+        let at = |seq, cp, model| LayerActivations {
+            seq,
+            cp,
+            micro_batch: 2,
+            tp: 4,
+            sp: true,
+            elem_bytes: 4,
+            dropout: false,
+            model,
+        };
+        let kept = 4.0 * 2048.0 * 2.0 * (12288.0 + 96.0) / 4.0;
+        let close = |a: f64, b: f64| (a / b - 1.0).abs() < 1e-12;
+        for model in [ActivationModel::Korthikanti, ActivationModel::FerrotronCpu] {
+            let (ring, whole) = (at(8192, 4, model), at(2048, 1, model));
+            let sel = whole.layer_bytes(&m, Recompute::Selective);
+            assert!(close(
+                ring.layer_bytes(&m, Recompute::Selective),
+                sel + kept
+            ));
+            // Korthikanti's scores are not kept around a ring; the CPU
+            // path keeps none either way.
+            assert!(close(ring.layer_bytes(&m, Recompute::None), sel + kept));
+            let full = whole.layer_bytes(&m, Recompute::Full);
+            assert_eq!(ring.layer_bytes(&m, Recompute::Full), full);
+            assert_eq!(ring.output_bytes(&m), whole.output_bytes(&m));
+            assert_eq!(ring.embedding_bytes(&m), whole.embedding_bytes(&m));
+        }
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! One parallel layout the planner can rank, and its label
-//! (`dp16-tp4sp-pp2v2-z1-mb1-sel`).
+//! (`dp16-tp4sp-pp2v2-z1-mb1-sel`; with context parallelism
+//! `dp8-tp4sp-cp2-pp2v2-z1-mb1-sel`).
 
 use std::fmt;
 use std::str::FromStr;
@@ -10,18 +11,22 @@ use super::activation::Recompute;
 use crate::zero::ZeroStage;
 
 /// A layout: the degrees, the ZeRO stage, the micro-batch and what is
-/// recomputed. `dp x tp x pp` is the GPU count.
+/// recomputed. `dp x cp x tp x pp` is the GPU count.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Choice {
     /// Data-parallel degree.
     pub dp: usize,
     /// Tensor-parallel degree (Megatron TP, innermost in the rank order).
     pub tp: usize,
+    /// Context-parallel degree: each sequence split over a ring of `cp`
+    /// ranks (next to TP in the rank order); the gradients are reduced,
+    /// and ZeRO shards, over DP x CP.
+    pub cp: usize,
     /// Pipeline-parallel degree (stages).
     pub pp: usize,
     /// Sequence parallelism over the TP group.
     pub sp: bool,
-    /// What is sharded over the DP group.
+    /// What is sharded over the DP x CP group.
     pub zero: ZeroStage,
     /// Sequences per micro-batch.
     pub micro_batch: usize,
@@ -35,12 +40,15 @@ impl fmt::Display for Choice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "dp{}-tp{}{}-pp{}",
+            "dp{}-tp{}{}",
             self.dp,
             self.tp,
             if self.sp { "sp" } else { "" },
-            self.pp
         )?;
+        if self.cp > 1 {
+            write!(f, "-cp{}", self.cp)?;
+        }
+        write!(f, "-pp{}", self.pp)?;
         if self.interleave > 1 {
             write!(f, "v{}", self.interleave)?;
         }
@@ -65,8 +73,10 @@ impl FromStr for Choice {
             )
         };
         let parts: Vec<&str> = s.split('-').collect();
-        let [dp, tp, pp, z, mb, rc] = parts[..] else {
-            return Err(bad());
+        let (dp, tp, cp, pp, z, mb, rc) = match parts[..] {
+            [dp, tp, pp, z, mb, rc] => (dp, tp, None, pp, z, mb, rc),
+            [dp, tp, cp, pp, z, mb, rc] => (dp, tp, Some(cp), pp, z, mb, rc),
+            _ => return Err(bad()),
         };
         let num = |p: &str, prefix: &str| -> Result<usize, String> {
             p.strip_prefix(prefix)
@@ -94,6 +104,12 @@ impl FromStr for Choice {
         Ok(Self {
             dp: num(dp, "dp")?,
             tp: num(tp, "tp")?,
+            cp: cp.map_or(Ok(1), |cp| {
+                num(cp, "cp").and_then(|n| match n {
+                    1 => Err(bad()),
+                    n => Ok(n),
+                })
+            })?,
             pp: num(pp, "pp")?,
             sp,
             zero,
@@ -113,6 +129,7 @@ mod tests {
         let c = Choice {
             dp: 16,
             tp: 4,
+            cp: 1,
             pp: 2,
             sp: true,
             zero: ZeroStage::One,
@@ -125,6 +142,11 @@ mod tests {
         let plain = "dp8-tp1-pp1-z0-mb4-none".parse::<Choice>().unwrap();
         assert_eq!(plain.to_string(), "dp8-tp1-pp1-z0-mb4-none");
         assert!("dp8-tp1".parse::<Choice>().is_err());
+        let ring = "dp2-tp4sp-cp4-pp2v2-z1-mb1-full".parse::<Choice>().unwrap();
+        assert_eq!((ring.dp, ring.tp, ring.cp, ring.pp), (2, 4, 4, 2));
+        assert_eq!(ring.to_string(), "dp2-tp4sp-cp4-pp2v2-z1-mb1-full");
+        // cp1 is written without its part, so only one label names a layout.
+        assert!("dp8-tp1-cp1-pp1-z0-mb4-none".parse::<Choice>().is_err());
         assert!("dp8-tp1-pp1-z5-mb4-none".parse::<Choice>().is_err());
     }
 }

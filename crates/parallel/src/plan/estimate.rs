@@ -92,7 +92,7 @@ pub struct Estimate {
 /// refuse TP and PP); ZeRO-3 only with `full` recomputation (it always
 /// recomputes whole blocks) and without a pipeline; a pipeline (1F1B or
 /// interleaved, split by `--pp-layers`) with ZeRO 0, 1 or 2 and `none` or
-/// `sel` recomputation (`full` is refused with `--pp`). DP, TP and SP
+/// `sel` recomputation (`full` is refused with `--pp`). DP, TP, SP and CP
 /// combine with all of these.
 pub fn runs_today(c: &Choice, precision: super::Precision) -> bool {
     let zero_ok = match c.zero {
@@ -261,7 +261,9 @@ fn blocks_per_stage(layout: &StageLayout) -> Vec<usize> {
 
 /// Memory per rank of `c` whose blocks go to stages as `layout` places
 /// them: the fuller of the first and the last pipeline stage (the only
-/// one without a pipeline), bytes by class.
+/// one without a pipeline), bytes by class. Under context parallelism the
+/// activations are those of this rank's `seq / cp` tokens and the state
+/// is sharded over DP x CP.
 pub fn memory(input: &MemoryInput, c: &Choice, layout: &StageLayout) -> MemoryEstimate {
     let m = &input.model;
     let split = blocks_per_stage(layout);
@@ -270,6 +272,7 @@ pub fn memory(input: &MemoryInput, c: &Choice, layout: &StageLayout) -> MemoryEs
     let micro_batches = input.global_batch / (c.dp * c.micro_batch);
     let act = LayerActivations {
         seq: input.seq,
+        cp: c.cp,
         micro_batch: c.micro_batch,
         tp: c.tp,
         sp: c.sp,
@@ -300,7 +303,8 @@ pub fn memory(input: &MemoryInput, c: &Choice, layout: &StageLayout) -> MemoryEs
     };
     let state = |s: usize| {
         let held = stage_layout(m, c, layout, s);
-        let mut st = layout_state_bytes(&held, c.dp, c.zero, input.precision, bucket);
+        // ZeRO shards over DP x CP, as the trainer does.
+        let mut st = layout_state_bytes(&held, c.dp * c.cp, c.zero, input.precision, bucket);
         if input.fp32_main_grads && input.precision != super::Precision::Fp32 {
             // An fp32 copy of every gradient this rank holds.
             st.grad_bytes += 4 * st.grad_bytes / bg;

@@ -17,11 +17,16 @@ pub fn explain(input: &PlanInput, e: &Estimate) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{}: dp {} x tp {}{} x pp {}{} on {} {} GPUs ({} per node), ZeRO-{}, micro-batch {} x {} micro-batches per DP rank, recompute {:?}, {}",
+        "{}: dp {} x tp {}{}{} x pp {}{} on {} {} GPUs ({} per node), ZeRO-{}, micro-batch {} x {} micro-batches per DP rank, recompute {:?}, {}",
         e.label,
         c.dp,
         c.tp,
         if c.sp { " (+SP)" } else { "" },
+        if c.cp > 1 {
+            format!(" x cp {} (ring attention)", c.cp)
+        } else {
+            String::new()
+        },
         c.pp,
         if c.interleave > 1 {
             format!(" (interleaved, {} chunks per stage)", c.interleave)
@@ -92,6 +97,7 @@ pub fn explain(input: &PlanInput, e: &Estimate) -> String {
     let rows = [
         ("compute", t.compute_s),
         ("tensor-parallel collectives", t.tp_comm_s),
+        ("context-parallel ring (not hidden)", t.cp_comm_s),
         ("pipeline sends", t.pp_comm_s),
         ("pipeline bubble", t.bubble_s),
         ("data-parallel collectives, exposed", t.dp_exposed_s),
@@ -114,7 +120,7 @@ pub fn explain(input: &PlanInput, e: &Estimate) -> String {
         s,
         "energy per step: {:.0} kJ (an estimate: {} GPUs at their {:.0} W board power)",
         t.energy_estimate_j / 1e3,
-        c.dp * c.tp * c.pp,
+        c.dp * c.cp * c.tp * c.pp,
         input.device.tdp_w
     );
     let _ = write!(

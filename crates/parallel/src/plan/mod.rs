@@ -2,9 +2,9 @@
 //! number and type of GPUs, before any job is queued.
 //!
 //! For every layout of the GPUs into data (`dp`), tensor (`tp`, with or
-//! without sequence parallelism) and pipeline (`pp`, 1F1B or interleaved)
-//! parallelism, every ZeRO stage, micro-batch size and recomputation
-//! choice, it estimates
+//! without sequence parallelism), context (`cp`, ring attention) and
+//! pipeline (`pp`, 1F1B or interleaved) parallelism, every ZeRO stage,
+//! micro-batch size and recomputation choice, it estimates
 //! - the memory of one GPU ([`estimate`]): the training state of the
 //!   fullest stage by the trainer's own classes and sharding
 //!   ([`memory`]), the activations after Korthikanti et al. 2022 or as
@@ -14,9 +14,11 @@
 //! - the time of one optimizer step ([`time`]): Megatron's FLOP count at a
 //!   fraction of the device peak on the slowest pipeline stage (blocks
 //!   split to balance the head, [`split`]), alpha-beta costs of every
-//!   collective ([`comm`]) on the links of [`link`], the pipeline
-//!   bubble, and the part of the DP communication compute cannot hide
-//!   where the trainer overlaps it ([`overlap`]);
+//!   collective ([`comm`]) on the links of [`link`], the part of the
+//!   context-parallel ring's transfers that the block's attention does not
+//!   hide ([`ring`]), the pipeline bubble, and the part of the DP
+//!   communication compute cannot hide where the trainer overlaps it
+//!   ([`overlap`]);
 //!
 //! and ranks the layouts that fit by step time ([`search`]). Devices come
 //! from [`ferrotron_engine::metrics::DEVICES`]. The planner is pure
@@ -32,6 +34,7 @@ pub mod link;
 pub mod memory;
 pub mod model;
 pub mod overlap;
+pub mod ring;
 pub mod search;
 pub mod split;
 pub mod time;
@@ -90,6 +93,8 @@ pub struct PlanInput {
     pub recompute: Vec<Recompute>,
     /// Whether sequence parallelism is tried with TP.
     pub sequence_parallel: bool,
+    /// Whether context parallelism (cp above 1) is tried.
+    pub context_parallel: bool,
     /// How activations are counted: Korthikanti et al.'s one tensor per
     /// fused op, or what Burn's autodiff keeps over Ferrotron's reference
     /// ops on the CPU path.

@@ -1,9 +1,12 @@
 //! Enumerating the layouts, keeping those that fit, ranking them.
 //!
 //! A layout is tried when its degrees divide the GPU count, `tp` divides
-//! the heads, key/value heads and MLP width, `pp` is at most the layer
+//! the heads, key/value heads and MLP width, `2 x cp` divides the
+//! sequence (the ring's chunks; under sequence parallelism `tp` also
+//! divides each rank's `seq / cp` tokens), `pp` is at most the layer
 //! count, `dp` divides the global batch and the micro-batch divides each
-//! DP rank's share. ZeRO stages 1 to 3 need `dp` above 1. ZeRO-3 is not
+//! DP rank's share. ZeRO stages 1 to 3 need `dp x cp` above 1 (they shard
+//! over DP x CP, as the trainer does). ZeRO-3 is not
 //! combined with a pipeline (Ferrotron refuses it, as DeepSpeed: its
 //! units are the whole model's); ZeRO-2 is, as Ferrotron runs it (each
 //! stage reduce-scatters its gradients after every micro-batch's
@@ -51,63 +54,84 @@ pub fn choices(input: &PlanInput) -> Vec<Choice> {
         if !(shards(m.heads) && shards(m.kv_heads) && shards(m.ffn)) {
             continue;
         }
-        for pp in divisors(input.gpus / tp)
+        for cp in ring_degrees(input, tp) {
+            layouts_with(input, tp, cp, &mut out);
+        }
+    }
+    out
+}
+
+/// The context-parallel degrees tried with `tp`: 1, and with
+/// [`PlanInput::context_parallel`] every `cp` above 1 dividing the GPUs
+/// left whose `2 x cp` chunks split the sequence.
+fn ring_degrees(input: &PlanInput, tp: usize) -> Vec<usize> {
+    divisors(input.gpus / tp)
+        .into_iter()
+        .filter(|&cp| cp == 1 || (input.context_parallel && input.seq.is_multiple_of(2 * cp)))
+        .collect()
+}
+
+/// Every choice of [`choices`] with degrees `tp` and `cp`, pushed to `out`.
+fn layouts_with(input: &PlanInput, tp: usize, cp: usize, out: &mut Vec<Choice>) {
+    let m = &input.model;
+    for pp in divisors(input.gpus / (tp * cp))
+        .into_iter()
+        .filter(|&p| p <= m.layers)
+    {
+        let dp = input.gpus / (tp * cp * pp);
+        if !input.global_batch.is_multiple_of(dp) {
+            continue;
+        }
+        let per_rank = input.global_batch / dp;
+        let stages: Vec<ZeroStage> = input
+            .zero_stages
+            .iter()
+            .copied()
+            .filter(|&z| match z {
+                ZeroStage::Off => true,
+                ZeroStage::One | ZeroStage::Two => dp * cp > 1,
+                ZeroStage::Three => dp * cp > 1 && pp == 1,
+            })
+            .collect();
+        let mbs = divisors(per_rank)
             .into_iter()
-            .filter(|&p| p <= m.layers)
-        {
-            let dp = input.gpus / (tp * pp);
-            if !input.global_batch.is_multiple_of(dp) {
-                continue;
-            }
-            let per_rank = input.global_batch / dp;
-            let stages: Vec<ZeroStage> = input
-                .zero_stages
-                .iter()
-                .copied()
-                .filter(|&z| match z {
-                    ZeroStage::Off => true,
-                    ZeroStage::One | ZeroStage::Two => dp > 1,
-                    ZeroStage::Three => dp > 1 && pp == 1,
-                })
-                .collect();
-            let mbs = divisors(per_rank)
-                .into_iter()
-                .filter(|&b| b <= input.max_micro_batch);
-            for micro_batch in mbs {
-                let m_count = per_rank / micro_batch;
-                let mut chunks = vec![1];
-                if pp > 1 && m_count.is_multiple_of(pp) {
-                    chunks.extend(
-                        [2, 4]
-                            .into_iter()
-                            .filter(|v| m.layers.is_multiple_of(pp * v)),
-                    );
-                }
-                for &interleave in &chunks {
-                    let sps = [false, true]
+            .filter(|&b| b <= input.max_micro_batch);
+        for micro_batch in mbs {
+            let m_count = per_rank / micro_batch;
+            let mut chunks = vec![1];
+            if pp > 1 && m_count.is_multiple_of(pp) {
+                chunks.extend(
+                    [2, 4]
                         .into_iter()
-                        .filter(|&s| !s || (tp > 1 && input.sequence_parallel));
-                    for sp in sps {
-                        for &zero in &stages {
-                            for &recompute in &input.recompute {
-                                out.push(Choice {
-                                    dp,
-                                    tp,
-                                    pp,
-                                    sp,
-                                    zero,
-                                    micro_batch,
-                                    recompute,
-                                    interleave,
-                                });
-                            }
+                        .filter(|v| m.layers.is_multiple_of(pp * v)),
+                );
+            }
+            for &interleave in &chunks {
+                // Under SP each rank's `seq / cp` tokens split over tp.
+                let sp_fits = cp == 1 || (input.seq / cp).is_multiple_of(tp);
+                let sps = [false, true]
+                    .into_iter()
+                    .filter(|&s| !s || (tp > 1 && input.sequence_parallel && sp_fits));
+                for sp in sps {
+                    for &zero in &stages {
+                        for &recompute in &input.recompute {
+                            out.push(Choice {
+                                dp,
+                                tp,
+                                cp,
+                                pp,
+                                sp,
+                                zero,
+                                micro_batch,
+                                recompute,
+                                interleave,
+                            });
                         }
                     }
                 }
             }
         }
     }
-    out
 }
 
 /// Estimates every choice of [`choices`], keeps those whose memory fits
@@ -171,5 +195,92 @@ impl Plan {
             }
         }
         seen
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ferrotron_engine::metrics::device_spec;
+
+    use super::*;
+    use crate::plan::link::default_links;
+    use crate::plan::{ActivationModel, ModelShape, Precision, Recompute};
+
+    /// A Llama-style model of 0.17 B parameters (8 blocks of width 1024,
+    /// 8 heads, so tp at most 8) on the 8 H100s of one node, 8 sequences
+    /// of `seq` tokens per step, bf16, every ZeRO stage and recomputation.
+    fn input(seq: usize) -> PlanInput {
+        let (intra, inter) = default_links("h100-80gb").unwrap();
+        PlanInput {
+            model: ModelShape {
+                vocab: 32_000,
+                hidden: 1024,
+                layers: 8,
+                heads: 8,
+                kv_heads: 8,
+                ffn: 2816,
+                learned_positions: None,
+                layer_norm: false,
+                bias: false,
+                gated_mlp: true,
+                tied_head: false,
+                embed_norm: false,
+            },
+            gpus: 8,
+            gpus_per_node: 8,
+            device: device_spec("h100-80gb").unwrap(),
+            intra,
+            inter,
+            global_batch: 8,
+            seq,
+            precision: Precision::Bf16,
+            efficiency: 0.5,
+            reserve_bytes: 2.0 * GIB,
+            bucket_mb: 25.0,
+            dropout: false,
+            fp32_main_grads: false,
+            max_micro_batch: 4,
+            zero_stages: vec![
+                ZeroStage::Off,
+                ZeroStage::One,
+                ZeroStage::Two,
+                ZeroStage::Three,
+            ],
+            recompute: Recompute::ALL.to_vec(),
+            sequence_parallel: true,
+            context_parallel: true,
+            activations: ActivationModel::Korthikanti,
+            overlap_grad_reduce: false,
+            zero3_prefetch: 1,
+        }
+    }
+
+    /// At 2M tokens no layout without a ring fits (tp8 + SP keeps 14 GB
+    /// of activations per block, and full recomputation rebuilds the
+    /// scores, which a ring never holds), so every plan splits the
+    /// sequence; at 4k tokens data parallelism fits, and a ring (the same
+    /// compute and gradient sync) only adds its transfers.
+    #[test]
+    fn long_sequences_get_a_ring_and_short_ones_do_not() {
+        let long = plan(&input(1 << 21));
+        assert!(!long.feasible.is_empty(), "nothing fits at 2M tokens");
+        assert!(
+            long.feasible.iter().all(|e| e.choice.cp > 1),
+            "a layout without a ring fits: {}",
+            long.feasible
+                .iter()
+                .find(|e| e.choice.cp == 1)
+                .unwrap()
+                .label
+        );
+        let short = plan(&input(4096));
+        let best = &short.feasible[0];
+        assert_eq!(best.choice.cp, 1, "{}", best.label);
+        assert!(short.feasible.iter().any(|e| e.choice.cp > 1));
+        let no_ring = PlanInput {
+            context_parallel: false,
+            ..input(1 << 21)
+        };
+        assert!(choices(&no_ring).iter().all(|c| c.cp == 1));
     }
 }

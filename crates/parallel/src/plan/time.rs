@@ -29,14 +29,20 @@
 //!   gradients, which the first and last stage sum once after the
 //!   schedule, are reduce-scattered once per step.
 //!
+//! - Context parallelism: each rank computes and communicates for its
+//!   `s / cp` tokens of every sequence (its attention over all `s` keys);
+//!   the ring's transfers beside each block's attention cost what the
+//!   attention does not hide ([`super::ring`]); the gradients are reduced,
+//!   and ZeRO shards, over the DP x CP group.
 //! - Overlap: where the trainer overlaps the DP collectives with compute
 //!   (`overlap_grad_reduce`, the DP group the only group of more than one
-//!   rank: `tp = pp = 1`), the step is its compute plus the exposed part
-//!   of the DP communication, [`super::overlap`]'s replay of the trainer's
-//!   schedule ([`TimeEstimate::dp_exposed_s`]); `dp_comm_s` stays the
-//!   total. Elsewhere nothing overlaps: the exposed part is the total.
+//!   rank: `tp = cp = pp = 1`), the step is its compute plus the exposed
+//!   part of the DP communication, [`super::overlap`]'s replay of the
+//!   trainer's schedule ([`TimeEstimate::dp_exposed_s`]); `dp_comm_s`
+//!   stays the total. Elsewhere nothing overlaps: the exposed part is the
+//!   total.
 //!
-//! Groups are placed in Megatron's rank order (TP innermost, then DP, then
+//! Groups are placed in Megatron's rank order (TP innermost, then CP, DP,
 //! PP): a group stays within a node when the consecutive ranks it spans
 //! divide `gpus_per_node`, and otherwise runs at the inter-node link's
 //! speed.
@@ -47,6 +53,7 @@ use super::activation::Recompute;
 use super::comm::{all_gather, all_reduce, p2p};
 use super::link::Link;
 use super::overlap::{exposed, OverlapInput};
+use super::ring::ring_exposed_s;
 use super::{Choice, PlanInput};
 use crate::zero::ZeroStage;
 
@@ -57,6 +64,9 @@ pub struct TimeEstimate {
     pub compute_s: f64,
     /// Tensor-parallel collectives.
     pub tp_comm_s: f64,
+    /// The context-parallel ring's transfers that the attention does not
+    /// hide.
+    pub cp_comm_s: f64,
     /// Pipeline sends and receives.
     pub pp_comm_s: f64,
     /// The pipeline bubble (idle stage time).
@@ -127,7 +137,8 @@ pub struct StageParams {
 /// head on the last), with `micro_batches` micro-batches per DP rank.
 ///
 /// Each stage's slot (the time of one micro-batch's forward and backward)
-/// is its compute, its TP collectives, the pipeline sends and, under
+/// is its compute, its TP collectives, its ring transfers, the pipeline
+/// sends and, under
 /// ZeRO-2, the reduce-scatter of the gradients of that backward (`v` of
 /// them, one per chunk, with `v` interleaved chunks): the trainer runs it
 /// inside each backward, before the stage moves on, so it lengthens every
@@ -139,7 +150,8 @@ pub fn step_time(
     micro_batches: usize,
 ) -> TimeEstimate {
     let m = &input.model;
-    let (s, b) = (input.seq as f64, c.micro_batch as f64);
+    // This rank's tokens of each sequence (all of them without CP).
+    let (s, b) = (input.seq as f64 / c.cp as f64, c.micro_batch as f64);
     let h = m.hidden as f64;
     let e = input.precision.activation_bytes() as f64;
     let per_block = block_flops(input, c);
@@ -158,7 +170,10 @@ pub fn step_time(
         4.0
     };
 
-    let pp_link = group_link(input, c.tp * c.dp, c.pp);
+    // The ring's exposed transfers of one micro-batch through one block.
+    let ring_block = ring_exposed_s(input, c, group_link(input, c.tp, c.cp));
+
+    let pp_link = group_link(input, c.tp * c.cp * c.dp, c.pp);
     let pp_mb = if c.pp > 1 {
         let bytes = act_bytes / if c.sp { c.tp as f64 } else { 1.0 };
         2.0 * p2p(bytes, pp_link) * c.interleave as f64
@@ -166,12 +181,14 @@ pub fn step_time(
         0.0
     };
 
-    let dp_link = group_link(input, c.tp, c.dp);
+    // The gradient group, DP x CP (its ranks `tp` apart).
+    let grad_ranks = c.dp * c.cp;
+    let dp_link = group_link(input, c.tp, grad_ranks);
     let (bp, bg, _) = input.precision.state_bytes();
     let chunks = c.interleave as f64;
-    // One stage's slot by part: (compute, TP collectives, ZeRO-2's
-    // reduce-scatters), seconds per micro-batch.
-    let slot = |i: usize, st: &StageParams| -> (f64, f64, f64) {
+    // One stage's slot by part: [compute, TP collectives, the ring,
+    // ZeRO-2's reduce-scatters], seconds per micro-batch.
+    let slot = |i: usize, st: &StageParams| -> [f64; 4] {
         let head = if i + 1 == stages.len() {
             m.head_flops_per_token()
         } else {
@@ -180,25 +197,26 @@ pub fn step_time(
         let flops = b * s * (st.blocks as f64 * per_block + head);
         let compute = flops / c.tp as f64 / (peak * input.efficiency);
         let tp = st.blocks as f64 * collectives * per_collective;
+        let ring = st.blocks as f64 * ring_block;
         let rs = if c.zero == ZeroStage::Two {
             let grads = (bg * (st.elems - st.once_per_step)) as f64;
-            chunks * all_gather(grads / chunks, c.dp, dp_link)
+            chunks * all_gather(grads / chunks, grad_ranks, dp_link)
         } else {
             0.0
         };
-        (compute, tp, rs)
+        [compute, tp, ring, rs]
     };
-    let (compute_mb, tp_mb, rs_mb) = stages
+    let [compute_mb, tp_mb, ring_mb, rs_mb] = stages
         .iter()
         .enumerate()
         .map(|(i, st)| slot(i, st))
         .max_by(|x, y| {
-            let total = |t: &(f64, f64, f64)| t.0 + t.1 + t.2;
+            let total = |t: &[f64; 4]| t.iter().sum::<f64>();
             total(x).partial_cmp(&total(y)).expect("times are finite")
         })
         .expect("at least one stage");
     let mb = micro_batches as f64;
-    let stage_time = compute_mb + tp_mb + pp_mb + rs_mb;
+    let stage_time = compute_mb + tp_mb + ring_mb + pp_mb + rs_mb;
     let bubble_steps = (c.pp - 1) as f64 / c.interleave as f64;
 
     // Data-parallel collectives outside the schedule, of the stage that
@@ -206,19 +224,20 @@ pub fn step_time(
     let outside = |st: &StageParams| -> f64 {
         let grads = (bg * st.elems) as f64;
         let params = (bp * st.elems) as f64;
+        let k = grad_ranks;
         match c.zero {
-            ZeroStage::Off => all_reduce(grads, c.dp, dp_link),
-            ZeroStage::One => all_reduce(grads, c.dp, dp_link) + all_gather(params, c.dp, dp_link),
+            ZeroStage::Off => all_reduce(grads, k, dp_link),
+            ZeroStage::One => all_reduce(grads, k, dp_link) + all_gather(params, k, dp_link),
             ZeroStage::Two => {
                 let tied = if st.once_per_step > 0 {
-                    all_gather((bg * st.once_per_step) as f64, c.dp, dp_link)
+                    all_gather((bg * st.once_per_step) as f64, k, dp_link)
                 } else {
                     0.0
                 };
-                tied + all_gather(params, c.dp, dp_link)
+                tied + all_gather(params, k, dp_link)
             }
             ZeroStage::Three => {
-                mb * (2.0 * all_gather(params, c.dp, dp_link) + all_gather(grads, c.dp, dp_link))
+                mb * (2.0 * all_gather(params, k, dp_link) + all_gather(grads, k, dp_link))
             }
         }
     };
@@ -231,7 +250,7 @@ pub fn step_time(
         None => ((mb + bubble_steps) * stage_time + dp_outside, dp_comm),
     };
     let tokens = (input.global_batch * input.seq) as f64;
-    let gpus = (c.dp * c.tp * c.pp) as f64;
+    let gpus = (c.dp * c.cp * c.tp * c.pp) as f64;
     let model_flops = m.train_flops_per_token(input.seq) * tokens;
     let hardware_flops = (m.train_flops_per_token(input.seq)
         + m.layers as f64 * (per_block - m.block_flops_per_token(input.seq)))
@@ -239,6 +258,7 @@ pub fn step_time(
     TimeEstimate {
         compute_s: mb * compute_mb,
         tp_comm_s: mb * tp_mb,
+        cp_comm_s: mb * ring_mb,
         pp_comm_s: mb * pp_mb,
         bubble_s: bubble_steps * stage_time,
         dp_comm_s: dp_comm,
@@ -257,7 +277,7 @@ pub fn step_time(
 /// rank, is the only group of more than one (the rule of
 /// `crate::train::step`).
 pub fn overlaps(input: &PlanInput, c: &Choice) -> bool {
-    input.overlap_grad_reduce && c.tp == 1 && c.pp == 1 && c.dp > 1
+    input.overlap_grad_reduce && c.tp == 1 && c.cp == 1 && c.pp == 1 && c.dp > 1
 }
 
 /// The exposed DP communication of `c` (one stage `st`, no TP, no
@@ -359,6 +379,7 @@ mod tests {
             zero_stages: vec![ZeroStage::Two],
             recompute: vec![Recompute::None],
             sequence_parallel: false,
+            context_parallel: false,
             activations: ActivationModel::Korthikanti,
             overlap_grad_reduce: false,
             zero3_prefetch: 1,
@@ -376,6 +397,7 @@ mod tests {
         let c = Choice {
             dp: 2,
             tp: 1,
+            cp: 1,
             pp: 1,
             sp: false,
             zero: ZeroStage::Off,
@@ -410,7 +432,7 @@ mod tests {
         assert!(((on.compute_s + want) / on.step_s - 1.0).abs() < 1e-9);
     }
 
-    /// Where the trainer does not overlap (TP, a pipeline, one DP rank)
+    /// Where the trainer does not overlap (TP, CP, a pipeline, one DP rank)
     /// the estimate is the one without overlap.
     #[test]
     fn nothing_overlaps_beside_other_groups() {
@@ -418,6 +440,7 @@ mod tests {
         let c = Choice {
             dp: 2,
             tp: 2,
+            cp: 1,
             pp: 1,
             sp: false,
             zero: ZeroStage::Three,
@@ -431,8 +454,11 @@ mod tests {
             once_per_step: 0,
         }];
         let off = step_time(&input, &c, &stages, 1);
+        let ring = Choice { tp: 1, cp: 2, ..c };
+        let ring_off = step_time(&input, &ring, &stages, 1);
         input.overlap_grad_reduce = true;
         assert_eq!(step_time(&input, &c, &stages, 1), off);
+        assert_eq!(step_time(&input, &ring, &stages, 1), ring_off);
         let dp2 = Choice { tp: 1, ..c };
         let on = step_time(&input, &dp2, &stages, 1);
         input.overlap_grad_reduce = false;
@@ -478,6 +504,7 @@ mod tests {
             let c = Choice {
                 dp: 2,
                 tp: 1,
+                cp: 1,
                 pp: 2,
                 sp: false,
                 zero: ZeroStage::Two,
@@ -506,7 +533,8 @@ mod tests {
             );
             assert!((t.bubble_s - last / v_).abs() < 1e-15);
             assert!((t.dp_comm_s - (4.0 * rs(50_000.0) + after)).abs() < 1e-15);
-            let parts = t.compute_s + t.tp_comm_s + t.pp_comm_s + t.bubble_s + t.dp_comm_s;
+            let parts =
+                t.compute_s + t.tp_comm_s + t.cp_comm_s + t.pp_comm_s + t.bubble_s + t.dp_comm_s;
             assert!((parts / t.step_s - 1.0).abs() < 1e-12);
         }
     }

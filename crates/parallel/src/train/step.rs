@@ -480,6 +480,7 @@ where
                 &self.partial,
                 model,
                 micro_batches,
+                weight,
                 &self.device,
             )?;
             model = m;
