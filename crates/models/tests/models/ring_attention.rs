@@ -25,8 +25,8 @@ use ferrotron_models::layers::position::alibi_slopes;
 use ferrotron_models::ops::{
     attention_reference, attention_reference_backward, HostBlockAttention,
 };
-use ferrotron_parallel::context::simulate::{rank_part, simulate_ring};
-use ferrotron_parallel::context::{ChunkLayout, HeadBuf, Kept};
+use ferrotron_parallel::context::simulate::simulate_ring;
+use ferrotron_parallel::context::HeadBuf;
 
 use ferrotron_test_support::mpirun;
 use ferrotron_test_support::skip::skip;
@@ -210,7 +210,8 @@ mod worker {
     use std::sync::Arc;
 
     use ferrotron_parallel::comm::{Communicator, MpiCommunicator};
-    use ferrotron_parallel::context::{ring_backward, ring_forward};
+    use ferrotron_parallel::context::simulate::rank_part;
+    use ferrotron_parallel::context::{ring_backward, ring_forward, ChunkLayout, Kept};
     use ferrotron_parallel::groups::ProcessGroups;
     use ferrotron_parallel::mesh::Mesh;
 
