@@ -30,6 +30,8 @@ pub mod choice;
 pub mod comm;
 pub mod estimate;
 pub mod explain;
+#[cfg(test)]
+mod fixture;
 pub mod link;
 pub mod memory;
 pub mod model;

@@ -67,49 +67,17 @@ pub fn ring_exposed_s(input: &PlanInput, c: &Choice, link: &Link) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use ferrotron_engine::metrics::DeviceSpec;
-
     use super::*;
-    use crate::plan::{ActivationModel, ModelShape, Precision};
+    use crate::plan::fixture::small_gpt;
     use crate::zero::ZeroStage;
 
-    /// A GPT of hidden 64 (4 heads, 4 KV heads) on 8 ranks at 1 TFLOP/s
-    /// and efficiency 0.5, links of 1 GB/s and 10 us.
+    /// The fixture's GPT (hidden 64, 4 heads, 4 KV heads) at `seq`
+    /// tokens on 8 ranks, a ring allowed: 1 TFLOP/s at efficiency 0.5,
+    /// links of 1 GB/s and 10 us.
     fn input(seq: usize) -> PlanInput {
-        let link = Link {
-            name: "test",
-            bandwidth: 1e9,
-            latency: 1e-5,
-        };
         PlanInput {
-            model: ModelShape::gpt(1000, 64, 4, 4, seq),
-            gpus: 8,
-            gpus_per_node: 8,
-            device: DeviceSpec {
-                name: "test",
-                memory_bytes: 1e12,
-                bf16_flops: 1e12,
-                fp32_flops: 1e12,
-                tdp_w: 100.0,
-            },
-            intra: link,
-            inter: link,
-            global_batch: 8,
-            seq,
-            precision: Precision::Fp32,
-            efficiency: 0.5,
-            reserve_bytes: 0.0,
-            bucket_mb: 25.0,
-            dropout: false,
-            fp32_main_grads: false,
-            max_micro_batch: 8,
-            zero_stages: vec![ZeroStage::Off],
-            recompute: vec![Recompute::None],
-            sequence_parallel: false,
             context_parallel: true,
-            activations: ActivationModel::Korthikanti,
-            overlap_grad_reduce: false,
-            zero3_prefetch: 1,
+            ..small_gpt(8, seq)
         }
     }
 

@@ -340,49 +340,15 @@ fn dp_exposed(
 
 #[cfg(test)]
 mod tests {
-    use ferrotron_engine::metrics::DeviceSpec;
-
     use super::*;
-    use crate::plan::{ActivationModel, ModelShape, Precision};
+    use crate::plan::fixture::small_gpt;
 
-    const LINK: Link = Link {
-        name: "test",
-        bandwidth: 1e9,
-        latency: 1e-5,
-    };
-
-    /// A 4-block GPT of hidden 64 on 4 CPU ranks of one node, f32, 8
-    /// sequences of 32 tokens per step.
+    /// The fixture's 4-block GPT of hidden 64 on 4 CPU ranks of one node,
+    /// f32, 8 sequences of 32 tokens per step, ZeRO-2.
     fn input() -> PlanInput {
         PlanInput {
-            model: ModelShape::gpt(1000, 64, 4, 4, 32),
-            gpus: 4,
-            gpus_per_node: 4,
-            device: DeviceSpec {
-                name: "test",
-                memory_bytes: 1e12,
-                bf16_flops: 1e12,
-                fp32_flops: 1e12,
-                tdp_w: 100.0,
-            },
-            intra: LINK,
-            inter: LINK,
-            global_batch: 8,
-            seq: 32,
-            precision: Precision::Fp32,
-            efficiency: 0.5,
-            reserve_bytes: 0.0,
-            bucket_mb: 25.0,
-            dropout: false,
-            fp32_main_grads: false,
-            max_micro_batch: 8,
             zero_stages: vec![ZeroStage::Two],
-            recompute: vec![Recompute::None],
-            sequence_parallel: false,
-            context_parallel: false,
-            activations: ActivationModel::Korthikanti,
-            overlap_grad_reduce: false,
-            zero3_prefetch: 1,
+            ..small_gpt(4, 32)
         }
     }
 
