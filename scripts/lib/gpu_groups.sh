@@ -29,7 +29,10 @@ group_train() {
     [ "$any" = 1 ] || skip_phase kernel-tests "no kernels-* test binaries in $bin_given"
 }
 
-# bench train beside bench_torch.py, per shape and precision.
+# bench train beside bench_torch.py, per precision (bf16 first: the GPU's
+# default) and shape. A shape's first run compiles and autotunes its kernels
+# (on the H100, 2026-11-25: over 120 s for GPT-2 small in bf16, 12 s once
+# the caches held them), hence STEP_TIMEOUT's 240 s.
 group_step() {
     local torch_note="" i p s
     if ! "$TORCH_PYTHON" -c 'import torch' 2>/dev/null; then
@@ -38,12 +41,12 @@ group_step() {
     local peak=(--device-type "${DEVICE_TYPE:-h100-80gb}")
     # On a CPU the default peak is a GEMM measurement: not worth its time here.
     [ "$DRY" = 1 ] && peak=(--peak-tflops 1)
-    for i in ${SHAPES:-c d a b}; do
-        s="shape_$i"
-        s="${!s}"
-        for p in ${PRECISIONS:-bf16 fp32}; do
+    for p in ${PRECISIONS:-bf16 fp32}; do
+        for i in ${SHAPES:-c d a b}; do
+            s="shape_$i"
+            s="${!s}"
             # shellcheck disable=SC2086 # $s and $steps are lists of flags
-            run_phase "ferrotron-$i-$p" "${STEP_TIMEOUT:-150}" "$F" bench train $s --precision "$p" \
+            run_phase "ferrotron-$i-$p" "${STEP_TIMEOUT:-240}" "$F" bench train $s --precision "$p" \
                 --backends "$backend" $steps "${peak[@]}" --json "$GROUP_DIR/ferrotron-$i-$p.json"
             if [ -n "$torch_note" ]; then
                 skip_phase "torch-$i-$p" "$torch_note"

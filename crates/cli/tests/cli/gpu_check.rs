@@ -47,8 +47,8 @@ fn expected_phases() -> Vec<(String, &'static str)> {
     ]
     .map(|(n, s)| (n.to_string(), s))
     .into();
-    for shape in ["c", "d", "a", "b"] {
-        for precision in ["bf16", "fp32"] {
+    for precision in ["bf16", "fp32"] {
+        for shape in ["c", "d", "a", "b"] {
             p.push((format!("ferrotron-{shape}-{precision}"), "ok"));
             let torch = if precision == "bf16" {
                 "skipped"
