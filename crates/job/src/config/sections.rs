@@ -171,8 +171,8 @@ job_sections! {
     /// `[precision]`: the compute dtype and the reduction dtype.
     [precision] PrecisionSection {
         /// Compute precision: fp32, bf16 or fp16 (master weights, gradients and AdamW state stay
-        /// fp32; fp16 adds dynamic loss scaling); default fp32 (on cuda/rocm too, with a notice,
-        /// until a bf16 training step is seen to finish on a GPU).
+        /// fp32; fp16 adds dynamic loss scaling); default bf16 on cuda, fp32 elsewhere (on rocm with
+        /// a notice: bf16 has not run on an AMD GPU).
         compute: Option<Precision> = None, flag precision: Precision;
         /// Precision of the DP gradient reduction (all-reduce, ZeRO reduce-scatter): fp32 or bf16.
         #[arg(value_name = "DTYPE")]

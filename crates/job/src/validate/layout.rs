@@ -107,6 +107,28 @@ pub(super) fn peak(c: &JobConfig, p: &mut Problems) -> Option<f64> {
     peak
 }
 
+/// The compute precision of a run with `precision.compute` unset: the
+/// backend's default, except fp32 in place of a 16-bit default under tensor,
+/// context or pipeline parallelism (not implemented in 16 bits), each with
+/// its one-line notice in `notes`.
+fn unset_precision(kind: BackendKind, mesh: &Mesh, notes: &mut Vec<String>) -> Precision {
+    let (precision, notice) = kind.default_precision();
+    notes.extend(notice.map(|n| format!("{n} ({kind})")));
+    let split = [("tp", mesh.tp), ("cp", mesh.cp), ("pp", mesh.pp)]
+        .into_iter()
+        .find(|&(_, degree)| degree > 1);
+    match split {
+        Some((key, degree)) if precision != Precision::Fp32 => {
+            notes.push(format!(
+                "note: precision.compute unset: fp32, not {kind}'s default {precision}, because \
+                 {precision} with --{key} {degree} is not implemented yet"
+            ));
+            Precision::Fp32
+        }
+        _ => precision,
+    }
+}
+
 /// Resolves the model's precision and kernels into `model` and checks the
 /// layout against it; `notes` gets the warnings of a layout that runs but
 /// wastes time.
@@ -119,11 +141,10 @@ pub(super) fn check_with_model(
     notes: &mut Vec<String>,
 ) {
     model.kernels = c.backend.kernels;
-    model.precision = c.precision.compute.unwrap_or_else(|| {
-        let (precision, notice) = kind.default_precision();
-        notes.extend(notice.map(|n| format!("{n} ({kind})")));
-        precision
-    });
+    model.precision = c
+        .precision
+        .compute
+        .unwrap_or_else(|| unset_precision(kind, mesh, notes));
     if model.precision != Precision::Fp32 {
         for (key, degree) in [("tp", mesh.tp), ("cp", mesh.cp), ("pp", mesh.pp)] {
             if degree > 1 {

@@ -265,3 +265,42 @@ fn zero3_prefetch_is_refused_where_it_would_do_nothing() {
         assert!(check(ok).is_ok(), "{ok}");
     }
 }
+
+/// On cuda an unset `precision.compute` is bf16 (the backend's default) on
+/// one rank, and fp32 under tensor, context or pipeline parallelism, which
+/// bf16 does not run with yet; asked for, bf16 is refused there.
+#[test]
+fn cudas_bf16_default_yields_to_fp32_under_tp_cp_and_pp() {
+    let job = |extra: &str| {
+        JobConfig::from_toml_str(
+            &format!("[backend]\nname = \"cuda\"\n[checkpoint]\nout = \"x\"\n{extra}"),
+            "cuda.toml",
+        )
+        .unwrap()
+    };
+    for (layout, world) in [
+        ("[parallelism]\ntp = 2\n", 2),
+        ("[parallelism]\ncp = 2\n", 2),
+        ("[parallelism]\npp = 2\n[schedule]\ngrad_accum = 2\n", 2),
+        ("", 1),
+    ] {
+        let unset = job(layout);
+        assert!(
+            unset.check_portable(world).is_ok(),
+            "{layout}: {:#?}",
+            unset.check_portable(world)
+        );
+        if world == 1 {
+            continue;
+        }
+        let p = problems(
+            &job(&format!("{layout}[precision]\ncompute = \"bf16\"\n")),
+            world,
+        );
+        assert_eq!(p.len(), 1, "{layout}: {p:#?}");
+        assert!(
+            p[0].starts_with("precision.compute: --precision bf16 with --"),
+            "{p:#?}"
+        );
+    }
+}
