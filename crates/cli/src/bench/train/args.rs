@@ -61,7 +61,7 @@ pub struct TrainBenchArgs {
     pub kernels: Option<Kernels>,
     /// Compute precision, as `ferrotron train --precision`: fp32, bf16 or fp16 (f32
     /// master weights, gradients and AdamW state; fp16 with dynamic loss scaling); default
-    /// fp32 (on cuda and rocm too, with a notice, until a bf16 step is seen to finish on a GPU).
+    /// bf16 on cuda, fp32 elsewhere (on rocm with a notice: bf16 has not run on an AMD GPU).
     #[arg(long)]
     pub precision: Option<Precision>,
     /// Sequences per step.
@@ -81,11 +81,11 @@ pub struct TrainBenchArgs {
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub backends: Option<Vec<String>>,
     /// Device peak for MFU, TFLOP/s (default: measured f32 GEMM rate on CPUs, the data
-    /// sheet's fp32 peak of --device-type on GPUs).
+    /// sheet's peak of --device-type on GPUs for the run's precision).
     #[arg(long)]
     pub peak_tflops: Option<f64>,
-    /// GPU type whose fp32 data-sheet peak MFU uses: a100-40gb, a100-80gb, h100-80gb, h200,
-    /// mi250x-gcd, mi300x.
+    /// GPU type whose data-sheet peak MFU uses (fp32 vector units in fp32, matrix units in
+    /// bf16/fp16): a100-40gb, a100-80gb, h100-80gb, h200, mi250x-gcd, mi300x.
     #[arg(long)]
     pub device_type: Option<String>,
     /// Seed of the initialisation and of the random token ids.

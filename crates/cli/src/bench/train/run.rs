@@ -5,7 +5,8 @@ use std::time::Instant;
 
 use ferrotron_engine::backend::{BackendKind, ALL_BACKENDS};
 use ferrotron_engine::data::Batch;
-use ferrotron_engine::metrics::{device_spec, measure_matmul_flops, HeapWindow};
+use ferrotron_engine::metrics::{device_spec, measure_matmul_flops, DeviceSpec, HeapWindow};
+use ferrotron_engine::precision::Precision;
 use ferrotron_models::ops::{choose_kernels, HeadLoss, TrainBackend};
 use ferrotron_models::{Decoder, DecoderConfig};
 use ferrotron_parallel::groups::ProcessGroups;
@@ -40,7 +41,7 @@ pub fn run(args: &TrainBenchArgs) -> anyhow::Result<()> {
     let gpu_peak = match &args.device_type {
         None => None,
         Some(name) => match device_spec(name).filter(|d| d.fp32_flops > 0.0) {
-            Some(d) => Some((d.fp32_flops, d.name)),
+            Some(d) => Some(d),
             None => {
                 return Err(usage(format!(
                     "--device-type {name}: not a GPU type of the table (a100-40gb, a100-80gb, h100-80gb, h200, mi250x-gcd, mi300x)"
@@ -113,12 +114,26 @@ fn select(names: Option<&[String]>) -> anyhow::Result<(Vec<BackendKind>, Vec<Ski
     Ok((kinds, skipped))
 }
 
+/// A GPU's data-sheet peak for a run in `precision`, TFLOP/s, and where it
+/// comes from: the vector units' fp32 peak, or the matrix units' for bf16
+/// and fp16 (the precision whose matrix products dominate the step).
+fn data_sheet_peak(d: &DeviceSpec, precision: Precision) -> (f64, String) {
+    let (flops, units) = match precision {
+        Precision::Fp32 => (d.fp32_flops, "fp32 (vector units)"),
+        Precision::Bf16 | Precision::Fp16 => (d.bf16_flops, "bf16/fp16 (matrix units)"),
+    };
+    (
+        flops / 1e12,
+        format!("the {units} data-sheet peak of {}", d.name),
+    )
+}
+
 /// The measurement on one backend.
 struct StepBench<'a> {
     config: DecoderConfig,
     args: &'a TrainBenchArgs,
-    /// `--device-type`'s fp32 peak, FLOP/s, and its name.
-    gpu_peak: Option<(f64, &'static str)>,
+    /// `--device-type`'s data sheet: the peak of the run's precision.
+    gpu_peak: Option<DeviceSpec>,
 }
 
 impl BackendTask for StepBench<'_> {
@@ -127,6 +142,10 @@ impl BackendTask for StepBench<'_> {
     fn run<B: TrainBackend>(self, kind: BackendKind, device: B::Device) -> anyhow::Result<Record> {
         let a = self.args;
         let cpu = kind.is_cpu();
+        let valid = job_config(a, kind, &self.config)
+            .validate_for(&World::SINGLE, self.config.clone())
+            .map_err(|e| usage_lines(&e))?;
+        let precision = valid.model().precision;
         let (peak_tflops, peak_source) = match (a.peak_tflops, cpu, self.gpu_peak) {
             (Some(t), _, _) => (Some(t), "--peak-tflops".to_string()),
             (None, true, _) => {
@@ -136,23 +155,19 @@ impl BackendTask for StepBench<'_> {
                     format!("the measured f32 GEMM rate of {kind} ({GEMM_N}^3, best of 3)"),
                 )
             }
-            (None, false, Some((f, name))) => (
-                Some(f / 1e12),
-                format!("the fp32 data-sheet peak of {name}"),
-            ),
+            (None, false, Some(d)) => {
+                let (tflops, source) = data_sheet_peak(&d, precision);
+                (Some(tflops), source)
+            }
             (None, false, None) => (
                 None,
                 "nothing: peak unknown (give --device-type or --peak-tflops)".to_string(),
             ),
         };
-        let valid = job_config(a, kind, &self.config)
-            .validate_for(&World::SINGLE, self.config.clone())
-            .map_err(|e| usage_lines(&e))?;
         for note in valid.notes() {
             eprintln!("bench: {note}");
         }
         let config = valid.model().clone();
-        let precision = config.precision;
         let rss_reset = cpu && host::reset_peak_rss();
         let model = Decoder::<B>::new(&config, a.seed, &device)?;
         let head = match model.ops().head_loss() {
@@ -231,7 +246,7 @@ impl BackendTask for StepBench<'_> {
             backend: kind.name().into(),
             device: match (cpu, self.gpu_peak) {
                 (true, _) => host::cpu_name(),
-                (false, Some((_, name))) => format!("{name} ({kind} GPU 0)"),
+                (false, Some(d)) => format!("{} ({kind} GPU 0)", d.name),
                 (false, None) => gpu_name(kind),
             },
             threads: cpu.then(host::cpu_threads),
@@ -324,4 +339,25 @@ fn gpu_name(kind: BackendKind) -> String {
         }
     }
     format!("{kind} GPU 0")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gpus_peak_follows_the_runs_precision() {
+        let h100 = device_spec("h100-80gb").unwrap();
+        let (fp32, source) = data_sheet_peak(&h100, Precision::Fp32);
+        assert_eq!(fp32, 67.0);
+        assert!(
+            source.contains("fp32") && source.contains("h100-80gb"),
+            "{source}"
+        );
+        for p in [Precision::Bf16, Precision::Fp16] {
+            let (tflops, source) = data_sheet_peak(&h100, p);
+            assert_eq!(tflops, 989.0);
+            assert!(source.contains("matrix units"), "{source}");
+        }
+    }
 }
