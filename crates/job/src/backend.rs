@@ -71,18 +71,27 @@ pub fn dispatch<T: BackendTask>(
             // runtime starts (minimal on a CPU adapter such as lavapipe).
             let device = ferrotron_kernels::wgpu_setup::default_device();
             eprintln!(
-                "wgpu: {}",
-                ferrotron_kernels::wgpu_setup::autotune_for_default_adapter()
+                "wgpu: {}; {}",
+                ferrotron_kernels::wgpu_setup::autotune_for_default_adapter(),
+                ferrotron_kernels::kernel_cache::install(false).cache
             );
             task.run::<Autodiff<ferrotron_models::ops::Wgpu>>(kind, device)
         }),
         #[cfg(feature = "cuda")]
         BackendKind::Cuda => gpu_guard(kind, || {
+            eprintln!(
+                "cuda: {}",
+                ferrotron_kernels::kernel_cache::install(false).cache
+            );
             let device = burn::backend::cuda::CudaDevice { index: gpu };
             task.run::<Autodiff<ferrotron_models::ops::Cuda>>(kind, device)
         }),
         #[cfg(feature = "rocm")]
         BackendKind::Rocm => gpu_guard(kind, || {
+            eprintln!(
+                "rocm: {}",
+                ferrotron_kernels::kernel_cache::install(false).cache
+            );
             let device = burn::backend::rocm::RocmDevice { index: gpu };
             task.run::<Autodiff<ferrotron_models::ops::Rocm>>(kind, device)
         }),

@@ -9,6 +9,7 @@ pub mod attention;
 mod check;
 pub mod cross_entropy;
 pub mod dtype;
+pub mod kernel_cache;
 pub mod norm;
 mod reduce;
 pub mod rope;

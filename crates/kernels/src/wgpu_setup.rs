@@ -15,13 +15,15 @@
 //! model tests, the benchmarks, `ferrotron bench kernels`) opens its device
 //! through [`default_device`]; a process that opened a cubecl client before
 //! keeps the level it had (reported as [`AutotuneChoice::TooLate`]).
+//! The level goes in with the kernel caches, through
+//! [`kernel_cache::install`].
 
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
-use cubecl::config::autotune::AutotuneLevel;
-use cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
 use cubecl::wgpu::{AutoGraphicsApi, GraphicsApi, WgpuDevice};
+
+use crate::kernel_cache;
 
 /// The environment variable cubecl reads the autotune level from.
 pub const AUTOTUNE_VAR: &str = "CUBECL_AUTOTUNE_LEVEL";
@@ -87,8 +89,13 @@ pub fn autotune_for_default_adapter() -> &'static AutotuneChoice {
         } else {
             None
         };
-        match decide(user, adapter) {
-            AutotuneChoice::Minimal { adapter } => set_minimal(adapter),
+        let choice = decide(user, adapter);
+        // The kernel caches go in with the level: cubecl reads one configuration.
+        let installed = kernel_cache::install(matches!(choice, AutotuneChoice::Minimal { .. }));
+        match choice {
+            AutotuneChoice::Minimal { adapter } if !installed.minimal_autotune => {
+                AutotuneChoice::TooLate { adapter }
+            }
             other => other,
         }
     })
@@ -104,19 +111,6 @@ fn decide(user: Option<String>, adapter: Option<(String, bool)>) -> AutotuneChoi
         (None, Some((adapter, true))) => AutotuneChoice::Minimal { adapter },
         (None, Some((adapter, false))) => AutotuneChoice::Default { adapter },
     }
-}
-
-/// Installs cubecl's configuration (its files, as cubecl would load them)
-/// with the level `minimal`, unless cubecl has read its configuration.
-fn set_minimal(adapter: String) -> AutotuneChoice {
-    let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
-    config.autotune.level = AutotuneLevel::Minimal;
-    let mut slot = CubeClRuntimeConfig::storage().lock();
-    if slot.is_some() {
-        return AutotuneChoice::TooLate { adapter };
-    }
-    *slot = Some(Arc::new(config));
-    AutotuneChoice::Minimal { adapter }
 }
 
 /// Name of the adapter cubecl's `DefaultDevice` resolves to, and whether it

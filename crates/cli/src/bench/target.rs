@@ -84,15 +84,27 @@ fn open_one(name: &str) -> Result<Box<dyn Target>> {
             )?)
         }
         #[cfg(feature = "cuda")]
-        "cuda" => Box::new(CubeTarget::<cubecl::cuda::CudaRuntime, u8>::open(
-            "cuda",
-            Default::default(),
-        )?),
+        "cuda" => {
+            eprintln!(
+                "bench: cuda: {}",
+                ferrotron_kernels::kernel_cache::install(false).cache
+            );
+            Box::new(CubeTarget::<cubecl::cuda::CudaRuntime, u8>::open(
+                "cuda",
+                Default::default(),
+            )?)
+        }
         #[cfg(feature = "rocm")]
-        "rocm" => Box::new(CubeTarget::<cubecl::hip::HipRuntime, u8>::open(
-            "rocm",
-            Default::default(),
-        )?),
+        "rocm" => {
+            eprintln!(
+                "bench: rocm: {}",
+                ferrotron_kernels::kernel_cache::install(false).cache
+            );
+            Box::new(CubeTarget::<cubecl::hip::HipRuntime, u8>::open(
+                "rocm",
+                Default::default(),
+            )?)
+        }
         other => unreachable!("{other} is in COMPILED"),
     })
 }
