@@ -119,10 +119,11 @@ fn layer_norm_backward_dx_kernel<F: Float>(
     }
 }
 
-/// The first pass of `d_weight` and `d_bias` (see the `norm::params` module): for
-/// the chunk `CUBE_POS_Y` of `chunk_rows` rows and the column tile
-/// `CUBE_POS_X`, `partials_w[chunk * hidden + col]` = sum over the chunk's
-/// rows of `dy * (x - mean) * rstd` and `partials_b[...]` that of `dy`.
+/// The first pass of `d_weight` and `d_bias` (see the `norm::params`
+/// module): for the chunk `CUBE_POS_Y` of `chunk_rows` rows and the column
+/// tile `CUBE_POS_X`, `partials_w[chunk * hidden + col]` = sum over the
+/// chunk's rows of `dy * (x - mean) * rstd` and `partials_b[...]` that of
+/// `dy`.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn layer_norm_params_partials_kernel<F: Float>(

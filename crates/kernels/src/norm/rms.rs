@@ -101,10 +101,10 @@ fn rms_norm_backward_dx_kernel<F: Float>(
     }
 }
 
-/// The first pass of `d_weight` (see the `norm::params` module): for the chunk
-/// `CUBE_POS_Y` of `chunk_rows` rows and the column tile `CUBE_POS_X`,
-/// `partials[chunk * hidden + col]` = sum over the chunk's rows of
-/// `dy * x * rstd`.
+/// The first pass of `d_weight` (see the `norm::params` module): for the
+/// chunk `CUBE_POS_Y` of `chunk_rows` rows and the column tile
+/// `CUBE_POS_X`, `partials[chunk * hidden + col]` = sum over the chunk's
+/// rows of `dy * x * rstd`.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn rms_norm_weight_partials_kernel<F: Float>(
