@@ -2,6 +2,7 @@
 //! last axis of `x: [rows, hidden]`, with the biased variance
 //! (`var = mean((x - mean)^2)`, as PyTorch), `weight, bias: [hidden]`.
 
+use super::params::{self, lane_sum, ParamChunks, PARAM_ROW_LANES, PARAM_TILE_COLS};
 use super::{check_buffers, row_cubes};
 use crate::check::ShapeError;
 use crate::dtype::{load, store, with_storage, FloatDtype};
@@ -118,32 +119,49 @@ fn layer_norm_backward_dx_kernel<F: Float>(
     }
 }
 
+/// The first pass of `d_weight` and `d_bias` (see the `norm::params`
+/// module): for the chunk `CUBE_POS_Y` of `chunk_rows` rows and the column
+/// tile `CUBE_POS_X`, `partials_w[chunk * hidden + col]` = sum over the
+/// chunk's rows of `dy * (x - mean) * rstd` and `partials_b[...]` that of
+/// `dy`.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-fn layer_norm_backward_params_kernel<F: Float>(
+fn layer_norm_params_partials_kernel<F: Float>(
     x: &Array<F>,
     mean: &Array<f32>,
     rstd: &Array<f32>,
     dy: &Array<F>,
-    d_weight: &mut Array<F>,
-    d_bias: &mut Array<F>,
+    partials_w: &mut Array<f32>,
+    partials_b: &mut Array<f32>,
     rows: u32,
     hidden: u32,
+    chunk_rows: u32,
     #[comptime] round_bf16: bool,
 ) {
-    let col = ABSOLUTE_POS;
     let hidden = hidden as usize;
+    let col = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
+    let chunk = CUBE_POS_Y as usize;
+    let start = chunk * chunk_rows as usize;
+    let end = min(start + chunk_rows as usize, rows as usize);
+    let mut scratch = SharedMemory::<f32>::new((PARAM_TILE_COLS * PARAM_ROW_LANES) as usize);
+
+    let mut acc_w = 0.0f32;
+    let mut acc_b = 0.0f32;
     if col < hidden {
-        let mut acc_w = 0.0f32;
-        let mut acc_b = 0.0f32;
-        for row in 0..rows as usize {
+        let mut row = start + UNIT_POS_Y as usize;
+        while row < end {
             let i = row * hidden + col;
             let g = load::<F>(dy[i], round_bf16);
             acc_w += g * (load::<F>(x[i], round_bf16) - mean[row]) * rstd[row];
             acc_b += g;
+            row += CUBE_DIM_Y as usize;
         }
-        d_weight[col] = store::<F>(acc_w, round_bf16);
-        d_bias[col] = store::<F>(acc_b, round_bf16);
+    }
+    let total_w = lane_sum(&mut scratch, acc_w);
+    let total_b = lane_sum(&mut scratch, acc_b);
+    if col < hidden && UNIT_POS_Y == 0 {
+        partials_w[chunk * hidden + col] = total_w;
+        partials_b[chunk * hidden + col] = total_b;
     }
 }
 
@@ -273,7 +291,9 @@ pub fn layer_norm_backward<R: Runtime>(
 
 /// LayerNorm backward: from `dy: [rows, hidden]` and the forward's `x`,
 /// `weight`, `mean` and `rstd`, writes `dx: [rows, hidden]` and
-/// `d_weight, d_bias: [hidden]` (summed over rows, in row order).
+/// `d_weight, d_bias: [hidden]` (summed over rows in two passes through
+/// two f32 workspaces `[chunks, hidden]` allocated here, in an order fixed
+/// by the shapes: see the `norm::params` module).
 ///
 /// Every buffer holds `dtype` except `mean` and `rstd` (f32, as the forward
 /// wrote them). Sums in f32; the gradients are rounded once to `dtype`. The
@@ -311,10 +331,11 @@ pub fn layer_norm_backward_typed<R: Runtime>(
         ],
         &[("mean", mean, rows), ("rstd", rstd, rows)],
     )?;
-    let col_dim = CubeDim::new_1d(NORM_UNITS_PER_ROW * NORM_ROWS_PER_CUBE);
+    let cut = ParamChunks::new(rows, hidden);
+    let (partials_w, partials_b) = (cut.workspace(client, hidden), cut.workspace(client, hidden));
     with_storage!(dtype, F, round_bf16, {
-        // SAFETY: buffer sizes checked above; the kernels guard rows and
-        // columns.
+        // SAFETY: buffer sizes checked above, the workspaces sized by
+        // `cut`; the kernels guard rows and columns.
         unsafe {
             layer_norm_backward_dx_kernel::launch_unchecked::<F, R>(
                 client,
@@ -330,20 +351,23 @@ pub fn layer_norm_backward_typed<R: Runtime>(
                 hidden as u32,
                 round_bf16,
             );
-            layer_norm_backward_params_kernel::launch_unchecked::<F, R>(
+            layer_norm_params_partials_kernel::launch_unchecked::<F, R>(
                 client,
-                cubecl::calculate_cube_count_elemwise(client, hidden, col_dim),
-                col_dim,
+                cut.cube_count(),
+                cut.cube_dim(),
                 ArrayArg::from_raw_parts(x.clone(), n),
                 ArrayArg::from_raw_parts(mean.clone(), rows),
                 ArrayArg::from_raw_parts(rstd.clone(), rows),
                 ArrayArg::from_raw_parts(dy.clone(), n),
-                ArrayArg::from_raw_parts(d_weight.clone(), hidden),
-                ArrayArg::from_raw_parts(d_bias.clone(), hidden),
+                ArrayArg::from_raw_parts(partials_w.clone(), cut.chunks * hidden),
+                ArrayArg::from_raw_parts(partials_b.clone(), cut.chunks * hidden),
                 rows as u32,
                 hidden as u32,
+                cut.chunk_rows as u32,
                 round_bf16,
             );
+            params::finish::<F, R>(client, &cut, &partials_w, d_weight, hidden, round_bf16);
+            params::finish::<F, R>(client, &cut, &partials_b, d_bias, hidden, round_bf16);
         }
     });
     Ok(())

@@ -5,10 +5,11 @@
 //! accumulating in f32 through a fixed shared-memory tree per row (no
 //! atomics, so results are bitwise reproducible). The forward saves per-row
 //! statistics for the backward; the backward computes `dx` per row and the
-//! parameter gradients with a second kernel in which each unit sums one
-//! column over all rows, in row order.
+//! parameter gradients in two passes over chunks of rows and tiles of
+//! columns, in an order fixed by the shapes (`params.rs`).
 
 pub mod layer;
+mod params;
 pub mod rms;
 
 use crate::check::{self, ShapeError};

@@ -1,6 +1,7 @@
 //! RMSNorm as in Llama: `y = x / sqrt(mean(x^2) + eps) * weight`, over the
 //! last axis of `x: [rows, hidden]`, with `weight: [hidden]`.
 
+use super::params::{self, lane_sum, ParamChunks, PARAM_ROW_LANES, PARAM_TILE_COLS};
 use super::{check_buffers, row_cubes};
 use crate::check::ShapeError;
 use crate::dtype::{load, store, with_storage, FloatDtype};
@@ -100,25 +101,41 @@ fn rms_norm_backward_dx_kernel<F: Float>(
     }
 }
 
+/// The first pass of `d_weight` (see the `norm::params` module): for the
+/// chunk `CUBE_POS_Y` of `chunk_rows` rows and the column tile
+/// `CUBE_POS_X`, `partials[chunk * hidden + col]` = sum over the chunk's
+/// rows of `dy * x * rstd`.
 #[cube(launch_unchecked)]
-fn rms_norm_backward_weight_kernel<F: Float>(
+#[allow(clippy::too_many_arguments)]
+fn rms_norm_weight_partials_kernel<F: Float>(
     x: &Array<F>,
     rstd: &Array<f32>,
     dy: &Array<F>,
-    d_weight: &mut Array<F>,
+    partials: &mut Array<f32>,
     rows: u32,
     hidden: u32,
+    chunk_rows: u32,
     #[comptime] round_bf16: bool,
 ) {
-    let col = ABSOLUTE_POS;
     let hidden = hidden as usize;
+    let col = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
+    let chunk = CUBE_POS_Y as usize;
+    let start = chunk * chunk_rows as usize;
+    let end = min(start + chunk_rows as usize, rows as usize);
+    let mut scratch = SharedMemory::<f32>::new((PARAM_TILE_COLS * PARAM_ROW_LANES) as usize);
+
+    let mut acc = 0.0f32;
     if col < hidden {
-        let mut acc = 0.0f32;
-        for row in 0..rows as usize {
+        let mut row = start + UNIT_POS_Y as usize;
+        while row < end {
             let i = row * hidden + col;
             acc += load::<F>(dy[i], round_bf16) * load::<F>(x[i], round_bf16) * rstd[row];
+            row += CUBE_DIM_Y as usize;
         }
-        d_weight[col] = store::<F>(acc, round_bf16);
+    }
+    let total = lane_sum(&mut scratch, acc);
+    if col < hidden && UNIT_POS_Y == 0 {
+        partials[chunk * hidden + col] = total;
     }
 }
 
@@ -231,7 +248,9 @@ pub fn rms_norm_backward<R: Runtime>(
 
 /// RMSNorm backward: from `dy: [rows, hidden]` and the forward's `x`,
 /// `weight` and `rstd`, writes `dx: [rows, hidden]` and
-/// `d_weight: [hidden]` (summed over rows, in row order).
+/// `d_weight: [hidden]` (summed over rows in two passes through an f32
+/// workspace `[chunks, hidden]` allocated here, in an order fixed by the
+/// shapes: see the `norm::params` module).
 ///
 /// Every buffer holds `dtype` except `rstd` (f32, as the forward wrote
 /// it). Sums in f32; `dx` and `d_weight` are rounded once to `dtype`. `dx`
@@ -266,10 +285,11 @@ pub fn rms_norm_backward_typed<R: Runtime>(
         ],
         &[("rstd", rstd, rows)],
     )?;
-    let col_dim = CubeDim::new_1d(NORM_UNITS_PER_ROW * NORM_ROWS_PER_CUBE);
+    let cut = ParamChunks::new(rows, hidden);
+    let partials = cut.workspace(client, hidden);
     with_storage!(dtype, F, round_bf16, {
-        // SAFETY: buffer sizes checked above; the kernels guard rows and
-        // columns.
+        // SAFETY: buffer sizes checked above, the workspace sized by `cut`;
+        // the kernels guard rows and columns.
         unsafe {
             rms_norm_backward_dx_kernel::launch_unchecked::<F, R>(
                 client,
@@ -284,18 +304,20 @@ pub fn rms_norm_backward_typed<R: Runtime>(
                 hidden as u32,
                 round_bf16,
             );
-            rms_norm_backward_weight_kernel::launch_unchecked::<F, R>(
+            rms_norm_weight_partials_kernel::launch_unchecked::<F, R>(
                 client,
-                cubecl::calculate_cube_count_elemwise(client, hidden, col_dim),
-                col_dim,
+                cut.cube_count(),
+                cut.cube_dim(),
                 ArrayArg::from_raw_parts(x.clone(), n),
                 ArrayArg::from_raw_parts(rstd.clone(), rows),
                 ArrayArg::from_raw_parts(dy.clone(), n),
-                ArrayArg::from_raw_parts(d_weight.clone(), hidden),
+                ArrayArg::from_raw_parts(partials.clone(), cut.chunks * hidden),
                 rows as u32,
                 hidden as u32,
+                cut.chunk_rows as u32,
                 round_bf16,
             );
+            params::finish::<F, R>(client, &cut, &partials, d_weight, hidden, round_bf16);
         }
     });
     Ok(())

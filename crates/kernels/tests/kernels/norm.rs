@@ -18,11 +18,22 @@ const EPS: f64 = 1e-5;
 
 /// Row shapes: hidden below, at and above the 32 units per row and the 256
 /// units of a cube, odd sizes; row counts below and not a multiple of the 8
-/// rows per cube.
+/// rows per cube. The last two cut the parameter gradients' rows into
+/// several chunks (at least 64 rows each): `[203, 45]` into 3 chunks of 68
+/// rows (the last 67) over 2 column tiles of 32 (the second ragged),
+/// `[300, 97]` into 4 chunks of 75 rows over 4 tiles.
 /// (At hidden = 1, RMSNorm is `sign(x) * weight`; at hidden = 2, LayerNorm
 /// is `±weight + bias`: their true `dx` is of order `eps` and comes out of f32
 /// cancellation, so the smallest row is 3.)
-const SHAPES: [(usize, usize); 5] = [(1, 3), (3, 7), (5, 256), (4, 300), (17, 1031)];
+const SHAPES: [(usize, usize); 7] = [
+    (1, 3),
+    (3, 7),
+    (5, 256),
+    (4, 300),
+    (17, 1031),
+    (203, 45),
+    (300, 97),
+];
 
 fn to_f64(v: &[f32]) -> Vec<f64> {
     v.iter().map(|&x| x as f64).collect()
@@ -101,10 +112,17 @@ fn layer_backward(
     (dx, dw, db)
 }
 
+/// Asserts that a second run gave the same bits as the first (the
+/// parameter gradients are summed in an order fixed by the shapes).
+fn assert_same_bits(what: &str, first: &[f32], again: &[f32]) {
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(first), bits(again), "{what}: a second run differs");
+}
+
 /// RMSNorm forward and backward with `dtype` storage against the f64
 /// reference on the same (rounded) inputs. Outputs of `dtype` within
 /// [`common::tolerance`] of the f32 bounds; the f32 statistics within the
-/// f32 bounds.
+/// f32 bounds. The backward runs twice and must give the same bits.
 fn check_rms_norm(dtype: FloatDtype) {
     let client = common::client();
     let tol = |f32_tol: f32| common::tolerance(dtype, f32_tol);
@@ -156,17 +174,26 @@ fn check_rms_norm(dtype: FloatDtype) {
             &to_f32(&edx),
             tol(1e-4),
         );
+        let dw_first = download_as(&client, dtype, &dw);
         assert_close(
             &format!("{tag} d_weight"),
-            &download_as(&client, dtype, &dw),
+            &dw_first,
             &to_f32(&edw),
             tol(1e-5),
         );
+
+        let dw_again = zeros_as(&client, dtype, hidden);
+        rms_norm_backward_typed(
+            &client, dtype, &xh, &wh, &rstd, &dyh, &dx, &dw_again, rows, hidden,
+        )
+        .unwrap();
+        let dw_again = download_as(&client, dtype, &dw_again);
+        assert_same_bits(&format!("{tag} d_weight"), &dw_first, &dw_again);
     }
 }
 
 /// LayerNorm forward and backward with `dtype` storage, as
-/// [`check_rms_norm`].
+/// [`check_rms_norm`] (the backward twice too).
 fn check_layer_norm(dtype: FloatDtype) {
     let client = common::client();
     let tol = |f32_tol: f32| common::tolerance(dtype, f32_tol);
@@ -232,18 +259,37 @@ fn check_layer_norm(dtype: FloatDtype) {
             &to_f32(&edx),
             tol(1e-4),
         );
+        let (dw_first, db_first) = (
+            download_as(&client, dtype, &dw),
+            download_as(&client, dtype, &db),
+        );
         assert_close(
             &format!("{tag} d_weight"),
-            &download_as(&client, dtype, &dw),
+            &dw_first,
             &to_f32(&edw),
             tol(1e-4),
         );
         assert_close(
             &format!("{tag} d_bias"),
-            &download_as(&client, dtype, &db),
+            &db_first,
             &to_f32(&edb),
             tol(1e-5),
         );
+
+        let (dw_again, db_again) = (
+            zeros_as(&client, dtype, hidden),
+            zeros_as(&client, dtype, hidden),
+        );
+        layer_norm_backward_typed(
+            &client, dtype, &xh, &wh, &mean, &rstd, &dyh, &dx, &dw_again, &db_again, rows, hidden,
+        )
+        .unwrap();
+        let (dw_again, db_again) = (
+            download_as(&client, dtype, &dw_again),
+            download_as(&client, dtype, &db_again),
+        );
+        assert_same_bits(&format!("{tag} d_weight"), &dw_first, &dw_again);
+        assert_same_bits(&format!("{tag} d_bias"), &db_first, &db_again);
     }
 }
 
