@@ -11,9 +11,16 @@
 //! touches freed memory. The job is aborted after a timeout, so the leak is
 //! bounded by one operation's buffers.
 //!
-//! Taken-back buffers are kept in [`Spares`] for the next operations: a
-//! fresh multi-MiB buffer per call cost more (page faults) than the
-//! all-reduce itself.
+//! Taken-back buffers of at most [`MAX_SPARE_BYTES`] are kept in
+//! [`Spares`] for the next operations: a fresh multi-MiB buffer per call
+//! cost more (page faults) than the all-reduce itself. Larger ones are
+//! freed: kept, the largest message of a run (a whole embedding's
+//! gradient bucket, its TP block gathered for `model.safetensors`) stayed
+//! resident twice over on every communicator that carried it, about 300
+//! MiB per rank at GPT-2 small's size, which made a sharded rank hold
+//! 0.64-0.69 of the one-rank run's memory while saving a checkpoint
+//! instead of its share. A call that large pays its buffers' page faults,
+//! a small part of moving that many bytes.
 
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
@@ -21,6 +28,11 @@ use std::sync::Mutex;
 
 /// Most buffers kept for reuse: the send and receive buffer of one call.
 const MAX_SPARES: usize = 2;
+
+/// Largest buffer kept for reuse, bytes: 32 MiB, above a default DDP
+/// bucket (25 MiB), so that a run with the default buckets reuses its
+/// all-reduce buffers and a communicator keeps at most 64 MiB between calls.
+const MAX_SPARE_BYTES: usize = 32 << 20;
 
 /// An `f32` heap buffer that MPI may use for as long as the process lives.
 ///
@@ -77,7 +89,7 @@ impl Lent {
 }
 
 /// Buffers of completed operations, reused by the next ones; holds at most
-/// two, so at most twice the largest buffer of a call stays allocated.
+/// two of at most [`MAX_SPARE_BYTES`] each.
 #[derive(Default)]
 pub(super) struct Spares(Mutex<Vec<Vec<f32>>>);
 
@@ -106,7 +118,7 @@ impl Spares {
 
     /// Takes back the buffer of a completed operation, copies it into
     /// `out` (if given; same length) and keeps it for reuse, or frees it if
-    /// enough are kept.
+    /// enough are kept or it is larger than [`MAX_SPARE_BYTES`].
     ///
     /// # Safety
     /// As [`Lent::take`]: the request that used `lent` has completed.
@@ -117,8 +129,51 @@ impl Spares {
             out.copy_from_slice(&buf);
         }
         let mut spares = self.kept();
-        if spares.len() < MAX_SPARES {
+        if spares.len() < MAX_SPARES && buf.capacity() * size_of::<f32>() <= MAX_SPARE_BYTES {
             spares.push(buf);
         }
+    }
+
+    /// Bytes of the kept buffers (their capacity).
+    #[cfg(test)]
+    fn kept_bytes(&self) -> usize {
+        self.kept()
+            .iter()
+            .map(|b| b.capacity() * size_of::<f32>())
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lends a send copy of `n` values and a receive buffer of `n`, as a
+    /// collective does, and takes both back.
+    fn one_call(spares: &Spares, n: usize) -> Vec<f32> {
+        let values: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        let send = spares.lend_copy(&values);
+        let recv = spares.lend_scratch(n);
+        let mut out = vec![0.0; n];
+        // SAFETY: no MPI request used these buffers.
+        unsafe {
+            spares.reclaim(recv, Some(&mut out));
+            spares.reclaim(send, None);
+        }
+        out
+    }
+
+    #[test]
+    fn buffers_up_to_the_cap_are_kept_and_larger_ones_freed() {
+        let f32_bytes = size_of::<f32>();
+        let kept = Spares::default();
+        let small = MAX_SPARE_BYTES / f32_bytes / 4;
+        assert_eq!(one_call(&kept, small).len(), small);
+        assert!(kept.kept_bytes() >= 2 * small * f32_bytes);
+
+        let freed = Spares::default();
+        let large = MAX_SPARE_BYTES / f32_bytes + 1;
+        assert_eq!(one_call(&freed, large)[large - 1], (large - 1) as f32);
+        assert_eq!(freed.kept_bytes(), 0);
     }
 }
