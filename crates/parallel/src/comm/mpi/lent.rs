@@ -149,14 +149,16 @@ mod tests {
     use super::*;
 
     /// Lends a send copy of `n` values and a receive buffer of `n`, as a
-    /// collective does, and takes both back.
+    /// collective does, copies the one into the other (a one-rank
+    /// all-reduce) and takes both back: returns what was received.
     fn one_call(spares: &Spares, n: usize) -> Vec<f32> {
         let values: Vec<f32> = (0..n).map(|i| i as f32).collect();
         let send = spares.lend_copy(&values);
-        let recv = spares.lend_scratch(n);
+        let mut recv = spares.lend_scratch(n);
         let mut out = vec![0.0; n];
-        // SAFETY: no MPI request used these buffers.
+        // SAFETY: no MPI request uses these buffers; one view of each.
         unsafe {
+            recv.view_mut().copy_from_slice(send.view());
             spares.reclaim(recv, Some(&mut out));
             spares.reclaim(send, None);
         }
@@ -168,8 +170,10 @@ mod tests {
         let f32_bytes = size_of::<f32>();
         let kept = Spares::default();
         let small = MAX_SPARE_BYTES / f32_bytes / 4;
-        assert_eq!(one_call(&kept, small).len(), small);
+        assert_eq!(one_call(&kept, small)[small - 1], (small - 1) as f32);
         assert!(kept.kept_bytes() >= 2 * small * f32_bytes);
+        // Reused buffers give what the call received.
+        assert_eq!(one_call(&kept, 3), [0.0, 1.0, 2.0]);
 
         let freed = Spares::default();
         let large = MAX_SPARE_BYTES / f32_bytes + 1;
