@@ -3,17 +3,17 @@
 //! vocabulary, 32-token sequences), each rank of a tp2 run and of a dp2
 //! ZeRO-3 run (which builds placeholders and draws only its DP pieces)
 //! peaks at most 0.6 of the one-rank run's resident memory while building
-//! the model and while loading its checkpoint (each run resumed from its
-//! own step-1 checkpoint with no step left, so the resumed launch only
-//! builds and loads), and at most 0.7 while writing a checkpoint. The
-//! peaks are the `memory_phase` records of `metrics.jsonl` (`VmHWM` reset
-//! at the phase's start).
+//! the model, while writing its step-1 checkpoint and while loading it
+//! (each run resumed from its own checkpoint with no step left, so the
+//! resumed launch only builds and loads). The peaks are the
+//! `memory_phase` records of `metrics.jsonl` (`VmHWM` reset at the
+//! phase's start).
 //!
 //! A save streams one tensor's host copy at a time, so its peak is close
-//! to the memory resident when it begins; a sharded rank holds about 0.67
-//! of the one-rank run's then (measured: 1018 of 1518 MB under tp2), not
-//! half: which buffer a sharded rank keeps between steps that the one-rank
-//! run frees is not yet found (docs/parallelism.md).
+//! to the memory resident when it begins: the rank's share, as long as
+//! nothing of whole-model size outlives the step (the MPI communicator's
+//! reused buffers once kept the largest message twice over, about 300 MiB
+//! here, and saves measured 0.63-0.69).
 //!
 //! The sharded runs keep the default end-of-run sample (120 tokens), which
 //! they must not draw: no rank may hold the whole model, so each says so
@@ -24,13 +24,9 @@ use std::path::Path;
 use crate::common::{corpus, ferrotron, records, scratch};
 use crate::mpirun::{mpi_built, run};
 
-/// The largest share of the one-rank build and checkpoint-load peaks a
-/// rank of a 2-way sharded run may reach.
-const MAX_BUILD_SHARE: f64 = 0.6;
-
-/// The largest share of the one-rank checkpoint-save peak a rank of a
-/// 2-way sharded run may reach (see the module doc).
-const MAX_SAVE_SHARE: f64 = 0.7;
+/// The largest share of the one-rank run's build, checkpoint-save and
+/// checkpoint-load peaks a rank of a 2-way sharded run may reach.
+const MAX_SHARE: f64 = 0.6;
 
 /// `peak_rss_bytes` of every `phase` record of `run`, by rank (the largest
 /// when a rank recorded the phase more than once); checks that every rank
@@ -71,7 +67,7 @@ fn at_most_share(label: &str, run: &Path, single: &Path, phase: &str, max_share:
 }
 
 #[test]
-fn tp2_and_zero3_ranks_build_and_load_in_six_tenths_and_save_in_seven_tenths_of_one_rank() {
+fn tp2_and_zero3_ranks_build_save_and_load_in_six_tenths_of_one_rank() {
     if !mpi_built() {
         return;
     }
@@ -146,9 +142,9 @@ fn tp2_and_zero3_ranks_build_and_load_in_six_tenths_and_save_in_seven_tenths_of_
         run(&format!("{label} resumed"), 2, resume(out), &[]);
     }
     for (label, run) in [("tp2", &tp2), ("dp2 zero3", &zero3)] {
-        at_most_share(label, run, &single, "build", MAX_BUILD_SHARE);
-        at_most_share(label, run, &single, "checkpoint_load", MAX_BUILD_SHARE);
-        at_most_share(label, run, &single, "checkpoint_save", MAX_SAVE_SHARE);
+        for phase in ["build", "checkpoint_save", "checkpoint_load"] {
+            at_most_share(label, run, &single, phase, MAX_SHARE);
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
