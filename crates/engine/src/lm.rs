@@ -2,7 +2,7 @@
 
 use burn::module::{Module, ModuleVisitor};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{FloatDType, Int, Tensor};
 
 /// A causal language model that can score next-token predictions.
 pub trait CausalLm<B: Backend>: Module<B> {
@@ -76,6 +76,11 @@ pub trait LmUnits<B: Backend>: CausalLm<B> {
     /// of the positions under sequence parallelism (what a pipeline stage
     /// receives).
     fn hidden_dims(&self, batch: usize, seq_len: usize) -> [usize; 3];
+
+    /// The dtype of the hidden states between blocks: the model's compute
+    /// dtype (f32, or bf16/f16 under mixed precision). A pipeline stage
+    /// receives its input as host f32 values and casts them to it.
+    fn hidden_dtype(&self) -> FloatDType;
 
     /// Block `index` applied to hidden states `x` `[batch, seq, hidden]`
     /// (uses that block's parameters only).

@@ -234,7 +234,7 @@ fn parallelize_with<B: TrainBackend>(
     Ok(trainer.with_loss_scaling(LossScaleConfig {
         init: c.precision.loss_scale_init,
         window: c.precision.loss_scale_window,
-    })?)
+    }))
 }
 
 /// The decoder's TP sharding plan for the job (`parallelism.tp`, the

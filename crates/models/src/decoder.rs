@@ -544,6 +544,10 @@ impl<B: KernelBackend> LmUnits<B> for Decoder<B> {
         [batch, len, self.config.hidden_size]
     }
 
+    fn hidden_dtype(&self) -> FloatDType {
+        self.config.precision.dtype()
+    }
+
     fn block(&self, index: usize, x: Tensor<B, 3>, context: &PositionContext<B>) -> Tensor<B, 3> {
         self.layers[index].forward(x, context, None)
     }

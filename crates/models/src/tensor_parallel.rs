@@ -14,7 +14,6 @@
 //! norms and learned position embeddings are replicated.
 
 use ferrotron_engine::params::map_named_tensors;
-use ferrotron_engine::precision::Precision;
 use ferrotron_parallel::tensor::{ShardError, ShardPlan, Split, TpGroup};
 
 use crate::config::{ConfigError, DecoderConfig};
@@ -71,18 +70,9 @@ pub fn shard_plan(
 }
 
 /// Whether a model of `config` can be split over `tp` ranks (its heads
-/// and MLP units divide by `tp`, and it computes in f32: the TP
-/// collectives move f32 activations).
+/// and MLP units divide by `tp`), in any compute precision: the TP
+/// collectives carry the compute dtype (`ferrotron_parallel::tensor`).
 pub fn check_tp(config: &DecoderConfig, tp: usize) -> Result<(), ConfigError> {
-    if tp > 1 && config.precision != Precision::Fp32 {
-        return Err(ConfigError {
-            field: "precision",
-            problem: format!(
-                "{}: mixed precision is not implemented with tensor parallelism yet",
-                config.precision
-            ),
-        });
-    }
     let counts = [
         ("n_heads", config.n_heads, "attention heads"),
         ("n_kv_heads", config.n_kv_heads, "key/value heads"),

@@ -122,7 +122,13 @@ fn tail_loss(records: &[Value], n: usize) -> f64 {
 /// 100 steps in bf16 end within 2% of the fp32 run on the same batches:
 /// the validation loss at step 100 and the mean training loss of steps
 /// 91-100. Both runs must learn (the loss falls by more than half) and
-/// differ (bf16 really computed).
+/// differ (bf16 really computed). llama-mini in bf16 also runs under
+/// `--cp 2 --tp 2 --sp` (4 ranks under `mpirun`) and follows the one-rank
+/// bf16 run by the same two measures within the same 2% (measured: val
+/// loss 1.8e-2, last 10 steps 1.0e-2; bf16 against fp32 on one rank:
+/// 1.4e-2 and 4.0e-3). Single steps differ by up to 37% late in both
+/// pairs (printed): two 16-bit trajectories drift apart as bf16 and fp32
+/// do, so no per-step bound holds.
 #[test]
 fn bf16_follows_the_fp32_loss_curve_of_the_three_minis() {
     let dir = scratch("mixed-curves");
@@ -169,6 +175,34 @@ fn bf16_follows_the_fp32_loss_curve_of_the_three_minis() {
             got.iter().all(|r| r.get("loss_scale").is_none()),
             "{model}: bf16 needs no loss scale"
         );
+        if model == "llama-mini" && mpi_built() {
+            let flags = ["--precision", "bf16", "--cp", "2", "--tp", "2", "--sp"];
+            let parallel = steps(&run_on(4, &dir, "llama-cp2-tp2-sp", model, "100", &flags));
+            assert_eq!(parallel.len(), 100, "cp2 x tp2 + SP: steps");
+            let par_end = val_losses(&dir.join("llama-cp2-tp2-sp"))[1].1;
+            let rel_val = (par_end - got_end).abs() / got_end;
+            let rel_tail = (tail_loss(&parallel, 10) - got_tail).abs() / got_tail;
+            let per_step = |a: &[Value], b: &[Value]| {
+                let loss = |r: &Value| r["loss"].as_f64().unwrap();
+                a.iter()
+                    .zip(b)
+                    .map(|(x, y)| (loss(x) - loss(y)).abs() / loss(y))
+                    .fold(0.0, f64::max)
+            };
+            eprintln!(
+                "llama-mini bf16 cp2 x tp2 + SP against one rank: val loss rel {rel_val:.2e}, last 10 steps rel {rel_tail:.2e}; worst single step {:.2e} (one-rank bf16 against fp32: {:.2e})",
+                per_step(&parallel, &got),
+                per_step(&got, &want)
+            );
+            assert!(
+                rel_val <= 0.02,
+                "cp2 x tp2 + SP bf16 val loss {par_end} vs {got_end}"
+            );
+            assert!(
+                rel_tail <= 0.02,
+                "cp2 x tp2 + SP bf16 train loss: rel {rel_tail}"
+            );
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -108,25 +108,11 @@ pub(super) fn peak(c: &JobConfig, p: &mut Problems) -> Option<f64> {
 }
 
 /// The compute precision of a run with `precision.compute` unset: the
-/// backend's default, except fp32 in place of a 16-bit default under tensor,
-/// context or pipeline parallelism (not implemented in 16 bits), each with
-/// its one-line notice in `notes`.
-fn unset_precision(kind: BackendKind, mesh: &Mesh, notes: &mut Vec<String>) -> Precision {
+/// backend's default, with its one-line notice (if any) in `notes`.
+fn unset_precision(kind: BackendKind, notes: &mut Vec<String>) -> Precision {
     let (precision, notice) = kind.default_precision();
     notes.extend(notice.map(|n| format!("{n} ({kind})")));
-    let split = [("tp", mesh.tp), ("cp", mesh.cp), ("pp", mesh.pp)]
-        .into_iter()
-        .find(|&(_, degree)| degree > 1);
-    match split {
-        Some((key, degree)) if precision != Precision::Fp32 => {
-            notes.push(format!(
-                "note: precision.compute unset: fp32, not {kind}'s default {precision}, because \
-                 {precision} with --{key} {degree} is not implemented yet"
-            ));
-            Precision::Fp32
-        }
-        _ => precision,
-    }
+    precision
 }
 
 /// Resolves the model's precision and kernels into `model` and checks the
@@ -144,17 +130,8 @@ pub(super) fn check_with_model(
     model.precision = c
         .precision
         .compute
-        .unwrap_or_else(|| unset_precision(kind, mesh, notes));
-    if model.precision != Precision::Fp32 {
-        for (key, degree) in [("tp", mesh.tp), ("cp", mesh.cp), ("pp", mesh.pp)] {
-            if degree > 1 {
-                p.key("precision", "compute", format!(
-                    "{} with --{key} {degree}: mixed precision is not implemented with tensor, context or pipeline parallelism yet; use --precision fp32",
-                    model.precision
-                ));
-            }
-        }
-    } else if let Err(e) = check_tp(model, mesh.tp) {
+        .unwrap_or_else(|| unset_precision(kind, notes));
+    if let Err(e) = check_tp(model, mesh.tp) {
         p.key(
             "parallelism",
             "tp",

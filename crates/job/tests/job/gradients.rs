@@ -17,11 +17,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::TensorData;
 use ferrotron_engine::data::Batch;
-use ferrotron_job::{parallelize, JobConfig, ValidJob, World};
+use ferrotron_job::{parallelize, JobConfig, Parallelized, ValidJob, World};
 use ferrotron_models::Decoder;
 use ferrotron_parallel::groups::ProcessGroups;
 use ferrotron_parallel::train::checkpoint::read::Reader;
-use ferrotron_parallel::train::Trainer;
+use ferrotron_parallel::train::{StepOutput, Trainer};
 
 /// The backend of the one-rank and multi-rank runs: f32 on the CPU.
 type B = Autodiff<Flex>;
@@ -96,15 +96,7 @@ pub fn global_batch() -> Vec<Batch> {
 /// norm is the step's gradient norm (relative 1e-5: f32 sums in another
 /// order) and that the step was applied.
 pub fn step_one(job: &ValidJob, groups: ProcessGroups) -> Tensors {
-    let device = Default::default();
-    let (dp, dp_rank) = (groups.mesh().dp, groups.coord().dp);
-    let model = Decoder::<B>::new(job.model(), job.config().schedule.seed, &device).unwrap();
-    let mut trainer = parallelize(model, groups.clone(), job, &device).unwrap();
-    let batches = global_batch();
-    let share = batches.len() / dp;
-    let out = trainer
-        .step(&batches[dp_rank * share..(dp_rank + 1) * share])
-        .unwrap();
+    let (trainer, out) = first_step(job, groups.clone());
     assert!(!out.skipped, "step 1 was not applied: {out:?}");
     let whole = whole_state(&trainer, &groups);
     let grads: Tensors = whole
@@ -128,6 +120,23 @@ pub fn step_one(job: &ValidJob, groups: ProcessGroups) -> Tensors {
         out.grad_norm
     );
     grads
+}
+
+/// The trainer of `job` on `groups` (the model built from the job's seed
+/// as `Job` builds it, [`parallelize`]d) after one step over this DP
+/// rank's share of [`global_batch`], and what the step reported. A
+/// collective: every rank of the job calls it.
+pub fn first_step(job: &ValidJob, groups: ProcessGroups) -> (Parallelized<B>, StepOutput) {
+    let device = Default::default();
+    let (dp, dp_rank) = (groups.mesh().dp, groups.coord().dp);
+    let model = Decoder::<B>::new(job.model(), job.config().schedule.seed, &device).unwrap();
+    let mut trainer = parallelize(model, groups, job, &device).unwrap();
+    let batches = global_batch();
+    let share = batches.len() / dp;
+    let out = trainer
+        .step(&batches[dp_rank * share..(dp_rank + 1) * share])
+        .unwrap();
+    (trainer, out)
 }
 
 /// The whole weights of `job` (one rank) before and after `steps`

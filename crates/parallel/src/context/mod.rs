@@ -64,9 +64,22 @@
 //! rank's chunks' hidden states (`seq / cp` rows) to the same CP rank of
 //! the next stage; the planner prices the ring in `plan::ring`.
 //!
+//! # Mixed precision
+//!
+//! Under bf16 or fp16 compute the ring runs on the compute dtype's
+//! values in f32, as the one-rank attention does (its kernels take f32
+//! and round the output and the gradients once): `q`, `k`, `v` are 16-bit
+//! tensors, so the K/V blocks the ring passes are exactly what a 16-bit
+//! transfer would carry; the partial outputs and log-sum-exps merge in
+//! f32 ([`merge`]); the output is rounded once to the compute dtype. In
+//! the backward the `dk`, `dv` partial sums travel in f32 and `dq`, `dk`,
+//! `dv` are rounded once at the end, as the one-rank backward rounds its
+//! f32 gradients. fp16's loss scale is in the loss weight every ring rank
+//! applies; the overflow check is the global gradient norm, summed over
+//! DP x CP (see `Trainer::with_loss_scaling`).
+//!
 //! # Not done yet
 //!
-//! - CP with bf16 or fp16 compute (refused by the job's validation);
 //! - the CubeCL kernels' `(output, lse)` form with global positions as the
 //!   block kernel on GPUs (today the CPU core runs on host copies there);
 //!   the CPU block's bias `[heads or 1, len_q, len_k]` is built per step (a

@@ -4,6 +4,8 @@
 //! hidden states to the next over the PP group; the last stage broadcasts
 //! the loss. No schedule is needed: nothing overlaps, and each stage
 //! waits for its input before it computes, so the order cannot deadlock.
+//! The hidden states travel as host f32 holding the compute dtype's
+//! values and are cast back to it on arrival (see `executor`).
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{ElementConversion, Tensor, TensorData};
@@ -38,7 +40,8 @@ impl Pipeline {
             } else {
                 let mut values = vec![0.0; dims.iter().product()];
                 self.pp.recv(&mut values, (w - 1) % stages, w as i32)?;
-                Tensor::from_data(TensorData::new(values, dims), device)
+                Tensor::<B, 3>::from_data(TensorData::new(values, dims), device)
+                    .cast(model.hidden_dtype())
             };
             for i in self.layout.blocks(w) {
                 x = model.block(i, x, &context);

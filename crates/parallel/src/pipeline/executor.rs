@@ -11,6 +11,13 @@
 //! parameters' gradients to the [`GradSync`], as a micro-batch does
 //! without a pipeline. The gradients of a tied embedding are kept aside
 //! and summed over the first and last stage once, after the schedule.
+//!
+//! Activations and their gradients travel as host `f32`
+//! ([`host_f32`]) holding the compute dtype's values: under bf16 or fp16
+//! a stage's output and its input's gradient are 16-bit tensors, whose
+//! values f32 holds exactly, and the receiver casts them back to the
+//! model's [`LmUnits::hidden_dtype`], so the next stage computes on the
+//! very values a 16-bit send would deliver.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -18,7 +25,7 @@ use std::time::Instant;
 use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{ElementConversion, Tensor, TensorData};
+use burn::tensor::{ElementConversion, FloatDType, Tensor, TensorData};
 use ferrotron_engine::data::Batch;
 use ferrotron_engine::lm::LmUnits;
 
@@ -115,6 +122,7 @@ impl StageStep<'_> {
         let first = &micro_batches[0];
         let context = model.block_context(first.seq_len, device);
         let dims = model.hidden_dims(first.batch, first.seq_len);
+        let dtype = model.hidden_dtype();
         let tied = self.placement.tied_here();
         let mut tied_sum: HashMap<ParamId, Tensor<B::InnerBackend, 1>> = HashMap::new();
         let mut in_flight: HashMap<(usize, usize), InFlight<B>> = HashMap::new();
@@ -182,7 +190,8 @@ impl StageStep<'_> {
                     sync.accumulate(&model, grads)?;
                 }
                 Action::Exchange(ref transfers) => {
-                    self.exchange(transfers, dims, &mut outbox, &mut inbox, device)?;
+                    let received = (dims, dtype);
+                    self.exchange(transfers, received, &mut outbox, &mut inbox, device)?;
                 }
             }
             let spent = t.elapsed().as_secs_f64();
@@ -201,11 +210,12 @@ impl StageStep<'_> {
         Ok((model, f64::from(loss[0]), clock))
     }
 
-    /// Posts `transfers` together: sends from `outbox`, receives into `inbox`.
+    /// Posts `transfers` together: sends from `outbox`, receives into
+    /// `inbox` as tensors of shape and dtype `received`.
     fn exchange<IB: burn::tensor::backend::Backend>(
         &self,
         transfers: &[Transfer],
-        dims: [usize; 3],
+        (dims, dtype): ([usize; 3], FloatDType),
         outbox: &mut HashMap<Slot, Vec<f32>>,
         inbox: &mut HashMap<Slot, Tensor<IB, 3>>,
         device: &IB::Device,
@@ -244,7 +254,7 @@ impl StageStep<'_> {
         for (slot, _, _, values) in wanted {
             inbox.insert(
                 slot,
-                Tensor::from_data(TensorData::new(values, dims), device),
+                Tensor::<IB, 3>::from_data(TensorData::new(values, dims), device).cast(dtype),
             );
         }
         Ok(())

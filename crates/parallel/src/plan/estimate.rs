@@ -88,8 +88,8 @@ pub struct Estimate {
 
 /// Whether `ferrotron train` accepts `c` at `precision` and runs it as the
 /// planner counts it: f32 only (its bf16 and fp16 keep f32 parameters,
-/// gradients and AdamW state, not the 2 + 2 + 12 bytes counted here, and
-/// refuse TP and PP); ZeRO-3 only with `full` recomputation (it always
+/// gradients and AdamW state, not the 2 + 2 + 12 bytes counted here);
+/// ZeRO-3 only with `full` recomputation (it always
 /// recomputes whole blocks) and without a pipeline; a pipeline (1F1B or
 /// interleaved, split by `--pp-layers`) with ZeRO 0, 1 or 2 and `none` or
 /// `sel` recomputation (`full` is refused with `--pp`). DP, TP, SP and CP

@@ -23,6 +23,9 @@ mod partial;
 pub mod plan;
 pub mod vocab;
 
+#[cfg(all(test, feature = "flex"))]
+mod dtype_tests;
+
 pub use group::TpGroup;
 pub use ops::{
     column_input, copy_to_tp, gather_from_sp, gather_from_tp, reduce_from_tp, row_output,

@@ -24,7 +24,16 @@
 //! every operator is the identity and records nothing.
 //!
 //! The values travel through the communicator's tensor collectives
-//! ([`crate::comm::tensor`]). A failed collective inside a forward or
+//! ([`crate::comm::tensor`]), which move host `f32`. Each operator returns
+//! its input's dtype: under bf16 or fp16 compute the activations and
+//! their gradients cross the group in the compute dtype's values, as a
+//! 16-bit collective (Megatron's, in the compute dtype) carries them. A
+//! gather moves 16-bit values exactly; a sum (all-reduce,
+//! reduce-scatter) adds the ranks' 16-bit values in f32 and rounds the
+//! sum once to the compute dtype: over two ranks what a 16-bit
+//! collective gives (NCCL adds two bf16 values in f32 and rounds the
+//! sum); over more ranks a ring collective rounds each partial sum, ours
+//! rounds once. A failed collective inside a forward or
 //! backward pass cannot be returned through Burn's operations, so it
 //! panics with the communicator's error (which names the ranks that never
 //! arrived); the other ranks then fail on their own timeout.
@@ -148,7 +157,7 @@ pub fn row_output<B: TpOps>(x: Tensor<B, 3>, group: &TpGroup) -> Tensor<B, 3> {
 /// Every rank's `x` `[batch, s, hidden]` joined along the sequence.
 fn all_gather_seq<B: Backend>(x: Tensor<B, 3>, group: &TpGroup) -> Tensor<B, 3> {
     let [b, s, h] = x.dims();
-    let tp = group.size();
+    let (tp, dtype) = (group.size(), x.dtype());
     let all = group
         .comm()
         .all_gather_tensor(x.reshape([b * s * h]))
@@ -156,13 +165,14 @@ fn all_gather_seq<B: Backend>(x: Tensor<B, 3>, group: &TpGroup) -> Tensor<B, 3> 
     all.reshape([tp, b, s, h])
         .swap_dims(0, 1)
         .reshape([b, tp * s, h])
+        .cast(dtype)
 }
 
 /// `x` `[batch, seq, hidden]` summed over `group`; this rank's block of
 /// the sequence, `[batch, seq / tp, hidden]`.
 fn reduce_scatter_seq<B: Backend>(x: Tensor<B, 3>, group: &TpGroup) -> Tensor<B, 3> {
     let [b, seq, h] = x.dims();
-    let tp = group.size();
+    let (tp, dtype) = (group.size(), x.dtype());
     let s = seq / tp;
     let blocks = x
         .reshape([b, tp, s, h])
@@ -173,14 +183,17 @@ fn reduce_scatter_seq<B: Backend>(x: Tensor<B, 3>, group: &TpGroup) -> Tensor<B,
         .reduce_scatter_sum_tensor(blocks)
         .unwrap_or_else(|e| panic!("sequence-parallel reduce-scatter over {group:?} failed: {e}"))
         .reshape([b, s, h])
+        .cast(dtype)
 }
 
 /// `x` summed element-wise over `group`.
 fn all_reduce<B: Backend, const D: usize>(x: Tensor<B, D>, group: &TpGroup) -> Tensor<B, D> {
+    let dtype = x.dtype();
     group
         .comm()
         .all_reduce_sum_tensor(x)
         .unwrap_or_else(|e| panic!("tensor-parallel all-reduce over {group:?} failed: {e}"))
+        .cast(dtype)
 }
 
 /// Every rank's `x` `[.., n]` side by side along the last dimension.
@@ -188,7 +201,7 @@ fn all_gather_last<B: Backend, const D: usize>(x: Tensor<B, D>, group: &TpGroup)
     let dims = x.dims();
     let n = dims[D - 1];
     let rows = x.shape().num_elements() / n.max(1);
-    let tp = group.size();
+    let (tp, dtype) = (group.size(), x.dtype());
     let flat = x.reshape([rows * n]);
     let all = group
         .comm()
@@ -196,7 +209,10 @@ fn all_gather_last<B: Backend, const D: usize>(x: Tensor<B, D>, group: &TpGroup)
         .unwrap_or_else(|e| panic!("tensor-parallel all-gather over {group:?} failed: {e}"));
     let mut out = dims;
     out[D - 1] = n * tp;
-    all.reshape([tp, rows, n]).swap_dims(0, 1).reshape(out)
+    all.reshape([tp, rows, n])
+        .swap_dims(0, 1)
+        .reshape(out)
+        .cast(dtype)
 }
 
 /// This rank's block of `x` `[.., n * size]` along the last dimension.

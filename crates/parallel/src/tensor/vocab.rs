@@ -10,7 +10,7 @@
 //! pushed to [`PADDING_LOGIT`] before the softmax, so they get no
 //! probability and no gradient.
 
-use burn::tensor::{Bool, Int, Tensor, TensorData};
+use burn::tensor::{Bool, FloatDType, Int, Tensor, TensorData};
 
 use super::{reduce_from_tp, TpGroup, TpOps};
 
@@ -101,13 +101,15 @@ pub fn embedding_part<B: TpOps>(
 /// `vocab_parallel_cross_entropy`), never the logits themselves. A negative
 /// target (the goldfish loss's dropped tokens) is ignored as by the
 /// one-rank loss: no loss, not counted in the mean, no gradient; 0 when
-/// every target is ignored.
+/// every target is ignored. Computed in f32 whatever the logits' dtype
+/// (bf16 or f16 logits are cast up first, as the one-rank loss does).
 pub fn vocab_parallel_cross_entropy<B: TpOps>(
     logits: Tensor<B, 2>,
     targets: Tensor<B, 1, Int>,
     shard: &VocabShard,
     group: &TpGroup,
 ) -> Tensor<B, 1> {
+    let logits = logits.cast(FloatDType::F32);
     let [rows, len] = logits.dims();
     let device = logits.device();
     let logits = if shard.valid() < len {

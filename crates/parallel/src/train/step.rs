@@ -101,10 +101,6 @@ pub enum BuildError {
     /// The recomputation does not fit the pipeline or the ZeRO stage.
     #[error(transparent)]
     Recompute(#[from] RecomputeError),
-    /// Loss scaling asked for with pipeline parallelism, whose schedule
-    /// does not scale the loss yet.
-    #[error("loss scaling is not implemented with pipeline parallelism ({0} stages)")]
-    LossScalePipeline(usize),
     /// The gradient sync's communication thread could not start.
     #[error(transparent)]
     Comm(#[from] CommError),
@@ -388,16 +384,15 @@ where
     }
 
     /// The trainer with dynamic loss scaling (fp16 training; see
-    /// [`super::loss_scale`]).
-    ///
-    /// # Errors
-    /// Under pipeline parallelism, whose schedule does not scale the loss.
-    pub fn with_loss_scaling(mut self, config: LossScaleConfig) -> Result<Self, BuildError> {
-        if self.pipeline.stages() > 1 {
-            return Err(BuildError::LossScalePipeline(self.pipeline.stages()));
-        }
+    /// [`super::loss_scale`]). Every layout scales alike: the scale rides
+    /// in the step's loss weight, which the pipeline's last stage and
+    /// each rank of a CP ring apply to their loss, and the overflow check
+    /// is the global gradient norm, summed over DP x CP, the pipeline
+    /// stages and the TP group, so one rank's non-finite gradient makes
+    /// every rank skip the step.
+    pub fn with_loss_scaling(mut self, config: LossScaleConfig) -> Self {
         self.scaler = Some(LossScaler::new(config));
-        Ok(self)
+        self
     }
 
     /// The ZeRO stage in use.
