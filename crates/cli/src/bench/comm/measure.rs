@@ -56,14 +56,14 @@ pub fn on_backend(
             use ferrotron_parallel::comm::nccl::device::cube::CudaComm;
             let device = Default::default();
             let comm = CudaComm::init(lib, &SingleProcess, &device)?;
-            measure::<ferrotron_models::ops::backends::Cuda>(&comm, &device, a)
+            measure::<ferrotron_models::ops::Cuda>(&comm, &device, a)
         }
         #[cfg(feature = "rocm")]
         BackendKind::Rocm => {
             use ferrotron_parallel::comm::nccl::device::cube::HipComm;
             let device = Default::default();
             let comm = HipComm::init(lib, &SingleProcess, &device)?;
-            measure::<ferrotron_models::ops::backends::Rocm>(&comm, &device, a)
+            measure::<ferrotron_models::ops::Rocm>(&comm, &device, a)
         }
         #[cfg(all(feature = "flex", feature = "mpi"))]
         BackendKind::Flex => {
