@@ -12,7 +12,12 @@
 #            torch, the binaries' sizes; train-cold: `ferrotron train
 #            --model gpt-mini --backend cuda --precision bf16 --steps 3` with
 #            empty CubeCL caches; train-warm: the same again, caches filled;
-#            kernel-tests: each BIN_DIR/kernels-* binary on CUDA device 0.
+#            kernel-tests: each BIN_DIR/kernels-* binary on CUDA device 0;
+#            comm-device: `bench comm --backend cuda`, one rank's NCCL
+#            all-reduce, all-gather and reduce-scatter (f32, and bf16 on
+#            the wire) on device buffers against the host copy path: equal
+#            bit for bit, and timed (libnccl.so.2 from the toolkit or
+#            PyTorch's wheels, or FERROTRON_NCCL_LIBRARY).
 #   step     `bench train` and `scripts/bench_torch.py --device cuda` on the
 #            same shape, back to back, per precision and shape: bf16 first,
 #            then fp32; GPT-2 small (12L d768, b8 x s1024) and a ~1B Llama
@@ -55,7 +60,9 @@
 # train` on flex with tiny shapes, `bench kernels --quick` on flex (and, when
 # DRY_WGPU=1, SwiGLU on wgpu, so that a CubeCL runtime reads cubecl.toml),
 # torch on the CPU (fp32) when TORCH_PYTHON (default python3) imports
-# torch, and a check that the watchdog reports a quiet phase. Its numbers
+# torch, `bench comm --backend flex` on host memory when
+# FERROTRON_NCCL_LIBRARY names the NCCL test double (built with the `mpi`
+# feature), and a check that the watchdog reports a quiet phase. Its numbers
 # are no benchmark. crates/cli/tests/cli/gpu_check.rs runs it.
 #
 # OUT_DIR/cubecl.toml turns on CubeCL's persistent compilation and autotune

@@ -6,7 +6,7 @@
 # TORCH_PYTHON, GROUP_DIR.
 # shellcheck disable=SC2154 # set by gpu_check.sh
 
-# env, train-cold, train-warm, kernel tests.
+# env, train-cold, train-warm, kernel tests, NCCL on device buffers.
 group_train() {
     run_phase env 60 bash "$here/lib/gpu_env.sh" "$bin" "$bin_given"
     if [ "$DRY" = 1 ]; then
@@ -27,6 +27,16 @@ group_train() {
         run_phase "$(basename "$t")" 150 "$t" --test-threads 1
     done
     [ "$any" = 1 ] || skip_phase kernel-tests "no kernels-* test binaries in $bin_given"
+    # One rank's NCCL collectives on device buffers against the host copy
+    # path (equal bit for bit, and timed); the dry run on flex needs a
+    # library on host memory (the test double) in FERROTRON_NCCL_LIBRARY.
+    if [ "$DRY" = 1 ] && [ -z "${FERROTRON_NCCL_LIBRARY:-}" ]; then
+        skip_phase comm-device "FERROTRON_NCCL_LIBRARY is unset: the dry run has no NCCL on host memory"
+    else
+        local comm=(bench comm --backend "$backend" --json "$GROUP_DIR/comm-device.json")
+        [ "$DRY" = 1 ] && comm+=(--elems 4096 --reps 2)
+        run_phase comm-device 120 "$F" "${comm[@]}"
+    fi
 }
 
 # bench train beside bench_torch.py, per precision (bf16 first: the GPU's

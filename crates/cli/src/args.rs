@@ -275,6 +275,10 @@ pub enum BenchCommand {
     /// on every compiled backend with a device: tokens/s, TFLOP/s, MFU, peak memory; or,
     /// with --compare, a merged table and chart of result files.
     Train(Box<crate::bench::train::TrainBenchArgs>),
+    /// One rank's NCCL / RCCL collectives on device buffers (all-reduce, all-gather,
+    /// reduce-scatter; f32 and bf16 on the wire) against the host copy path: equal values,
+    /// and the time of each.
+    Comm(crate::bench::comm::CommBenchArgs),
 }
 
 /// `ferrotron bench kernels` flags.

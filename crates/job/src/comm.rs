@@ -18,16 +18,30 @@ use crate::error::usage;
 pub enum Transport {
     /// MPI.
     Mpi,
-    /// NCCL / RCCL, on this library (used by multi-rank runs, which need
-    /// the `mpi` feature).
+    /// NCCL / RCCL on host buffers, this library (a library on host
+    /// memory: the test double; used by multi-rank runs, which need the
+    /// `mpi` feature).
     Nccl(#[cfg_attr(not(feature = "mpi"), allow(dead_code))] Arc<NcclLibrary>),
+    /// NCCL / RCCL on the buffers of this GPU backend, this library: each
+    /// rank's collectives staged through its GPU's memory.
+    NcclDevice(
+        #[cfg_attr(not(feature = "mpi"), allow(dead_code))] Arc<NcclLibrary>,
+        #[cfg_attr(not(feature = "mpi"), allow(dead_code))] BackendKind,
+    ),
 }
 
 /// Resolves `--comm` for backend `kind`; `library` is the value of
-/// `FERROTRON_NCCL_LIBRARY`. `--comm nccl` needs a CPU backend and that
-/// variable naming a library that loads: the NCCL communicator hands the
-/// library host buffers, which only a library working on host memory
-/// takes (the repository's test double); GPU buffers are not wired yet.
+/// `FERROTRON_NCCL_LIBRARY`.
+///
+/// - `auto` and `mpi`: MPI. (`auto` stays MPI on cuda and rocm too: the
+///   trainer's collectives move host buffers, which NCCL on a GPU must
+///   stage through device memory, two more copies across PCIe per call
+///   than MPI makes; it becomes NCCL there once the gradient sync hands
+///   NCCL its device buffers.)
+/// - `nccl`: on cuda and rocm, `library`, else the first of
+///   `LIBRARY_NAMES` that opens, which must load (its calls staged through
+///   the rank's GPU); on a CPU backend, `library` must name a library that
+///   works on host memory (the repository's test double).
 pub fn resolve(
     choice: CommChoice,
     kind: BackendKind,
@@ -35,9 +49,9 @@ pub fn resolve(
 ) -> Result<Transport, String> {
     match choice {
         CommChoice::Auto | CommChoice::Mpi => Ok(Transport::Mpi),
-        CommChoice::Nccl if !kind.is_cpu() => Err(format!(
-            "nccl with --backend {kind}: the NCCL communicator moves host buffers and does not take {kind} device buffers yet; use --comm mpi (or auto)"
-        )),
+        CommChoice::Nccl if !kind.is_cpu() => NcclLibrary::load_from(library)
+            .map(|lib| Transport::NcclDevice(Arc::new(lib), kind))
+            .map_err(|e| format!("nccl with --backend {kind}: {e}; or use --comm mpi")),
         CommChoice::Nccl => match library {
             None => Err(format!(
                 "nccl with --backend {kind}: NCCL and RCCL work on GPU memory and {kind} tensors are in host memory; \
@@ -53,7 +67,8 @@ pub fn resolve(
 
 /// The communicator of this job over `transport`: one rank needs none (a
 /// [`SingleProcess`]); otherwise MPI's world, with `timeout` on every
-/// operation, itself or as the bootstrap of an NCCL communicator.
+/// operation, itself or as the bootstrap of an NCCL communicator (on a
+/// GPU backend, on the rank's GPU: its launcher's local rank).
 #[cfg_attr(not(feature = "mpi"), allow(unused_variables))]
 pub fn open(
     launch: &LaunchInfo,
@@ -78,19 +93,26 @@ pub fn open(
             )));
         }
         let world: Arc<dyn Communicator> = Arc::new(comm);
-        match transport {
-            Transport::Mpi => Ok(world),
-            Transport::Nccl(lib) => {
-                use ferrotron_parallel::comm::nccl::NcclCommunicator;
-                match NcclCommunicator::new(lib, world.clone(), timeout) {
-                    Ok(nccl) => Ok(Arc::new(nccl)),
-                    Err(e) => {
-                        // The other ranks may wait for this one: end the job.
-                        let line = format!("error (rank {}): starting NCCL: {e}\n", world.rank());
-                        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
-                        world.abort(1)
-                    }
-                }
+        let (lib, gpu) = match transport {
+            Transport::Mpi => return Ok(world),
+            Transport::Nccl(lib) => (lib, None),
+            Transport::NcclDevice(lib, kind) => (lib, Some(kind)),
+        };
+        let nccl = memory(gpu, launch.local_rank).and_then(|memory| {
+            ferrotron_parallel::comm::nccl::NcclCommunicator::on(
+                lib,
+                world.clone(),
+                memory,
+                timeout,
+            )
+        });
+        match nccl {
+            Ok(nccl) => Ok(Arc::new(nccl)),
+            Err(e) => {
+                // The other ranks may wait for this one: end the job.
+                let line = format!("error (rank {}): starting NCCL: {e}\n", world.rank());
+                let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+                world.abort(1)
             }
         }
     }
@@ -99,4 +121,41 @@ pub fn open(
         "{} started {} ranks, but this ferrotron was built without the `mpi` feature (cargo build --features mpi)",
         launch.launcher, launch.world_size
     )))
+}
+
+/// Where the NCCL communicator's buffers go: host memory (`None`), or the
+/// memory of GPU `gpu` (the launcher's local rank, the GPU the rank
+/// trains on) of backend `kind`.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(unused_variables))]
+fn memory(
+    kind: Option<BackendKind>,
+    gpu: usize,
+) -> Result<
+    Arc<dyn ferrotron_parallel::comm::nccl::memory::Memory>,
+    ferrotron_parallel::comm::CommError,
+> {
+    use ferrotron_parallel::comm::nccl::memory::HostMemory;
+    match kind {
+        None => Ok(Arc::new(HostMemory)),
+        #[cfg(feature = "cuda")]
+        Some(BackendKind::Cuda) => {
+            use burn_cubecl::cubecl::cuda::{CudaDevice, CudaRuntime};
+            use ferrotron_parallel::comm::nccl::device::cube::Staged;
+            Ok(Arc::new(Staged::<CudaRuntime>::new(&CudaDevice {
+                index: gpu,
+            })?))
+        }
+        #[cfg(feature = "rocm")]
+        Some(BackendKind::Rocm) => {
+            use burn_cubecl::cubecl::hip::{AmdDevice, HipRuntime};
+            use ferrotron_parallel::comm::nccl::device::cube::Staged;
+            Ok(Arc::new(Staged::<HipRuntime>::new(&AmdDevice {
+                index: gpu,
+            })?))
+        }
+        Some(other) => Err(ferrotron_parallel::comm::CommError::Transport(format!(
+            "NCCL on {other} buffers is not compiled into this build"
+        ))),
+    }
 }

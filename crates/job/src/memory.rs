@@ -11,7 +11,8 @@
 //! `seq_len / cp` tokens under context parallelism (the planner's activation
 //! model: [`ActivationModel::FerrotronCpu`] on the CPU path, Korthikanti et
 //! al. elsewhere; f32 elements), and the step's buffers (two gradient
-//! buckets, or one gathered ZeRO-3 unit). No reserve is added: the check
+//! buckets, or ZeRO-3's gathered units: the embedding and head, and the
+//! `--zero3-prefetch N` + 1 blocks gathered at once under overlap). No reserve is added: the check
 //! refuses only a run whose counted bytes already exceed what is free. The
 //! state rank 0 gathers to write a checkpoint is not counted.
 
@@ -20,12 +21,13 @@ use ferrotron_engine::metrics::available_memory_bytes;
 use ferrotron_models::{DecoderConfig, MlpKind, NormKind, Position};
 use ferrotron_parallel::mesh::Mesh;
 use ferrotron_parallel::pipeline::{ScheduleKind, StageLayout};
+use ferrotron_parallel::plan::buffers::Prefetch;
 use ferrotron_parallel::plan::{
     memory, ActivationModel, Choice, MemoryEstimate, MemoryInput, ModelShape, Precision,
 };
 use ferrotron_parallel::recompute::Recompute;
 use ferrotron_parallel::tensor::padded_vocab;
-use ferrotron_parallel::zero::ZeroStage;
+use ferrotron_parallel::zero::{ZeroStage, DEFAULT_ZERO3_PREFETCH};
 
 use crate::config::JobConfig;
 
@@ -91,6 +93,10 @@ pub fn job_memory(
             ActivationModel::Korthikanti
         },
         reserve_bytes: 0.0,
+        prefetch: Prefetch {
+            overlap: par.overlap_grad_reduce,
+            depth: par.zero3_prefetch.unwrap_or(DEFAULT_ZERO3_PREFETCH),
+        },
     };
     let choice = Choice {
         dp: mesh.dp,

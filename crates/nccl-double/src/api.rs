@@ -6,13 +6,19 @@
 
 use std::ffi::{c_char, c_int, c_void};
 
+use mpi::traits::Communicator;
+
+use crate::bf16;
 use crate::comm::DoubleComm;
 use crate::group::{self, Deferred};
 use crate::id::{self, UniqueId};
 use crate::result::{self, Outcome, INVALID_ARGUMENT, INVALID_USAGE, SUCCESS};
 
-/// `ncclFloat32`, the only data type of the double.
+/// `ncclFloat32`, the double's data type.
 const FLOAT32: c_int = 7;
+/// `ncclBfloat16`: all-reduce, all-gather and reduce-scatter widen it to
+/// `f32` ([`crate::bf16`]).
+const BFLOAT16: c_int = 9;
 /// `ncclSum`, the only reduction of the double.
 const SUM: c_int = 0;
 /// The NCCL version the double reports: 2.20.0 (`ncclGetVersion`'s code).
@@ -156,10 +162,23 @@ pub unsafe extern "C" fn ncclAllReduce(
     _stream: *mut c_void,
 ) -> c_int {
     result::code((|| {
+        // SAFETY: the caller's contract.
+        let c = unsafe { self::comm(comm)? };
+        if dtype == BFLOAT16 {
+            float_sum(FLOAT32, Some(op))?;
+            not_grouped()?;
+            // SAFETY: the caller's contract, for bfloat16 values; the call
+            // gets `via_f32`'s buffers, of the lengths given.
+            return unsafe {
+                bf16::via_f32(send.cast(), count, recv.cast(), count, |s, r| {
+                    c.all_reduce_sum(s, r, count)
+                })
+            };
+        }
         float_sum(dtype, Some(op))?;
         not_grouped()?;
         // SAFETY: the caller's contract.
-        unsafe { self::comm(comm)?.all_reduce_sum(send.cast(), recv.cast(), count) }
+        unsafe { c.all_reduce_sum(send.cast(), recv.cast(), count) }
     })())
 }
 
@@ -178,10 +197,23 @@ pub unsafe extern "C" fn ncclAllGather(
     _stream: *mut c_void,
 ) -> c_int {
     result::code((|| {
+        // SAFETY: the caller's contract.
+        let c = unsafe { self::comm(comm)? };
+        if dtype == BFLOAT16 {
+            not_grouped()?;
+            let all = count * c.mpi().size() as usize;
+            // SAFETY: the caller's contract, for bfloat16 values; the call
+            // gets `via_f32`'s buffers, of the lengths given.
+            return unsafe {
+                bf16::via_f32(send.cast(), count, recv.cast(), all, |s, r| {
+                    c.all_gather(s, r, count)
+                })
+            };
+        }
         float_sum(dtype, None)?;
         not_grouped()?;
         // SAFETY: the caller's contract.
-        unsafe { self::comm(comm)?.all_gather(send.cast(), recv.cast(), count) }
+        unsafe { c.all_gather(send.cast(), recv.cast(), count) }
     })())
 }
 
@@ -201,10 +233,24 @@ pub unsafe extern "C" fn ncclReduceScatter(
     _stream: *mut c_void,
 ) -> c_int {
     result::code((|| {
+        // SAFETY: the caller's contract.
+        let c = unsafe { self::comm(comm)? };
+        if dtype == BFLOAT16 {
+            float_sum(FLOAT32, Some(op))?;
+            not_grouped()?;
+            let all = count * c.mpi().size() as usize;
+            // SAFETY: the caller's contract, for bfloat16 values; the call
+            // gets `via_f32`'s buffers, of the lengths given.
+            return unsafe {
+                bf16::via_f32(send.cast(), all, recv.cast(), count, |s, r| {
+                    c.reduce_scatter_sum(s, r, count)
+                })
+            };
+        }
         float_sum(dtype, Some(op))?;
         not_grouped()?;
         // SAFETY: the caller's contract.
-        unsafe { self::comm(comm)?.reduce_scatter_sum(send.cast(), recv.cast(), count) }
+        unsafe { c.reduce_scatter_sum(send.cast(), recv.cast(), count) }
     })())
 }
 
@@ -248,6 +294,7 @@ pub unsafe extern "C" fn ncclSend(
     result::code((|| {
         float_sum(dtype, None)?;
         // SAFETY: the caller's contract.
+        // SAFETY: the caller's contract.
         let c = unsafe { self::comm(comm)? };
         if group::is_open() {
             c.peer(peer)?;
@@ -280,6 +327,7 @@ pub unsafe extern "C" fn ncclRecv(
 ) -> c_int {
     result::code((|| {
         float_sum(dtype, None)?;
+        // SAFETY: the caller's contract.
         // SAFETY: the caller's contract.
         let c = unsafe { self::comm(comm)? };
         if group::is_open() {

@@ -28,8 +28,10 @@
 //! - Collectives are the blocking MPI ones on that communicator
 //!   (`MPI_Allreduce`, `MPI_Allgather`, `MPI_Reduce_scatter_block`,
 //!   `MPI_Bcast`); they have completed when the call returns, so the
-//!   stream argument is ignored. Only `ncclFloat32` and `ncclSum` are
-//!   supported (what Ferrotron uses); anything else returns
+//!   stream argument is ignored. Only `ncclSum` is supported, on
+//!   `ncclFloat32`, and on `ncclBfloat16` for all-reduce, all-gather and
+//!   reduce-scatter (widened to `f32` and rounded back, as NCCL rounds
+//!   each sum; what Ferrotron uses); anything else returns
 //!   `ncclInvalidArgument`. Send buffers are copied first, so in-place
 //!   calls work as in NCCL.
 //! - `ncclSend` / `ncclRecv` outside a group are `MPI_Ssend` / `MPI_Recv`
@@ -46,6 +48,8 @@
 
 #[cfg(feature = "mpi")]
 mod api;
+#[cfg(feature = "mpi")]
+mod bf16;
 #[cfg(feature = "mpi")]
 mod comm;
 #[cfg(feature = "mpi")]

@@ -1,12 +1,15 @@
 //! `ferrotron bench`: `bench train` measures the training step end to end
 //! on each compiled backend (every build); `bench kernels` compares the
 //! fused CubeCL kernels with the plain Burn reference on each compiled
-//! backend (needs the `kernels-bench` cargo feature).
+//! backend (needs the `kernels-bench` cargo feature); `bench comm`
+//! compares one rank's collectives on device buffers with the host copy
+//! path.
 
 #[cfg(feature = "kernels-bench")]
 mod alloc;
 #[cfg(feature = "kernels-bench")]
 mod cases;
+pub mod comm;
 #[cfg(feature = "kernels-bench")]
 mod cube;
 #[cfg(feature = "kernels-bench")]
@@ -30,6 +33,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     match args.command {
         BenchCommand::Kernels(a) => run_kernels(a),
         BenchCommand::Train(a) => train::bench(*a),
+        BenchCommand::Comm(a) => comm::run(a),
     }
 }
 

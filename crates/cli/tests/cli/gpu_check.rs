@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::common::scratch;
-use ferrotron_test_support::deadline;
+use ferrotron_test_support::{deadline, nccl_double};
 
 /// `(group, phase, status, exit, note)` of every line of `OUT/*/phases.tsv`.
 fn phases(out: &Path) -> Vec<[String; 5]> {
@@ -44,6 +44,14 @@ fn expected_phases() -> Vec<(String, &'static str)> {
         ("train-cold", "ok"),
         ("train-warm", "ok"),
         ("kernel-tests", "skipped"),
+        (
+            "comm-device",
+            if cfg!(feature = "mpi") {
+                "ok"
+            } else {
+                "skipped"
+            },
+        ),
     ]
     .map(|(n, s)| (n.to_string(), s))
     .into();
@@ -95,6 +103,10 @@ fn the_dry_run_runs_every_group_and_prints_the_summary_last() {
                 "0"
             },
         );
+    if cfg!(feature = "mpi") {
+        // bench comm on flex: the double, over a one-process MPI.
+        cmd.env("FERROTRON_NCCL_LIBRARY", nccl_double::library());
+    }
     let o = deadline::output_within(&mut cmd, Duration::from_secs(600)).expect("bash runs");
     let stdout = String::from_utf8_lossy(&o.stdout);
     let stderr = String::from_utf8_lossy(&o.stderr);
@@ -161,6 +173,7 @@ fn the_dry_run_runs_every_group_and_prints_the_summary_last() {
         assert_eq!(doc["results"][0]["precision"], "bf16", "{doc}");
     }
     check_kernels_json(&out);
+    check_comm_json(&out);
     check_cubecl_toml(&out);
     if cfg!(feature = "kernels-bench") {
         // CubeCL read cubecl.toml: its compilation logger printed.
@@ -173,6 +186,43 @@ fn the_dry_run_runs_every_group_and_prints_the_summary_last() {
     }
     let _ = std::fs::remove_dir_all(&out);
     let _ = std::fs::remove_dir_all(&pack);
+}
+
+/// bench comm compared every operation on both paths and found them
+/// equal (the double's bf16 rounding against the host path's).
+fn check_comm_json(out: &Path) {
+    if !cfg!(feature = "mpi") {
+        return;
+    }
+    let path = out.join("train/comm-device.json");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(doc["backend"], "flex", "{doc}");
+    let rows = doc["rows"].as_array().unwrap();
+    let ops: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "{} {}",
+                r["op"].as_str().unwrap(),
+                r["wire"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        ops,
+        [
+            "all_reduce fp32",
+            "all_reduce bf16",
+            "all_gather fp32",
+            "reduce_scatter fp32",
+            "reduce_scatter bf16"
+        ]
+    );
+    for row in rows {
+        assert_eq!(row["equal"], true, "{row}");
+    }
+    assert_eq!(rows[1]["wire_bytes"], 2 * 4096, "bf16: 2 bytes a value");
 }
 
 /// The attention rows ran at head dim 128 (bench kernels --head-dim).

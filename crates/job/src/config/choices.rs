@@ -35,8 +35,9 @@ impl From<PpSchedule> for ScheduleKind {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum CommChoice {
-    /// MPI on every backend today (NCCL/RCCL need device buffers, which
-    /// the NCCL communicator does not take yet).
+    /// MPI on every backend today: the trainer's collectives move host
+    /// buffers, which NCCL on a GPU stages through device memory (see
+    /// `comm::resolve`).
     #[default]
     Auto,
     /// Open MPI on host buffers.

@@ -153,8 +153,9 @@ job_sections! {
         #[arg(value_name = "N")]
         make_vocab_size_divisible_by: usize = ferrotron_parallel::tensor::DEFAULT_VOCAB_DIVISIBLE_BY, flag make_vocab_size_divisible_by: usize;
         /// Multi-rank runs: transport of every process group. auto (default) is mpi today; nccl
-        /// runs NCCL/RCCL through the run-time binding, bootstrapped over MPI (CPU backends with
-        /// FERROTRON_NCCL_LIBRARY naming a library that works on host memory, e.g. the test double).
+        /// runs NCCL/RCCL through the run-time binding, bootstrapped over MPI: on cuda and rocm
+        /// through the GPU's memory, on CPU backends with FERROTRON_NCCL_LIBRARY naming a library
+        /// that works on host memory (the test double).
         #[arg(value_enum)]
         comm: CommChoice = CommChoice::Auto, flag comm: CommChoice;
         /// Multi-rank runs: seconds every communicator operation may take; a rank that waits

@@ -6,6 +6,7 @@ use ferrotron_engine::backend::BackendKind;
 use ferrotron_job::comm::{resolve, Transport};
 use ferrotron_job::config::CommChoice;
 use ferrotron_parallel::comm::nccl::LIBRARY_ENV;
+use ferrotron_test_support::skip::skip;
 
 fn message(r: Result<Transport, String>) -> String {
     match r {
@@ -14,6 +15,7 @@ fn message(r: Result<Transport, String>) -> String {
     }
 }
 
+/// Without a library that loads, `auto` and `mpi` are MPI everywhere.
 #[test]
 fn auto_and_mpi_choose_mpi_on_every_backend() {
     for kind in [
@@ -48,10 +50,43 @@ fn nccl_with_a_library_that_does_not_open_names_the_file() {
     assert!(msg.contains(&format!("{LIBRARY_ENV}={path}")), "{msg}");
 }
 
+/// On cuda and rocm, `nccl` takes the library that loads (its calls then
+/// staged through the GPU's memory) and names the file that does not;
+/// `auto` stays MPI whatever loads (see `comm::resolve`). The test double
+/// stands in for a library that loads (it is built with the `mpi`
+/// feature).
 #[test]
-fn nccl_on_a_gpu_backend_is_refused_until_device_buffers_are_wired() {
+fn nccl_on_a_gpu_backend_takes_the_library_that_loads() {
+    let missing = OsStr::new("/nonexistent/ferrotron/libnccl.so.2");
     for kind in [BackendKind::Cuda, BackendKind::Rocm] {
-        let msg = message(resolve(CommChoice::Nccl, kind, None));
-        assert!(msg.contains("--comm mpi"), "{msg}");
+        let msg = message(resolve(CommChoice::Nccl, kind, Some(missing)));
+        assert!(
+            msg.starts_with(&format!("nccl with --backend {kind}:")),
+            "{msg}"
+        );
+        assert!(msg.contains("/nonexistent/ferrotron/libnccl.so.2"), "{msg}");
+        assert!(msg.ends_with("or use --comm mpi"), "{msg}");
+        assert!(!msg.contains('\n'), "{msg}");
     }
+    if !cfg!(feature = "mpi") {
+        skip("built without the `mpi` feature, which builds the NCCL test double");
+        return;
+    }
+    let double = ferrotron_test_support::nccl_double::library();
+    let loads = Some(double.as_os_str());
+    for kind in [BackendKind::Cuda, BackendKind::Rocm] {
+        let t = resolve(CommChoice::Nccl, kind, loads);
+        assert!(
+            matches!(t, Ok(Transport::NcclDevice(_, k)) if k == kind),
+            "nccl on {kind}"
+        );
+        assert!(matches!(
+            resolve(CommChoice::Auto, kind, loads),
+            Ok(Transport::Mpi)
+        ));
+    }
+    assert!(matches!(
+        resolve(CommChoice::Nccl, BackendKind::Flex, loads),
+        Ok(Transport::Nccl(_))
+    ));
 }

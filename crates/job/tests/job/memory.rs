@@ -35,6 +35,16 @@ fn bytes(dp: usize, tp: usize, pp: usize, zero: ZeroStage, grad_accum: usize) ->
 
 /// [`bytes`] on `mesh`.
 fn bytes_on(mesh: Mesh, zero: ZeroStage, grad_accum: usize) -> (f64, String) {
+    bytes_with(mesh, zero, grad_accum, |_| {})
+}
+
+/// [`bytes_on`] with the job changed by `change` last.
+fn bytes_with(
+    mesh: Mesh,
+    zero: ZeroStage,
+    grad_accum: usize,
+    change: impl FnOnce(&mut JobConfig),
+) -> (f64, String) {
     let mut c = JobConfig::default();
     c.schedule.micro_batch = 2;
     c.schedule.seq_len = 16;
@@ -48,6 +58,7 @@ fn bytes_on(mesh: Mesh, zero: ZeroStage, grad_accum: usize) -> (f64, String) {
     } else {
         Recompute::None
     };
+    change(&mut c);
     let m = job_memory(&tiny(), &c, &mesh, recompute, BackendKind::Flex).unwrap();
     (m.total(), m.stage.to_string())
 }
@@ -93,11 +104,33 @@ fn estimate_zero3_shards_every_class_over_dp() {
     // Rank 0's chunk of each unit over dp 2: 320 + 436 + 436 + 8 = 1200
     // values, plus one placeholder value for each of the 36 tensors;
     // full recomputation keeps each block's input (4 T h = 1024 bytes) and
-    // rebuilds one block (16896); the buffer is one gathered block with
-    // its gradients, 8 x 872.
+    // rebuilds one block (16896). The buffers: the embedding and the final
+    // norm stay gathered with their gradients, 8 x (640 + 16); overlap is
+    // on by default with --zero3-prefetch 1, so two blocks are gathered at
+    // once, with one block's gradients: 4 x 2 x 872 + 4 x 872.
     let state = 4.0 * (1200.0 + 36.0) + 4.0 * 1200.0 + 8.0 * 1200.0;
-    let want = state + 2.0 * 1024.0 + 10624.0 + 16896.0 + 8.0 * 872.0;
+    let buffers = 8.0 * 656.0 + 12.0 * 872.0;
+    let want = state + 2.0 * 1024.0 + 10624.0 + 16896.0 + buffers;
     assert_eq!(bytes(2, 1, 1, ZeroStage::Three, 1), (want, "only".into()));
+}
+
+#[test]
+fn estimate_zero3_counts_the_blocks_its_prefetch_gathers() {
+    // Each block more gathered ahead adds its parameters, 4 x 872 bytes;
+    // without overlap nothing is gathered ahead, whatever the depth.
+    let mesh = || Mesh::new(Some(2), 1, 1, 2).unwrap();
+    let with = |overlap: bool, depth: Option<usize>| {
+        bytes_with(mesh(), ZeroStage::Three, 1, |c| {
+            c.parallelism.overlap_grad_reduce = overlap;
+            c.parallelism.zero3_prefetch = depth;
+        })
+        .0
+    };
+    let one = with(true, Some(1));
+    assert_eq!(with(true, None), one, "the default is one block ahead");
+    assert_eq!(with(true, Some(0)), one - 4.0 * 872.0);
+    assert_eq!(with(true, Some(3)), one + 2.0 * 4.0 * 872.0);
+    assert_eq!(with(false, Some(0)), one - 4.0 * 872.0);
 }
 
 #[test]
@@ -107,9 +140,11 @@ fn estimate_cp2_counts_half_the_tokens_and_shards_over_dp_x_cp() {
     // micro-batch, so a block's input is 4 T h = 512 bytes; the rebuilt
     // block 4 x (2(T h + 2T) + 2 T h + 4 T h + 2 T f) = 8448 plus the ring
     // node's f32 output and log-sum-exp, 4 T (h + heads) = 640; the output
-    // layer 4 x (2 T h + 2T) + 4 T V + 4 T = 5312.
+    // layer 4 x (2 T h + 2T) + 4 T V + 4 T = 5312. The trainer overlaps
+    // nothing beside a ring, so one block is gathered at a time.
     let state = 4.0 * (1200.0 + 36.0) + 4.0 * 1200.0 + 8.0 * 1200.0;
-    let want = state + 2.0 * 512.0 + 5312.0 + (8448.0 + 640.0) + 8.0 * 872.0;
+    let buffers = 8.0 * 656.0 + 8.0 * 872.0;
+    let want = state + 2.0 * 512.0 + 5312.0 + (8448.0 + 640.0) + buffers;
     let mesh = Mesh::with_cp(Some(1), 1, 2, 1, 2).unwrap();
     assert_eq!(bytes_on(mesh, ZeroStage::Three, 1), (want, "only".into()));
 }

@@ -12,9 +12,10 @@
 //! operation fails with [`CommError::Timeout`], naming the missing ranks,
 //! when it does not complete within a timeout ([`DEFAULT_TIMEOUT`] unless
 //! set). [`nccl::NcclCommunicator`] runs the same contract on NCCL / RCCL
-//! (loaded at run time), bootstrapped over one of these; on host buffers
-//! it needs a library that works on host memory (the repository's test
-//! double), so it serves CPU backends under test (README, "NCCL").
+//! (loaded at run time), bootstrapped over one of these: on host memory
+//! with a library that works there (the repository's test double), or
+//! staged through a GPU's memory; [`nccl::device`] runs collectives on
+//! device buffers (docs/parallelism.md, "NCCL and RCCL").
 //!
 //! Every communicator also has a non-blocking form ([`nonblocking`]): a
 //! [`CommThread`] runs its all-reduces, all-gathers and reduce-scatters in

@@ -7,6 +7,8 @@ use serde::Serialize;
 use super::activation::{in_flight, LayerActivations, Recompute};
 use ferrotron_engine::lm::LmUnit;
 
+use super::buffers::{gathered_blocks, zero3_bytes, Prefetch};
+
 use super::checkpoint::{checkpoint_bytes, CheckpointBytes};
 use super::memory::{layout_state_bytes, Held};
 use super::model::ModelShape;
@@ -46,9 +48,14 @@ pub struct MemoryEstimate {
     pub state: MemoryBytes,
     /// Stored activations.
     pub activations: ActivationBytes,
-    /// Buffers that live during a step: two gradient buckets (ZeRO 0-2) or
-    /// one gathered block with its gradients (ZeRO-3).
+    /// Buffers that live during a step ([`super::buffers`]): two gradient
+    /// buckets (ZeRO 0-2), or under ZeRO-3 the embedding and head gathered
+    /// with their gradients and [`Self::gathered_blocks`] blocks gathered
+    /// with one block's gradients.
     pub transient: f64,
+    /// ZeRO-3: blocks gathered at once, the one computing and those whose
+    /// gathers `--zero3-prefetch` starts ahead (0 below ZeRO-3).
+    pub gathered_blocks: usize,
     /// Fixed allowance for the framework, the runtime and fragmentation.
     pub reserve: f64,
     /// Host memory a checkpoint adds (not counted in [`Self::total`]: on a
@@ -230,6 +237,9 @@ pub struct MemoryInput {
     /// Bytes per GPU set aside for the framework, the runtime and
     /// fragmentation.
     pub reserve_bytes: f64,
+    /// How far ZeRO-3 gathers blocks ahead (`--overlap-grad-reduce`,
+    /// `--zero3-prefetch`).
+    pub prefetch: Prefetch,
 }
 
 impl PlanInput {
@@ -245,6 +255,10 @@ impl PlanInput {
             fp32_main_grads: self.fp32_main_grads,
             activations: self.activations,
             reserve_bytes: self.reserve_bytes,
+            prefetch: Prefetch {
+                overlap: self.overlap_grad_reduce,
+                depth: self.zero3_prefetch,
+            },
         }
     }
 }
@@ -289,14 +303,10 @@ pub fn memory(input: &MemoryInput, c: &Choice, layout: &StageLayout) -> MemoryEs
     let held = in_flight(c.pp, c.interleave, micro_batches);
     let bucket = bucket_elems(input.bucket_mb);
     let (bp, bg, _) = input.precision.state_bytes();
-    let transient = |units: &[Vec<usize>]| -> f64 {
+    let gathered = gathered_blocks(c, input.prefetch);
+    let transient = |units: &[Vec<usize>], first: bool, last: bool| -> f64 {
         if c.zero == ZeroStage::Three {
-            let unit = units
-                .iter()
-                .map(|u| u.iter().sum::<usize>())
-                .max()
-                .unwrap_or(0);
-            ((bp + bg) * unit) as f64
+            zero3_bytes(units, first, last, gathered, (bp, bg))
         } else {
             (2 * bg * bucket) as f64
         }
@@ -318,7 +328,8 @@ pub fn memory(input: &MemoryInput, c: &Choice, layout: &StageLayout) -> MemoryEs
             stage: name,
             state,
             activations: acts,
-            transient: transient(units),
+            transient: transient(units, s == 0, s == c.pp - 1),
+            gathered_blocks: gathered,
             reserve: input.reserve_bytes,
             checkpoint: checkpoint_bytes(&held, c.dp, c.zero, bucket),
         }

@@ -72,6 +72,14 @@ pub fn explain(input: &PlanInput, e: &Estimate) -> String {
         gib(mem.checkpoint.streamed),
         gib(mem.checkpoint.background)
     );
+    if mem.gathered_blocks > 0 {
+        let _ = writeln!(
+            s,
+            "ZeRO-3 holds {} block(s) gathered at once beside the embedding and head (the one computing and {} ahead: --zero3-prefetch under overlap)",
+            mem.gathered_blocks,
+            mem.gathered_blocks - 1
+        );
+    }
     if c.pp > 1 {
         let split: Vec<String> = e.stage_layers.iter().map(usize::to_string).collect();
         let _ = writeln!(

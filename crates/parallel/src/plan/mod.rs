@@ -25,6 +25,7 @@
 //! arithmetic: no tensors, no ranks.
 
 pub mod activation;
+pub mod buffers;
 pub mod checkpoint;
 pub mod choice;
 pub mod comm;

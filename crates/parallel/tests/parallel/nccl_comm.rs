@@ -1,7 +1,9 @@
 //! The NCCL communicator through the real binding, on the NCCL test double
 //! (`crates/nccl-double`: NCCL's C API over MPI on host memory, loaded
 //! through `FERROTRON_NCCL_LIBRARY`): the communicator contract
-//! (`contract/mod.rs`) on 2 and 4 ranks, grouped sends and receives, an
+//! (`contract/mod.rs`) on 2 and 4 ranks, grouped sends and receives, the
+//! device-buffer path (`comm::nccl::device`) in f32 and bf16 on host
+//! memory, an
 //! NCCL error code turned into a message, and the watchdog ending a job
 //! whose rank never arrives. The launcher tests re-run this test binary
 //! under `mpirun`, selecting an ignored worker test. Skipped (with a printed
@@ -92,6 +94,9 @@ mod worker {
     use std::sync::Arc;
     use std::time::Duration;
 
+    use burn::tensor::bf16;
+    use ferrotron_engine::precision::Precision;
+    use ferrotron_parallel::comm::nccl::device::{DeviceComm, HostStreams};
     use ferrotron_parallel::comm::nccl::{
         NcclComm, NcclCommunicator, NcclDataType, NcclLibrary, NcclReduceOp,
     };
@@ -107,7 +112,83 @@ mod worker {
         let (mpi, lib) = start();
         assert_eq!(lib.version().unwrap(), 22_000, "the double's version");
         grouped_exchange_and_errors(&lib, &*mpi);
+        device_buffers(&lib, &*mpi);
         contract_on_nccl(lib, mpi);
+    }
+
+    /// The device-buffer path ([`DeviceComm`] on host memory, its
+    /// `HostStreams`) against sums and concatenations computed here: f32
+    /// exactly; bf16 on the wire (`--reduce-dtype bf16`) as each rank's
+    /// values rounded to bf16, summed, and the sum rounded to bf16.
+    fn device_buffers(lib: &Arc<NcclLibrary>, host: &dyn Communicator) {
+        let c = DeviceComm::init(lib.clone(), host, Box::new(HostStreams)).unwrap();
+        let (r, w) = (c.rank(), c.world_size());
+        // Multiples of 1/128 in [1, 2): exact in bf16, and their sums exact
+        // in f32 in any order (MPI's), but not all in bf16.
+        let value = |rank: usize, i: usize| 1.0 + (i + 7 * rank) as f32 / 128.0;
+        let n = 6;
+        let mine: Vec<f32> = (0..n * w).map(|i| value(r, i)).collect();
+        let sum = |i: usize| (0..w).map(|q| value(q, i)).sum::<f32>();
+
+        let mut f = mine.clone();
+        c.host_all_reduce_sum(&mut f, NcclDataType::F32).unwrap();
+        let want: Vec<f32> = (0..n * w).map(sum).collect();
+        assert_eq!(f, want, "f32 all-reduce");
+
+        let mut gathered = vec![0f32; n * w];
+        c.host_all_gather(&mine[..n], &mut gathered, NcclDataType::F32)
+            .unwrap();
+        let want: Vec<f32> = (0..w)
+            .flat_map(|q| (0..n).map(move |i| value(q, i)))
+            .collect();
+        assert_eq!(gathered, want, "f32 all-gather");
+
+        let mut block = vec![0f32; n];
+        c.host_reduce_scatter_sum(&mine, &mut block, NcclDataType::F32)
+            .unwrap();
+        let want: Vec<f32> = (r * n..(r + 1) * n).map(sum).collect();
+        assert_eq!(block, want, "f32 reduce-scatter");
+
+        // bf16 on the wire: 2 bytes a value.
+        let to_bf16 = |x: f32| bf16::from_f32(x).to_bits();
+        let from_bf16 = |b: u16| bf16::from_bits(b).to_f32();
+        let wide_sum = |i: usize| {
+            let mut s = [(0..w).map(|q| from_bf16(to_bf16(value(q, i)))).sum::<f32>()];
+            Precision::Bf16.round_in_place(&mut s);
+            s[0]
+        };
+        let mut b: Vec<u16> = mine.iter().map(|&x| to_bf16(x)).collect();
+        c.host_all_reduce_sum(&mut b, NcclDataType::Bf16).unwrap();
+        let got: Vec<f32> = b.iter().map(|&x| from_bf16(x)).collect();
+        let want: Vec<f32> = (0..n * w).map(wide_sum).collect();
+        assert_eq!(got, want, "bf16 all-reduce");
+        assert!(
+            (0..n * w).any(|i| wide_sum(i) != sum(i)),
+            "the bf16 rounding shows in these values"
+        );
+
+        let send: Vec<u16> = mine.iter().map(|&x| to_bf16(x)).collect();
+        let mut block = vec![0u16; n];
+        c.host_reduce_scatter_sum(&send, &mut block, NcclDataType::Bf16)
+            .unwrap();
+        let got: Vec<f32> = block.iter().map(|&x| from_bf16(x)).collect();
+        let want: Vec<f32> = (r * n..(r + 1) * n).map(wide_sum).collect();
+        assert_eq!(got, want, "bf16 reduce-scatter");
+
+        let mut gathered = vec![0u16; n * w];
+        c.host_all_gather(&send[..n], &mut gathered, NcclDataType::Bf16)
+            .unwrap();
+        let want: Vec<u16> = (0..w)
+            .flat_map(|q| (0..n).map(move |i| to_bf16(value(q, i))))
+            .collect();
+        assert_eq!(gathered, want, "bf16 all-gather");
+
+        // A value of the wrong size for the wire type is refused.
+        let err = c
+            .host_all_reduce_sum(&mut [0f32; 2], NcclDataType::Bf16)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("4-byte values for Bf16"), "{err}");
     }
 
     fn contract_on_nccl(lib: Arc<NcclLibrary>, mpi: Arc<dyn Communicator>) {

@@ -36,6 +36,10 @@ pub struct NcclComm {
     world_size: usize,
 }
 
+// SAFETY: an `ncclComm_t` may be used from any thread, one call at a
+// time; `NcclComm` is not `Sync`, so a shared one is used by one thread.
+unsafe impl Send for NcclComm {}
+
 impl NcclComm {
     /// Creates this rank's communicator over the ranks of `host`: rank 0
     /// creates a unique id, broadcasts its 128 bytes over `host` (as 32

@@ -9,6 +9,7 @@ use crate::comm::{check_blocks, check_rank, CommError, Communicator, Incoming, O
 
 use super::comm::NcclComm;
 use super::library::NcclLibrary;
+use super::memory::{Buf, HostMemory, Memory};
 use super::types::{NcclDataType, NcclReduceOp};
 use super::watchdog::Watchdog;
 use super::NcclError;
@@ -29,13 +30,14 @@ const OPS: [&str; 7] = [
 ///
 /// # Memory
 ///
-/// The trait's buffers are host slices, and this communicator hands their
-/// pointers to the library as they are: it runs on a library that works
-/// on host memory, such as Ferrotron's test double
+/// The trait's buffers are host slices. On [`HostMemory`] this
+/// communicator hands their pointers to the library as they are: it runs
+/// on a library that works on host memory, such as Ferrotron's test double
 /// (`crates/nccl-double`), which makes the whole CPU training path run
-/// through this binding. A real NCCL or RCCL needs device buffers; `ferrotron train`
-/// therefore builds this communicator on CPU backends only, and only when
-/// `FERROTRON_NCCL_LIBRARY` names a library.
+/// through this binding. A real NCCL or RCCL needs device buffers: with a
+/// [`Memory`] of a GPU (`device::cube::Staged`) each call's slices are
+/// copied into device buffers, the call runs there on Ferrotron's own
+/// stream, and the results are copied back.
 ///
 /// # Groups, barrier, abort
 ///
@@ -58,6 +60,8 @@ pub struct NcclCommunicator {
     nccl: NcclComm,
     /// The host communicator of the same ranks.
     host: Arc<dyn Communicator>,
+    /// Where the library reads the buffers.
+    memory: Arc<dyn Memory>,
     /// This process's rank in the whole job, for the watchdog's message.
     job_rank: usize,
     timeout: Duration,
@@ -76,21 +80,35 @@ unsafe impl Sync for NcclCommunicator {}
 
 impl NcclCommunicator {
     /// An NCCL communicator over the ranks of `host` (collective over
-    /// `host`), whose calls may take `timeout`. `host` must be the whole
-    /// job (its ranks name the processes in the watchdog's message).
+    /// `host`), whose calls may take `timeout`, on a library that works on
+    /// host memory ([`HostMemory`]). `host` must be the whole job (its
+    /// ranks name the processes in the watchdog's message).
     pub fn new(
         lib: Arc<NcclLibrary>,
         host: Arc<dyn Communicator>,
         timeout: Duration,
     ) -> Result<Self, CommError> {
+        Self::on(lib, host, Arc::new(HostMemory), timeout)
+    }
+
+    /// [`NcclCommunicator::new`] with the buffers in `memory` (on a GPU,
+    /// `device::cube::Staged`: each call's values copied to device buffers
+    /// and back).
+    pub fn on(
+        lib: Arc<NcclLibrary>,
+        host: Arc<dyn Communicator>,
+        memory: Arc<dyn Memory>,
+        timeout: Duration,
+    ) -> Result<Self, CommError> {
         let job_rank = host.rank();
-        Self::over(lib, host, job_rank, timeout)
+        Self::over(lib, host, memory, job_rank, timeout)
     }
 
     /// An NCCL communicator over `host`, in a process of job rank `job_rank`.
     fn over(
         lib: Arc<NcclLibrary>,
         host: Arc<dyn Communicator>,
+        memory: Arc<dyn Memory>,
         job_rank: usize,
         timeout: Duration,
     ) -> Result<Self, CommError> {
@@ -102,12 +120,18 @@ impl NcclCommunicator {
         // Every rank arrives (under the host's timeout) before NCCL, which
         // has none, is asked to wait for the others in ncclCommInitRank.
         host.barrier()?;
-        let nccl = NcclComm::init(lib, &*host).map_err(nccl_error)?;
+        // Created with the device bound, so that NCCL binds it.
+        let mut made = None;
+        memory.exclusive(&mut || made = Some(NcclComm::init(lib.clone(), &*host)))?;
+        let nccl = made
+            .expect("Memory::exclusive runs its task")
+            .map_err(nccl_error)?;
         let watchdog = Watchdog::start(job_rank, "NCCL", timeout)
             .map_err(|e| CommError::Transport(format!("starting the NCCL watchdog thread: {e}")))?;
         Ok(Self {
             nccl,
             host,
+            memory,
             job_rank,
             timeout,
             serial: Mutex::new([0; OPS.len()]),
@@ -120,40 +144,57 @@ impl NcclCommunicator {
         self.nccl.library()
     }
 
-    /// Runs `call` as operation `OPS[op]` under the lock and the watchdog.
+    /// Runs `call(comm, addresses, stream)` on `bufs` (see [`Memory::run`])
+    /// as operation `OPS[op]` under the lock and the watchdog.
     fn run(
         &self,
         op: usize,
-        call: impl FnOnce(&NcclComm) -> Result<(), NcclError>,
+        bufs: &mut [Buf<'_>],
+        mut call: impl FnMut(&NcclComm, &[u64], *mut c_void) -> Result<(), NcclError> + Send,
     ) -> Result<(), CommError> {
         let mut counts = self.serial.lock().unwrap_or_else(|e| e.into_inner());
         counts[op] += 1;
         let _watched = self.watchdog.watch(OPS[op], counts[op]);
-        call(&self.nccl).map_err(nccl_error)
+        let comm = Held(&self.nccl);
+        self.memory
+            .run(bufs, &mut |ptrs, stream| call(comm.get(), ptrs, stream))
+    }
+}
+
+/// The communicator, handed to [`Memory::run`]'s call, which runs on this
+/// thread or the device's, once, while `serial` is held.
+struct Held<'a>(&'a NcclComm);
+
+// SAFETY: NCCL lets any thread use a communicator, one call at a time;
+// `Held` lives only inside `NcclCommunicator::run`, under `serial`.
+unsafe impl Send for Held<'_> {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Held<'_> {}
+
+impl Held<'_> {
+    fn get(&self) -> &NcclComm {
+        self.0
     }
 }
 
 /// An error of the binding as a communicator error (its message names the
 /// NCCL function and code).
-fn nccl_error(e: NcclError) -> CommError {
+pub(crate) fn nccl_error(e: NcclError) -> CommError {
     match e {
         NcclError::Bootstrap(inner) => inner,
         other => CommError::Transport(other.to_string()),
     }
 }
 
-/// A host slice as the library's input pointer.
-fn input(buf: &[f32]) -> *const c_void {
-    buf.as_ptr().cast()
+/// An address as the library's input pointer.
+fn input(p: u64) -> *const c_void {
+    p as *const c_void
 }
 
-/// A host slice as the library's output pointer.
-fn output(buf: &mut [f32]) -> *mut c_void {
-    buf.as_mut_ptr().cast()
+/// An address as the library's output pointer.
+fn output(p: u64) -> *mut c_void {
+    p as *mut c_void
 }
-
-/// The default stream: the library works on host memory, synchronously.
-const STREAM: *mut c_void = std::ptr::null_mut();
 
 impl Communicator for NcclCommunicator {
     fn rank(&self) -> usize {
@@ -170,23 +211,25 @@ impl Communicator for NcclCommunicator {
         Ok(Arc::new(Self::over(
             lib,
             host,
+            self.memory.clone(),
             self.job_rank,
             self.timeout,
         )?))
     }
 
     fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<(), CommError> {
-        let ptr = output(buf);
-        // SAFETY: `ptr` is valid for `buf.len()` values, in place, for the
-        // whole call, which completes before returning (host memory).
-        self.run(0, |c| unsafe {
+        let n = buf.len();
+        // SAFETY (every call below): `Memory::run` gives addresses of the
+        // buffers listed, of the lengths checked here, valid until the
+        // call's stream has completed, which `run` waits for.
+        self.run(0, &mut [Buf::InOut(buf)], |c, p, stream| unsafe {
             c.all_reduce(
-                ptr,
-                ptr,
-                buf.len(),
+                input(p[0]),
+                output(p[0]),
+                n,
                 NcclDataType::F32,
                 NcclReduceOp::Sum,
-                STREAM,
+                stream,
             )
         })
     }
@@ -194,10 +237,13 @@ impl Communicator for NcclCommunicator {
     fn all_gather(&self, send: &[f32], recv: &mut [f32]) -> Result<(), CommError> {
         check_blocks("all_gather", send.len(), recv.len(), self.world_size())?;
         let n = send.len();
-        // SAFETY: both slices are valid and apart for the whole call.
-        self.run(1, |c| unsafe {
-            c.all_gather(input(send), output(recv), n, NcclDataType::F32, STREAM)
-        })
+        self.run(
+            1,
+            &mut [Buf::In(send), Buf::Out(recv)],
+            |c, p, stream| unsafe {
+                c.all_gather(input(p[0]), output(p[1]), n, NcclDataType::F32, stream)
+            },
+        )
     }
 
     fn reduce_scatter_sum(&self, send: &[f32], recv: &mut [f32]) -> Result<(), CommError> {
@@ -208,42 +254,50 @@ impl Communicator for NcclCommunicator {
             self.world_size(),
         )?;
         let n = recv.len();
-        // SAFETY: both slices are valid and apart for the whole call.
-        self.run(2, |c| unsafe {
-            c.reduce_scatter(
-                input(send),
-                output(recv),
-                n,
-                NcclDataType::F32,
-                NcclReduceOp::Sum,
-                STREAM,
-            )
-        })
+        self.run(
+            2,
+            &mut [Buf::In(send), Buf::Out(recv)],
+            |c, p, stream| unsafe {
+                c.reduce_scatter(
+                    input(p[0]),
+                    output(p[1]),
+                    n,
+                    NcclDataType::F32,
+                    NcclReduceOp::Sum,
+                    stream,
+                )
+            },
+        )
     }
 
     fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<(), CommError> {
         check_rank("broadcast", root, self.world_size())?;
-        let ptr = output(buf);
-        // SAFETY: in place on a slice valid for the whole call.
-        self.run(3, |c| unsafe {
-            c.broadcast(ptr, ptr, buf.len(), NcclDataType::F32, root, STREAM)
+        let n = buf.len();
+        self.run(3, &mut [Buf::InOut(buf)], |c, p, stream| unsafe {
+            c.broadcast(
+                input(p[0]),
+                output(p[0]),
+                n,
+                NcclDataType::F32,
+                root,
+                stream,
+            )
         })
     }
 
     fn send(&self, buf: &[f32], dest: usize, _tag: i32) -> Result<(), CommError> {
         check_rank("send", dest, self.world_size())?;
-        // SAFETY: the slice is valid for the whole call.
-        self.run(4, |c| unsafe {
-            c.send(input(buf), buf.len(), NcclDataType::F32, dest, STREAM)
+        let n = buf.len();
+        self.run(4, &mut [Buf::In(buf)], |c, p, stream| unsafe {
+            c.send(input(p[0]), n, NcclDataType::F32, dest, stream)
         })
     }
 
     fn recv(&self, buf: &mut [f32], src: usize, _tag: i32) -> Result<(), CommError> {
         check_rank("recv", src, self.world_size())?;
         let n = buf.len();
-        // SAFETY: the slice is valid for the whole call.
-        self.run(5, |c| unsafe {
-            c.recv(output(buf), n, NcclDataType::F32, src, STREAM)
+        self.run(5, &mut [Buf::Out(buf)], |c, p, stream| unsafe {
+            c.recv(output(p[0]), n, NcclDataType::F32, src, stream)
         })
     }
 
@@ -264,26 +318,29 @@ impl Communicator for NcclCommunicator {
         sends.sort_by_key(|s| s.tag);
         let mut recvs: Vec<&mut Incoming<'_>> = recvs.iter_mut().collect();
         recvs.sort_by_key(|r| r.tag);
-        let lib = self.nccl.library();
-        self.run(6, |c| {
+        // (peer, values) of every send, then of every receive, in the
+        // order of their buffers.
+        let peers: Vec<(usize, usize)> = sends
+            .iter()
+            .map(|s| (s.to, s.values.len()))
+            .chain(recvs.iter().map(|r| (r.from, r.values.len())))
+            .collect();
+        let n_sends = sends.len();
+        let mut bufs: Vec<Buf<'_>> = sends.iter().map(|s| Buf::In(s.values)).collect();
+        bufs.extend(recvs.iter_mut().map(|r| Buf::Out(&mut *r.values)));
+        let lib = self.nccl.library().clone();
+        self.run(6, &mut bufs, |c, p, stream| {
             lib.group_start()?;
-            for s in &sends {
-                // SAFETY: the slice is valid for the whole call (the group
-                // completes before `run` returns).
+            for (k, &(peer, n)) in peers.iter().enumerate() {
+                // SAFETY: as in `all_reduce_sum`; the group completes
+                // before `run` returns.
                 unsafe {
-                    c.send(
-                        input(s.values),
-                        s.values.len(),
-                        NcclDataType::F32,
-                        s.to,
-                        STREAM,
-                    )?
-                };
-            }
-            for r in &mut recvs {
-                let n = r.values.len();
-                // SAFETY: as for the sends.
-                unsafe { c.recv(output(r.values), n, NcclDataType::F32, r.from, STREAM)? };
+                    if k < n_sends {
+                        c.send(input(p[k]), n, NcclDataType::F32, peer, stream)?
+                    } else {
+                        c.recv(output(p[k]), n, NcclDataType::F32, peer, stream)?
+                    }
+                }
             }
             lib.group_end()
         })

@@ -19,14 +19,20 @@
 //! runs under a watchdog thread (`watchdog.rs`), and the trait's host buffers go to
 //! the library as they are. That is right for a library that works on host
 //! memory, such as the repository's test double (`crates/nccl-double`),
-//! with which the CPU training path runs through this binding; real NCCL /
-//! RCCL need device buffers, and no glue to CubeCL's buffers exists yet
-//! (README, "NCCL").
+//! with which the CPU training path runs through this binding.
+//!
+//! [`device::DeviceComm`] runs all-reduce, all-gather and reduce-scatter on
+//! device buffers, on a stream of Ferrotron's own, ordered against the
+//! device's work; with the cuda or rocm feature, [`device::cube`] feeds it
+//! the buffers of CubeCL tensors. The trainer's gradient sync does not use
+//! it yet: it moves host buffers (docs/parallelism.md, "NCCL").
 
 mod comm;
 mod communicator;
+pub mod device;
 mod error;
 mod library;
+pub mod memory;
 mod names;
 mod types;
 mod unique_id;
