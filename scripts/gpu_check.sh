@@ -25,8 +25,9 @@
 #            A and B (SHAPES="c d a b", PRECISIONS="bf16 fp32" and
 #            STEP_TIMEOUT=240 seconds per ferrotron phase override).
 #   kernels  `bench kernels` attention at head dim 128, seq 1024-8192: the
-#            row and tiled forward (attention), then the cmma forward
-#            (attention_cmma_bf16), each with the one backward; then
+#            row and tiled kernels (attention, attention_tiled), then the
+#            cmma forward with the fragment backward on the matrix units
+#            (attention_cmma_bf16); then
 #            compute-sanitizer memcheck and racecheck on a cmma run (fused
 #            forward + backward and the reference) at seq 1024 and 2048,
 #            where compute-sanitizer is on the PATH.

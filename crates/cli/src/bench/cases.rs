@@ -65,8 +65,9 @@ pub enum AttentionPath {
     Row,
     /// The tiled forward and backward kernels (FlashAttention-2 tiles), f32.
     Tiled,
-    /// The tiled kernel on matrix units (tensor cores), bf16: inputs,
-    /// outputs and gradients bf16 (the kernel runs 16-bit types only).
+    /// The tiled forward and the fragment backward on matrix units
+    /// (tensor cores), bf16: inputs, outputs and gradients bf16 (the
+    /// kernels run 16-bit types only).
     CmmaBf16,
 }
 

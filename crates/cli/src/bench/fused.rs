@@ -114,8 +114,9 @@ fn ones<R: Runtime>(client: &ComputeClient<R>, n: usize) -> Handle {
 /// storage type. The row forward with the row backward (f32); the tiled
 /// forward (f32) at the largest tile that fits the device with the
 /// backward the launcher chooses (tiled where it fits); the cmma forward
-/// (bf16) with the backward the launcher chooses. `None` when the device
-/// cannot run the forward.
+/// (bf16) with the fragment backward on the matrix units at the largest
+/// tiles that fit, else the backward the launcher chooses. `None` when the
+/// device cannot run the forward.
 pub fn attention_kernels<R: Runtime>(
     client: &ComputeClient<R>,
     head_dim: usize,
@@ -133,8 +134,13 @@ pub fn attention_kernels<R: Runtime>(
             AttentionKernel::Row => None,
             kernel => Some((kernel, chosen_backward, FloatDtype::F32)),
         },
+        // `cmma_runs` implies that the matrix units run bf16.
         AttentionPath::CmmaBf16 => AttentionKernel::cmma_runs(client, head_dim, FloatDtype::Bf16)
-            .then_some((AttentionKernel::Cmma, chosen_backward, FloatDtype::Bf16)),
+            .then(|| {
+                let backward = AttentionBackwardKernel::fragment_for(max_shared, head_dim, true)
+                    .unwrap_or(chosen_backward);
+                (AttentionKernel::Cmma, backward, FloatDtype::Bf16)
+            }),
     }
 }
 

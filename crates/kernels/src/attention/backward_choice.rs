@@ -1,11 +1,22 @@
 //! Which backward kernels run: the one place that chooses between the row
 //! kernels and the tiled kernels of the backward, by the rule the forward
-//! uses ([`super::AttentionKernel::choose`]).
+//! uses ([`super::AttentionKernel::choose`]), and that describes the
+//! fragment kernels, which run when named.
 
 use cubecl::prelude::*;
 
+use super::choice::matrix_units_run;
+use super::cmma_forward::{CMMA_MAX_HEAD_DIM, FRAGMENT};
+use super::fragment::fragment_backward_shared_bytes;
 use super::shape::{AttentionError, AttentionShape};
 use super::tiled_backward_kv::{tiled_backward_shared_bytes, BACKWARD_TILES};
+use crate::dtype::FloatDtype;
+
+/// Tiles `(planes, inner)` the fragment backward kernels are compiled for,
+/// largest first: a cube of `planes` planes owns `16 * planes` rows and
+/// walks the other side `inner` rows at a time.
+pub const FRAGMENT_BACKWARD_TILES: [(usize, usize); 5] =
+    [(4, 64), (4, 32), (2, 32), (2, 16), (1, 16)];
 
 /// The dK/dV and dQ kernels of a backward launch. Both pairs compute the
 /// same gradients from the same `lse` (either forward kernel's).
@@ -26,6 +37,28 @@ pub enum AttentionBackwardKernel {
         outer: usize,
         /// Rows of the other side per step.
         inner: usize,
+    },
+    /// FlashAttention-2 tiles with every product in 16 x 16 x 16 fragments
+    /// (`fragment_backward_kv.rs`, `fragment_backward_q.rs`): a cube of
+    /// `planes` planes of 32 units owns `16 * planes` rows (key rows in the
+    /// dK/dV kernel, query rows in the dQ kernel) and walks the other side
+    /// `inner` rows at a time; `(planes, inner)` is one of
+    /// [`FRAGMENT_BACKWARD_TILES`], `head_dim` a multiple of 16 up to 128.
+    /// The operands are the 16-bit type of a 16-bit storage type (the
+    /// probabilities and their gradient rounded to it before their
+    /// products, as FlashAttention-2 does), else f32. With `matrix_units`
+    /// the products run on the matrix units (`cmma`; 16-bit types only,
+    /// where [`Self::matrix_units_run`]); without, on plain units, on any
+    /// device with the shared memory (how the tests check the kernels, and
+    /// their 16-bit rounding in f16, on lavapipe). Not chosen by
+    /// [`Self::choose`]: it runs when named.
+    Fragment {
+        /// Planes per cube (16 rows each).
+        planes: usize,
+        /// Rows of the other side per step, a multiple of 16.
+        inner: usize,
+        /// Products on the matrix units or on plain units.
+        matrix_units: bool,
     },
 }
 
@@ -57,39 +90,116 @@ impl AttentionBackwardKernel {
             })
     }
 
+    /// The fragment kernels with the largest of
+    /// [`FRAGMENT_BACKWARD_TILES`] whose shared memory fits a device with
+    /// `max_shared_bytes` per cube at `head_dim`, with the products on the
+    /// matrix units or not; `None` where none fits or `head_dim` is not a
+    /// multiple of 16 up to 128.
+    pub fn fragment_for(
+        max_shared_bytes: usize,
+        head_dim: usize,
+        matrix_units: bool,
+    ) -> Option<AttentionBackwardKernel> {
+        FRAGMENT_BACKWARD_TILES
+            .into_iter()
+            .map(|(planes, inner)| AttentionBackwardKernel::Fragment {
+                planes,
+                inner,
+                matrix_units,
+            })
+            .find(|kernel| {
+                fragment_head_dim(head_dim) && kernel.shared_bytes(head_dim) <= max_shared_bytes
+            })
+    }
+
+    /// Whether `client`'s device runs the fragment kernels' products on its
+    /// matrix units in `dtype`: a 16-bit type with 16x16x16 `cmma` and f32
+    /// accumulators on 32-unit planes (the cmma forward's condition).
+    pub fn matrix_units_run<R: Runtime>(client: &ComputeClient<R>, dtype: FloatDtype) -> bool {
+        matrix_units_run(client, dtype)
+    }
+
     /// Shared memory of one cube, bytes, for `head_dim` (0 for the row
-    /// kernels).
+    /// kernels); for the fragment kernels on plain units, with f32
+    /// operands whatever the type (an upper bound for 16-bit types).
     pub fn shared_bytes(self, head_dim: usize) -> usize {
         match self {
             AttentionBackwardKernel::Row => 0,
             AttentionBackwardKernel::Tiled { outer, inner } => {
                 tiled_backward_shared_bytes(outer, inner, head_dim)
             }
+            AttentionBackwardKernel::Fragment {
+                planes,
+                inner,
+                matrix_units,
+            } => {
+                let operand_bytes = if matrix_units { 2 } else { 4 };
+                fragment_backward_shared_bytes(planes, inner, head_dim, operand_bytes)
+            }
         }
     }
 
-    /// Short name: `row` or `tiled{outer}x{inner}` (e.g. `tiled32x16`).
+    /// Short name: `row`, `tiled{outer}x{inner}` (e.g. `tiled32x16`), or
+    /// `fragment{outer}x{inner}` with `-cmma` on the matrix units and
+    /// `-plain` on plain units (e.g. `fragment64x64-cmma`).
     pub fn name(self) -> String {
         match self {
             AttentionBackwardKernel::Row => "row".to_string(),
             AttentionBackwardKernel::Tiled { outer, inner } => format!("tiled{outer}x{inner}"),
+            AttentionBackwardKernel::Fragment {
+                planes,
+                inner,
+                matrix_units,
+            } => {
+                let units = if matrix_units { "cmma" } else { "plain" };
+                format!("fragment{}x{inner}-{units}", planes * FRAGMENT)
+            }
+        }
+    }
+
+    /// Rows a cube owns (dK/dV: key rows; dQ: query rows); 0 for the row
+    /// kernels, whose cubes are sized by the launcher.
+    pub(crate) fn outer_rows(self) -> usize {
+        match self {
+            AttentionBackwardKernel::Row => 0,
+            AttentionBackwardKernel::Tiled { outer, .. } => outer,
+            AttentionBackwardKernel::Fragment { planes, .. } => planes * FRAGMENT,
         }
     }
 
     /// Fails when these kernels cannot run `shape` on a device with
     /// `max_shared_bytes` of shared memory per cube: tiles not in
-    /// [`BACKWARD_TILES`], or more shared memory than the device has.
+    /// [`BACKWARD_TILES`] (tiled) or [`FRAGMENT_BACKWARD_TILES`] and a head
+    /// dimension not a multiple of 16 up to 128 (fragment), or more shared
+    /// memory than the device has. (Whether the matrix units run is
+    /// checked by the launcher, which has the type.)
     pub(crate) fn check(
         self,
         shape: &AttentionShape,
         max_shared_bytes: usize,
     ) -> Result<(), AttentionError> {
-        let AttentionBackwardKernel::Tiled { outer, inner } = self else {
-            return Ok(());
+        let (outer, inner) = match self {
+            AttentionBackwardKernel::Row => return Ok(()),
+            AttentionBackwardKernel::Tiled { outer, inner } => {
+                if !BACKWARD_TILES.contains(&(outer, inner)) {
+                    return Err(AttentionError::UnsupportedBackwardTiles { outer, inner });
+                }
+                (outer, inner)
+            }
+            AttentionBackwardKernel::Fragment { planes, inner, .. } => {
+                let outer = planes * FRAGMENT;
+                if !FRAGMENT_BACKWARD_TILES.contains(&(planes, inner))
+                    || !fragment_head_dim(shape.head_dim)
+                {
+                    return Err(AttentionError::UnsupportedFragmentBackward {
+                        outer,
+                        inner,
+                        head_dim: shape.head_dim,
+                    });
+                }
+                (outer, inner)
+            }
         };
-        if !BACKWARD_TILES.contains(&(outer, inner)) {
-            return Err(AttentionError::UnsupportedBackwardTiles { outer, inner });
-        }
         let needed = self.shared_bytes(shape.head_dim);
         if needed > max_shared_bytes {
             return Err(AttentionError::BackwardSharedMemory {
@@ -101,6 +211,13 @@ impl AttentionBackwardKernel {
         }
         Ok(())
     }
+}
+
+/// Whether the fragment kernels run `head_dim`: whole 16-column blocks,
+/// and at most 128 (each unit keeps `head_dim / 2` accumulators of dK and
+/// of dV in registers).
+fn fragment_head_dim(head_dim: usize) -> bool {
+    head_dim.is_multiple_of(FRAGMENT) && head_dim <= CMMA_MAX_HEAD_DIM
 }
 
 #[cfg(test)]
@@ -138,6 +255,98 @@ mod tests {
             AttentionBackwardKernel::for_shared_memory(48 * 1024, 256),
             AttentionBackwardKernel::Row
         );
+    }
+
+    #[test]
+    fn the_largest_fragment_tiles_that_fit_are_chosen() {
+        // 4 planes x 64 at head_dim 128 in 16 bits, the dK/dV kernel:
+        // operand tiles 2 * 16,384 + 2 * 16,384, f32 products 2 * 16,384,
+        // p and ds 2 * 8,192, two blocks of 4 planes 2 * 4,096, lse and
+        // delta 2 * 256.
+        assert_eq!(fragment_backward_shared_bytes(4, 64, 128, 2), 123_392);
+        let fragment = |planes, inner, matrix_units| {
+            Some(AttentionBackwardKernel::Fragment {
+                planes,
+                inner,
+                matrix_units,
+            })
+        };
+        // An H100 (227 KiB per cube) and an A100 (164 KiB) take the largest.
+        for max in [227 * 1024, 164 * 1024] {
+            assert_eq!(
+                AttentionBackwardKernel::fragment_for(max, 128, true),
+                fragment(4, 64, true)
+            );
+        }
+        // lavapipe (32 KiB), f32 operands: 32 x 16 at 32, 16 x 16 at 64,
+        // none at 128.
+        let lavapipe = 32 * 1024;
+        assert_eq!(
+            AttentionBackwardKernel::fragment_for(lavapipe, 32, false),
+            fragment(2, 16, false)
+        );
+        assert_eq!(
+            AttentionBackwardKernel::fragment_for(lavapipe, 64, false),
+            fragment(1, 16, false)
+        );
+        assert_eq!(
+            AttentionBackwardKernel::fragment_for(lavapipe, 128, false),
+            None
+        );
+        // Whole 16-column blocks up to 128 only.
+        for head_dim in [72, 256] {
+            assert_eq!(
+                AttentionBackwardKernel::fragment_for(1 << 20, head_dim, true),
+                None
+            );
+        }
+        assert_eq!(fragment(4, 64, true).unwrap().name(), "fragment64x64-cmma");
+        assert_eq!(
+            fragment(1, 16, false).unwrap().name(),
+            "fragment16x16-plain"
+        );
+    }
+
+    #[test]
+    fn fragment_tiles_and_head_dims_it_does_not_run_are_refused() {
+        let shape = |head_dim| AttentionShape {
+            batch: 1,
+            n_heads: 1,
+            n_kv_heads: 1,
+            seq: 8,
+            head_dim,
+        };
+        let kernel = |planes, inner| AttentionBackwardKernel::Fragment {
+            planes,
+            inner,
+            matrix_units: false,
+        };
+        assert_eq!(
+            kernel(3, 16).check(&shape(64), 1 << 20),
+            Err(AttentionError::UnsupportedFragmentBackward {
+                outer: 48,
+                inner: 16,
+                head_dim: 64
+            })
+        );
+        assert_eq!(
+            kernel(1, 16).check(&shape(40), 1 << 20),
+            Err(AttentionError::UnsupportedFragmentBackward {
+                outer: 16,
+                inner: 16,
+                head_dim: 40
+            })
+        );
+        assert_eq!(
+            kernel(1, 16).check(&shape(128), 32 * 1024),
+            Err(AttentionError::BackwardSharedMemory {
+                outer: 16,
+                inner: 16,
+                needed: fragment_backward_shared_bytes(1, 16, 128, 4),
+                max: 32 * 1024
+            })
+        );
+        assert_eq!(kernel(1, 16).check(&shape(64), 32 * 1024), Ok(()));
     }
 
     #[test]

@@ -62,25 +62,10 @@ impl AttentionKernel {
         head_dim: usize,
         dtype: FloatDtype,
     ) -> bool {
-        let Some(operand) = cmma_operand(dtype) else {
-            return false;
-        };
-        let hardware = &client.properties().hardware;
-        let fragment = FRAGMENT as u32;
-        let config = MmaConfig {
-            a_type: operand.into(),
-            b_type: operand.into(),
-            cd_type: ElemType::Float(FloatKind::F32).into(),
-            m: fragment,
-            n: fragment,
-            k: fragment,
-        };
         head_dim.is_multiple_of(FRAGMENT)
             && head_dim <= CMMA_MAX_HEAD_DIM
-            && hardware.plane_size_min == CMMA_PLANE_SIZE as u32
-            && hardware.plane_size_max == CMMA_PLANE_SIZE as u32
-            && cmma_shared_bytes(head_dim) <= hardware.max_shared_memory_size
-            && client.features().matmul.cmma.contains(&config)
+            && cmma_shared_bytes(head_dim) <= client.properties().hardware.max_shared_memory_size
+            && matrix_units_run(client, dtype)
     }
 
     /// [`AttentionKernel::choose`] for a device with `max_shared_bytes` of
@@ -137,6 +122,29 @@ impl AttentionKernel {
         }
         Ok(())
     }
+}
+
+/// Whether `client`'s device multiplies `dtype`'s 16-bit operand type
+/// ([`cmma_operand`]) in 16x16x16 `cmma` fragments with f32 accumulators,
+/// on 32-unit planes: what the cmma forward and the fragment backward on
+/// the matrix units need besides their shapes and shared memory.
+pub(crate) fn matrix_units_run<R: Runtime>(client: &ComputeClient<R>, dtype: FloatDtype) -> bool {
+    let Some(operand) = cmma_operand(dtype) else {
+        return false;
+    };
+    let hardware = &client.properties().hardware;
+    let fragment = FRAGMENT as u32;
+    let config = MmaConfig {
+        a_type: operand.into(),
+        b_type: operand.into(),
+        cd_type: ElemType::Float(FloatKind::F32).into(),
+        m: fragment,
+        n: fragment,
+        k: fragment,
+    };
+    hardware.plane_size_min == CMMA_PLANE_SIZE as u32
+        && hardware.plane_size_max == CMMA_PLANE_SIZE as u32
+        && client.features().matmul.cmma.contains(&config)
 }
 
 /// The 16-bit operand type of the cmma kernel for storage `dtype` (which

@@ -1,6 +1,6 @@
 //! Launchers of the attention backward kernels, generic over the CubeCL
 //! runtime: `delta = rowsum(d_out * out)`, then the dK/dV and the dQ
-//! kernels of an [`AttentionBackwardKernel`] (row or tiled).
+//! kernels of an [`AttentionBackwardKernel`] (row, tiled or fragment).
 
 use cubecl::prelude::*;
 use cubecl::server::Handle;
@@ -8,7 +8,10 @@ use cubecl::server::Handle;
 use super::backward_choice::AttentionBackwardKernel;
 use super::backward_kv::attention_backward_kv_kernel;
 use super::backward_q::attention_backward_q_kernel;
+use super::cmma_forward::CMMA_PLANE_SIZE;
 use super::delta::attention_delta_kernel;
+use super::fragment_backward_kv::attention_backward_kv_fragment_kernel;
+use super::fragment_backward_q::attention_backward_q_fragment_kernel;
 use super::launch::{array, check_dtype, grid_axis, slopes_arg};
 use super::shape::{
     check_buffer, AttentionError, AttentionInputs, AttentionOptions, AttentionShape,
@@ -17,6 +20,30 @@ use super::tiled_backward_kv::{attention_backward_kv_tiled_kernel, BACKWARD_UNIT
 use super::tiled_backward_q::attention_backward_q_tiled_kernel;
 use super::tiles::ROWS_PER_CUBE;
 use crate::dtype::{with_storage, FloatDtype};
+
+/// Runs `$body` with the type alias `$m` set to the operand type of the
+/// fragment kernels for `$dtype`: the 16-bit type itself for f16 and bf16;
+/// for bf16 carried in f32, bf16 on the matrix units and f32 on plain
+/// units (WGSL has no bf16); f32 for f32 (plain units only: the matrix
+/// units are never reached for f32).
+macro_rules! with_fragment_operand {
+    ($dtype:expr, $matrix_units:expr, $m:ident, $body:expr) => {
+        match ($dtype, $matrix_units) {
+            (FloatDtype::F16, _) => {
+                type $m = half::f16;
+                $body
+            }
+            (FloatDtype::Bf16, _) | (FloatDtype::Bf16InF32, true) => {
+                type $m = half::bf16;
+                $body
+            }
+            (FloatDtype::F32, _) | (FloatDtype::Bf16InF32, false) => {
+                type $m = f32;
+                $body
+            }
+        }
+    };
+}
 
 /// Result of [`attention_backward_typed`], in the launch's [`FloatDtype`].
 #[derive(Debug)]
@@ -85,11 +112,15 @@ pub fn attention_backward_typed<R: Runtime>(
 }
 
 /// [`attention_backward_typed`] with the backward kernels named by the
-/// caller (the tests and `ferrotron bench kernels` run both). Both give the
-/// same gradients within f32 rounding.
+/// caller (the tests and `ferrotron bench kernels` run each). All give the
+/// same gradients within f32 rounding, the fragment kernels on the matrix
+/// units within the rounding of the probabilities and their gradient to
+/// the 16-bit type.
 ///
-/// Errors as [`attention_backward_typed`], and when `kernel` is tiled with
-/// tiles it is not compiled for or more shared memory than the device has.
+/// Errors as [`attention_backward_typed`], and when `kernel` is tiled or
+/// fragment with tiles it is not compiled for or more shared memory than
+/// the device has, fragment at a head dimension it does not run, or
+/// fragment on the matrix units where they do not run `dtype`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_backward_with<R: Runtime>(
     client: &ComputeClient<R>,
@@ -110,9 +141,19 @@ pub fn attention_backward_with<R: Runtime>(
     check_buffer("lse", lse, shape.rows(), size_of::<f32>())?;
     check_buffer("d_out", d_out, shape.q_elems(), size)?;
     kernel.check(&shape, client.properties().hardware.max_shared_memory_size)?;
+    if let AttentionBackwardKernel::Fragment {
+        matrix_units: true, ..
+    } = kernel
+    {
+        if !AttentionBackwardKernel::matrix_units_run(client, dtype) {
+            return Err(AttentionError::MatrixUnitsUnsupported {
+                dtype: dtype.name(),
+            });
+        }
+    }
     let rows_per_cube = match kernel {
         AttentionBackwardKernel::Row => ROWS_PER_CUBE,
-        AttentionBackwardKernel::Tiled { outer, .. } => outer,
+        _ => kernel.outer_rows(),
     };
     let grid = Grid {
         delta_tiles: grid_axis(client, shape.seq.div_ceil(ROWS_PER_CUBE), 0)?,
@@ -155,6 +196,16 @@ pub fn attention_backward_with<R: Runtime>(
             AttentionBackwardKernel::Tiled { outer, inner } => {
                 launch.tiled::<F>(&grads, outer, inner, round_bf16)
             }
+            AttentionBackwardKernel::Fragment {
+                planes,
+                inner,
+                matrix_units,
+            } => with_fragment_operand!(
+                dtype,
+                matrix_units,
+                M,
+                launch.fragment::<F, M>(&grads, planes, inner, round_bf16, matrix_units)
+            ),
         }
     });
     Ok(grads)
@@ -313,6 +364,81 @@ impl<R: Runtime> Launch<'_, R> {
                 self.causal,
                 alibi,
                 round_bf16,
+            );
+        }
+    }
+
+    /// The fragment kernels with `planes` planes per cube (`16 * planes`
+    /// rows), `inner` rows of the other side per step, operands `M`, and
+    /// the products on the matrix units or on plain units.
+    fn fragment<F: Float, M: Float>(
+        &self,
+        grads: &AttentionGradients,
+        planes: usize,
+        inner: usize,
+        round_bf16: bool,
+        matrix_units: bool,
+    ) {
+        let (s, client, grid) = (self.shape, self.client, self.grid);
+        let cube_dim = CubeDim::new_2d(CMMA_PLANE_SIZE as u32, planes as u32);
+        let (slopes, alibi) = slopes_arg(client, &self.inputs, &s);
+        // SAFETY: sizes checked by the caller, rows past `seq` staged as
+        // zeros and never written; the shared memory fits the device and
+        // the matrix units, when used, run `M`
+        // (`AttentionBackwardKernel::check`, `matrix_units_run`).
+        unsafe {
+            attention_backward_kv_fragment_kernel::launch_unchecked::<F, M, R>(
+                client,
+                CubeCount::Static(grid.tiles, grid.kv_heads, 1),
+                cube_dim,
+                array(self.inputs.q, s.q_elems()),
+                array(self.inputs.k, s.kv_elems()),
+                array(self.inputs.v, s.kv_elems()),
+                slopes,
+                array(self.d_out, s.q_elems()),
+                array(self.lse, s.rows()),
+                array(self.delta, s.rows()),
+                array(&grads.dk, s.kv_elems()),
+                array(&grads.dv, s.kv_elems()),
+                s.seq as u32,
+                s.n_heads as u32,
+                s.group() as u32,
+                self.scale,
+                s.head_dim,
+                planes,
+                inner,
+                self.causal,
+                alibi,
+                round_bf16,
+                matrix_units,
+            );
+        }
+        let (slopes, alibi) = slopes_arg(client, &self.inputs, &s);
+        // SAFETY: as above.
+        unsafe {
+            attention_backward_q_fragment_kernel::launch_unchecked::<F, M, R>(
+                client,
+                CubeCount::Static(grid.tiles, grid.heads, 1),
+                cube_dim,
+                array(self.inputs.q, s.q_elems()),
+                array(self.inputs.k, s.kv_elems()),
+                array(self.inputs.v, s.kv_elems()),
+                slopes,
+                array(self.d_out, s.q_elems()),
+                array(self.lse, s.rows()),
+                array(self.delta, s.rows()),
+                array(&grads.dq, s.q_elems()),
+                s.seq as u32,
+                s.n_heads as u32,
+                s.group() as u32,
+                self.scale,
+                s.head_dim,
+                planes,
+                inner,
+                self.causal,
+                alibi,
+                round_bf16,
+                matrix_units,
             );
         }
     }

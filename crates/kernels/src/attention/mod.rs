@@ -22,7 +22,11 @@
 //!   GQA group; a dQ cube holds a tile of query rows and walks key/value
 //!   tiles) wherever its shared memory fits the device, else the row pair
 //!   (one key or query row per unit, the other side read from global
-//!   memory). Both on plain unit arithmetic (no matrix units).
+//!   memory). Both on plain unit arithmetic (no matrix units). A third
+//!   pair, the fragment kernels (the tiled algorithm with every product in
+//!   16x16x16 fragments: on the matrix units with 16-bit operands where
+//!   the device has them, or on plain units with f32 operands), runs when
+//!   a caller names it ([`attention_backward_with`]).
 //!
 //! Supported: causal masking, grouped-query attention (`n_kv_heads` divides
 //! `n_heads`, K/V never repeated in memory), ALiBi slopes, any sequence
@@ -38,6 +42,9 @@ mod choice;
 mod cmma_forward;
 mod delta;
 mod forward;
+mod fragment;
+mod fragment_backward_kv;
+mod fragment_backward_q;
 mod launch;
 mod launch_backward;
 mod shape;
@@ -46,7 +53,7 @@ mod tiled_backward_q;
 mod tiled_forward;
 mod tiles;
 
-pub use backward_choice::AttentionBackwardKernel;
+pub use backward_choice::{AttentionBackwardKernel, FRAGMENT_BACKWARD_TILES};
 pub use choice::AttentionKernel;
 pub use launch::{
     attention_forward, attention_forward_typed, attention_forward_with, AttentionForward,

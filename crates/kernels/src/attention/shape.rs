@@ -197,9 +197,27 @@ pub enum AttentionError {
         /// Requested rows of the other side per step.
         inner: usize,
     },
-    /// A tiled backward whose cube needs more shared memory than the
-    /// device has.
-    #[error("attention: the tiled backward with tiles {outer} x {inner} needs {needed} bytes of shared memory per cube, the device has {max}")]
+    /// A fragment backward with tiles it is not compiled for, or a head
+    /// dimension it does not run.
+    #[error("attention: the fragment backward runs tiles of 64 x 64, 64 x 32, 32 x 32, 32 x 16 or 16 x 16 and head_dim a multiple of 16 up to 128, not {outer} x {inner} at head_dim {head_dim}")]
+    UnsupportedFragmentBackward {
+        /// Requested rows per cube (16 per plane).
+        outer: usize,
+        /// Requested rows of the other side per step.
+        inner: usize,
+        /// Head dimension of the launch.
+        head_dim: usize,
+    },
+    /// The fragment backward on the matrix units on a type or device
+    /// without them ([`super::AttentionBackwardKernel::matrix_units_run`]).
+    #[error("attention: the fragment backward does not run on the matrix units in {dtype} on this device (16-bit types, 32-unit planes with 16x16x16 cmma)")]
+    MatrixUnitsUnsupported {
+        /// Storage type of the launch.
+        dtype: &'static str,
+    },
+    /// A tiled or fragment backward whose cube needs more shared memory
+    /// than the device has.
+    #[error("attention: the backward with tiles {outer} x {inner} needs {needed} bytes of shared memory per cube, the device has {max}")]
     BackwardSharedMemory {
         /// Rows per cube.
         outer: usize,

@@ -2,6 +2,9 @@
 //! shared memory) against the f64 reference: causal and not, GQA groups of
 //! 1, 2 and 4, ALiBi, ragged sequence lengths, head dimensions 32, 64 and
 //! 128, every tile pair that fits the device; and the launcher's refusals.
+//! The fragment backward (the same algorithm with its products in 16 x 16
+//! x 16 fragments) on plain units in f32 and f16 here, and on the matrix
+//! units where the device has them (the `test-cuda` build).
 //! f16, bf16 and determinism are checked with the row backward in
 //! `attention.rs`. Each case runs the forward the launcher chooses only
 //! (the forward kernels have their own tests in `attention.rs`), and the
@@ -15,6 +18,7 @@ use crate::common;
 use attention_support::check::{case, check_case_with, chosen_backward, chosen_forward};
 use common::{client, upload, R};
 use cubecl::prelude::*;
+use ferrotron_kernels::attention::FRAGMENT_BACKWARD_TILES;
 use ferrotron_kernels::attention::{
     attention_backward_with, AttentionBackwardKernel, AttentionError, AttentionInputs,
     AttentionOptions, AttentionShape, BACKWARD_TILES,
@@ -168,4 +172,170 @@ fn the_backward_launcher_refuses_tiles_it_cannot_run() {
             }
         );
     }
+}
+
+/// The fragment backward on plain units with the largest tiles that fit
+/// the device at `head_dim` (lavapipe's 32 KiB: 32 x 16 at 32, 16 x 16 at
+/// 64); a device without the shared memory for any fails.
+fn fragment_on_plain_units(
+    client: &ComputeClient<R>,
+    head_dim: usize,
+) -> Vec<AttentionBackwardKernel> {
+    let max_shared = client.properties().hardware.max_shared_memory_size;
+    let kernel = AttentionBackwardKernel::fragment_for(max_shared, head_dim, false);
+    vec![kernel.unwrap_or_else(|| {
+        panic!("head_dim {head_dim}: no fragment backward tiles fit {max_shared} bytes")
+    })]
+}
+
+/// The fragment backward on the matrix units at every tile pair of
+/// [`FRAGMENT_BACKWARD_TILES`] whose shared memory fits the device.
+fn fragment_on_matrix_units(
+    client: &ComputeClient<R>,
+    head_dim: usize,
+) -> Vec<AttentionBackwardKernel> {
+    let max_shared = client.properties().hardware.max_shared_memory_size;
+    FRAGMENT_BACKWARD_TILES
+        .into_iter()
+        .map(|(planes, inner)| AttentionBackwardKernel::Fragment {
+            planes,
+            inner,
+            matrix_units: true,
+        })
+        .filter(|kernel| kernel.shared_bytes(head_dim) <= max_shared)
+        .collect()
+}
+
+#[test]
+fn fragment_backward_on_plain_units_matches_reference() {
+    // f32 operands: two planes at head_dim 32 (causal, ALiBi, GQA 2,
+    // ragged); f16 operands, whose probabilities and their gradient are
+    // rounded to f16 before their products as on the matrix units: one
+    // plane at 64 (causal, ALiBi, GQA 2, ragged). Two cases only: each
+    // compiles a forward and two backward shaders, minutes on lavapipe.
+    check_case_with(
+        FloatDtype::F32,
+        case(1, 4, 2, 100, 32, true, true),
+        940,
+        chosen_forward,
+        fragment_on_plain_units,
+    );
+    let client = client();
+    assert!(
+        FloatDtype::F16.is_supported(&client),
+        "f16 is not supported on this device: the fragment backward's 16-bit rounding is unchecked"
+    );
+    check_case_with(
+        FloatDtype::F16,
+        case(1, 4, 2, 77, 64, true, true),
+        950,
+        chosen_forward,
+        fragment_on_plain_units,
+    );
+}
+
+#[test]
+fn fragment_backward_on_matrix_units_matches_reference_where_it_runs() {
+    // Every tile pair that fits, on 16-bit types: head dimensions 16 to
+    // 128, GQA, causal and not, ALiBi, sequences below, at and above one
+    // tile. Runs where the device has 16x16x16 cmma (tensor cores);
+    // lavapipe has none, and the `test-cuda` build requires it.
+    let client = client();
+    let dtypes: Vec<FloatDtype> = [FloatDtype::Bf16, FloatDtype::F16, FloatDtype::Bf16InF32]
+        .into_iter()
+        .filter(|&d| {
+            d.is_supported(&client) && AttentionBackwardKernel::matrix_units_run(&client, d)
+        })
+        .collect();
+    if dtypes.is_empty() {
+        if cfg!(feature = "test-cuda") {
+            panic!("the fragment backward does not run on this CUDA device's matrix units");
+        }
+        eprintln!(
+            "NOT RUN: the fragment backward on matrix units (this device has no 16x16x16 cmma \
+             for f16/bf16 with 32-unit planes; it runs in the test-cuda build on an NVIDIA GPU)"
+        );
+        return;
+    }
+    let cases = [
+        case(1, 4, 2, 63, 64, true, true),
+        case(1, 2, 1, 64, 128, true, false),
+        case(2, 4, 4, 65, 32, false, true),
+        case(1, 8, 2, 257, 128, true, true),
+        case(1, 2, 2, 130, 16, false, false),
+    ];
+    for dtype in dtypes {
+        for (seed, c) in cases.into_iter().enumerate() {
+            check_case_with(
+                dtype,
+                c,
+                960 + seed as u64,
+                chosen_forward,
+                fragment_on_matrix_units,
+            );
+        }
+    }
+}
+
+#[test]
+fn the_backward_launcher_refuses_fragments_it_cannot_run() {
+    let client = client();
+    let s = AttentionShape {
+        batch: 1,
+        n_heads: 2,
+        n_kv_heads: 1,
+        seq: 3,
+        head_dim: 64,
+    };
+    let q = upload(&client, &vec![0.0; s.q_elems()]);
+    let kv = upload(&client, &vec![0.0; s.kv_elems()]);
+    let lse = upload(&client, &vec![0.0; s.rows()]);
+    let inputs = AttentionInputs {
+        q: &q,
+        k: &kv,
+        v: &kv,
+        alibi_slopes: None,
+    };
+    let run = |kernel, shape| {
+        attention_backward_with(
+            &client,
+            kernel,
+            FloatDtype::F32,
+            shape,
+            AttentionOptions::default(),
+            inputs,
+            &q,
+            &lse,
+            &q,
+        )
+    };
+    let fragment = |planes, matrix_units| AttentionBackwardKernel::Fragment {
+        planes,
+        inner: 16,
+        matrix_units,
+    };
+    // f32 never runs on the matrix units.
+    assert_eq!(
+        run(fragment(1, true), s).unwrap_err(),
+        AttentionError::MatrixUnitsUnsupported { dtype: "f32" }
+    );
+    // Three planes are not compiled; head_dim 24 is not whole 16-column
+    // blocks.
+    assert_eq!(
+        run(fragment(3, false), s).unwrap_err(),
+        AttentionError::UnsupportedFragmentBackward {
+            outer: 48,
+            inner: 16,
+            head_dim: 64
+        }
+    );
+    let narrow = AttentionShape { head_dim: 24, ..s };
+    assert_eq!(
+        run(fragment(1, false), narrow).unwrap_err(),
+        AttentionError::UnsupportedFragmentBackward {
+            outer: 16,
+            inner: 16,
+            head_dim: 24
+        }
+    );
 }
