@@ -148,7 +148,9 @@ pub fn output_tolerance(kernel: AttentionKernel, dtype: FloatDtype, stored_tol: 
 /// it, because they round the probabilities and their gradient to it
 /// before their products (each product's sum moves by at most `u` times
 /// the sum of its terms' magnitudes; the tests' random signs keep that
-/// near the gradients' largest magnitude).
+/// near the gradients' largest magnitude). Measured on plain units in f16
+/// (lavapipe): dq 6.0e-4, dk 3.9e-4, dv 4.2e-4 against `stored_tol` 5.9e-4
+/// and `u` 4.9e-4.
 pub fn gradient_tolerance(
     kernel: AttentionBackwardKernel,
     dtype: FloatDtype,
