@@ -189,31 +189,92 @@ pub fn cross_entropy_forward_backward_typed<R: Runtime>(
     grad_scale: f32,
 ) -> Result<(), ShapeError> {
     const OP: &str = "cross_entropy_forward_backward";
-    check::dtype(OP, client, dtype)?;
-    check::nonzero(OP, "rows", rows)?;
-    check::nonzero(OP, "vocab", vocab)?;
-    // Kernel indices into the logits are u32 on wgpu; this also keeps
-    // `vocab < IGNORE_INDEX`, so IGNORE_INDEX is never a valid class.
-    check::fits_u32(OP, "rows * vocab", rows * vocab)?;
-    check::elems(OP, "logits", logits, rows * vocab, dtype.size_bytes())?;
-    check::elems_4b(OP, "targets", targets, rows)?;
+    check_rows(OP, client, dtype, logits, targets, rows, vocab)?;
     check::elems_4b(OP, "row_loss", row_loss, rows)?;
     check::elems_4b(OP, "mean_loss", mean_loss, 1)?;
     let lse = client.empty(rows * 4);
+    cross_entropy_rows_typed(client, dtype, logits, targets, row_loss, &lse, rows, vocab)?;
     let valid_rows = client.empty(4);
+    // SAFETY: `row_loss` and `targets` were checked by the rows launcher,
+    // `mean_loss` above; `valid_rows` is allocated here.
+    unsafe {
+        cross_entropy_mean_kernel::launch_unchecked::<R>(
+            client,
+            CubeCount::new_single(),
+            CubeDim::new_1d(ROW_CUBE_DIM),
+            ArrayArg::from_raw_parts(row_loss.clone(), rows),
+            ArrayArg::from_raw_parts(targets.clone(), rows),
+            ArrayArg::from_raw_parts(mean_loss.clone(), 1),
+            ArrayArg::from_raw_parts(valid_rows.clone(), 1),
+            rows as u32,
+            vocab as u32,
+        );
+    }
+    cross_entropy_grad_typed(
+        client,
+        dtype,
+        logits,
+        targets,
+        &lse,
+        &valid_rows,
+        rows,
+        vocab,
+        grad_scale,
+    )
+}
+
+/// The checks shared by the launchers: `dtype` runs on `client`, `rows`
+/// and `vocab` are non-zero, the indices fit u32, and `logits` holds `rows
+/// * vocab` elements of `dtype` and `targets` `rows` u32 ids.
+fn check_rows<R: Runtime>(
+    op: &'static str,
+    client: &ComputeClient<R>,
+    dtype: FloatDtype,
+    logits: &Handle,
+    targets: &Handle,
+    rows: usize,
+    vocab: usize,
+) -> Result<(), ShapeError> {
+    check::dtype(op, client, dtype)?;
+    check::nonzero(op, "rows", rows)?;
+    check::nonzero(op, "vocab", vocab)?;
+    // Kernel indices into the logits are u32 on wgpu; this also keeps
+    // `vocab < IGNORE_INDEX`, so IGNORE_INDEX is never a valid class.
+    check::fits_u32(op, "rows * vocab", rows * vocab)?;
+    check::elems(op, "logits", logits, rows * vocab, dtype.size_bytes())?;
+    check::elems_4b(op, "targets", targets, rows)
+}
+
+/// The forward of [`cross_entropy_forward_backward_typed`] alone, one cube
+/// per row: each row's loss into `row_loss: [rows]` (0 for an ignored row)
+/// and its log-sum-exp into `lse: [rows]` (both f32), the logits unchanged.
+/// With [`cross_entropy_grad_typed`] it serves a caller that splits the
+/// rows into blocks and divides by the kept rows of all blocks.
+#[allow(clippy::too_many_arguments)]
+pub fn cross_entropy_rows_typed<R: Runtime>(
+    client: &ComputeClient<R>,
+    dtype: FloatDtype,
+    logits: &Handle,
+    targets: &Handle,
+    row_loss: &Handle,
+    lse: &Handle,
+    rows: usize,
+    vocab: usize,
+) -> Result<(), ShapeError> {
+    const OP: &str = "cross_entropy_rows";
+    check_rows(OP, client, dtype, logits, targets, rows, vocab)?;
+    check::elems_4b(OP, "row_loss", row_loss, rows)?;
+    check::elems_4b(OP, "lse", lse, rows)?;
     let row_cubes = cubecl::calculate_cube_count_elemwise(client, rows, CubeDim::new_1d(1));
-    let cube_dim = CubeDim::new_1d(ROW_CUBE_DIM);
-    let n = rows * vocab;
     with_storage!(dtype, F, round_bf16, {
-        // SAFETY: buffer sizes checked above (`lse` and `valid_rows`
-        // allocated here); the kernels guard rows and columns, and read a
-        // logit only at a target `< vocab`.
+        // SAFETY: buffer sizes checked above; the kernel guards rows and
+        // columns, and reads a logit only at a target `< vocab`.
         unsafe {
             cross_entropy_rows_kernel::launch_unchecked::<F, R>(
                 client,
-                row_cubes.clone(),
-                cube_dim,
-                ArrayArg::from_raw_parts(logits.clone(), n),
+                row_cubes,
+                CubeDim::new_1d(ROW_CUBE_DIM),
+                ArrayArg::from_raw_parts(logits.clone(), rows * vocab),
                 ArrayArg::from_raw_parts(targets.clone(), rows),
                 ArrayArg::from_raw_parts(row_loss.clone(), rows),
                 ArrayArg::from_raw_parts(lse.clone(), rows),
@@ -221,25 +282,47 @@ pub fn cross_entropy_forward_backward_typed<R: Runtime>(
                 vocab as u32,
                 round_bf16,
             );
-            cross_entropy_mean_kernel::launch_unchecked::<R>(
-                client,
-                CubeCount::new_single(),
-                cube_dim,
-                ArrayArg::from_raw_parts(row_loss.clone(), rows),
-                ArrayArg::from_raw_parts(targets.clone(), rows),
-                ArrayArg::from_raw_parts(mean_loss.clone(), 1),
-                ArrayArg::from_raw_parts(valid_rows.clone(), 1),
-                rows as u32,
-                vocab as u32,
-            );
+        }
+    });
+    Ok(())
+}
+
+/// The gradient of [`cross_entropy_forward_backward_typed`] alone, written
+/// over `logits: [rows, vocab]` (elements of `dtype`): row `r` becomes
+/// `(softmax(logits[r]) - onehot(targets[r])) * grad_scale / max(count, 1)`,
+/// computed in f32 from the row's `lse` (of [`cross_entropy_rows_typed`])
+/// and rounded once to `dtype`; an ignored row becomes 0. `count: [1]` (f32)
+/// is the number of rows the mean loss divides by, which may span more rows
+/// than this call's.
+#[allow(clippy::too_many_arguments)]
+pub fn cross_entropy_grad_typed<R: Runtime>(
+    client: &ComputeClient<R>,
+    dtype: FloatDtype,
+    logits: &Handle,
+    targets: &Handle,
+    lse: &Handle,
+    count: &Handle,
+    rows: usize,
+    vocab: usize,
+    grad_scale: f32,
+) -> Result<(), ShapeError> {
+    const OP: &str = "cross_entropy_grad";
+    check_rows(OP, client, dtype, logits, targets, rows, vocab)?;
+    check::elems_4b(OP, "lse", lse, rows)?;
+    check::elems_4b(OP, "count", count, 1)?;
+    let row_cubes = cubecl::calculate_cube_count_elemwise(client, rows, CubeDim::new_1d(1));
+    with_storage!(dtype, F, round_bf16, {
+        // SAFETY: buffer sizes checked above; the kernel guards rows and
+        // columns.
+        unsafe {
             cross_entropy_grad_kernel::launch_unchecked::<F, R>(
                 client,
                 row_cubes,
-                cube_dim,
-                ArrayArg::from_raw_parts(logits.clone(), n),
+                CubeDim::new_1d(ROW_CUBE_DIM),
+                ArrayArg::from_raw_parts(logits.clone(), rows * vocab),
                 ArrayArg::from_raw_parts(targets.clone(), rows),
-                ArrayArg::from_raw_parts(lse, rows),
-                ArrayArg::from_raw_parts(valid_rows, 1),
+                ArrayArg::from_raw_parts(lse.clone(), rows),
+                ArrayArg::from_raw_parts(count.clone(), 1),
                 rows as u32,
                 vocab as u32,
                 grad_scale,
