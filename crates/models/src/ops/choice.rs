@@ -27,7 +27,8 @@ pub enum HeadLoss {
     Logits,
     /// [`KernelBackend::chunked_linear_cross_entropy`]: the head's matmul,
     /// log-softmax and target pick per block of rows, never forming the
-    /// whole logits (the CPU backends).
+    /// whole logits (the CPU backends in f32, the CubeCL backends with
+    /// fused kernels in every precision).
     Chunked,
 }
 
@@ -62,10 +63,12 @@ impl OpsChoice {
     }
 
     /// What a model of `config` runs on backend `B`: the kernels of
-    /// [`resolve_kernels`]; where `config.kernels` is absent and the
-    /// backend has no fused kernels (the CPU backends), the head and loss
-    /// chunked, the attention core as the backend's host-buffer operation
-    /// where it has one (flex), and GELU, SwiGLU, the norms and RoPE as the
+    /// [`resolve_kernels`]; the head and loss chunked with the fused
+    /// kernels (the CubeCL backends, every precision); where
+    /// `config.kernels` is absent and the backend has no fused kernels (the
+    /// CPU backends), the head and loss chunked when the model computes in
+    /// f32, the attention core as the backend's host-buffer operation where
+    /// it has one (flex), and GELU, SwiGLU, the norms and RoPE as the
     /// backend's CPU operations ([`KernelBackend::cpu_gelu_tanh`] and the
     /// others: Ferrotron's own on flex, the reference elsewhere) when the
     /// model computes in f32. An explicit `kernels = "reference"` keeps the
@@ -75,17 +78,19 @@ impl OpsChoice {
     pub fn resolve<B: KernelBackend>(config: &DecoderConfig) -> Result<Self, ConfigError> {
         let kernels = resolve_kernels::<B>(config)?;
         let cpu = config.kernels.is_none() && !B::has_fused_kernels();
+        let f32_model = config.precision == Precision::Fp32;
+        let fused = B::has_fused_kernels() && kernels == Kernels::Fused;
         Ok(Self {
             kernels,
             host_attention: cpu && B::has_host_attention(),
-            head_loss: if cpu {
+            head_loss: if fused || (cpu && f32_model) {
                 HeadLoss::Chunked
             } else {
                 HeadLoss::Logits
             },
             // The norms compute in f32 in every precision; a bf16 or f16
             // model keeps Burn's operations throughout, as its head does.
-            cpu_elementwise: cpu && config.precision == Precision::Fp32,
+            cpu_elementwise: cpu && f32_model,
         })
     }
 
@@ -188,14 +193,15 @@ impl OpsChoice {
     /// vocab]` applied to `x` `[rows, hidden]` against `targets` `[rows]`,
     /// with the loss contract of [`super::cross_entropy`] (negative targets
     /// ignored, 0 when all are). The matmul runs in `x`'s dtype (`weight` is
-    /// cast to it), the softmax and the loss in f32. Only an f32 `x` takes
-    /// the chunked op; bf16 and f16 keep the logits path. In f16 the loss
-    /// scale must reach the logits' gradient before its cast to f16, which
-    /// the chunked op, whose gradient is formed in the forward, cannot do;
-    /// in bf16 the chunked gradient rounds differently from the reference's
-    /// before its cast to bf16, and 100 training steps of llama-mini in
-    /// bf16 then drifted 5 % from the f32 run (the reference: 1 %; see
-    /// `crates/cli/tests/cli/mixed_precision.rs`).
+    /// cast to it), the softmax and the loss in f32. The chunked head
+    /// ([`HeadLoss::Chunked`]) runs on the CPU backends in f32 only: in f16
+    /// the loss scale must reach the logits' gradient before its cast to
+    /// f16, and the CPU op forms that gradient for an upstream gradient of
+    /// 1 (the CubeCL op forms it for a power of two near the number of
+    /// rows and rounds the logits' gradient as the plain path does, see
+    /// `ops::linear_cross_entropy_cube`); in bf16, 100 training steps of
+    /// llama-mini with the CPU op drifted 5 % from the f32 run (the
+    /// reference: 1 %; see `crates/cli/tests/cli/mixed_precision.rs`).
     pub fn linear_cross_entropy<B: KernelBackend>(
         &self,
         x: Tensor<B, 2>,
@@ -204,7 +210,7 @@ impl OpsChoice {
     ) -> Tensor<B, 1> {
         let weight = weight.cast(x.dtype());
         match self.head_loss {
-            HeadLoss::Chunked if x.dtype() == DType::F32 => {
+            HeadLoss::Chunked if B::has_fused_kernels() || x.dtype() == DType::F32 => {
                 Tensor::from_primitive(TensorPrimitive::Float(B::chunked_linear_cross_entropy(
                     x.into_primitive().tensor(),
                     weight.into_primitive().tensor(),

@@ -3,7 +3,8 @@
 //! the backend's own buffers.
 //!
 //! The kernels read and write contiguous row-major `f32` buffers (`i32`
-//! targets), so inputs are made contiguous first (a copy only when they are
+//! targets; the chunked head's cross-entropy also f16 and bf16 logits), so
+//! inputs are made contiguous first (a copy only when they are
 //! strided views). Shapes were validated when the model was built
 //! ([`super::resolve_kernels`] and `DecoderConfig::validate`); a launcher
 //! error here is a broken invariant and panics with the kernel's message.
@@ -19,12 +20,16 @@ use burn_cubecl::{CubeBackend, CubeRuntime};
 use ferrotron_kernels::attention::{
     attention_backward, attention_forward, AttentionInputs, AttentionOptions, AttentionShape,
 };
-use ferrotron_kernels::cross_entropy::cross_entropy_forward_backward;
+use ferrotron_kernels::cross_entropy::{
+    cross_entropy_forward_backward, cross_entropy_grad_typed, cross_entropy_rows_typed,
+};
+use ferrotron_kernels::dtype::FloatDtype;
 use ferrotron_kernels::norm::{layer, rms};
 use ferrotron_kernels::rope::{rope_backward, rope_forward, RopeShape};
 use ferrotron_kernels::swiglu::{swiglu_backward, swiglu_forward};
 
 use super::fused::{FusedKernels, KernelBackend};
+use super::linear_cross_entropy::GradPrimitives;
 
 /// The CubeCL backends the fused kernels serve: `f32` floats, `i32` ints.
 type Cube<R, BT> = CubeBackend<R, f32, i32, BT>;
@@ -391,11 +396,81 @@ impl<R: CubeRuntime, BT: BoolElement> FusedKernels for Cube<R, BT> {
         );
         (loss, logits)
     }
+
+    fn cross_entropy_block(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        count: Option<FloatTensor<Self>>,
+        grad_scale: f32,
+    ) -> (FloatTensor<Self>, Option<FloatTensor<Self>>) {
+        let targets = match targets.dtype {
+            DType::I32 | DType::U32 => targets,
+            _ => Self::int_cast(targets, IntDType::I32),
+        };
+        let dtype = FloatDtype::from_elem_type(logits.dtype.into())
+            .unwrap_or_else(|| panic!("fused cross_entropy_block: {:?} logits", logits.dtype));
+        let targets = contiguous(targets);
+        let logits = if count.is_some() {
+            owned(logits)
+        } else {
+            contiguous(logits)
+        };
+        let (rows, vocab) = rows_hidden(&logits);
+        let row_loss = empty(&logits, Shape::new([rows]));
+        let lse = empty(&logits, Shape::new([rows]));
+        let client = logits.client.clone();
+        launched(
+            "cross_entropy_block",
+            cross_entropy_rows_typed(
+                &client,
+                dtype,
+                &logits.handle,
+                &targets.handle,
+                &row_loss.handle,
+                &lse.handle,
+                rows,
+                vocab,
+            ),
+        );
+        let grad = count.map(|count| {
+            let count = contiguous(count);
+            launched(
+                "cross_entropy_block",
+                cross_entropy_grad_typed(
+                    &client,
+                    dtype,
+                    &logits.handle,
+                    &targets.handle,
+                    &lse.handle,
+                    &count.handle,
+                    rows,
+                    vocab,
+                    grad_scale,
+                ),
+            );
+            logits
+        });
+        (row_loss, grad)
+    }
 }
 
 impl<R: CubeRuntime, BT: BoolElement> KernelBackend for Cube<R, BT> {
     fn has_fused_kernels() -> bool {
         true
+    }
+
+    /// The blocks of `linear_cross_entropy_cube_blocks`, each about
+    /// [`super::linear_cross_entropy::BLOCK_BYTES`] of logits in `x`'s
+    /// dtype.
+    fn linear_cross_entropy_parts(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        grads: bool,
+    ) -> (FloatTensor<Self>, Option<GradPrimitives<Self>>) {
+        let vocab = weight.shape()[1];
+        let block = super::block_rows_of(vocab, x.dtype.size());
+        super::linear_cross_entropy_cube::parts::<Self>(x, weight, targets, block, grads)
     }
 
     fn fused_attention(

@@ -194,6 +194,21 @@ pub trait FusedKernels: KernelBackend {
         logits: FloatTensor<Self>,
         targets: IntTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// One block of rows of the chunked head's cross-entropy: each row's
+    /// loss (nats, f32 `[rows]`, 0 for an ignored target) of `logits`
+    /// `[rows, vocab]` (f32, f16 or bf16; softmax statistics in f32)
+    /// against `targets` `[rows]`, and, when `count` (f32 `[1]`: the kept
+    /// rows of all blocks) is given, the logits' gradient `(softmax -
+    /// onehot) * grad_scale / count` (zero rows for ignored targets),
+    /// computed in f32 and rounded once to the logits' dtype, written over
+    /// their buffer when nothing else holds it.
+    fn cross_entropy_block(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        count: Option<FloatTensor<Self>>,
+        grad_scale: f32,
+    ) -> (FloatTensor<Self>, Option<FloatTensor<Self>>);
 }
 
 /// What the decoder calls for its hot operations on any backend.
@@ -481,7 +496,9 @@ impl KernelBackend for burn::backend::Flex {
     ) -> (FloatTensor<Self>, Option<GradPrimitives<Self>>) {
         let block = super::block_rows(weight.layout().shape().dims::<2>()[1]);
         if all_f32(&[&x, &weight]) {
-            super::cpu::linear_cross_entropy_blocks(x, weight, targets, block, grads)
+            let (loss, grads) =
+                super::cpu::linear_cross_entropy_blocks(x, weight, targets, block, grads);
+            (loss, grads.map(|(d_x, d_w)| (d_x, d_w, 1.0)))
         } else {
             super::linear_cross_entropy::blocks_on::<Self>(x, weight, targets, grads)
         }

@@ -26,17 +26,27 @@ use super::cross_entropy;
 use super::fused::KernelBackend;
 use crate::config::Kernels;
 
-/// The f32 logits one block aims at, in bytes. Each block streams the
-/// head's weight through three GEMMs (packed each time), so fewer, larger
-/// blocks pack it less often: 128 MiB ran shape A's step 1.2 to 2.9 %
-/// faster than 64 MiB (README, Benchmarks), for a larger transient buffer.
-const BLOCK_BYTES: usize = 128 << 20;
+/// The logits one block aims at, in bytes. Each block streams the head's
+/// weight through three GEMMs (packed each time on the CPU, read from
+/// memory each time on a GPU), so fewer, larger blocks read it less often:
+/// 128 MiB ran shape A's CPU step 1.2 to 2.9 % faster than 64 MiB (README,
+/// Benchmarks), for a larger transient buffer. It is also the largest
+/// storage buffer wgpu gives on lavapipe.
+pub const BLOCK_BYTES: usize = 128 << 20;
 
-/// Rows per block for a vocabulary of `vocab` tokens: about
-/// [`BLOCK_BYTES`] of f32 logits, a multiple of 16, at least 16 (656 rows
-/// for GPT-2's 50304, 1040 for Llama's 32000).
+/// Rows per block for a vocabulary of `vocab` tokens and f32 logits (the
+/// CPU backends): [`block_rows_of`] with 4 bytes (656 rows for GPT-2's
+/// 50304, 1040 for Llama's 32000).
 pub fn block_rows(vocab: usize) -> usize {
-    (BLOCK_BYTES / (4 * vocab.max(1)) / 16 * 16).max(16)
+    block_rows_of(vocab, 4)
+}
+
+/// Rows per block for a vocabulary of `vocab` tokens and logits of
+/// `elem_bytes` bytes each: about [`BLOCK_BYTES`] of logits, a multiple of
+/// 16, at least 16 (on a GPU in bf16: 1328 rows for GPT-2's 50304, 512 for
+/// Llama 3's 128256).
+pub fn block_rows_of(vocab: usize, elem_bytes: usize) -> usize {
+    (BLOCK_BYTES / (elem_bytes.max(1) * vocab.max(1)) / 16 * 16).max(16)
 }
 
 /// The plain reference: the whole logits `x.matmul(weight)` (`x`
@@ -62,13 +72,19 @@ pub fn linear_cross_entropy_reference<B: KernelBackend>(
 }
 
 /// The gradients of the mean loss with respect to `x` `[rows, hidden]` and
-/// the weight `[hidden, vocab]`, in their dtype, for an upstream gradient
-/// of 1.
+/// the weight `[hidden, vocab]` for an upstream gradient of `scale` (a
+/// power of two): the gradients of the loss are these divided by `scale`.
+/// `x` is in `x`'s dtype, `weight` in its dtype or f32 (a sum over blocks
+/// kept in f32 for the backward to scale before it rounds).
 pub struct LinearCrossEntropyGrads<B: Backend> {
     /// `[rows, hidden]`.
     pub x: Tensor<B, 2>,
     /// `[hidden, vocab]`.
     pub weight: Tensor<B, 2>,
+    /// What the gradients are scaled by: 1 for
+    /// [`linear_cross_entropy_blocks`], see
+    /// `linear_cross_entropy_cube_blocks` for the CubeCL backends.
+    pub scale: f32,
 }
 
 /// The mean cross-entropy (nats per kept token, f32 `[1]`) of `x`
@@ -127,12 +143,14 @@ pub fn linear_cross_entropy_blocks<B: Backend>(
     let grads = d_w.map(|d_w| LinearCrossEntropyGrads {
         x: Tensor::cat(d_x, 0),
         weight: d_w.cast(dtype),
+        scale: 1.0,
     });
     (loss, grads)
 }
 
-/// The primitives of `d_x` and `d_w` (see [`LinearCrossEntropyGrads`]).
-pub(super) type GradPrimitives<B> = (FloatTensor<B>, FloatTensor<B>);
+/// The primitives of `d_x` and `d_w` and the scale they carry (see
+/// [`LinearCrossEntropyGrads`]).
+pub(super) type GradPrimitives<B> = (FloatTensor<B>, FloatTensor<B>, f32);
 
 /// A float primitive as a rank-2 tensor.
 fn t2<B: Backend>(p: FloatTensor<B>) -> Tensor<B, 2> {
@@ -156,6 +174,7 @@ pub(super) fn blocks_on<B: Backend>(
         (
             g.x.into_primitive().tensor(),
             g.weight.into_primitive().tensor(),
+            g.scale,
         )
     });
     (loss.into_primitive().tensor(), grads)
@@ -175,20 +194,25 @@ pub(super) fn forward_only<B: KernelBackend>(
 struct LinearCrossEntropyBackward;
 
 impl<B: Backend> Backward<B, 2> for LinearCrossEntropyBackward {
-    /// `d_x` and `d_w` for an upstream gradient of 1.
+    /// `d_x` and `d_w` for an upstream gradient of the scale they carry.
     type State = GradPrimitives<B>;
 
+    /// Each gradient times `upstream / scale`, multiplied in f32 and
+    /// rounded once to `x`'s dtype, as the plain path rounds the logits'
+    /// gradient once after the upstream gradient reached it (in f16 the
+    /// loss scale must reach it before the rounding).
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
         let upstream = t2::<B>(B::float_reshape(
             grads.consume::<B>(&ops.node),
             burn::tensor::Shape::new([1, 1]),
         ));
-        let (d_x, d_w) = ops.state;
+        let (d_x, d_w, scale) = ops.state;
+        let dtype = t2::<B>(d_x.clone()).dtype();
+        let factor = upstream.cast(FloatDType::F32).mul_scalar(1.0 / scale);
         for (parent, grad) in ops.parents.into_iter().zip([d_x, d_w]) {
             if let Some(node) = parent {
-                let grad = t2::<B>(grad);
-                let scale = upstream.clone().cast(grad.dtype());
-                grads.register::<B>(node.id, (grad * scale).into_primitive().tensor());
+                let grad = (t2::<B>(grad).cast(FloatDType::F32) * factor.clone()).cast(dtype);
+                grads.register::<B>(node.id, grad.into_primitive().tensor());
             }
         }
     }

@@ -6,9 +6,10 @@
 //! `rms_norm`, `layer_norm`, `rope`, `cross_entropy`) taking a [`Kernels`]
 //! choice. The reference body sits beside it in the same file. The layers
 //! reach them through one resolved value, [`OpsChoice`], which also picks
-//! how the head and the loss run: on the CPU backends as one operation over
-//! blocks of rows (`linear_cross_entropy`), which never forms the whole
-//! logits, and the element-wise hot operations (GELU, SwiGLU, the norms)
+//! how the head and the loss run: as one operation over blocks of rows,
+//! which never forms the whole logits (`linear_cross_entropy` on the CPU
+//! backends in f32, `linear_cross_entropy_cube` with the fused
+//! cross-entropy kernel on the CubeCL backends in every precision), and the element-wise hot operations (GELU, SwiGLU, the norms)
 //! as Ferrotron's CPU operations (`cpu`, one autodiff node each). The fused
 //! path goes through [`KernelBackend`]: the CubeCL backend launches the
 //! kernels, and the autodiff backend wraps them in nodes whose backward is
@@ -43,6 +44,7 @@ mod cross_entropy;
 mod cube;
 mod fused;
 mod linear_cross_entropy;
+mod linear_cross_entropy_cube;
 mod norm;
 mod recompute;
 #[cfg(feature = "flex")]
@@ -61,9 +63,10 @@ pub use choice::{HeadLoss, OpsChoice};
 pub use cross_entropy::cross_entropy;
 pub use fused::{FusedKernels, KernelBackend, TrainBackend};
 pub use linear_cross_entropy::{
-    block_rows, linear_cross_entropy_blocks, linear_cross_entropy_reference,
-    LinearCrossEntropyGrads,
+    block_rows, block_rows_of, linear_cross_entropy_blocks, linear_cross_entropy_reference,
+    LinearCrossEntropyGrads, BLOCK_BYTES,
 };
+pub use linear_cross_entropy_cube::{grad_scale, linear_cross_entropy_cube_blocks};
 pub use norm::{layer_norm, rms_norm};
 #[cfg(feature = "flex")]
 pub use ring_attention::HostBlockAttention;

@@ -3,7 +3,9 @@
 //! driver running on the CPU, in CI) with `kernels = "fused"` must give the
 //! logits, the loss and every parameter gradient of the same models with
 //! `kernels = "reference"` on the default CPU backend. The same seed gives
-//! the same initial weights on both backends.
+//! the same initial weights on both backends. With `fused` the head and the
+//! loss run chunked (`ops::linear_cross_entropy_cube`), so the loss and the
+//! gradients check it inside the model too.
 //!
 //! The device is opened through `ferrotron_kernels::wgpu_setup`, which sets
 //! cubecl's autotune level to `minimal` on lavapipe (Burn's matmul
@@ -17,7 +19,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use burn_wgpu::{CubeBackend, WgpuRuntime};
 use ferrotron_engine::lm::{CausalLm, LmUnits};
 use ferrotron_kernels::wgpu_setup::default_device;
-use ferrotron_models::ops::TrainBackend;
+use ferrotron_models::ops::{HeadLoss, TrainBackend};
 use ferrotron_models::presets::preset;
 use ferrotron_models::{Decoder, DecoderConfig, Kernels, KvCache, Position, RopeScaling};
 
@@ -262,6 +264,10 @@ fn the_default_is_fused_on_cubecl_and_reference_on_the_cpu() {
     };
     let gpu = Decoder::<Gpu>::new(&config, 0, &default_device()).unwrap();
     assert_eq!(gpu.kernels(), Kernels::Fused);
+    assert_eq!(gpu.ops().head_loss(), HeadLoss::Chunked);
     let cpu = Decoder::<Cpu>::new(&config, 0, &Default::default()).unwrap();
     assert_eq!(cpu.kernels(), Kernels::Reference);
+    let reference =
+        Decoder::<Gpu>::new(&tiny("gpt-mini", Kernels::Reference), 0, &default_device());
+    assert_eq!(reference.unwrap().ops().head_loss(), HeadLoss::Logits);
 }

@@ -16,6 +16,7 @@ mod hf_slice;
 mod hf_stream;
 mod layer_references;
 mod linear_cross_entropy;
+mod linear_cross_entropy_cube;
 mod mixed_precision;
 mod recompute;
 mod ring_attention;
