@@ -101,7 +101,8 @@ pub(super) fn rope_reference_on<B: Backend>(
 }
 
 /// The fused kernels on a backend's own tensors, without autodiff. Every
-/// forward returns what its backward needs. All tensors are `f32`.
+/// forward returns what its backward needs. All tensors are `f32` (but the
+/// logits of [`FusedKernels::cross_entropy_block`]).
 /// Implemented by the CubeCL backend (see `cube.rs`); the autodiff backend
 /// builds its nodes from these.
 pub trait FusedKernels: KernelBackend {
