@@ -42,17 +42,17 @@ pub(super) struct Coefficients {
     pub decay: Option<f64>,
 }
 
-#[cfg(feature = "flex")]
 /// Whether the host update runs for these tensors: backend `B` is flex and
 /// all four are f32.
+#[cfg(feature = "flex")]
 pub(super) fn applies<B: Backend>(tensors: [&Tensor<B, 1>; 4]) -> bool {
     TypeId::of::<B>() == TypeId::of::<Flex>() && tensors.iter().all(|t| t.dtype() == DType::F32)
 }
 
-#[cfg(feature = "flex")]
 /// `t` as the flex tensor it is, its buffer exactly its elements in order.
 ///
 /// Panics unless `B` is flex (see [`applies`]).
+#[cfg(feature = "flex")]
 fn host<B: Backend>(t: Tensor<B, 1>) -> FlexTensor {
     let p: Box<dyn Any> = Box::new(t.into_primitive().tensor());
     p.downcast::<FlexTensor>()
@@ -60,8 +60,8 @@ fn host<B: Backend>(t: Tensor<B, 1>) -> FlexTensor {
         .to_contiguous()
 }
 
-#[cfg(feature = "flex")]
 /// The flex tensor `t` as a tensor of backend `B` (flex).
+#[cfg(feature = "flex")]
 fn back<B: Backend>(t: FlexTensor) -> Tensor<B, 1> {
     let p: Box<dyn Any> = Box::new(t);
     let p = p
