@@ -44,6 +44,9 @@ pub fn emit_config(
     (par.dp, par.tp, par.pp, par.sp, par.zero) = (Some(c.dp), c.tp, c.pp, c.sp, c.zero);
     par.cp = c.cp;
     par.recompute = Some(c.recompute);
+    if c.offload {
+        par.offload = ferrotron_job::config::Offload::Optimizer;
+    }
     // The overlap and prefetch the step was priced with.
     par.overlap_grad_reduce = input.overlap_grad_reduce;
     if c.zero == ZeroStage::Three

@@ -29,7 +29,7 @@ use ferrotron_parallel::recompute::Recompute;
 use ferrotron_parallel::tensor::padded_vocab;
 use ferrotron_parallel::zero::{ZeroStage, DEFAULT_ZERO3_PREFETCH};
 
-use crate::config::JobConfig;
+use crate::config::{JobConfig, Offload};
 
 /// GiB, for messages.
 fn gib(bytes: f64) -> f64 {
@@ -108,6 +108,7 @@ pub fn job_memory(
         micro_batch: c.schedule.micro_batch,
         recompute,
         interleave: par.pp_virtual,
+        offload: par.offload == Offload::Optimizer,
     };
     Some(memory(&input, &choice, &layout))
 }

@@ -40,6 +40,8 @@ use ferrotron_parallel::train::loss_scale::LossScaleConfig;
 use ferrotron_parallel::train::{ParallelConfig, StepConfig, Trainer};
 use ferrotron_parallel::zero::{ParamSource, ToBeLoaded, ZeroStage, DEFAULT_ZERO3_PREFETCH};
 
+use crate::config::Offload;
+
 use crate::error::usage;
 use crate::validate::ValidJob;
 
@@ -220,6 +222,7 @@ fn parallelize_with<B: TrainBackend>(
         reduce: c.precision.reduce_dtype,
         overlap_grad_reduce: par.overlap_grad_reduce,
         zero3_prefetch: par.zero3_prefetch.unwrap_or(DEFAULT_ZERO3_PREFETCH),
+        offload_optimizer: par.offload == Offload::Optimizer,
     };
     let (step, device) = (step_config(job), device.clone());
     let trainer = match source {

@@ -11,6 +11,11 @@
 //!   first shader compilation, minutes on a cold Mesa cache, to one set.)
 //!   Each wgpu step records its device memory (CubeCL's pools), at least
 //!   the parameters and optimizer state the run counts.
+//! - The same wgpu run under `--zero 1 --offload optimizer` (AdamW's
+//!   moments in host memory, updated on the CPU) follows the wgpu run
+//!   without offload within 1e-6 (losses, gradient norms, weights), and
+//!   its device holds the moments' 8 bytes per parameter less at every
+//!   step (CubeCL's bytes in use).
 //! - `ferrotron bench train --backends flex,wgpu` measures both and their
 //!   losses agree; wgpu's peak memory is its pools' reserved bytes.
 //!
@@ -46,12 +51,20 @@ fn wgpu_built() -> bool {
     cfg!(feature = "wgpu")
 }
 
-/// Trains `model` for 4 steps on `backend` into `dir/{model}-{backend}`;
-/// returns the run directory and what the run printed on stdout.
-fn train_on(dir: &Path, corpus: &Path, model: &str, backend: &str) -> (PathBuf, String) {
-    let out = dir.join(format!("{model}-{backend}"));
+/// Trains `model` for 4 steps on `backend` with the flags `extra` into
+/// `dir/{model}-{backend}{suffix}`; returns the run directory and what the
+/// run printed on stdout.
+fn train_on(
+    dir: &Path,
+    corpus: &Path,
+    model: &str,
+    backend: &str,
+    (suffix, extra): (&str, &[&str]),
+) -> (PathBuf, String) {
+    let out = dir.join(format!("{model}-{backend}{suffix}"));
     let mut args = RunFlags::new(model, corpus, &out, "4").args();
     args.extend(["--backend".to_string(), backend.to_string()]);
+    args.extend(extra.iter().map(|a| a.to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let o = train(1, &args);
     let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
@@ -80,8 +93,8 @@ fn wgpu_training_follows_the_cpu_run() {
     let dir = scratch("wgpu-training");
     let corpus = corpus(&dir);
     let model = "llama-mini";
-    let (cpu, _) = train_on(&dir, &corpus, model, "flex");
-    let (gpu, log) = train_on(&dir, &corpus, model, "wgpu");
+    let (cpu, _) = train_on(&dir, &corpus, model, "flex", ("", &[]));
+    let (gpu, log) = train_on(&dir, &corpus, model, "wgpu", ("", &[]));
     assert!(log.contains(" on wgpu;"), "{log}");
     assert!(log.contains("precision fp32"), "{log}");
     check_steps(model, &gpu, &cpu, STEP_TOLERANCE);
@@ -92,7 +105,43 @@ fn wgpu_training_follows_the_cpu_run() {
     );
     check_weights(model, &gpu, &cpu, 1e-4, 1e-3);
     check_device_memory(&gpu, &cpu);
+    let offload = ["--zero", "1", "--offload", "optimizer"];
+    let (off, _) = train_on(&dir, &corpus, model, "wgpu", ("-offload", &offload));
+    check_steps(model, &off, &gpu, OFFLOAD_TOLERANCE);
+    check_weights(model, &off, &gpu, OFFLOAD_TOLERANCE as f32, 1e-5);
+    check_offloaded_memory(&off, &gpu);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Largest relative difference of the offloaded run's losses, gradient
+/// norms and weights from the run without offload: the host AdamW and
+/// the device's tensor operations round alike per element, but lavapipe's
+/// division and square root need not be correctly rounded.
+const OFFLOAD_TOLERANCE: f64 = 1e-6;
+
+/// The offloaded run's device holds AdamW's two f32 moments (8 bytes per
+/// parameter, all of them on one rank) less than the run without offload
+/// at every step, within the pools' rounding, and reports no optimizer
+/// state on the device.
+fn check_offloaded_memory(off: &Path, gpu: &Path) {
+    let (off, gpu) = (step_records(off), step_records(gpu));
+    assert_eq!(off.len(), gpu.len());
+    for (o, g) in off.iter().zip(&gpu) {
+        let params = g["param_bytes"].as_u64().unwrap() / 4;
+        let want = 8 * params;
+        assert_eq!(g["optimizer_bytes"].as_u64().unwrap(), want, "{g}");
+        assert_eq!(o["optimizer_bytes"].as_u64().unwrap(), 0, "{o}");
+        let in_use = |r: &serde_json::Value| r["device_bytes_in_use"].as_u64().unwrap() as i64;
+        let saved = in_use(g) - in_use(o);
+        println!(
+            "step {}: device bytes in use {} without offload, {} with: {saved} saved, {want} expected",
+            g["step"], in_use(g), in_use(o)
+        );
+        assert!(
+            (saved - want as i64).abs() as f64 <= 0.05 * want as f64,
+            "offload saved {saved} device bytes, expected {want} (8 x {params} parameters)"
+        );
+    }
 }
 
 /// Every wgpu step records its device memory, and it holds at least the

@@ -39,13 +39,24 @@ struct Moments<B: Backend> {
     v: Tensor<B, 1>,
 }
 
+/// First and second moments of one parameter in host memory (the
+/// optimizer state offloaded, `--offload optimizer`).
+struct HostMoments {
+    m: Vec<f32>,
+    v: Vec<f32>,
+}
+
 /// AdamW optimizer state: the step count and the moments of every parameter.
 ///
-/// `B` is the inner (non-autodiff) backend the moments live on.
+/// `B` is the inner (non-autodiff) backend the moments live on; the
+/// moments of the parameters updated by [`AdamW::update_host`] live in
+/// host memory instead.
 pub struct AdamW<B: Backend> {
     config: AdamWConfig,
     step: u64,
     moments: HashMap<ParamId, Moments<B>>,
+    /// Moments of the parameters updated on the host.
+    host: HashMap<ParamId, HostMoments>,
 }
 
 impl<B: Backend> AdamW<B> {
@@ -55,6 +66,7 @@ impl<B: Backend> AdamW<B> {
             config,
             step: 0,
             moments: HashMap::new(),
+            host: HashMap::new(),
         }
     }
 
@@ -82,12 +94,61 @@ impl<B: Backend> AdamW<B> {
         self.moments.insert(id, Moments { m, v });
     }
 
-    /// Bytes held by the optimizer state (both moments of every parameter).
+    /// The host moments `(m, v)` of parameter `id`, over the range
+    /// [`AdamW::update_host`] sees; `None` before its first host update.
+    pub fn host_moments(&self, id: ParamId) -> Option<(&[f32], &[f32])> {
+        self.host.get(&id).map(|s| (&s.m[..], &s.v[..]))
+    }
+
+    /// Sets the host moments of parameter `id`, in the form
+    /// [`AdamW::host_moments`] returns them (for a run resumed from a
+    /// checkpoint).
+    pub fn set_host_moments(&mut self, id: ParamId, m: Vec<f32>, v: Vec<f32>) {
+        self.host.insert(id, HostMoments { m, v });
+    }
+
+    /// Bytes of optimizer state on the backend's device (both moments of
+    /// every parameter updated there).
     pub fn state_bytes(&self) -> usize {
         self.moments
             .values()
             .map(|s| 2 * s.m.shape().num_elements() * s.m.dtype().size())
             .sum()
+    }
+
+    /// Bytes of optimizer state in host memory (both f32 moments of every
+    /// parameter updated by [`AdamW::update_host`]).
+    pub fn host_state_bytes(&self) -> usize {
+        self.host.values().map(|s| 8 * s.m.len()).sum()
+    }
+
+    /// The scalars of this step's update with learning rate `lr`, with
+    /// weight decay if `decay`.
+    fn coefficients(&self, lr: f64, decay: bool) -> super::adamw_host::Coefficients {
+        let (c, t) = (self.config, self.step as i32);
+        super::adamw_host::Coefficients {
+            beta1: c.beta1,
+            beta2: c.beta2,
+            bias2_sqrt: (1.0 - c.beta2.powi(t)).sqrt(),
+            eps: c.eps,
+            step_size: lr / (1.0 - c.beta1.powi(t)),
+            decay: (decay && c.weight_decay != 0.0).then_some(1.0 - lr * c.weight_decay),
+        }
+    }
+
+    /// [`AdamW::update_flat`] on the host: updates the f32 values `p` of
+    /// parameter `id` (the whole parameter or a contiguous shard of it,
+    /// always the same range for the same `id`) in place, given their
+    /// gradient `grad` of the same length; the moments live in host memory
+    /// (zeros before the first update). One pass per element through the
+    /// same f32 operations as the flex update, on the CPU's threads.
+    pub fn update_host(&mut self, id: ParamId, lr: f64, p: &mut [f32], grad: &[f32], decay: bool) {
+        let coefficients = self.coefficients(lr, decay);
+        let state = self.host.entry(id).or_insert_with(|| HostMoments {
+            m: vec![0.0; grad.len()],
+            v: vec![0.0; grad.len()],
+        });
+        super::adamw_host::update_slices(p, grad, &mut state.m, &mut state.v, coefficients);
     }
 
     /// Applies one AdamW update with learning rate `lr` to every parameter
@@ -125,7 +186,6 @@ impl<B: Backend> AdamW<B> {
         grad: Tensor<B, 1>,
         decay: bool,
     ) -> Tensor<B, 1> {
-        let c = self.config;
         let g = grad;
         let state = self.moments.remove(&id).unwrap_or_else(|| Moments {
             m: g.zeros_like(),
@@ -133,15 +193,7 @@ impl<B: Backend> AdamW<B> {
         });
         #[cfg(feature = "flex")]
         if super::adamw_host::applies([&p, &g, &state.m, &state.v]) {
-            let t = self.step as i32;
-            let coefficients = super::adamw_host::Coefficients {
-                beta1: c.beta1,
-                beta2: c.beta2,
-                bias2_sqrt: (1.0 - c.beta2.powi(t)).sqrt(),
-                eps: c.eps,
-                step_size: lr / (1.0 - c.beta1.powi(t)),
-                decay: (decay && c.weight_decay != 0.0).then_some(1.0 - lr * c.weight_decay),
-            };
+            let coefficients = self.coefficients(lr, decay);
             let [p, m, v] = super::adamw_host::update(p, g, (state.m, state.v), coefficients);
             self.moments.insert(id, Moments { m, v });
             return p;
@@ -331,6 +383,59 @@ mod tests {
                 first, initial,
                 "a tensor sharing the parameter's buffer changed"
             );
+        }
+    }
+
+    /// The optimizer state offloaded to host memory ([`AdamW::update_host`]
+    /// on plain `Vec`s) against the state on flex ([`AdamW::update_flat`]):
+    /// the same values bit for bit, parameter and both moments, over
+    /// several steps with and without decay, and the moments counted as
+    /// host bytes, not device bytes.
+    #[test]
+    fn host_state_updates_bit_identically_to_the_device_state() {
+        let dev = Default::default();
+        let c = AdamWConfig {
+            beta1: 0.85,
+            beta2: 0.97,
+            eps: 1e-6,
+            weight_decay: 0.3,
+        };
+        let n = 70_001;
+        let values = |seed: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| ((i * 37 + seed * 11) % 101) as f32 / 50.0 - 1.0)
+                .collect()
+        };
+        let tensor = |v: Vec<f32>| Tensor::<Flex, 1>::from_data(TensorData::new(v, [n]), &dev);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for decay in [true, false] {
+            let (mut device, mut host) = (AdamW::<Flex>::new(c), AdamW::<Flex>::new(c));
+            let id = ParamId::new();
+            let mut p_device = tensor(values(0));
+            let mut p_host = values(0);
+            for step in 1..=3 {
+                let g = values(step);
+                device.begin_step();
+                host.begin_step();
+                p_device = device.update_flat(id, 0.01, p_device, tensor(g.clone()), decay);
+                host.update_host(id, 0.01, &mut p_host, &g, decay);
+                let (m, v) = device.moments(id).unwrap();
+                let (hm, hv) = host.host_moments(id).unwrap();
+                for (what, got, want) in [
+                    ("p", p_host.clone(), p_device.clone()),
+                    ("m", hm.to_vec(), m),
+                    ("v", hv.to_vec(), v),
+                ] {
+                    let want: Vec<f32> = want.into_data().to_vec().unwrap();
+                    assert!(
+                        bits(&got) == bits(&want),
+                        "decay {decay}, step {step}: {what} differs"
+                    );
+                }
+            }
+            assert_eq!(host.host_state_bytes(), 8 * n);
+            assert_eq!(host.state_bytes(), 0);
+            assert_eq!(device.host_state_bytes(), 0);
         }
     }
 }

@@ -1,16 +1,23 @@
-//! AdamW's update of one f32 parameter on flex's host buffers as one pass
-//! over the parameter, its gradient and both moments, the parameter and
-//! the moments written in place, where the tensor operations of
+//! AdamW's update of one f32 parameter on host buffers as one pass over
+//! the parameter, its gradient and both moments, the parameter and the
+//! moments written in place, where the tensor operations of
 //! [`super::adamw`] make a dozen passes and as many fresh tensors. Every
 //! element goes through the same f32 operations in the same order as
 //! those tensor operations (the scalars rounded to f32 as flex rounds
-//! them), so both give the same values.
+//! them), so both give the same values. It serves flex's buffers
+//! ([`update`]) and the optimizer state offloaded to host memory on every
+//! backend ([`update_slices`], `--offload optimizer`).
 
+#[cfg(feature = "flex")]
 use std::any::{Any, TypeId};
 
+#[cfg(feature = "flex")]
 use burn::backend::flex::FlexTensor;
+#[cfg(feature = "flex")]
 use burn::backend::Flex;
+#[cfg(feature = "flex")]
 use burn::tensor::backend::Backend;
+#[cfg(feature = "flex")]
 use burn::tensor::{DType, Tensor, TensorPrimitive};
 use rayon::prelude::*;
 
@@ -37,6 +44,7 @@ pub(super) struct Coefficients {
 
 /// Whether the host update runs for these tensors: backend `B` is flex and
 /// all four are f32.
+#[cfg(feature = "flex")]
 pub(super) fn applies<B: Backend>(tensors: [&Tensor<B, 1>; 4]) -> bool {
     TypeId::of::<B>() == TypeId::of::<Flex>() && tensors.iter().all(|t| t.dtype() == DType::F32)
 }
@@ -44,6 +52,7 @@ pub(super) fn applies<B: Backend>(tensors: [&Tensor<B, 1>; 4]) -> bool {
 /// `t` as the flex tensor it is, its buffer exactly its elements in order.
 ///
 /// Panics unless `B` is flex (see [`applies`]).
+#[cfg(feature = "flex")]
 fn host<B: Backend>(t: Tensor<B, 1>) -> FlexTensor {
     let p: Box<dyn Any> = Box::new(t.into_primitive().tensor());
     p.downcast::<FlexTensor>()
@@ -52,6 +61,7 @@ fn host<B: Backend>(t: Tensor<B, 1>) -> FlexTensor {
 }
 
 /// The flex tensor `t` as a tensor of backend `B` (flex).
+#[cfg(feature = "flex")]
 fn back<B: Backend>(t: FlexTensor) -> Tensor<B, 1> {
     let p: Box<dyn Any> = Box::new(t);
     let p = p
@@ -88,6 +98,49 @@ struct Block {
     decay: Option<f32>,
 }
 
+impl From<Coefficients> for Block {
+    fn from(c: Coefficients) -> Self {
+        Self {
+            beta1: c.beta1 as f32,
+            one_minus_beta1: (1.0 - c.beta1) as f32,
+            beta2: c.beta2 as f32,
+            one_minus_beta2: (1.0 - c.beta2) as f32,
+            bias2_sqrt: c.bias2_sqrt as f32,
+            eps: c.eps as f32,
+            step_size: c.step_size as f32,
+            decay: c.decay.map(|d| d as f32),
+        }
+    }
+}
+
+/// One AdamW update of the f32 values `p` with gradient `g` and moments
+/// `m`, `v`, all of the same length, in place (see [`update`] for the
+/// formula), split over the CPU's threads.
+///
+/// Panics if the lengths differ.
+pub(super) fn update_slices(
+    p: &mut [f32],
+    g: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    c: Coefficients,
+) {
+    let n = p.len();
+    assert!(
+        g.len() == n && m.len() == n && v.len() == n,
+        "AdamW: parameter of {n} elements, gradient {}, moments {} and {}",
+        g.len(),
+        m.len(),
+        v.len()
+    );
+    let block = Block::from(c);
+    p.par_chunks_mut(TASK_ELEMENTS)
+        .zip(g.par_chunks(TASK_ELEMENTS))
+        .zip(m.par_chunks_mut(TASK_ELEMENTS))
+        .zip(v.par_chunks_mut(TASK_ELEMENTS))
+        .for_each(|(((p, g), m), v)| update_block(&block, p, g, m, v));
+}
+
 /// One AdamW update of the rank-1 f32 parameter `p` with gradient `g` and
 /// moments `(m, v)` (zeros when `None`, the first update), all on flex
 /// and the same length: returns the updated `(p, m, v)`, `p` and the
@@ -97,37 +150,21 @@ struct Block {
 /// sqrt(1 - beta2^t) + eps)`.
 ///
 /// Panics unless [`applies`] holds.
+#[cfg(feature = "flex")]
 pub(super) fn update<B: Backend>(
     p: Tensor<B, 1>,
     g: Tensor<B, 1>,
     moments: (Tensor<B, 1>, Tensor<B, 1>),
     c: Coefficients,
 ) -> [Tensor<B, 1>; 3] {
-    let n = p.dims()[0];
-    assert!(
-        g.dims()[0] == n && moments.0.dims()[0] == n && moments.1.dims()[0] == n,
-        "AdamW: parameter of {n} elements, gradient {:?}, moments {:?} and {:?}",
-        g.dims(),
-        moments.0.dims(),
-        moments.1.dims()
-    );
     let (mut p, g) = (host(p), host(g));
     let (mut m, mut v) = (host(moments.0), host(moments.1));
-    let block = Block {
-        beta1: c.beta1 as f32,
-        one_minus_beta1: (1.0 - c.beta1) as f32,
-        beta2: c.beta2 as f32,
-        one_minus_beta2: (1.0 - c.beta2) as f32,
-        bias2_sqrt: c.bias2_sqrt as f32,
-        eps: c.eps as f32,
-        step_size: c.step_size as f32,
-        decay: c.decay.map(|d| d as f32),
-    };
-    p.storage_mut::<f32>()
-        .par_chunks_mut(TASK_ELEMENTS)
-        .zip(g.storage::<f32>().par_chunks(TASK_ELEMENTS))
-        .zip(m.storage_mut::<f32>().par_chunks_mut(TASK_ELEMENTS))
-        .zip(v.storage_mut::<f32>().par_chunks_mut(TASK_ELEMENTS))
-        .for_each(|(((p, g), m), v)| update_block(&block, p, g, m, v));
+    update_slices(
+        p.storage_mut::<f32>(),
+        g.storage::<f32>(),
+        m.storage_mut::<f32>(),
+        v.storage_mut::<f32>(),
+        c,
+    );
     [back(p), back(m), back(v)]
 }

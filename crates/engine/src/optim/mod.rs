@@ -1,7 +1,6 @@
 //! Optimisation: AdamW, the learning-rate schedule and gradient clipping.
 
 mod adamw;
-#[cfg(feature = "flex")]
 mod adamw_host;
 mod clip;
 mod schedule;

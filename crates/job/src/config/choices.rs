@@ -1,5 +1,5 @@
 //! The enumerated settings of a job: `parallelism.pp_schedule`,
-//! `parallelism.comm` and `optimizer.on_nonfinite`.
+//! `parallelism.comm`, `parallelism.offload` and `optimizer.on_nonfinite`.
 
 use ferrotron_parallel::pipeline::ScheduleKind;
 use serde::{Deserialize, Serialize};
@@ -44,6 +44,19 @@ pub enum CommChoice {
     Mpi,
     /// NCCL / RCCL through the run-time binding, bootstrapped over MPI.
     Nccl,
+}
+
+/// `parallelism.offload`: what of the training state lives in host memory
+/// (DeepSpeed's `offload_optimizer`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Offload {
+    /// Everything on the device.
+    #[default]
+    None,
+    /// AdamW's moments (and under ZeRO-3 the f32 parameter pieces) of
+    /// each rank's ZeRO shard, updated on the CPU.
+    Optimizer,
 }
 
 /// `optimizer.on_nonfinite`: the step's update is never applied; `stop`

@@ -7,7 +7,7 @@ use ferrotron_models::Kernels;
 use ferrotron_parallel::recompute::Recompute;
 use ferrotron_parallel::zero::ZeroStage;
 
-use super::choices::{CommChoice, OnNonFinite, PpSchedule};
+use super::choices::{CommChoice, Offload, OnNonFinite, PpSchedule};
 use super::table::job_sections;
 use super::{Change, Key};
 
@@ -148,6 +148,13 @@ job_sections! {
         /// overlap_grad_reduce (as Megatron-LM's --overlap-param-gather).
         #[arg(value_name = "N")]
         zero3_prefetch: Option<usize> = None, flag zero3_prefetch: usize;
+        /// Optimizer offload: none (default) or optimizer, which keeps AdamW's moments of each
+        /// rank's ZeRO shard in host memory and updates them on the CPU (under ZeRO-3 the f32
+        /// parameter pieces too), as DeepSpeed's offload_optimizer: the device saves 8 bytes per
+        /// shard parameter (12 under ZeRO-3) for host memory, PCIe copies and CPU time. Needs
+        /// zero >= 1 and a GPU backend (cuda, rocm, wgpu); see docs/parallelism.md.
+        #[arg(value_enum)]
+        offload: Offload = Offload::None, flag offload: Offload;
         /// Under tp, pad the vocabulary to a multiple of this times tp (Megatron-LM's flag; the
         /// padding is never predicted and is dropped from checkpoints).
         #[arg(value_name = "N")]

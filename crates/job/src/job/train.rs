@@ -79,8 +79,14 @@ impl TrainTask<'_> {
         let mut memory = gather_phase_memory(&*self.comm, &window.close(rank, 0))?;
         let precision = mc.precision;
         let pr = &job.config.precision;
+        let offloaded = job.config.parallelism.offload == crate::config::Offload::Optimizer;
         self.say(format!(
-            "precision {precision} (master weights, gradients and AdamW state f32); gradients reduced in {}{}",
+            "precision {precision} (master weights, gradients and AdamW state f32{}); gradients reduced in {}{}",
+            if offloaded {
+                "; AdamW state offloaded to host memory, updated on the CPU"
+            } else {
+                ""
+            },
             pr.reduce_dtype,
             if precision == Precision::Fp16 {
                 format!("; dynamic loss scale from {} (doubles after {} clean steps)", pr.loss_scale_init, pr.loss_scale_window)

@@ -8,7 +8,7 @@ use ferrotron_parallel::recompute::Recompute;
 use ferrotron_parallel::zero::ZeroStage;
 
 use super::Problems;
-use crate::config::JobConfig;
+use crate::config::{JobConfig, Offload};
 
 /// Every problem of single values and of the model-free combinations.
 pub(super) fn check_fields(c: &JobConfig, p: &mut Problems) {
@@ -167,6 +167,13 @@ fn check_combinations(c: &JobConfig, p: &mut Problems) {
     }
     check_cp(c, p);
     check_prefetch(c, p);
+    if c.parallelism.offload == Offload::Optimizer && c.parallelism.zero == ZeroStage::Off {
+        p.key(
+            "parallelism",
+            "offload",
+            "optimizer with --zero 0: each rank offloads its ZeRO shard of the optimizer state; use --zero 1, 2 or 3 (as DeepSpeed's offload_optimizer needs ZeRO >= 1)",
+        );
+    }
     if par.sp && par.tp == 1 {
         p.key(
             "parallelism",

@@ -17,7 +17,7 @@ use ferrotron_parallel::zero::ZeroStage;
 use super::{Here, Problems, World};
 use crate::backend::check_ready;
 use crate::comm::{self, Transport};
-use crate::config::JobConfig;
+use crate::config::{JobConfig, Offload};
 use crate::memory::{check_memory, job_memory};
 
 /// The backend `backend.name` names, if compiled in and able to start
@@ -139,6 +139,13 @@ pub(super) fn check_with_model(
         );
     }
     check_pipeline(c, model, mesh, p, notes);
+    if c.parallelism.offload == Offload::Optimizer && kind.is_cpu() {
+        p.key(
+            "parallelism",
+            "offload",
+            format!("optimizer on {kind}: its device memory is host memory, so offloading saves nothing; use it on cuda, rocm or wgpu"),
+        );
+    }
     if let Err(e) = choose_kernels(model, kind.is_cpu().then(|| kind.name())) {
         p.key("backend", "kernels", e.problem);
     }

@@ -269,6 +269,57 @@ fn zero3_prefetch_is_refused_where_it_would_do_nothing() {
     }
 }
 
+/// `parallelism.offload = "optimizer"` needs a ZeRO shard to offload and a
+/// backend whose device memory is not host memory; each refusal is one
+/// line naming the key.
+#[test]
+fn optimizer_offload_is_refused_without_zero_and_on_cpu_backends() {
+    let check = |parallelism: &str, backend: &str| {
+        let text = format!(
+            "[parallelism]\noffload = \"optimizer\"\n{parallelism}[backend]\nname = \"{backend}\"\n[checkpoint]\nout = \"x\"\n"
+        );
+        JobConfig::from_toml_str(&text, "offload.toml")
+            .unwrap()
+            .check_portable(2)
+    };
+    let refused = |parallelism: &str, backend: &str| -> Vec<String> {
+        let p: Vec<String> = check(parallelism, backend)
+            .unwrap_err()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(p.len(), 1, "{p:#?}");
+        assert!(!p[0].contains('\n'), "{p:#?}");
+        p
+    };
+    let p = refused("zero = 0\n", "cuda");
+    assert!(
+        p[0].starts_with("parallelism.offload: --offload optimizer with --zero 0:")
+            && p[0].contains("use --zero 1, 2 or 3"),
+        "{p:#?}"
+    );
+    for cpu in ["flex", "ndarray"] {
+        let p = refused("zero = 1\n", cpu);
+        assert!(
+            p[0].starts_with(&format!(
+                "parallelism.offload: --offload optimizer on {cpu}:"
+            )) && p[0].contains("device memory is host memory"),
+            "{p:#?}"
+        );
+    }
+    for (parallelism, backend) in [
+        ("zero = 1\n", "wgpu"),
+        ("zero = 2\n", "cuda"),
+        ("zero = 3\n", "rocm"),
+        ("zero = 1\ntp = 2\n", "cuda"),
+    ] {
+        assert!(
+            check(parallelism, backend).is_ok(),
+            "{parallelism} {backend}"
+        );
+    }
+}
+
 /// On cuda an unset `precision.compute` is bf16 (the backend's default)
 /// on one rank and under tensor, context and pipeline parallelism alike,
 /// with no notice; bf16 and fp16 asked for are accepted there too.

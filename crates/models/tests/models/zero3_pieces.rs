@@ -13,7 +13,6 @@ use std::sync::Arc;
 
 use burn::backend::{Autodiff, Flex};
 use burn::module::ParamId;
-use burn::tensor::Tensor;
 use ferrotron_engine::params::{named_tensors, param_names};
 use ferrotron_engine::precision::Precision;
 #[cfg(feature = "flex")]
@@ -42,14 +41,13 @@ type Pieces = HashMap<String, (std::ops::Range<usize>, Vec<u32>)>;
 
 fn pieces(zero: &Z, model: &Decoder<B>) -> Pieces {
     let names: HashMap<ParamId, String> = param_names(model).into_iter().collect();
-    let held = zero.param_pieces().expect("stage 3 holds pieces");
+    assert!(zero.holds_param_pieces(), "stage 3 holds pieces");
     zero.owned_ranges()
         .expect("ZeRO owns ranges")
         .into_iter()
         .map(|(id, range)| {
-            let t: Tensor<Flex, 1> = held[&id].clone();
-            let bits = t.into_data().to_vec::<f32>().unwrap();
-            let bits = bits.into_iter().map(f32::to_bits).collect();
+            let values = zero.param_piece(id).expect("stage 3 holds pieces");
+            let bits = values.into_iter().map(f32::to_bits).collect();
             (names[&id].clone(), (range, bits))
         })
         .collect()

@@ -135,6 +135,43 @@ fn zero_stages_on_one_rank_train_like_the_plain_trainer() {
     }
 }
 
+/// The optimizer offloaded to host memory (`--offload optimizer`: AdamW's
+/// moments, and under ZeRO-3 the parameter pieces, updated on the CPU)
+/// trains exactly like the optimizer on the device under stages 1, 2 and
+/// 3: losses and weights bit for bit (on flex both run the same host
+/// update per element). Library-level: the job refuses offload on flex.
+#[test]
+fn offloaded_optimizer_trains_bit_identically_under_every_stage() {
+    let config = tiny("llama-mini");
+    let bits = |l: &[f64]| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for stage in [ZeroStage::One, ZeroStage::Two, ZeroStage::Three] {
+        let (want_losses, want_weights) = train(&config, Some(one_rank(stage)));
+        let offloaded = ParallelConfig {
+            offload_optimizer: true,
+            ..one_rank(stage)
+        };
+        let (losses, weights) = train(&config, Some(offloaded));
+        assert_eq!(bits(&losses), bits(&want_losses), "zero {stage}");
+        assert!(weights == want_weights, "zero {stage}: the weights differ");
+    }
+    let refused = ParallelConfig {
+        offload_optimizer: true,
+        ..ParallelConfig::default()
+    };
+    let model = Decoder::<B>::new(&config, 3, &Default::default()).unwrap();
+    let built = Trainer::parallel(
+        model,
+        three_steps(),
+        Default::default(),
+        ProcessGroups::single(),
+        refused,
+    );
+    assert!(
+        matches!(built, Err(train::step::BuildError::OffloadWithoutZero)),
+        "offload without ZeRO is refused"
+    );
+}
+
 /// ZeRO-3 on one rank (overlap on: the DP group is the only group) with
 /// its gathers started 0, 1 (the default) and 2 blocks ahead: the
 /// gathers' order changes, not one bit of the losses or weights.
@@ -246,7 +283,9 @@ fn zero3_evaluation_equals_the_plain_trainers() {
 /// A trainer's checkpoint written after 2 steps and loaded into a trainer
 /// built from other weights continues exactly as the trainer that never
 /// stopped, under every ZeRO stage (stage 3 writes and loads its parameter
-/// pieces, the model holding placeholders).
+/// pieces, the model holding placeholders), with the optimizer offloaded
+/// to host memory (its host moments and pieces saved and restored) and
+/// across a change of offload between the save and the load.
 #[test]
 fn trainer_state_restores_exactly_under_every_stage() {
     let config = tiny("llama-mini");
@@ -262,13 +301,17 @@ fn trainer_state_restores_exactly_under_every_stage() {
             ]
         })
         .collect();
-    let make = |stage, model| {
+    let make = |stage, offload_optimizer, model| {
+        let parallel = ParallelConfig {
+            offload_optimizer,
+            ..one_rank(stage)
+        };
         Trainer::parallel(
             model,
             step.clone(),
             device,
             ProcessGroups::single(),
-            one_rank(stage),
+            parallel,
         )
         .unwrap()
     };
@@ -279,23 +322,29 @@ fn trainer_state_restores_exactly_under_every_stage() {
             .map(|(_, d)| d.to_vec::<f32>().unwrap())
             .collect()
     };
-    for stage in [
-        ZeroStage::Off,
-        ZeroStage::One,
-        ZeroStage::Two,
-        ZeroStage::Three,
+    // (stage, offloaded when written, offloaded when loaded)
+    for (stage, saved, loaded) in [
+        (ZeroStage::Off, false, false),
+        (ZeroStage::One, false, false),
+        (ZeroStage::Two, false, false),
+        (ZeroStage::Three, false, false),
+        (ZeroStage::One, true, true),
+        (ZeroStage::Two, true, false),
+        (ZeroStage::Three, true, true),
+        (ZeroStage::Three, false, true),
     ] {
-        let mut whole = make(stage, fresh(3));
+        let what = format!("zero {stage}, offload {saved} then {loaded}");
+        let mut whole = make(stage, saved, fresh(3));
         let want: Vec<f64> = batches
             .iter()
             .map(|b| whole.step(b).unwrap().loss)
             .collect();
-        let mut first = make(stage, fresh(3));
+        let mut first = make(stage, saved, fresh(3));
         for b in &batches[..2] {
             first.step(b).unwrap();
         }
         let root = std::env::temp_dir().join(format!(
-            "ferrotron-zero-restore-{}-{stage}",
+            "ferrotron-zero-restore-{}-{stage}-{saved}-{loaded}",
             std::process::id()
         ));
         let dir = first
@@ -305,13 +354,13 @@ fn trainer_state_restores_exactly_under_every_stage() {
         let mut reader = Reader::open(&dir).unwrap();
         let tensors = reader.index().tensors.len();
         assert_eq!(tensors % 3, 0, "a parameter and its two moments");
-        let mut resumed = make(stage, fresh(99));
+        let mut resumed = make(stage, loaded, fresh(99));
         let state = checkpoint::read_state(&dir).unwrap();
         resumed.load(&mut reader, &state).unwrap();
         assert_eq!(resumed.steps_done(), 2);
         std::fs::remove_dir_all(&root).unwrap();
         let loss = resumed.step(&batches[2]).unwrap().loss;
-        assert_eq!(loss, want[2], "zero {stage}: third step's loss");
-        assert_eq!(weights(&resumed), weights(&whole), "zero {stage}: weights");
+        assert_eq!(loss, want[2], "{what}: third step's loss");
+        assert_eq!(weights(&resumed), weights(&whole), "{what}: weights");
     }
 }

@@ -33,7 +33,6 @@ use std::sync::Arc;
 use burn::module::{AutodiffModule, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::Tensor;
 use ferrotron_engine::lm::{LmUnit, LmUnits};
 use ferrotron_engine::metrics::{GradCommTimes, MemoryBytes};
 use ferrotron_engine::optim::AdamW;
@@ -147,12 +146,16 @@ where
         None
     }
 
-    fn param_pieces(&self) -> Option<&HashMap<ParamId, Tensor<B::InnerBackend, 1>>> {
+    fn holds_param_pieces(&self) -> bool {
+        false
+    }
+
+    fn param_piece(&self, _id: ParamId) -> Option<Vec<f32>> {
         None
     }
 
-    fn param_pieces_mut(&mut self) -> Option<&mut HashMap<ParamId, Tensor<B::InnerBackend, 1>>> {
-        None
+    fn set_param_piece(&mut self, _id: ParamId, _values: Vec<f32>) {
+        panic!("DDP holds whole parameters, no pieces");
     }
 
     fn whole_model(&self, model: M) -> Result<M, CommError> {

@@ -25,7 +25,6 @@ use std::ops::Range;
 use burn::module::{AutodiffModule, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::Tensor;
 use ferrotron_engine::lm::{LmUnit, LmUnits};
 use ferrotron_engine::metrics::{GradCommTimes, MemoryBytes};
 use ferrotron_engine::optim::AdamW;
@@ -116,13 +115,19 @@ pub trait GradSync<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> {
     /// `None` when it keeps every parameter's moments whole (DDP).
     fn owned_ranges(&self) -> Option<HashMap<ParamId, Range<usize>>>;
 
-    /// ZeRO-3: this rank's pieces of the parameters (over
+    /// ZeRO-3: whether this rank holds pieces of the parameters (over
     /// [`GradSync::owned_ranges`]), the only copy of their values between
-    /// steps; `None` where the model itself holds its parameters.
-    fn param_pieces(&self) -> Option<&HashMap<ParamId, Tensor<B::InnerBackend, 1>>>;
+    /// steps; `false` where the model itself holds its parameters.
+    fn holds_param_pieces(&self) -> bool;
 
-    /// [`GradSync::param_pieces`], to replace them (from a checkpoint).
-    fn param_pieces_mut(&mut self) -> Option<&mut HashMap<ParamId, Tensor<B::InnerBackend, 1>>>;
+    /// ZeRO-3: the values of this rank's piece of parameter `id` (on the
+    /// device or, with the optimizer offloaded, in host memory), copied;
+    /// `None` where the model itself holds its parameters.
+    fn param_piece(&self, id: ParamId) -> Option<Vec<f32>>;
+
+    /// ZeRO-3: replaces this rank's piece of parameter `id` by `values`
+    /// (from a checkpoint). Panics unless [`GradSync::holds_param_pieces`].
+    fn set_param_piece(&mut self, id: ParamId, values: Vec<f32>);
 
     /// Bytes of parameters this rank holds between steps.
     fn param_bytes(&self, model: &M) -> usize;

@@ -87,6 +87,7 @@ mod tests {
             micro_batch: 1,
             recompute: Recompute::Full,
             interleave: 1,
+            offload: false,
         }
     }
 

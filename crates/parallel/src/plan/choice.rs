@@ -1,6 +1,7 @@
 //! One parallel layout the planner can rank, and its label
 //! (`dp16-tp4sp-pp2v2-z1-mb1-sel`; with context parallelism
-//! `dp8-tp4sp-cp2-pp2v2-z1-mb1-sel`).
+//! `dp8-tp4sp-cp2-pp2v2-z1-mb1-sel`; with the optimizer offloaded
+//! `dp8-tp1-pp1-z3-mb1-full-offload`).
 
 use std::fmt;
 use std::str::FromStr;
@@ -34,6 +35,9 @@ pub struct Choice {
     pub recompute: Recompute,
     /// Model chunks per pipeline stage (1: 1F1B; more: interleaved 1F1B).
     pub interleave: usize,
+    /// The ZeRO shard's optimizer state in host memory, updated on the CPU
+    /// (`--offload optimizer`; ZeRO 1 to 3, see [`super::offload`]).
+    pub offload: bool,
 }
 
 impl fmt::Display for Choice {
@@ -58,7 +62,11 @@ impl fmt::Display for Choice {
             u8::from(self.zero),
             self.micro_batch,
             self.recompute.name()
-        )
+        )?;
+        if self.offload {
+            f.write_str("-offload")?;
+        }
+        Ok(())
     }
 }
 
@@ -72,7 +80,11 @@ impl FromStr for Choice {
                 "'{s}' is not a choice label such as dp16-tp4sp-pp2v2-z1-mb1-sel (see the table)"
             )
         };
-        let parts: Vec<&str> = s.split('-').collect();
+        let (s_layout, offload) = match s.strip_suffix("-offload") {
+            Some(rest) => (rest, true),
+            None => (s, false),
+        };
+        let parts: Vec<&str> = s_layout.split('-').collect();
         let (dp, tp, cp, pp, z, mb, rc) = match parts[..] {
             [dp, tp, pp, z, mb, rc] => (dp, tp, None, pp, z, mb, rc),
             [dp, tp, cp, pp, z, mb, rc] => (dp, tp, Some(cp), pp, z, mb, rc),
@@ -116,6 +128,7 @@ impl FromStr for Choice {
             micro_batch: num(mb, "mb")?,
             recompute,
             interleave,
+            offload,
         })
     }
 }
@@ -136,6 +149,7 @@ mod tests {
             micro_batch: 2,
             recompute: Recompute::Selective,
             interleave: 2,
+            offload: false,
         };
         assert_eq!(c.to_string(), "dp16-tp4sp-pp2v2-z1-mb2-sel");
         assert_eq!(c.to_string().parse::<Choice>().unwrap(), c);
@@ -148,5 +162,8 @@ mod tests {
         // cp1 is written without its part, so only one label names a layout.
         assert!("dp8-tp1-cp1-pp1-z0-mb4-none".parse::<Choice>().is_err());
         assert!("dp8-tp1-pp1-z5-mb4-none".parse::<Choice>().is_err());
+        let offloaded = "dp8-tp1-pp1-z3-mb1-full-offload".parse::<Choice>().unwrap();
+        assert!(offloaded.offload && offloaded.zero == ZeroStage::Three);
+        assert_eq!(offloaded.to_string(), "dp8-tp1-pp1-z3-mb1-full-offload");
     }
 }

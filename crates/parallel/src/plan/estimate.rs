@@ -12,6 +12,7 @@ use super::buffers::{gathered_blocks, zero3_bytes, Prefetch};
 use super::checkpoint::{checkpoint_bytes, CheckpointBytes};
 use super::memory::{layout_state_bytes, Held};
 use super::model::ModelShape;
+use super::offload::offload_state;
 use super::split::stage_blocks;
 use super::time::{block_flops, step_time, StageParams, TimeEstimate};
 use super::{Choice, PlanInput};
@@ -61,6 +62,10 @@ pub struct MemoryEstimate {
     /// Host memory a checkpoint adds (not counted in [`Self::total`]: on a
     /// GPU it is not device memory).
     pub checkpoint: CheckpointBytes,
+    /// Host memory of the optimizer state offloaded
+    /// ([`Choice::offload`], [`super::offload`]), bytes; not counted in
+    /// [`Self::total`], `state` holds what stays on the device.
+    pub host_offload: f64,
 }
 
 impl MemoryEstimate {
@@ -96,6 +101,7 @@ pub struct Estimate {
 /// Whether `ferrotron train` accepts `c` at `precision` and runs it as the
 /// planner counts it: f32 only (its bf16 and fp16 keep f32 parameters,
 /// gradients and AdamW state, not the 2 + 2 + 12 bytes counted here);
+/// offload only with ZeRO 1 to 3 (the search proposes no other);
 /// ZeRO-3 only with `full` recomputation (it always
 /// recomputes whole blocks) and without a pipeline; a pipeline (1F1B or
 /// interleaved, split by `--pp-layers`) with ZeRO 0, 1 or 2 and `none` or
@@ -107,7 +113,8 @@ pub fn runs_today(c: &Choice, precision: super::Precision) -> bool {
         _ => true,
     };
     let pipeline_ok = c.pp == 1 || c.recompute != Recompute::Full;
-    precision == super::Precision::Fp32 && zero_ok && pipeline_ok
+    let offload_ok = !c.offload || c.zero != ZeroStage::Off;
+    precision == super::Precision::Fp32 && zero_ok && pipeline_ok && offload_ok
 }
 
 /// Blocks per pipeline stage of `c` ([`stage_blocks`] with the head's
@@ -319,10 +326,15 @@ pub fn memory(input: &MemoryInput, c: &Choice, layout: &StageLayout) -> MemoryEs
             // An fp32 copy of every gradient this rank holds.
             st.grad_bytes += 4 * st.grad_bytes / bg;
         }
-        st
+        let host = if c.offload {
+            offload_state(&mut st, c.zero, input.precision)
+        } else {
+            0
+        };
+        (st, host)
     };
     let stage = |s: usize, units: &[Vec<usize>], name, acts: ActivationBytes| {
-        let state = state(s);
+        let (state, host) = state(s);
         let held = stage_layout(m, c, layout, s);
         MemoryEstimate {
             stage: name,
@@ -332,6 +344,7 @@ pub fn memory(input: &MemoryInput, c: &Choice, layout: &StageLayout) -> MemoryEs
             gathered_blocks: gathered,
             reserve: input.reserve_bytes,
             checkpoint: checkpoint_bytes(&held, c.dp, c.zero, bucket),
+            host_offload: host as f64,
         }
     };
     let first_acts = ActivationBytes {

@@ -72,6 +72,13 @@ pub fn explain(input: &PlanInput, e: &Estimate) -> String {
         gib(mem.checkpoint.streamed),
         gib(mem.checkpoint.background)
     );
+    if c.offload {
+        let _ = writeln!(
+            s,
+            "optimizer offloaded: {:.3} GiB of its state in host memory, not counted above (--offload optimizer)",
+            gib(mem.host_offload)
+        );
+    }
     if mem.gathered_blocks > 0 {
         let _ = writeln!(
             s,
@@ -109,6 +116,7 @@ pub fn explain(input: &PlanInput, e: &Estimate) -> String {
         ("pipeline sends", t.pp_comm_s),
         ("pipeline bubble", t.bubble_s),
         ("data-parallel collectives, exposed", t.dp_exposed_s),
+        ("optimizer offload: PCIe and CPU AdamW", t.offload_s),
     ];
     for (name, secs) in rows {
         let _ = writeln!(s, "  {name:<36} {secs:>10.4} s");

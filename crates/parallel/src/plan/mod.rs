@@ -18,7 +18,8 @@
 //!   context-parallel ring's transfers that the block's attention does not
 //!   hide ([`ring`]), the pipeline bubble, and the part of the DP
 //!   communication compute cannot hide where the trainer overlaps it
-//!   ([`overlap`]);
+//!   ([`overlap`]); with the optimizer offloaded, its PCIe copies and
+//!   CPU update ([`offload`]);
 //!
 //! and ranks the layouts that fit by step time ([`search`]). Devices come
 //! from [`ferrotron_engine::metrics::DEVICES`]. The planner is pure
@@ -36,6 +37,7 @@ mod fixture;
 pub mod link;
 pub mod memory;
 pub mod model;
+pub mod offload;
 pub mod overlap;
 pub mod ring;
 pub mod search;

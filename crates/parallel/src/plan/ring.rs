@@ -92,6 +92,7 @@ mod tests {
             micro_batch: 1,
             recompute,
             interleave: 1,
+            offload: false,
         }
     }
 

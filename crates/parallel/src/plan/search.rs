@@ -13,10 +13,17 @@
 //! backward, which DeepSpeed refuses and [`super::time`] prices).
 //! Interleaving needs the micro-batches to be a multiple of `pp` and each
 //! stage's layers to split into the chunks (Megatron's conditions).
+//!
+//! Optimizer offload ([`super::offload`]) is proposed only when no layout
+//! fits without it, on a GPU whose host link the planner knows: then every
+//! layout with ZeRO 1 to 3 is tried again with its optimizer state on the
+//! host, as DeepSpeed's ZeRO-Offload is a remedy for a model that does not
+//! fit, at the price of PCIe traffic and CPU time.
 
 use serde::Serialize;
 
 use super::estimate::{estimate, Estimate};
+use super::offload::host_link_bandwidth;
 use super::{Choice, PlanInput};
 use crate::zero::ZeroStage;
 
@@ -125,6 +132,7 @@ fn layouts_with(input: &PlanInput, tp: usize, cp: usize, out: &mut Vec<Choice>) 
                                 micro_batch,
                                 recompute,
                                 interleave,
+                                offload: false,
                             });
                         }
                     }
@@ -134,13 +142,28 @@ fn layouts_with(input: &PlanInput, tp: usize, cp: usize, out: &mut Vec<Choice>) 
     }
 }
 
-/// Estimates every choice of [`choices`], keeps those whose memory fits
-/// the device and ranks them by step time, and lists the faster choices
-/// that do not fit (see [`Plan::rejected`]).
-pub fn plan(input: &PlanInput) -> Plan {
-    let mut feasible = Vec::new();
-    let mut rejected: Vec<Rejected> = Vec::new();
-    for c in choices(input) {
+/// The choices of [`choices`] with ZeRO 1 to 3, their optimizer offloaded,
+/// where the device's host link is known ([`host_link_bandwidth`]).
+pub fn offload_choices(input: &PlanInput) -> Vec<Choice> {
+    if host_link_bandwidth(input.device.name).is_none() {
+        return Vec::new();
+    }
+    choices(input)
+        .into_iter()
+        .filter(|c| c.zero != ZeroStage::Off)
+        .map(|c| Choice { offload: true, ..c })
+        .collect()
+}
+
+/// Estimates `tried`, pushing each to `feasible` when its memory fits
+/// the device, else to `rejected` with the reason.
+fn sort_fits(
+    input: &PlanInput,
+    tried: Vec<Choice>,
+    feasible: &mut Vec<Estimate>,
+    rejected: &mut Vec<Rejected>,
+) {
+    for c in tried {
         let e = estimate(input, &c);
         let need = e.memory.total();
         if need <= input.device.memory_bytes {
@@ -155,6 +178,19 @@ pub fn plan(input: &PlanInput) -> Plan {
                 estimate: e,
             });
         }
+    }
+}
+
+/// Estimates every choice of [`choices`], keeps those whose memory fits
+/// the device and ranks them by step time, and lists the faster choices
+/// that do not fit (see [`Plan::rejected`]). When none fits, the choices
+/// of [`offload_choices`] are tried too.
+pub fn plan(input: &PlanInput) -> Plan {
+    let mut feasible = Vec::new();
+    let mut rejected: Vec<Rejected> = Vec::new();
+    sort_fits(input, choices(input), &mut feasible, &mut rejected);
+    if feasible.is_empty() {
+        sort_fits(input, offload_choices(input), &mut feasible, &mut rejected);
     }
     let key = |e: &Estimate| (e.time.step_s, e.memory.total());
     feasible.sort_by(|a, b| key(a).partial_cmp(&key(b)).expect("times are finite"));
@@ -282,5 +318,75 @@ mod tests {
             ..input(1 << 21)
         };
         assert!(choices(&no_ring).iter().all(|c| c.cp == 1));
+    }
+
+    /// Offload is proposed only when no layout fits without it: with the
+    /// H100's 80 GB nothing is offloaded; with a memory between the least
+    /// any layout needs without offload and the least with it, every
+    /// feasible layout offloads, keeps its shard's state on the host, and
+    /// pays PCIe and CPU time; a device whose host link is unknown gets
+    /// no offload.
+    #[test]
+    fn offload_is_proposed_only_when_nothing_fits_without_it() {
+        let roomy = plan(&input(4096));
+        assert!(!roomy.feasible.is_empty());
+        assert!(roomy.feasible.iter().all(|e| !e.choice.offload));
+        let least = |cs: Vec<Choice>, i: &PlanInput| {
+            cs.iter()
+                .map(|c| estimate(i, c).memory.total())
+                .fold(f64::INFINITY, f64::min)
+        };
+        let base = input(4096);
+        let (without, with) = (
+            least(choices(&base), &base),
+            least(offload_choices(&base), &base),
+        );
+        assert!(with < without, "{with} vs {without}");
+        let mut tight = input(4096);
+        tight.device.memory_bytes = (with + without) / 2.0;
+        let p = plan(&tight);
+        assert!(!p.feasible.is_empty(), "nothing fits with offload");
+        let mut one_stage = 0;
+        for e in &p.feasible {
+            assert!(
+                e.choice.offload && e.choice.zero != ZeroStage::Off,
+                "{}",
+                e.label
+            );
+            assert!(e.label.ends_with("-offload"), "{}", e.label);
+            assert!(
+                e.memory.host_offload > 0.0 && e.time.offload_s > 0.0,
+                "{}",
+                e.label
+            );
+            let plain = estimate(
+                &tight,
+                &Choice {
+                    offload: false,
+                    ..e.choice
+                },
+            );
+            // The step gains the offload time; the device state drops by
+            // the host bytes (bf16 ZeRO-3 also by its bf16 pieces: the
+            // host's f32 master replaces them), on one stage (with a
+            // pipeline the fuller stage may change).
+            let slower = e.time.step_s - plain.time.step_s;
+            assert!((slower - e.time.offload_s).abs() < 1e-9, "{}", e.label);
+            if e.choice.pp > 1 {
+                continue;
+            }
+            let drop = plain.memory.total() - e.memory.total();
+            let pieces = if e.choice.zero == ZeroStage::Three {
+                e.memory.host_offload / 6.0
+            } else {
+                0.0
+            };
+            let want = e.memory.host_offload + pieces;
+            assert!((drop - want).abs() < 1.0, "{}: {drop} vs {want}", e.label);
+            one_stage += 1;
+        }
+        assert!(one_stage > 0, "no feasible layout without a pipeline");
+        tight.device.name = "cpu-test";
+        assert!(plan(&tight).feasible.is_empty());
     }
 }

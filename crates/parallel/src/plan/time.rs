@@ -41,6 +41,8 @@
 //!   trainer's schedule ([`TimeEstimate::dp_exposed_s`]); `dp_comm_s`
 //!   stays the total. Elsewhere nothing overlaps: the exposed part is the
 //!   total.
+//! - Optimizer offload: the PCIe copies of the shard and the CPU update
+//!   ([`super::offload`]), after the step's reduction, added whole.
 //!
 //! Groups are placed in Megatron's rank order (TP innermost, then CP, DP,
 //! PP): a group stays within a node when the consecutive ranks it spans
@@ -52,6 +54,7 @@ use serde::Serialize;
 use super::activation::Recompute;
 use super::comm::{all_gather, all_reduce, p2p};
 use super::link::Link;
+use super::offload::offload_time_s;
 use super::overlap::{exposed, OverlapInput};
 use super::ring::ring_exposed_s;
 use super::{Choice, PlanInput};
@@ -77,6 +80,9 @@ pub struct TimeEstimate {
     /// the trainer overlaps it; see the module doc): the part in
     /// `step_s`.
     pub dp_exposed_s: f64,
+    /// Optimizer offload ([`Choice::offload`]): the PCIe copies of the
+    /// shard and the CPU update, all in `step_s` ([`super::offload`]).
+    pub offload_s: f64,
     /// The whole step.
     pub step_s: f64,
     /// Global batch tokens over the step time.
@@ -245,9 +251,23 @@ pub fn step_time(
     let dp_comm = mb * rs_mb + dp_outside;
     let overlapped =
         overlaps(input, c).then(|| dp_exposed(input, c, &stages[0], micro_batches, compute_mb));
+    let offload = if c.offload {
+        // The fullest stage's shard over the DP x CP group.
+        let shard = stages.iter().map(|st| st.elems).max().unwrap_or(0);
+        offload_time_s(
+            shard.div_ceil(grad_ranks),
+            input.precision,
+            input.device.name,
+        )
+    } else {
+        0.0
+    };
     let (step, exposed_s) = match overlapped {
-        Some(part) => (mb * (compute_mb + tp_mb + pp_mb) + part, part),
-        None => ((mb + bubble_steps) * stage_time + dp_outside, dp_comm),
+        Some(part) => (mb * (compute_mb + tp_mb + pp_mb) + part + offload, part),
+        None => (
+            (mb + bubble_steps) * stage_time + dp_outside + offload,
+            dp_comm,
+        ),
     };
     let tokens = (input.global_batch * input.seq) as f64;
     let gpus = (c.dp * c.cp * c.tp * c.pp) as f64;
@@ -263,6 +283,7 @@ pub fn step_time(
         bubble_s: bubble_steps * stage_time,
         dp_comm_s: dp_comm,
         dp_exposed_s: exposed_s,
+        offload_s: offload,
         step_s: step,
         tokens_per_s: tokens / step,
         mfu: model_flops / step / (gpus * peak),
@@ -370,6 +391,7 @@ mod tests {
             micro_batch: 4,
             recompute: Recompute::Full,
             interleave: 1,
+            offload: false,
         };
         // 4 blocks of about 50 000 values and made-up ends of the rest.
         let stages = [StageParams {
@@ -413,6 +435,7 @@ mod tests {
             micro_batch: 4,
             recompute: Recompute::Full,
             interleave: 1,
+            offload: false,
         };
         let stages = [StageParams {
             blocks: 4,
@@ -477,6 +500,7 @@ mod tests {
                 micro_batch: 1,
                 recompute: Recompute::None,
                 interleave: chunks,
+                offload: false,
             };
             let t = step_time(&input, &c, &stages, 4);
             let v_ = chunks as f64;

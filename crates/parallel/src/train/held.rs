@@ -174,8 +174,8 @@ where
     fn block_values(&self, origin: &Origin, global: &[usize]) -> Vec<f32> {
         let range = origin.range.clone();
         let values = match origin.part {
-            Part::Weights => match self.sync.param_pieces() {
-                Some(p) => host_f32(p[&origin.id].clone()),
+            Part::Weights => match self.sync.param_piece(origin.id) {
+                Some(p) => p,
                 None => {
                     let mut all = one_parameter(self.held_model(), origin.id)
                         .unwrap_or_else(|| panic!("parameter '{}' is held", origin.name));
@@ -184,12 +184,22 @@ where
                     all
                 }
             },
-            Part::M | Part::V => match self.optimizer.moments(origin.id) {
-                Some((m, v)) => host_f32(if origin.part == Part::M { m } else { v }),
-                None => vec![0.0; range.len()],
-            },
+            Part::M | Part::V => self
+                .moment_values(origin.id, origin.part == Part::M)
+                .unwrap_or_else(|| vec![0.0; range.len()]),
         };
         origin.unclipped.clip(global, &values).1
+    }
+
+    /// AdamW's first (`first`) or second moment of parameter `id` over this
+    /// rank's range, copied to the host from where it lives (the device,
+    /// or host memory when offloaded); `None` before its first update.
+    fn moment_values(&self, id: ParamId, first: bool) -> Option<Vec<f32>> {
+        if let Some((m, v)) = self.optimizer.host_moments(id) {
+            return Some(if first { m } else { v }.to_vec());
+        }
+        let (m, v) = self.optimizer.moments(id)?;
+        Some(host_f32(if first { m } else { v }))
     }
 
     /// This rank's blocks of a checkpoint, with where their values come from.
@@ -264,18 +274,15 @@ where
             path: "the model".into(),
             message: e.to_string(),
         })?;
-        let sharded = self.sync.param_pieces().is_some();
+        let sharded = self.sync.holds_param_pieces();
         let mut assign = HashMap::new();
         for (id, share) in &shares {
             if sharded {
                 if let Some(range) = share.range.clone() {
                     let values = reader.read(&share.name, &share.global, &share.region(range))?;
-                    let piece = self.host_tensor(values);
                     // Replaced one at a time: the load holds one piece
                     // beyond the rank's share, not a second share.
-                    if let Some(held) = self.sync.param_pieces_mut() {
-                        held.insert(*id, piece);
-                    }
+                    self.sync.set_param_piece(*id, values);
                 }
             } else {
                 let whole = Region::whole(share.offsets.clone(), share.local.clone());
@@ -286,8 +293,12 @@ where
                 let region = share.region(range);
                 let m = reader.read(&format!("m.{}", share.name), &share.global, &region)?;
                 let v = reader.read(&format!("v.{}", share.name), &share.global, &region)?;
-                let (m, v) = (self.host_tensor(m), self.host_tensor(v));
-                self.optimizer.set_moments(*id, m, v);
+                if self.offloaded {
+                    self.optimizer.set_host_moments(*id, m, v);
+                } else {
+                    let (m, v) = (self.host_tensor(m), self.host_tensor(v));
+                    self.optimizer.set_moments(*id, m, v);
+                }
             }
         }
         let model = self

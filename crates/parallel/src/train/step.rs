@@ -72,6 +72,11 @@ pub struct ParallelConfig {
     /// many + 1 blocks are gathered at once. Ignored by the other stages
     /// and without overlap.
     pub zero3_prefetch: usize,
+    /// AdamW's state (and under ZeRO-3 the f32 parameter pieces) in host
+    /// memory, updated on the CPU (`--offload optimizer`; see
+    /// [`Zero::set_offload`]). Needs ZeRO stage 1, 2 or 3: each rank
+    /// offloads its shard.
+    pub offload_optimizer: bool,
 }
 
 impl Default for ParallelConfig {
@@ -85,6 +90,7 @@ impl Default for ParallelConfig {
             reduce: Precision::Fp32,
             overlap_grad_reduce: true,
             zero3_prefetch: DEFAULT_ZERO3_PREFETCH,
+            offload_optimizer: false,
         }
     }
 }
@@ -111,6 +117,9 @@ pub enum BuildError {
     /// A parameter the source of a model of placeholders does not know.
     #[error(transparent)]
     Unknown(#[from] UnknownParam),
+    /// Optimizer offload without ZeRO: there is no shard to offload.
+    #[error("optimizer offload needs ZeRO stage 1, 2 or 3 (each rank offloads its shard), not 0")]
+    OffloadWithoutZero,
 }
 
 impl From<SourceError> for BuildError {
@@ -199,6 +208,8 @@ pub struct Trainer<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> {
     memory: MemoryBytes,
     recompute: Recompute,
     pub(super) scaler: Option<LossScaler>,
+    /// AdamW's state lives in host memory (`--offload optimizer`).
+    pub(super) offloaded: bool,
 }
 
 impl<B, M> Trainer<B, M>
@@ -279,6 +290,9 @@ where
         parallel: ParallelConfig,
     ) -> Result<Self, BuildError> {
         let pp = groups.pp().clone();
+        if parallel.offload_optimizer && parallel.zero == ZeroStage::Off {
+            return Err(BuildError::OffloadWithoutZero);
+        }
         if pp.world_size() > 1 && parallel.zero == ZeroStage::Three {
             return Err(PipelineError::Zero3(pp.world_size()).into());
         }
@@ -341,6 +355,7 @@ where
                 let (mut zero, model) =
                     Zero::from_source(model, source, dp, device.clone(), parallel.reduce, overlap)?;
                 zero.set_prefetch(parallel.zero3_prefetch);
+                zero.set_offload(parallel.offload_optimizer);
                 (Box::new(zero), model)
             }
             (stage, _) => {
@@ -354,6 +369,7 @@ where
                     overlap,
                 )?;
                 zero.set_prefetch(parallel.zero3_prefetch);
+                zero.set_offload(parallel.offload_optimizer);
                 (Box::new(zero), model)
             }
         };
@@ -375,6 +391,7 @@ where
             memory: MemoryBytes::default(),
             recompute,
             scaler: None,
+            offloaded: parallel.offload_optimizer,
         })
     }
 

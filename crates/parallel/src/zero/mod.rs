@@ -44,6 +44,18 @@
 //! results are added, are those of the run without overlap: the results
 //! are bit-identical.
 //!
+//! With the optimizer offloaded (`--offload optimizer`, ZeroOffload's
+//! scheme on each rank's shard) AdamW's moments live in host memory and
+//! the update runs on the CPU ([`AdamW::update_host`]): stages 1 and 2
+//! copy the rank's pieces of the parameters and of their gradients to the
+//! host, update them there and all-gather the result as before (the
+//! model's whole f32 parameters stay on the device, since every rank
+//! computes with them); stage 3 keeps its parameter pieces, the f32 master
+//! weights, in host memory too ([`pieces`]), so its device holds no
+//! training state between steps beyond the accumulated gradient pieces of
+//! a step. The gathers start from host vectors either way. The values are
+//! those of the device update (the same f32 operations per element).
+//!
 //! Everything moves through host `f32` vectors (the [`Communicator`]
 //! contract). With `--reduce-dtype bf16` the gradients of a
 //! reduce-scatter (and stage 1's all-reduce) are rounded to bf16 before
@@ -58,6 +70,7 @@
 mod ahead;
 mod exchange;
 mod one_param;
+mod pieces;
 mod source;
 
 pub use self::source::{ParamSource, ToBeLoaded, UnknownParam};
@@ -85,6 +98,7 @@ use self::exchange::{
     all_gather_unit, average_chunk, chunk_from_pieces, flat_unit, rounded_for_reduction,
     split_chunk, unit_values,
 };
+use self::pieces::Pieces;
 use crate::comm::tensor::host_f32;
 use crate::comm::{CommError, CommThread, Communicator, Pending};
 use crate::ddp::ReplicatedGrads;
@@ -190,8 +204,11 @@ pub struct Zero<B: AutodiffBackend, M> {
     /// Stages 2 and 3: bytes of gradient pieces held when the step was reduced.
     reduced_bytes: usize,
     /// Stage 3: this rank's pieces of the parameters (between steps, the
-    /// only copy of the weights on this rank).
-    params: HashMap<ParamId, Tensor<B::InnerBackend, 1>>,
+    /// only copy of the weights on this rank), on the device or offloaded.
+    params: Pieces<B::InnerBackend>,
+    /// AdamW's state (and stage 3's parameter pieces) in host memory,
+    /// updated on the CPU (`--offload optimizer`).
+    offload: bool,
     /// Stages 2 and 3: this rank's pieces of the gradients being accumulated.
     grads: HashMap<ParamId, Tensor<B::InnerBackend, 1>>,
     /// The precision gradients are reduced in (the accumulation is f32).
@@ -278,7 +295,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
         for pieces in &zero.pieces {
             for p in pieces {
                 let values = source.values(&names[&p.id], p.start..p.end);
-                zero.params.insert(p.id, zero.tensor(values));
+                zero.params.insert(p.id, values, &zero.device);
             }
         }
         Ok((zero, model))
@@ -317,7 +334,8 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
             prefetched: Mutex::new(Ahead::new(DEFAULT_ZERO3_PREFETCH)),
             device,
             reduced_bytes: 0,
-            params: HashMap::new(),
+            params: Pieces::Device(HashMap::new()),
+            offload: false,
             grads: HashMap::new(),
             reduce,
             model: PhantomData,
@@ -345,11 +363,28 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
             .set_depth(units);
     }
 
+    /// Offloads the optimizer (`on`): AdamW's moments live in host memory
+    /// and the update runs on the CPU, and stage 3's parameter pieces move
+    /// to host memory now. Call before the first step; it cannot be
+    /// undone (`false` changes nothing).
+    pub fn set_offload(&mut self, on: bool) {
+        if on {
+            self.offload = true;
+            self.params.offload();
+        }
+    }
+
+    /// Whether the optimizer is offloaded ([`Zero::set_offload`]).
+    pub fn offloaded(&self) -> bool {
+        self.offload
+    }
+
     /// Keeps this rank's pieces of every parameter and releases the rest.
     fn shard_parameters(&mut self, mut model: M) -> M {
         for u in 0..self.pieces.len() {
-            let pieces = self.piece_tensors(u, &model, None);
-            self.params.extend(pieces);
+            for (id, t) in self.piece_tensors(u, &model, None) {
+                self.params.insert_tensor(id, t);
+            }
             model = self.release_unit(u, model);
         }
         model
@@ -411,7 +446,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
     fn start_gather(&self, u: usize) -> Pending<Vec<f32>> {
         let values: HashMap<ParamId, Vec<f32>> = self.pieces[u]
             .iter()
-            .map(|p| (p.id, host_f32(self.params[&p.id].clone())))
+            .map(|p| (p.id, self.params.values(p.id)))
             .collect();
         let chunk = chunk_from_pieces(&self.layout.units()[u], &self.pieces[u], &values);
         self.thread.start_all_gather(chunk)
@@ -555,10 +590,15 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
                     None => self.grads.remove(&p.id),
                 };
                 let new = match grad {
-                    Some(g) => optimizer.update_flat(p.id, lr, param, g, p.decay),
-                    None => param,
+                    Some(g) if self.offload => {
+                        let mut values = host_f32(param);
+                        optimizer.update_host(p.id, lr, &mut values, &host_f32(g), p.decay);
+                        values
+                    }
+                    Some(g) => host_f32(optimizer.update_flat(p.id, lr, param, g, p.decay)),
+                    None => host_f32(param),
                 };
-                updated.insert(p.id, host_f32(new));
+                updated.insert(p.id, new);
             }
             let chunk = chunk_from_pieces(&self.layout.units()[u], &self.pieces[u], &updated);
             model = self.assign_gathered(u, &chunk, model, true)?;
@@ -567,7 +607,8 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
     }
 
     /// Stage 3: one AdamW step of this rank's parameter pieces with the
-    /// accumulated gradient pieces (nothing is communicated).
+    /// accumulated gradient pieces, where the pieces live (nothing is
+    /// communicated).
     fn update_sharded(&mut self, lr: f64, optimizer: &mut AdamW<B::InnerBackend>) {
         optimizer.begin_step();
         for pieces in &self.pieces {
@@ -575,12 +616,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
                 let Some(g) = self.grads.remove(&p.id) else {
                     continue;
                 };
-                let param = self
-                    .params
-                    .remove(&p.id)
-                    .expect("stage 3 holds every piece");
-                let new = optimizer.update_flat(p.id, lr, param, g, p.decay);
-                self.params.insert(p.id, new);
+                self.params.update(p.id, lr, g, p.decay, optimizer);
             }
         }
     }
@@ -704,12 +740,17 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> GradSync<B, M> for Z
         )
     }
 
-    fn param_pieces(&self) -> Option<&HashMap<ParamId, Tensor<B::InnerBackend, 1>>> {
-        (self.stage == ZeroStage::Three).then_some(&self.params)
+    fn holds_param_pieces(&self) -> bool {
+        self.stage == ZeroStage::Three
     }
 
-    fn param_pieces_mut(&mut self) -> Option<&mut HashMap<ParamId, Tensor<B::InnerBackend, 1>>> {
-        (self.stage == ZeroStage::Three).then_some(&mut self.params)
+    fn param_piece(&self, id: ParamId) -> Option<Vec<f32>> {
+        (self.stage == ZeroStage::Three).then(|| self.params.values(id))
+    }
+
+    fn set_param_piece(&mut self, id: ParamId, values: Vec<f32>) {
+        assert!(self.stage == ZeroStage::Three, "only ZeRO-3 holds pieces");
+        self.params.insert(id, values, &self.device);
     }
 
     fn whole_param(&self, id: ParamId) -> Result<Option<Vec<f32>>, CommError> {
@@ -727,15 +768,11 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> GradSync<B, M> for Z
     }
 
     /// The model's tensors (stage 3: placeholders) plus the parameter
-    /// pieces (stage 3).
+    /// pieces on the device (stage 3, unless offloaded).
     fn param_bytes(&self, model: &M) -> usize {
         let mut v = ParamBytes(0);
         model.visit(&mut v);
-        v.0 + self
-            .params
-            .values()
-            .map(|p| p.shape().num_elements() * 4)
-            .sum::<usize>()
+        v.0 + self.params.device_bytes()
     }
 
     fn planned_memory(&self, model: &M) -> MemoryBytes {
@@ -752,7 +789,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> GradSync<B, M> for Z
             } else {
                 total
             },
-            optimizer_bytes: 2 * shard,
+            optimizer_bytes: if self.offload { 0 } else { 2 * shard },
         }
     }
 }

@@ -13,7 +13,6 @@ use burn::tensor::backend::AutodiffBackend;
 use ferrotron_engine::lm::LmUnits;
 
 use super::Zero;
-use crate::comm::tensor::host_f32;
 use crate::comm::CommError;
 
 impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
@@ -38,7 +37,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
             }
             let segment = &mut whole[a - start..b - start];
             if r == self.comm.rank() {
-                let piece = host_f32(self.params[&id].clone());
+                let piece = self.params.values(id);
                 segment.copy_from_slice(&piece);
             }
             self.comm.broadcast(segment, r)?;
