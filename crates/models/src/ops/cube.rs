@@ -8,6 +8,8 @@
 //! ([`super::resolve_kernels`] and `DecoderConfig::validate`); a launcher
 //! error here is a broken invariant and panics with the kernel's message.
 
+use std::sync::Arc;
+
 use burn::tensor::ops::IntTensorOps;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{DType, IntDType, Shape, TensorMetadata};
@@ -23,8 +25,10 @@ use ferrotron_kernels::cross_entropy::cross_entropy_forward_backward;
 use ferrotron_kernels::norm::{layer, rms};
 use ferrotron_kernels::rope::{rope_backward, rope_forward, RopeShape};
 use ferrotron_kernels::swiglu::{swiglu_backward, swiglu_forward};
+use ferrotron_parallel::context::BlockAttention;
 
 use super::fused::{FusedKernels, KernelBackend};
+use super::ring_attention_cube::CubeBlockAttention;
 
 /// The CubeCL backends the fused kernels serve: `f32` floats, `i32` ints.
 type Cube<R, BT> = CubeBackend<R, f32, i32, BT>;
@@ -396,6 +400,16 @@ impl<R: CubeRuntime, BT: BoolElement> FusedKernels for Cube<R, BT> {
 impl<R: CubeRuntime, BT: BoolElement> KernelBackend for Cube<R, BT> {
     fn has_fused_kernels() -> bool {
         true
+    }
+
+    fn ring_block_attention(
+        device: &Self::Device,
+        head_dim: usize,
+        slopes: Option<Vec<f32>>,
+    ) -> Option<Arc<dyn BlockAttention + Send>> {
+        Some(Arc::new(CubeBlockAttention::<R>::new(
+            device, head_dim, slopes,
+        )))
     }
 
     fn fused_attention(

@@ -47,6 +47,7 @@ mod norm;
 mod recompute;
 #[cfg(feature = "flex")]
 mod ring_attention;
+mod ring_attention_cube;
 mod rope;
 mod swiglu;
 
@@ -67,6 +68,7 @@ pub use linear_cross_entropy::{
 pub use norm::{layer_norm, rms_norm};
 #[cfg(feature = "flex")]
 pub use ring_attention::HostBlockAttention;
+pub use ring_attention_cube::CubeBlockAttention;
 pub use rope::{rope, rope_reference, Rope};
 pub use swiglu::swiglu;
 
