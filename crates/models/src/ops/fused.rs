@@ -103,7 +103,11 @@ pub(super) fn rope_reference_on<B: Backend>(
 }
 
 /// The fused kernels on a backend's own tensors, without autodiff. Every
-/// forward returns what its backward needs. All tensors are `f32`.
+/// forward returns what its backward needs. Attention, SwiGLU and RoPE
+/// take f32, f16 or bf16 activations (every activation and gradient of
+/// one call in one dtype; the results in it too); the log-sum-exp, norm
+/// statistics, RoPE's `inv_freq`, ALiBi's slopes and every tensor of the
+/// norms and the cross-entropy are `f32`.
 /// Implemented by the CubeCL backend (see `cube.rs`); the autodiff backend
 /// builds its nodes from these.
 pub trait FusedKernels: KernelBackend {

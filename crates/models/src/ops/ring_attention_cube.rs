@@ -270,10 +270,10 @@ impl<R: Runtime> BlockAttention for CubeBlockAttention<R> {
 mod tests {
     use super::*;
 
-    fn block_pairs(
-        q_pos: &[usize],
-        k_pos: &[usize],
-    ) -> (usize, Vec<(Range<usize>, Range<usize>, bool)>) {
+    /// A piece as (query rows, key rows, causal).
+    type Piece = (Range<usize>, Range<usize>, bool);
+
+    fn block_pairs(q_pos: &[usize], k_pos: &[usize]) -> (usize, Vec<Piece>) {
         let q = HeadBuf::filled([1, 1, q_pos.len(), 1], 0.0);
         let k = HeadBuf::filled([1, 1, k_pos.len(), 1], 0.0);
         let block = Block {
@@ -307,14 +307,8 @@ mod tests {
                 vec![(0..2, 0..2, true), (2..4, 0..2, false), (2..4, 2..4, true)]
             )
         );
-        // Rank 1's own: one run of 4 cut in two chunks.
-        assert_eq!(
-            block_pairs(&r1, &r1),
-            (
-                2,
-                vec![(0..2, 0..2, true), (2..4, 0..2, false), (2..4, 2..4, true)]
-            )
-        );
+        // Rank 1's own: one run of 4 positions, one causal piece.
+        assert_eq!(block_pairs(&r1, &r1), (4, vec![(0..4, 0..4, true)]));
         // Rank 1 against rank 0's first chunk (FirstKeys).
         assert_eq!(
             block_pairs(&r1, &r0[..2]),

@@ -8,7 +8,7 @@
 //!
 //! The simulated test runs rings of 1, 2, 4 and 8 ranks in one process
 //! (each rank's steps in a loop, the blocks handed over by index); a
-//! second runs rings of 1, 2 and 4 with the fused CubeCL attention as
+//! second runs rings of 2 and 4 with the fused CubeCL attention as
 //! the block kernel (`ops::CubeBlockAttention`) on wgpu. The
 //! MPI test re-runs this binary under `mpirun -np 4`, selecting the
 //! ignored worker: a ring of 4 ranks (the world) and, on the same ranks,
@@ -200,7 +200,8 @@ fn simulated_rings_on_the_fused_kernels_equal_the_one_rank_attention() {
     let whole = inputs(c, 2);
     let want = one_rank(c, &whole);
     let kernel = CubeBlockAttention::<WgpuRuntime>::new(&default_device(), c.head_dim, slopes(c));
-    for cp in [1, 2, 4] {
+    // A ring of one is the kernel alone (the kernel tests' case).
+    for cp in [2, 4] {
         let got = simulate_ring(&kernel, cp, whole.each_ref()).unwrap();
         for ((g, w), name) in got.iter().zip(&want).zip(NAMES) {
             assert_close(g, w, &format!("fused {c:?} cp {cp}: {name}"));
