@@ -4,8 +4,10 @@
 //! compute the embeddings and blocks on them at their global positions,
 //! attend around the ring ([`ContextParallel::ring`]) and score their own
 //! targets, the loss summed over the ring ([`ContextParallel::loss`]).
-//! The per-block attention is the CPU attention core in its `(output,
-//! lse)` form (`ops::HostBlockAttention`), on every backend.
+//! The per-block attention ([`block_kernel`]) is the model's fused
+//! attention in its `(output, lse)` form on the GPU backends
+//! (`ops::CubeBlockAttention`), the CPU attention core
+//! (`ops::HostBlockAttention`) elsewhere.
 
 use std::fmt;
 use std::sync::Arc;
@@ -13,8 +15,39 @@ use std::sync::Arc;
 use burn::tensor::backend::Backend;
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
 use ferrotron_parallel::comm::{Communicator, SingleProcess};
-use ferrotron_parallel::context::{ring_mean, ChunkLayout, RingAttention};
+use ferrotron_parallel::context::{ring_mean, BlockAttention, ChunkLayout, RingAttention};
 use ferrotron_parallel::tensor::{TpGroup, TpOps};
+
+use crate::config::Kernels;
+use crate::ops::KernelBackend;
+
+/// The kernel of each ring block for query heads of `head_dim` with ALiBi
+/// `slopes` (one per head this rank computes; `None` without ALiBi), on
+/// `device`: the backend's fused attention when the model runs fused
+/// `kernels` and the backend has them ([`KernelBackend::ring_block_attention`]),
+/// else the host attention core.
+pub fn block_kernel<B: KernelBackend>(
+    kernels: Kernels,
+    device: &B::Device,
+    head_dim: usize,
+    slopes: Option<Vec<f32>>,
+) -> Arc<dyn BlockAttention + Send> {
+    if kernels == Kernels::Fused {
+        if let Some(kernel) = B::ring_block_attention(device, head_dim, slopes.clone()) {
+            return kernel;
+        }
+    }
+    #[cfg(feature = "flex")]
+    return Arc::new(crate::ops::HostBlockAttention::new(slopes));
+    #[cfg(not(feature = "flex"))]
+    {
+        let _ = slopes;
+        unreachable!(
+            "Decoder::with_context_parallel refuses a build without the flex feature \
+             unless the backend's fused attention computes the ring's blocks"
+        )
+    }
+}
 
 /// The context-parallel ring a decoder computes over (a ring of one rank:
 /// no context parallelism).
@@ -63,21 +96,10 @@ impl ContextParallel {
         ids.select(1, at)
     }
 
-    /// The ring attention of `seq`-token sequences whose query heads have
-    /// ALiBi slopes `slopes` (one per head this rank computes; `None`
-    /// without ALiBi).
-    pub fn ring(&self, seq: usize, slopes: Option<Vec<f32>>) -> RingAttention {
-        #[cfg(feature = "flex")]
-        return RingAttention::new(
-            self.comm.clone(),
-            self.layout(seq),
-            Arc::new(crate::ops::HostBlockAttention::new(slopes)),
-        );
-        #[cfg(not(feature = "flex"))]
-        {
-            let _ = (seq, slopes);
-            unreachable!("Decoder::with_context_parallel refuses a build without the flex feature")
-        }
+    /// The ring attention of `seq`-token sequences, each block computed
+    /// by `kernel` ([`block_kernel`]).
+    pub fn ring(&self, seq: usize, kernel: Arc<dyn BlockAttention + Send>) -> RingAttention {
+        RingAttention::new(self.comm.clone(), self.layout(seq), kernel)
     }
 
     /// The mean loss (nats per kept token, `[1]`) of the ring's sequences

@@ -14,7 +14,7 @@ use ferrotron_parallel::tensor::{
 };
 
 use crate::config::{ConfigError, DecoderConfig, Kernels, Position};
-use crate::context_parallel::ContextParallel;
+use crate::context_parallel::{block_kernel, ContextParallel};
 use crate::init::{Init, PartSource};
 use crate::layers::position::{Heads, PositionContext};
 use crate::layers::{Attention, LayerKv, Mlp, Norm};
@@ -249,14 +249,16 @@ impl<B: KernelBackend> Decoder<B> {
     /// passes.
     ///
     /// # Errors
-    /// A build without the `flex` feature, whose CPU attention core is the
-    /// ring's block kernel.
+    /// A build without the `flex` feature (whose CPU attention core
+    /// computes the ring's blocks) unless the model runs the fused kernels
+    /// on a GPU backend (whose attention computes them).
     pub fn with_context_parallel(self, ring: Arc<dyn Communicator>) -> Result<Self, ConfigError> {
-        if ring.world_size() > 1 && !cfg!(feature = "flex") {
+        let fused = self.ops.kernels() == Kernels::Fused && B::has_fused_kernels();
+        if ring.world_size() > 1 && !cfg!(feature = "flex") && !fused {
             return Err(ConfigError {
                 field: "cp",
-                problem: "context parallelism needs the flex feature (its CPU attention core \
-                          computes the ring's blocks)"
+                problem: "context parallelism needs the fused kernels on a GPU backend or the \
+                          flex feature (whose CPU attention core computes the ring's blocks)"
                     .into(),
             });
         }
@@ -346,7 +348,8 @@ impl<B: KernelBackend> Decoder<B> {
     fn ring_positions(&self, seq: usize, device: &B::Device) -> PositionContext<B> {
         let c = &self.config;
         let slopes = (c.position == Position::Alibi).then(|| self.heads().alibi_slopes());
-        let ring = self.cp.ring(seq, slopes);
+        let kernel = block_kernel::<B>(self.ops.kernels(), device, c.head_dim(), slopes);
+        let ring = self.cp.ring(seq, kernel);
         let at = self.cp.positions(seq);
         let mut pos = PositionContext::ring(&c.position, c.head_dim(), &at, ring, device);
         pos.rope = pos.rope.map(|r| r.on_host(self.ops.cpu_elementwise()));

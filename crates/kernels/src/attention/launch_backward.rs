@@ -1,6 +1,7 @@
 //! Launchers of the attention backward kernels, generic over the CubeCL
 //! runtime: `delta = rowsum(d_out * out)`, then the dK/dV and the dQ
-//! kernels of an [`AttentionBackwardKernel`] (row, tiled or fragment).
+//! kernels of an [`AttentionBackwardKernel`] (row, tiled or fragment);
+//! [`attention_backward_from_delta`] runs the second part alone.
 
 use cubecl::prelude::*;
 use cubecl::server::Handle;
@@ -133,36 +134,64 @@ pub fn attention_backward_with<R: Runtime>(
     lse: &Handle,
     d_out: &Handle,
 ) -> Result<AttentionGradients, AttentionError> {
-    check_dtype(client, dtype)?;
-    shape.validate()?;
-    inputs.check(&shape, dtype)?;
+    check_launch(client, kernel, dtype, shape, &inputs)?;
     let size = dtype.size_bytes();
     check_buffer("out", out, shape.q_elems(), size)?;
-    check_buffer("lse", lse, shape.rows(), size_of::<f32>())?;
     check_buffer("d_out", d_out, shape.q_elems(), size)?;
-    kernel.check(&shape, client.properties().hardware.max_shared_memory_size)?;
-    if let AttentionBackwardKernel::Fragment {
-        matrix_units: true, ..
-    } = kernel
-    {
-        if !AttentionBackwardKernel::matrix_units_run(client, dtype) {
-            return Err(AttentionError::MatrixUnitsUnsupported {
-                dtype: dtype.name(),
-            });
-        }
-    }
+    let delta_tiles = grid_axis(client, shape.seq.div_ceil(ROWS_PER_CUBE), 0)?;
+    let heads = grid_axis(client, shape.batch * shape.n_heads, 1)?;
+    let delta = client.empty(shape.rows() * size_of::<f32>());
+    with_storage!(dtype, F, round_bf16, {
+        attention_delta_kernel::launch::<F, R>(
+            client,
+            CubeCount::Static(delta_tiles, heads, 1),
+            CubeDim::new_1d(ROWS_PER_CUBE as u32),
+            array(out, shape.q_elems()),
+            array(d_out, shape.q_elems()),
+            array(&delta, shape.rows()),
+            shape.seq as u32,
+            shape.head_dim,
+            round_bf16,
+        );
+    });
+    attention_backward_from_delta(
+        client, kernel, dtype, shape, options, inputs, lse, &delta, d_out,
+    )
+}
+
+/// The dK/dV and dQ launches of [`attention_backward_with`] given `delta =
+/// rowsum(d_out * out)` `[batch, n_heads, seq]` (f32) instead of `out`:
+/// for a caller whose rows' softmax runs over more keys than this launch
+/// sees (ring attention's blocks, where `lse` and `delta` are those of
+/// the whole attention and the gradients this block's share of it).
+///
+/// Errors as [`attention_backward_with`].
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward_from_delta<R: Runtime>(
+    client: &ComputeClient<R>,
+    kernel: AttentionBackwardKernel,
+    dtype: FloatDtype,
+    shape: AttentionShape,
+    options: AttentionOptions,
+    inputs: AttentionInputs<'_>,
+    lse: &Handle,
+    delta: &Handle,
+    d_out: &Handle,
+) -> Result<AttentionGradients, AttentionError> {
+    check_launch(client, kernel, dtype, shape, &inputs)?;
+    let size = dtype.size_bytes();
+    check_buffer("lse", lse, shape.rows(), size_of::<f32>())?;
+    check_buffer("delta", delta, shape.rows(), size_of::<f32>())?;
+    check_buffer("d_out", d_out, shape.q_elems(), size)?;
     let rows_per_cube = match kernel {
         AttentionBackwardKernel::Row => ROWS_PER_CUBE,
         _ => kernel.outer_rows(),
     };
     let grid = Grid {
-        delta_tiles: grid_axis(client, shape.seq.div_ceil(ROWS_PER_CUBE), 0)?,
         tiles: grid_axis(client, shape.seq.div_ceil(rows_per_cube), 0)?,
         heads: grid_axis(client, shape.batch * shape.n_heads, 1)?,
         kv_heads: grid_axis(client, shape.batch * shape.n_kv_heads, 1)?,
     };
-
-    let delta = client.empty(shape.rows() * size_of::<f32>());
     let grads = AttentionGradients {
         dq: client.empty(shape.q_elems() * size),
         dk: client.empty(shape.kv_elems() * size),
@@ -176,21 +205,10 @@ pub fn attention_backward_with<R: Runtime>(
         inputs,
         d_out,
         lse,
-        delta: &delta,
+        delta,
         grid,
     };
     with_storage!(dtype, F, round_bf16, {
-        attention_delta_kernel::launch::<F, R>(
-            client,
-            CubeCount::Static(grid.delta_tiles, grid.heads, 1),
-            CubeDim::new_1d(ROWS_PER_CUBE as u32),
-            array(out, shape.q_elems()),
-            array(d_out, shape.q_elems()),
-            array(&delta, shape.rows()),
-            shape.seq as u32,
-            shape.head_dim,
-            round_bf16,
-        );
         match kernel {
             AttentionBackwardKernel::Row => launch.row::<F>(&grads, round_bf16),
             AttentionBackwardKernel::Tiled { outer, inner } => {
@@ -211,11 +229,37 @@ pub fn attention_backward_with<R: Runtime>(
     Ok(grads)
 }
 
+/// What both backward launchers check before launching anything: the
+/// runtime runs `dtype`, the shape is supported, the inputs match it, and
+/// `kernel` fits the device (its tiles, shared memory and, for fragment
+/// kernels on the matrix units, `dtype` there).
+fn check_launch<R: Runtime>(
+    client: &ComputeClient<R>,
+    kernel: AttentionBackwardKernel,
+    dtype: FloatDtype,
+    shape: AttentionShape,
+    inputs: &AttentionInputs<'_>,
+) -> Result<(), AttentionError> {
+    check_dtype(client, dtype)?;
+    shape.validate()?;
+    inputs.check(&shape, dtype)?;
+    kernel.check(&shape, client.properties().hardware.max_shared_memory_size)?;
+    if let AttentionBackwardKernel::Fragment {
+        matrix_units: true, ..
+    } = kernel
+    {
+        if !AttentionBackwardKernel::matrix_units_run(client, dtype) {
+            return Err(AttentionError::MatrixUnitsUnsupported {
+                dtype: dtype.name(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Cube counts of the backward launches, checked against the device.
 #[derive(Clone, Copy)]
 struct Grid {
-    /// Tiles of [`ROWS_PER_CUBE`] rows (the `delta` kernel).
-    delta_tiles: u32,
     /// Row tiles of the dK/dV and dQ kernels.
     tiles: u32,
     /// `batch * n_heads`.

@@ -59,7 +59,8 @@ pub use launch::{
     attention_forward, attention_forward_typed, attention_forward_with, AttentionForward,
 };
 pub use launch_backward::{
-    attention_backward, attention_backward_typed, attention_backward_with, AttentionGradients,
+    attention_backward, attention_backward_from_delta, attention_backward_typed,
+    attention_backward_with, AttentionGradients,
 };
 pub use shape::{AttentionError, AttentionInputs, AttentionOptions, AttentionShape};
 pub use tiled_backward_kv::BACKWARD_TILES;

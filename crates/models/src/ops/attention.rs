@@ -106,19 +106,15 @@ pub fn attention<B: KernelBackend>(
                 causal: true,
                 scale: None,
             };
-            // The kernels take f32: low-precision inputs go up and the
-            // output comes back down.
-            let dtype = q.dtype();
-            let f32_primitive = |x: Tensor<B, 4>| x.cast(FloatDType::F32).into_primitive().tensor();
-            let out: Tensor<B, 4> =
-                Tensor::from_primitive(TensorPrimitive::Float(B::fused_attention(
-                    f32_primitive(q),
-                    f32_primitive(k),
-                    f32_primitive(v),
-                    slopes.clone().map(|s| s.into_primitive().tensor()),
-                    options,
-                )));
-            out.cast(dtype)
+            // In the inputs' dtype: the kernels keep f32 scores and sums
+            // and round the output (and in backward the gradients) once.
+            Tensor::from_primitive(TensorPrimitive::Float(B::fused_attention(
+                q.into_primitive().tensor(),
+                k.into_primitive().tensor(),
+                v.into_primitive().tensor(),
+                slopes.clone().map(|s| s.into_primitive().tensor()),
+                options,
+            )))
         }
     }
 }

@@ -4,6 +4,8 @@
 //! returned for the backward: log-sum-exp, norm statistics, the
 //! cross-entropy gradient) as state; nothing is recomputed by autodiff.
 
+use std::sync::Arc;
+
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
@@ -12,6 +14,7 @@ use burn::backend::Autodiff;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::Shape;
 use ferrotron_kernels::attention::AttentionOptions;
+use ferrotron_parallel::context::BlockAttention;
 
 use super::fused::{FusedKernels, KernelBackend};
 
@@ -122,6 +125,14 @@ impl<B: FusedKernels> Backward<B, 1> for CrossEntropyBackward {
 impl<B: FusedKernels, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
     fn has_fused_kernels() -> bool {
         true
+    }
+
+    fn ring_block_attention(
+        device: &Self::Device,
+        head_dim: usize,
+        slopes: Option<Vec<f32>>,
+    ) -> Option<Arc<dyn BlockAttention + Send>> {
+        B::ring_block_attention(device, head_dim, slopes)
     }
 
     fn recomputed_attention(

@@ -2,12 +2,19 @@
 //! (CUDA, ROCm and wgpu runtimes): the `ferrotron-kernels` launchers run on
 //! the backend's own buffers.
 //!
-//! The kernels read and write contiguous row-major `f32` buffers (`i32`
-//! targets; the chunked head's cross-entropy also f16 and bf16 logits), so
-//! inputs are made contiguous first (a copy only when they are
-//! strided views). Shapes were validated when the model was built
+//! The kernels read and write contiguous row-major buffers (`i32`
+//! targets), so inputs are made contiguous first (a copy only when they are
+//! strided views). Attention, SwiGLU and RoPE run in their inputs' dtype
+//! (f32, f16 or bf16: the kernels' typed launchers, f32 inside, one
+//! rounding per output), or in f32 between casts where the runtime lacks
+//! the 16-bit type (bf16 on wgpu); the norms take f32 (the decoder
+//! computes them in f32 in every precision), the chunked head's
+//! cross-entropy the logits in the compute dtype. Shapes were validated
+//! when the model was built
 //! ([`super::resolve_kernels`] and `DecoderConfig::validate`); a launcher
 //! error here is a broken invariant and panics with the kernel's message.
+
+use std::sync::Arc;
 
 use burn::tensor::ops::IntTensorOps;
 use burn::tensor::ops::{FloatTensor, IntTensor};
@@ -18,18 +25,21 @@ use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime};
 use ferrotron_kernels::attention::{
-    attention_backward, attention_forward, AttentionInputs, AttentionOptions, AttentionShape,
+    attention_backward_typed, attention_forward_typed, AttentionInputs, AttentionOptions,
+    AttentionShape,
 };
 use ferrotron_kernels::cross_entropy::{
     cross_entropy_forward_backward, cross_entropy_grad_typed, cross_entropy_rows_typed,
 };
 use ferrotron_kernels::dtype::FloatDtype;
 use ferrotron_kernels::norm::{layer, rms};
-use ferrotron_kernels::rope::{rope_backward, rope_forward, RopeShape};
-use ferrotron_kernels::swiglu::{swiglu_backward, swiglu_forward};
+use ferrotron_kernels::rope::{rope_backward_typed, rope_forward_typed, RopeShape};
+use ferrotron_kernels::swiglu::{swiglu_backward_typed, swiglu_forward_typed};
+use ferrotron_parallel::context::BlockAttention;
 
 use super::fused::{FusedKernels, KernelBackend};
 use super::linear_cross_entropy::GradPrimitives;
+use super::ring_attention_cube::CubeBlockAttention;
 
 /// The CubeCL backends the fused kernels serve: `f32` floats, `i32` ints.
 type Cube<R, BT> = CubeBackend<R, f32, i32, BT>;
@@ -61,15 +71,46 @@ fn empty<R: CubeRuntime>(like: &CubeTensor<R>, shape: Shape) -> CubeTensor<R> {
     wrap(like, shape, handle)
 }
 
+/// A new uninitialised contiguous tensor of `shape` and `like`'s dtype on
+/// its device.
+fn empty_like<R: CubeRuntime>(like: &CubeTensor<R>, shape: Shape) -> CubeTensor<R> {
+    let handle = like.client.empty(shape.num_elements() * like.dtype.size());
+    wrap_as(like, shape, handle, like.dtype)
+}
+
 /// The contiguous `f32` tensor of `shape` held by `handle`.
 fn wrap<R: CubeRuntime>(like: &CubeTensor<R>, shape: Shape, handle: Handle) -> CubeTensor<R> {
+    wrap_as(like, shape, handle, DType::F32)
+}
+
+/// The contiguous tensor of `shape` and `dtype` held by `handle`.
+fn wrap_as<R: CubeRuntime>(
+    like: &CubeTensor<R>,
+    shape: Shape,
+    handle: Handle,
+    dtype: DType,
+) -> CubeTensor<R> {
     CubeTensor::new_contiguous(
         like.client.clone(),
         like.device.clone(),
         shape,
         handle,
-        DType::F32,
+        dtype,
     )
+}
+
+/// The kernels' element type for `t`'s dtype (f32, f16 or bf16) where
+/// its runtime runs it; `None` for a 16-bit dtype it lacks (bf16 on
+/// wgpu), which the launches then compute in f32 (cast up and back).
+/// Panics on a dtype no decoder holds (f64, quantised).
+fn kernel_dtype<R: CubeRuntime>(t: &CubeTensor<R>) -> Option<FloatDtype> {
+    let dtype = match t.dtype {
+        DType::F32 => return Some(FloatDtype::F32),
+        DType::F16 => FloatDtype::F16,
+        DType::BF16 => FloatDtype::Bf16,
+        other => panic!("fused kernels on {other:?} tensors"),
+    };
+    dtype.is_supported(&t.client).then_some(dtype)
 }
 
 /// `[rows, hidden]` of a tensor normalised over its last dimension.
@@ -136,6 +177,21 @@ fn rope_shape<R: CubeRuntime>(x: &CubeTensor<R>) -> RopeShape {
     }
 }
 
+/// `t` cast to `dtype` (a copy unless it holds `dtype` already).
+fn cast_to<R: CubeRuntime>(t: CubeTensor<R>, dtype: DType) -> CubeTensor<R> {
+    if t.dtype == dtype {
+        t
+    } else {
+        burn_cubecl::kernel::cast(t, dtype)
+    }
+}
+
+/// `t` cast to f32, for a launch in f32 where the runtime lacks `t`'s
+/// 16-bit type.
+fn in_f32<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+    cast_to(t, DType::F32)
+}
+
 /// Unwraps a launcher result; see the module documentation.
 fn launched<T, E: std::fmt::Display>(op: &str, result: Result<T, E>) -> T {
     result.unwrap_or_else(|e| panic!("fused {op}: {e}"))
@@ -149,15 +205,21 @@ impl<R: CubeRuntime, BT: BoolElement> FusedKernels for Cube<R, BT> {
         slopes: Option<FloatTensor<Self>>,
         options: AttentionOptions,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let Some(dtype) = kernel_dtype(&q) else {
+            let back = q.dtype;
+            let [q, k, v] = [q, k, v].map(in_f32);
+            let (out, lse) = Self::attention_forward(q, k, v, slopes, options);
+            return (cast_to(out, back), lse);
+        };
         let operands = AttentionOperands::new(q, k, v, slopes);
         let (q, shape) = (&operands.q, operands.shape());
         let result = launched(
             "attention forward",
-            attention_forward(&q.client, shape, options, operands.inputs()),
+            attention_forward_typed(&q.client, dtype, shape, options, operands.inputs()),
         );
         let lse_shape = Shape::new([shape.batch, shape.n_heads, shape.seq]);
         let lse = wrap(q, lse_shape, result.lse);
-        (wrap(q, q.shape(), result.out), lse)
+        (wrap_as(q, q.shape(), result.out, q.dtype), lse)
     }
 
     fn attention_backward(
@@ -170,13 +232,20 @@ impl<R: CubeRuntime, BT: BoolElement> FusedKernels for Cube<R, BT> {
         lse: FloatTensor<Self>,
         d_out: FloatTensor<Self>,
     ) -> [FloatTensor<Self>; 3] {
+        let Some(dtype) = kernel_dtype(&q) else {
+            let back = q.dtype;
+            let [q, k, v, out, d_out] = [q, k, v, out, d_out].map(in_f32);
+            let grads = Self::attention_backward(q, k, v, slopes, options, out, lse, d_out);
+            return grads.map(|g| cast_to(g, back));
+        };
         let operands = AttentionOperands::new(q, k, v, slopes);
         let (out, lse, d_out) = (contiguous(out), contiguous(lse), contiguous(d_out));
         let q = &operands.q;
         let grads = launched(
             "attention backward",
-            attention_backward(
+            attention_backward_typed(
                 &q.client,
+                dtype,
                 operands.shape(),
                 options,
                 operands.inputs(),
@@ -186,19 +255,31 @@ impl<R: CubeRuntime, BT: BoolElement> FusedKernels for Cube<R, BT> {
             ),
         );
         [
-            wrap(q, q.shape(), grads.dq),
-            wrap(q, operands.k.shape(), grads.dk),
-            wrap(q, operands.v.shape(), grads.dv),
+            wrap_as(q, q.shape(), grads.dq, q.dtype),
+            wrap_as(q, operands.k.shape(), grads.dk, q.dtype),
+            wrap_as(q, operands.v.shape(), grads.dv, q.dtype),
         ]
     }
 
     fn swiglu_forward(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        let Some(dtype) = kernel_dtype(&gate) else {
+            let back = gate.dtype;
+            let out = Self::swiglu_forward(in_f32(gate), in_f32(up));
+            return cast_to(out, back);
+        };
         let (gate, up) = (contiguous(gate), contiguous(up));
-        let out = empty(&gate, gate.shape());
+        let out = empty_like(&gate, gate.shape());
         let len = gate.shape().num_elements();
         launched(
             "swiglu forward",
-            swiglu_forward(&gate.client, &gate.handle, &up.handle, &out.handle, len),
+            swiglu_forward_typed(
+                &gate.client,
+                dtype,
+                &gate.handle,
+                &up.handle,
+                &out.handle,
+                len,
+            ),
         );
         out
     }
@@ -208,14 +289,21 @@ impl<R: CubeRuntime, BT: BoolElement> FusedKernels for Cube<R, BT> {
         up: FloatTensor<Self>,
         d_out: FloatTensor<Self>,
     ) -> [FloatTensor<Self>; 2] {
+        let Some(dtype) = kernel_dtype(&gate) else {
+            let back = gate.dtype;
+            let [gate, up, d_out] = [gate, up, d_out].map(in_f32);
+            let grads = Self::swiglu_backward(gate, up, d_out);
+            return grads.map(|g| cast_to(g, back));
+        };
         let (gate, up, d_out) = (contiguous(gate), contiguous(up), contiguous(d_out));
-        let d_gate = empty(&gate, gate.shape());
-        let d_up = empty(&gate, gate.shape());
+        let d_gate = empty_like(&gate, gate.shape());
+        let d_up = empty_like(&gate, gate.shape());
         let len = gate.shape().num_elements();
         launched(
             "swiglu backward",
-            swiglu_backward(
+            swiglu_backward_typed(
                 &gate.client,
+                dtype,
                 &gate.handle,
                 &up.handle,
                 &d_out.handle,
@@ -351,19 +439,34 @@ impl<R: CubeRuntime, BT: BoolElement> FusedKernels for Cube<R, BT> {
     }
 
     fn rope_forward(x: FloatTensor<Self>, inv_freq: FloatTensor<Self>) -> FloatTensor<Self> {
+        let Some(dtype) = kernel_dtype(&x) else {
+            let back = x.dtype;
+            return cast_to(Self::rope_forward(in_f32(x), inv_freq), back);
+        };
         let (x, f) = (owned(x), contiguous(inv_freq));
         launched(
             "rope forward",
-            rope_forward(&x.client, &x.handle, &f.handle, rope_shape(&x), 0),
+            rope_forward_typed(&x.client, dtype, &x.handle, &f.handle, rope_shape(&x), 0),
         );
         x
     }
 
     fn rope_backward(d_y: FloatTensor<Self>, inv_freq: FloatTensor<Self>) -> FloatTensor<Self> {
+        let Some(dtype) = kernel_dtype(&d_y) else {
+            let back = d_y.dtype;
+            return cast_to(Self::rope_backward(in_f32(d_y), inv_freq), back);
+        };
         let (d_y, f) = (owned(d_y), contiguous(inv_freq));
         launched(
             "rope backward",
-            rope_backward(&d_y.client, &d_y.handle, &f.handle, rope_shape(&d_y), 0),
+            rope_backward_typed(
+                &d_y.client,
+                dtype,
+                &d_y.handle,
+                &f.handle,
+                rope_shape(&d_y),
+                0,
+            ),
         );
         d_y
     }
@@ -471,6 +574,16 @@ impl<R: CubeRuntime, BT: BoolElement> KernelBackend for Cube<R, BT> {
         let vocab = weight.shape()[1];
         let block = super::block_rows_of(vocab, x.dtype.size());
         super::linear_cross_entropy_cube::parts::<Self>(x, weight, targets, block, grads)
+    }
+
+    fn ring_block_attention(
+        device: &Self::Device,
+        head_dim: usize,
+        slopes: Option<Vec<f32>>,
+    ) -> Option<Arc<dyn BlockAttention + Send>> {
+        Some(Arc::new(CubeBlockAttention::<R>::new(
+            device, head_dim, slopes,
+        )))
     }
 
     fn fused_attention(

@@ -2,11 +2,13 @@
 //! kernels provides on its own tensors ([`FusedKernels`]), and what the
 //! decoder calls on any backend ([`KernelBackend`]).
 
+use std::sync::Arc;
+
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{Tensor, TensorPrimitive};
 use ferrotron_kernels::attention::AttentionOptions;
-use ferrotron_parallel::context::CpOps;
+use ferrotron_parallel::context::{BlockAttention, CpOps};
 use ferrotron_parallel::tensor::TpOps;
 
 use super::attention::{attention_reference, attention_reference_backward};
@@ -101,8 +103,12 @@ pub(super) fn rope_reference_on<B: Backend>(
 }
 
 /// The fused kernels on a backend's own tensors, without autodiff. Every
-/// forward returns what its backward needs. All tensors are `f32` (but the
-/// logits of [`FusedKernels::cross_entropy_block`]).
+/// forward returns what its backward needs. Attention, SwiGLU and RoPE
+/// take f32, f16 or bf16 activations (every activation and gradient of
+/// one call in one dtype; the results in it too); the log-sum-exp, norm
+/// statistics, RoPE's `inv_freq`, ALiBi's slopes and every tensor of the
+/// norms are `f32`, and the cross-entropy's logits
+/// ([`FusedKernels::cross_entropy_block`]: the compute dtype) and loss f32.
 /// Implemented by the CubeCL backend (see `cube.rs`); the autodiff backend
 /// builds its nodes from these.
 pub trait FusedKernels: KernelBackend {
@@ -232,6 +238,19 @@ pub trait KernelBackend: Backend + TpOps + CpOps {
     /// inputs, as FlashAttention does on GPUs.
     fn has_host_attention() -> bool {
         false
+    }
+
+    /// The per-block kernel of ring attention on `device` for query
+    /// heads of `head_dim` with ALiBi `slopes` (one per head; `None`
+    /// without): the backend's fused attention where it has one
+    /// ([`super::CubeBlockAttention`] on the CubeCL backends), else `None`
+    /// (the ring then runs the host attention core).
+    fn ring_block_attention(
+        _device: &Self::Device,
+        _head_dim: usize,
+        _slopes: Option<Vec<f32>>,
+    ) -> Option<Arc<dyn BlockAttention + Send>> {
+        None
     }
 
     /// The attention core `softmax(q k^T / sqrt(head_dim) + bias) v` of `q`

@@ -49,6 +49,7 @@ mod norm;
 mod recompute;
 #[cfg(feature = "flex")]
 mod ring_attention;
+mod ring_attention_cube;
 mod rope;
 mod swiglu;
 
@@ -70,6 +71,7 @@ pub use linear_cross_entropy_cube::{grad_scale, linear_cross_entropy_cube_blocks
 pub use norm::{layer_norm, rms_norm};
 #[cfg(feature = "flex")]
 pub use ring_attention::HostBlockAttention;
+pub use ring_attention_cube::CubeBlockAttention;
 pub use rope::{rope, rope_reference, Rope};
 pub use swiglu::swiglu;
 

@@ -38,23 +38,26 @@ impl<B: KernelBackend> Rope<B> {
 }
 
 /// RoPE applied to `x` `[batch, heads, len, head_dim]`, computed in f32
-/// whatever `x`'s dtype (mixed precision), the result in `x`'s dtype.
+/// whatever `x`'s dtype (mixed precision), the result in `x`'s dtype
+/// (rounded once: the fused kernel reads and writes that dtype, the other
+/// forms cast up and back).
 pub fn rope<B: KernelBackend>(x: Tensor<B, 4>, rope: &Rope<B>) -> Tensor<B, 4> {
     let dtype = x.dtype();
-    let x = x.cast(FloatDType::F32);
-    let y = match rope {
-        Rope::Tables(cos, sin) => rope_reference(x, cos, sin),
-        Rope::Host(cos, sin) => Tensor::from_primitive(TensorPrimitive::Float(B::cpu_rope(
-            x.into_primitive().tensor(),
-            cos.clone().into_primitive().tensor(),
-            sin.clone().into_primitive().tensor(),
-        ))),
+    match rope {
+        Rope::Tables(cos, sin) => rope_reference(x.cast(FloatDType::F32), cos, sin).cast(dtype),
+        Rope::Host(cos, sin) => {
+            let y: Tensor<B, 4> = Tensor::from_primitive(TensorPrimitive::Float(B::cpu_rope(
+                x.cast(FloatDType::F32).into_primitive().tensor(),
+                cos.clone().into_primitive().tensor(),
+                sin.clone().into_primitive().tensor(),
+            )));
+            y.cast(dtype)
+        }
         Rope::Fused { inv_freq } => Tensor::from_primitive(TensorPrimitive::Float(B::fused_rope(
             x.into_primitive().tensor(),
             inv_freq.clone().into_primitive().tensor(),
         ))),
-    };
-    y.cast(dtype)
+    }
 }
 
 /// `x * cos + rotate_half(x) * sin` with `rotate_half([a, b]) = [-b, a]`, for

@@ -18,6 +18,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor, TensorData};
 use burn_wgpu::{CubeBackend, WgpuRuntime};
 use ferrotron_engine::lm::{CausalLm, LmUnits};
+use ferrotron_engine::precision::Precision;
 use ferrotron_kernels::wgpu_setup::default_device;
 use ferrotron_models::ops::{HeadLoss, TrainBackend};
 use ferrotron_models::presets::preset;
@@ -30,6 +31,11 @@ type Cpu = Autodiff<Flex>;
 /// reference tensor it is measured on (f32 kernels vs f32 Burn ops whose
 /// sums run in a different order; seen: gradients 6.1e-7).
 const TOLERANCE: f32 = 1e-5;
+
+/// Bounds of `fused_decoder_in_fp16_follows_the_fp16_reference`.
+const FP16_LOGITS: f32 = 1.5e-3;
+const FP16_LOSS: f32 = 1e-5;
+const FP16_GRADS: f32 = 6e-3;
 
 /// A small model of family `name`; Llama gets Llama 3.1 RoPE scaling over a
 /// 16-token original context, so the scaled inverse frequencies (the fused
@@ -162,6 +168,55 @@ fn fused_decoder_equals_reference_decoder_for_every_family() {
             );
         }
     }
+}
+
+/// The fused kernels in 16 bits (`--precision fp16` on wgpu: attention,
+/// SwiGLU and RoPE read and write f16, computing in f32 inside) against
+/// the reference decoder in fp16 on the CPU (Burn's operations in f16,
+/// attention scores and softmax in f32 as `ops::attention_reference`
+/// does), for Llama (RoPE, SwiGLU, grouped-query attention; ALiBi's f16
+/// attention is in the kernel tests, and each model here costs minutes of
+/// lavapipe compilation). The two round differently (the fused ops once
+/// per output, the reference after each operation), so they agree to
+/// f16's resolution carried through two layers, not to f32's: f16's unit
+/// roundoff is 2^-11 = 4.9e-4. Measured on lavapipe: logits 7.2e-4 of
+/// their largest, loss 2.2e-6 relative, the worst gradient 1.4e-3 (BLOOM,
+/// run once: 1.1e-4, 3.1e-7, 2.7e-3); the bounds are about twice the
+/// largest of both. A kernel that read f16 as f32, or rounded to a
+/// coarser type, is off by orders of magnitude.
+#[test]
+fn fused_decoder_in_fp16_follows_the_fp16_reference() {
+    let gpu = default_device();
+    let config = |kernels| DecoderConfig {
+        precision: Precision::Fp16,
+        ..tiny("llama-mini", kernels)
+    };
+    let fused = pass::<Gpu>(&config(Kernels::Fused), &gpu);
+    let reference = pass::<Cpu>(&config(Kernels::Reference), &Default::default());
+    let err = relative_error(&fused.logits, &reference.logits);
+    println!("fp16: logits differ by {err}");
+    assert!(err < FP16_LOGITS, "fp16: logits differ by {err}");
+    let err = (fused.loss - reference.loss).abs() / reference.loss;
+    println!("fp16: loss differs by {err}");
+    assert!(
+        err < FP16_LOSS,
+        "fp16: loss {} vs {}",
+        fused.loss,
+        reference.loss
+    );
+    let largest = reference
+        .grads
+        .iter()
+        .flatten()
+        .fold(0f32, |m, v| m.max(v.abs()));
+    let worst = fused
+        .grads
+        .iter()
+        .zip(&reference.grads)
+        .map(|(got, want)| error_over(got, want, largest * 1e-3))
+        .fold(0f32, f32::max);
+    println!("fp16: gradients differ by {worst} at most");
+    assert!(worst < FP16_GRADS, "fp16: a gradient differs by {worst}");
 }
 
 /// ZeRO-3 runs blocks through `LmUnits` and recomputes them under

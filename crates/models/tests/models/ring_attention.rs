@@ -7,7 +7,9 @@
 //! chunk pairing), grouped-query heads, with and without ALiBi.
 //!
 //! The simulated test runs rings of 1, 2, 4 and 8 ranks in one process
-//! (each rank's steps in a loop, the blocks handed over by index). The
+//! (each rank's steps in a loop, the blocks handed over by index); a
+//! second runs rings of 2 and 4 with the fused CubeCL attention as
+//! the block kernel (`ops::CubeBlockAttention`) on wgpu. The
 //! MPI test re-runs this binary under `mpirun -np 4`, selecting the
 //! ignored worker: a ring of 4 ranks (the world) and, on the same ranks,
 //! two rings of 2 (cp 2 x dp 2, the CP groups of `ProcessGroups`, each
@@ -179,6 +181,30 @@ fn simulated_rings_of_1_2_4_and_8_ranks_equal_the_one_rank_attention() {
             for ((g, w), name) in got.iter().zip(&want).zip(NAMES) {
                 assert_close(g, w, &format!("{c:?} cp {cp}: {name}"));
             }
+        }
+    }
+}
+
+/// The GPU path: the fused CubeCL attention as the block kernel
+/// (`ops::CubeBlockAttention`, wgpu over lavapipe, the kernels the device
+/// gets by default), on the ALiBi case with grouped-query heads (ALiBi
+/// makes every piece off the diagonal shift its log-sum-exp). Each
+/// forward and backward kernel compiles once causal and once unmasked.
+#[test]
+fn simulated_rings_on_the_fused_kernels_equal_the_one_rank_attention() {
+    use burn_wgpu::WgpuRuntime;
+    use ferrotron_kernels::wgpu_setup::default_device;
+    use ferrotron_models::ops::CubeBlockAttention;
+
+    let c = CASES[1];
+    let whole = inputs(c, 2);
+    let want = one_rank(c, &whole);
+    let kernel = CubeBlockAttention::<WgpuRuntime>::new(&default_device(), c.head_dim, slopes(c));
+    // A ring of one is the kernel alone (the kernel tests' case).
+    for cp in [2, 4] {
+        let got = simulate_ring(&kernel, cp, whole.each_ref()).unwrap();
+        for ((g, w), name) in got.iter().zip(&want).zip(NAMES) {
+            assert_close(g, w, &format!("fused {c:?} cp {cp}: {name}"));
         }
     }
 }
