@@ -18,22 +18,10 @@ use ferrotron_models::presets::preset;
 use ferrotron_models::{Decoder, DecoderConfig, Kernels};
 
 use crate::common;
+use crate::common::values;
 use common::assert_gradients_match;
 
 type Ad = Autodiff<Flex>;
-
-/// `n` deterministic values in [-1, 1).
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
 
 fn leaf<B: AutodiffBackend>(v: Vec<f32>, shape: [usize; 2]) -> Tensor<B, 2> {
     Tensor::<B, 2>::from_data(TensorData::new(v, shape), &Default::default()).require_grad()

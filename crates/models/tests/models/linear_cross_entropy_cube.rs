@@ -7,6 +7,7 @@
 //! block and ignored targets; the autodiff node with an upstream gradient;
 //! and the device memory the blocks save.
 
+use crate::common::values;
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use burn::tensor::{FloatDType, Int, Tensor, TensorData, TensorPrimitive};
@@ -20,19 +21,6 @@ use ferrotron_models::ops::{
 
 type Gpu = CubeBackend<WgpuRuntime, f32, i32, u32>;
 type GpuAd = Autodiff<Gpu>;
-
-/// `n` deterministic values in [-1, 1).
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
 
 /// `v` `[shape]` on the GPU, in `dtype`.
 fn gpu(v: &[f32], shape: [usize; 2], dtype: FloatDType) -> Tensor<Gpu, 2> {

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::common::values;
 use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::AutodiffBackend;
@@ -20,19 +21,6 @@ use ferrotron_models::presets::preset;
 use ferrotron_models::{Decoder, DecoderConfig, Kernels, NormKind};
 
 type B = Flex;
-
-/// `n` deterministic values in [-1, 1) (a linear congruential generator).
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
 
 /// `v` rounded to bf16 (nearest even; the rounding is checked against a
 /// bit-level reference in `ferrotron_engine::precision`).
