@@ -11,6 +11,8 @@
 
 use cubecl::prelude::*;
 
+use crate::dtype::load;
+
 use super::cmma_forward::{CMMA_PLANE_SIZE, FRAGMENT};
 
 /// Entries of one 16 x 16 fragment each unit of a plane computes in the
@@ -118,6 +120,43 @@ pub(crate) fn fragment_product<M: Float>(
                 sum += x * y;
             }
             c[c_at + row * c_stride + col] = sum;
+        }
+    }
+}
+
+/// Stages `elems / head_dim` rows from `first_row` of `a` and of `b` (each
+/// `[.., seq, head_dim]`, the rows of one head from `base`) into `a_tile`
+/// and `b_tile` as `M`, rows past `seq` as zeros; each of the cube's
+/// `units` units takes every `units`-th value.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn stage_row_pair<F: Float, M: Float>(
+    a: &Array<F>,
+    b: &Array<F>,
+    a_tile: &mut SharedMemory<M>,
+    b_tile: &mut SharedMemory<M>,
+    base: usize,
+    first_row: usize,
+    seq: usize,
+    unit: usize,
+    #[comptime] elems: usize,
+    #[comptime] units: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] round_bf16: bool,
+) {
+    for i in 0..comptime!(elems.div_ceil(units)) {
+        let e = unit + i * units;
+        if e < elems {
+            let row = first_row + e / head_dim;
+            let mut ax = 0.0f32;
+            let mut bx = 0.0f32;
+            if row < seq {
+                let at = base + row * head_dim + e % head_dim;
+                ax = load::<F>(a[at], round_bf16);
+                bx = load::<F>(b[at], round_bf16);
+            }
+            a_tile[e] = M::cast_from(ax);
+            b_tile[e] = M::cast_from(bx);
         }
     }
 }

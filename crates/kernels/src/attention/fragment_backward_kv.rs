@@ -4,10 +4,10 @@
 
 use cubecl::prelude::*;
 
-use crate::dtype::{load, store};
+use crate::dtype::store;
 
 use super::cmma_forward::{CMMA_PLANE_SIZE, FRAGMENT};
-use super::fragment::{fragment_product, PER_LANE};
+use super::fragment::{fragment_product, stage_row_pair, PER_LANE};
 use super::tiles::{alibi_bias, visible};
 
 /// One cube per `16 * planes` key rows of one `(batch, kv_head)`, `planes`
@@ -100,21 +100,20 @@ pub(crate) fn attention_backward_kv_fragment_kernel<F: Float, M: Float>(
     let mut delta_tile = SharedMemory::<f32>::new_aligned(queries, 128usize);
 
     // Key rows past `seq` are zeros and are never written.
-    for i in 0..comptime!(key_elems.div_ceil(units)) {
-        let e = unit + i * units;
-        if e < key_elems {
-            let key = first_key + e / head_dim;
-            let mut kx = 0.0f32;
-            let mut vx = 0.0f32;
-            if key < seq {
-                let at = kv_base + key * head_dim + e % head_dim;
-                kx = load::<F>(k[at], round_bf16);
-                vx = load::<F>(v[at], round_bf16);
-            }
-            k_tile[e] = M::cast_from(kx);
-            v_tile[e] = M::cast_from(vx);
-        }
-    }
+    stage_row_pair::<F, M>(
+        k,
+        v,
+        &mut k_tile,
+        &mut v_tile,
+        kv_base,
+        first_key,
+        seq,
+        unit,
+        key_elems,
+        units,
+        head_dim,
+        round_bf16,
+    );
     let mut dk_acc = Array::<f32>::new(comptime!(blocks * PER_LANE));
     let mut dv_acc = Array::<f32>::new(comptime!(blocks * PER_LANE));
     for i in 0..comptime!(blocks * PER_LANE) {
@@ -146,21 +145,20 @@ pub(crate) fn attention_backward_kv_fragment_kernel<F: Float, M: Float>(
             // The previous step's reads of the query-side tiles are done
             // (and, on the first step, the key and value tiles written).
             sync_cube();
-            for i in 0..comptime!(query_elems.div_ceil(units)) {
-                let e = unit + i * units;
-                if e < query_elems {
-                    let query = first_query + e / head_dim;
-                    let mut qx = 0.0f32;
-                    let mut dox = 0.0f32;
-                    if query < seq {
-                        let at = q_base + query * head_dim + e % head_dim;
-                        qx = load::<F>(q[at], round_bf16);
-                        dox = load::<F>(d_out[at], round_bf16);
-                    }
-                    q_tile[e] = M::cast_from(qx);
-                    do_tile[e] = M::cast_from(dox);
-                }
-            }
+            stage_row_pair::<F, M>(
+                q,
+                d_out,
+                &mut q_tile,
+                &mut do_tile,
+                q_base,
+                first_query,
+                seq,
+                unit,
+                query_elems,
+                units,
+                head_dim,
+                round_bf16,
+            );
             for i in 0..comptime!(queries.div_ceil(units)) {
                 let r = unit + i * units;
                 if r < queries {
