@@ -65,19 +65,18 @@ impl<R: Runtime> CubeBlockAttention<R> {
         HeadBuf::new(dims, f32::from_bytes(&bytes).to_vec())
     }
 
-    /// The piece `pair` of `block` on the device: `[q, k, v]` and the
-    /// ALiBi slopes.
-    fn operands(&self, block: &Block<'_>, pair: &Pair) -> ([Handle; 3], Option<Handle>) {
-        let slopes = self
-            .slopes
+    /// The ALiBi slopes on the device, once per block.
+    fn slopes_on_device(&self) -> Option<Handle> {
+        self.slopes
             .as_ref()
-            .map(|s| self.client.create_from_slice(f32::as_bytes(s)));
-        let qkv = [
-            self.upload(&block.q.rows(pair.q_rows.clone())),
-            self.upload(&block.k.rows(pair.k_rows.clone())),
-            self.upload(&block.v.rows(pair.k_rows.clone())),
-        ];
-        (qkv, slopes)
+            .map(|s| self.client.create_from_slice(f32::as_bytes(s)))
+    }
+
+    /// Rows `rows` of each of `bufs` on the device.
+    fn upload_rows(&self, bufs: &[&HeadBuf], rows: &Range<usize>) -> Vec<Handle> {
+        bufs.iter()
+            .map(|b| self.upload(&b.rows(rows.clone())))
+            .collect()
     }
 
     /// The slope of query head `head`, 0 without ALiBi.
@@ -115,6 +114,28 @@ impl Pair {
             causal: self.causal,
             scale: None,
         }
+    }
+}
+
+/// The device copies of a block's pieces of rows, each uploaded at its
+/// first use: a piece meets several pieces of the other side.
+struct PieceUploads {
+    len: usize,
+    pieces: Vec<Option<Vec<Handle>>>,
+}
+
+impl PieceUploads {
+    /// For `rows` rows cut into pieces of `len`.
+    fn new(rows: usize, len: usize) -> Self {
+        Self {
+            len,
+            pieces: vec![None; rows / len],
+        }
+    }
+
+    /// The piece at `rows`, uploaded by `upload` the first time.
+    fn get(&mut self, rows: &Range<usize>, upload: impl FnOnce() -> Vec<Handle>) -> &[Handle] {
+        self.pieces[rows.start / self.len].get_or_insert_with(upload)
     }
 }
 
@@ -209,8 +230,16 @@ impl<R: Runtime> BlockAttention for CubeBlockAttention<R> {
         let shape = shape(&block, len);
         let mut out = HeadBuf::filled([b, h, len_q, d], 0.0);
         let mut lse = HeadBuf::filled([b, h, len_q, 1], f32::NEG_INFINITY);
+        let slopes = self.slopes_on_device();
+        let mut queries = PieceUploads::new(len_q, len);
+        let mut keys = PieceUploads::new(block.k.dims[2], len);
         for pair in pairs {
-            let (qkv, slopes) = self.operands(&block, &pair);
+            let q =
+                queries.get(&pair.q_rows, || self.upload_rows(&[block.q], &pair.q_rows))[0].clone();
+            let kv = keys.get(&pair.k_rows, || {
+                self.upload_rows(&[block.k, block.v], &pair.k_rows)
+            });
+            let qkv = [q, kv[0].clone(), kv[1].clone()];
             let result = attention_forward_with(
                 &self.client,
                 self.forward,
@@ -235,11 +264,20 @@ impl<R: Runtime> BlockAttention for CubeBlockAttention<R> {
         let mut dq = HeadBuf::filled(block.q.dims, 0.0);
         let mut dk = HeadBuf::filled(block.k.dims, 0.0);
         let mut dv = HeadBuf::filled(block.v.dims, 0.0);
-        let kv = block.k.dims[1];
+        let kv_heads = block.k.dims[1];
+        let slopes = self.slopes_on_device();
+        let mut queries = PieceUploads::new(block.q.dims[2], len);
+        let mut keys = PieceUploads::new(block.k.dims[2], len);
         for pair in pairs {
-            let (qkv, slopes) = self.operands(&block, &pair);
-            let d_out = self.upload(&whole.d_out.rows(pair.q_rows.clone()));
-            let delta = self.upload(&whole.delta.rows(pair.q_rows.clone()));
+            let q = queries.get(&pair.q_rows, || {
+                self.upload_rows(&[block.q, whole.d_out, whole.delta], &pair.q_rows)
+            });
+            let (d_out, delta) = (q[1].clone(), q[2].clone());
+            let q = q[0].clone();
+            let kv = keys.get(&pair.k_rows, || {
+                self.upload_rows(&[block.k, block.v], &pair.k_rows)
+            });
+            let qkv = [q, kv[0].clone(), kv[1].clone()];
             let mut lse = whole.lse.rows(pair.q_rows.clone());
             self.shift_lse(&mut lse, &pair, -1.0);
             let lse = self.upload(&lse);
@@ -258,9 +296,9 @@ impl<R: Runtime> BlockAttention for CubeBlockAttention<R> {
             dq.add_rows(pair.q_rows, &self.download(grads.dq, [b, h, len, d]));
             dk.add_rows(
                 pair.k_rows.clone(),
-                &self.download(grads.dk, [b, kv, len, d]),
+                &self.download(grads.dk, [b, kv_heads, len, d]),
             );
-            dv.add_rows(pair.k_rows, &self.download(grads.dv, [b, kv, len, d]));
+            dv.add_rows(pair.k_rows, &self.download(grads.dv, [b, kv_heads, len, d]));
         }
         [dq, dk, dv]
     }
