@@ -253,6 +253,10 @@ pub fn input(a: &PlanArgs) -> anyhow::Result<(String, PlanInput)> {
             sequence_parallel: !a.no_sp,
             context_parallel: !a.no_cp,
             activations,
+            // Ferrotron's trainer: chunked with the fused kernels, and on
+            // the CPU path in f32 (`ferrotron_models::ops::HeadLoss::choose`).
+            chunked_head: activations == ActivationModel::Korthikanti
+                || precision == Precision::Fp32,
             overlap_grad_reduce: a.overlap_grad_reduce.unwrap_or(true),
             zero3_prefetch: a.zero3_prefetch,
         },

@@ -10,7 +10,8 @@
 //! activations of the micro-batches in flight, of this rank's
 //! `seq_len / cp` tokens under context parallelism (the planner's activation
 //! model: [`ActivationModel::FerrotronCpu`] on the CPU path, Korthikanti et
-//! al. elsewhere; f32 elements), and the step's buffers (two gradient
+//! al. elsewhere; f32 elements; the head's gradients in place of the
+//! logits where the model runs the chunked head), and the step's buffers (two gradient
 //! buckets, or ZeRO-3's gathered units: the embedding and head, and the
 //! `--zero3-prefetch N` + 1 blocks gathered at once under overlap). No reserve is added: the check
 //! refuses only a run whose counted bytes already exceed what is free. The
@@ -18,6 +19,7 @@
 
 use ferrotron_engine::backend::BackendKind;
 use ferrotron_engine::metrics::available_memory_bytes;
+use ferrotron_models::ops::{choose_kernels, HeadLoss};
 use ferrotron_models::{DecoderConfig, MlpKind, NormKind, Position};
 use ferrotron_parallel::mesh::Mesh;
 use ferrotron_parallel::pipeline::{ScheduleKind, StageLayout};
@@ -77,6 +79,11 @@ pub fn job_memory(
     let mut shape = shape_of(model);
     shape.vocab = padded_vocab(shape.vocab, mesh.tp, par.make_vocab_size_divisible_by);
     let cpu_path = kind.is_cpu() && c.backend.kernels.is_none();
+    let without_kernels = kind.is_cpu().then(|| kind.name());
+    // The head the model will run (a refused kernel choice is reported by
+    // validation; it is counted here as the whole logits).
+    let chunked_head = choose_kernels(model, without_kernels)
+        .is_ok_and(|k| HeadLoss::choose(model, k, !kind.is_cpu()) == HeadLoss::Chunked);
     let input = MemoryInput {
         model: shape,
         global_batch: mesh.dp * c.schedule.micro_batch * c.schedule.grad_accum,
@@ -92,6 +99,7 @@ pub fn job_memory(
         } else {
             ActivationModel::Korthikanti
         },
+        chunked_head,
         reserve_bytes: 0.0,
         prefetch: Prefetch {
             overlap: par.overlap_grad_reduce,

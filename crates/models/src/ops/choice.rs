@@ -32,6 +32,25 @@ pub enum HeadLoss {
     Chunked,
 }
 
+impl HeadLoss {
+    /// The head a model of `config` runs with the resolved `kernels` on a
+    /// backend with fused kernels (`fused_backend`: the CubeCL backends) or
+    /// without (the CPU backends): chunked with the fused kernels in every
+    /// precision, and on the CPU backends when `config.kernels` is absent
+    /// and the model computes in f32; the whole logits otherwise (see
+    /// [`OpsChoice::linear_cross_entropy`]). Tensor parallelism replaces
+    /// either by the vocabulary-parallel loss over the logits.
+    pub fn choose(config: &DecoderConfig, kernels: Kernels, fused_backend: bool) -> Self {
+        let fused = fused_backend && kernels == Kernels::Fused;
+        let cpu = config.kernels.is_none() && !fused_backend;
+        if fused || (cpu && config.precision == Precision::Fp32) {
+            Self::Chunked
+        } else {
+            Self::Logits
+        }
+    }
+}
+
 /// The implementation of every hot operation of a model: attention, RoPE,
 /// the norms, SwiGLU (through [`Kernels`]), the head with its loss
 /// ([`HeadLoss`]), and whether GELU, SwiGLU, the norms and RoPE run as
@@ -79,15 +98,10 @@ impl OpsChoice {
         let kernels = resolve_kernels::<B>(config)?;
         let cpu = config.kernels.is_none() && !B::has_fused_kernels();
         let f32_model = config.precision == Precision::Fp32;
-        let fused = B::has_fused_kernels() && kernels == Kernels::Fused;
         Ok(Self {
             kernels,
             host_attention: cpu && B::has_host_attention(),
-            head_loss: if fused || (cpu && f32_model) {
-                HeadLoss::Chunked
-            } else {
-                HeadLoss::Logits
-            },
+            head_loss: HeadLoss::choose(config, kernels, B::has_fused_kernels()),
             // The norms compute in f32 in every precision; a bf16 or f16
             // model keeps Burn's operations throughout, as its head does.
             cpu_elementwise: cpu && f32_model,

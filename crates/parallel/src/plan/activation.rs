@@ -14,7 +14,13 @@
 //!
 //! Input and output layers (Sec. 4.3): the embedding's dropout mask on the
 //! first stage, and on the last the final norm's and the head's inputs and
-//! the logits the cross-entropy keeps in fp32, `4 s b V / t`.
+//! the logits the cross-entropy keeps in fp32, `4 s b V / t`. Ferrotron's
+//! trainer runs the head and the loss in blocks of rows where TP is 1
+//! (`ferrotron_models::ops::HeadLoss::Chunked`, its default on the GPU
+//! backends and on the CPU in f32): its forward forms the head's gradients
+//! and keeps them instead of the logits, `d_x` in the activations' type
+//! (`e s b h`, where the head's input was) and `d_w` in f32, `4 h V`; the
+//! one block of logits it works on at a time is not kept.
 //!
 //! Context parallelism (a ring of `c` ranks, `ferrotron_parallel::context`)
 //! gives each rank `s / c` tokens of every sequence, so every term above
@@ -59,7 +65,8 @@
 //! embedding norm `T h`, the final norm and the head's input `2 T h`, and
 //! the cross-entropy's shifted logits `T V` (f32; `log_softmax` keeps
 //! `exp`'s input, the log-probabilities go once `gather` has picked the
-//! targets). Selective recomputation changes nothing on this path; full
+//! targets), or with the chunked head its gradients `T h + h V` in their
+//! place. Selective recomputation changes nothing on this path; full
 //! recomputation keeps each block's input. Under tensor parallelism the
 //! terms split as in Korthikanti's count (q, k, v and the MLP by `t`, the
 //! norms by `t` with SP); only `t = 1` is measured (`plan_activations`
@@ -127,6 +134,10 @@ pub struct LayerActivations {
     pub dropout: bool,
     /// The count used.
     pub model: ActivationModel,
+    /// The head and the loss in blocks of rows (Ferrotron's default where
+    /// `t = 1`, see the module doc): its gradients are kept, not the
+    /// logits. Ignored under TP.
+    pub chunked_head: bool,
 }
 
 impl LayerActivations {
@@ -214,20 +225,31 @@ impl LayerActivations {
     }
 
     /// Bytes the last stage keeps for the output layer per micro-batch: the
-    /// final norm's and the head's inputs, and fp32 logits split over TP.
+    /// final norm's and the head's inputs, and fp32 logits split over TP;
+    /// with the chunked head (`t = 1`), the head's f32 weight gradient in
+    /// the logits' place (its input gradient takes the input's).
     pub fn output_bytes(&self, m: &ModelShape) -> f64 {
         let (s, b, t) = (self.local_seq(), self.micro_batch as f64, self.tp as f64);
         let sp = if self.sp { t } else { 1.0 };
         let e = self.elem_bytes as f64;
-        let logits = 4.0 * s * b * m.vocab as f64 / t;
+        let tokens = s * b;
+        let chunked = self.chunked_head && self.tp == 1;
+        // The logits (and on the CPU path the cross-entropy's row sums), or
+        // the chunked head's weight gradient.
+        let head = if chunked {
+            4.0 * (m.hidden * m.vocab) as f64
+        } else if self.model == ActivationModel::FerrotronCpu {
+            4.0 * tokens * m.vocab as f64 / t + 4.0 * tokens
+        } else {
+            4.0 * tokens * m.vocab as f64 / t
+        };
         if self.model == ActivationModel::FerrotronCpu {
-            // The final norm (its input, two statistics), the head's input,
-            // and the cross-entropy's row sums.
-            let tokens = s * b;
+            // The final norm (its input, two statistics) and the head's
+            // input (or its gradient).
             let norm = 2.0 * tokens * m.hidden as f64 + 2.0 * tokens;
-            return e * norm / sp + logits + 4.0 * tokens;
+            return e * norm / sp + head;
         }
-        2.0 * e * s * b * m.hidden as f64 / sp + logits
+        2.0 * e * tokens * m.hidden as f64 / sp + head
     }
 }
 
@@ -269,6 +291,7 @@ mod tests {
                 elem_bytes: 2,
                 dropout: true,
                 model: ActivationModel::Korthikanti,
+                chunked_head: false,
             };
             let tf = t as f64;
             let want = match (t, sp) {
@@ -295,12 +318,56 @@ mod tests {
             elem_bytes: 2,
             dropout: true,
             model: ActivationModel::Korthikanti,
+            chunked_head: false,
         };
         assert_eq!(act.layer_bytes(&m, Recompute::Full), 2.0 * sbh);
         // Output layer: 4sbh/t (1 + v/h) with SP (Sec. 4.3).
         let act = LayerActivations { sp: true, ..act };
         let want = 4.0 * sbh / 8.0 * (1.0 + 51200.0 / h);
         assert!((act.output_bytes(&m) / want - 1.0).abs() < 1e-12);
+        // Under TP the chunked head does not run: the same count.
+        let chunked = LayerActivations {
+            chunked_head: true,
+            ..act
+        };
+        assert_eq!(chunked.output_bytes(&m), act.output_bytes(&m));
+    }
+
+    /// Without TP the chunked head keeps its gradients, `d_x` where the
+    /// head's input was and an f32 `d_w` (`4 h V`) where the f32 logits
+    /// (`4 s b V`) were, on both counts.
+    #[test]
+    fn the_chunked_head_keeps_its_gradients_in_place_of_the_logits() {
+        let m = gpt();
+        let (tokens, h, v) = (2.0 * 2048.0, 12288.0, 51200.0);
+        for model in [ActivationModel::Korthikanti, ActivationModel::FerrotronCpu] {
+            let logits = LayerActivations {
+                seq: 2048,
+                cp: 1,
+                micro_batch: 2,
+                tp: 1,
+                sp: false,
+                elem_bytes: 2,
+                dropout: false,
+                model,
+                chunked_head: false,
+            };
+            let chunked = LayerActivations {
+                chunked_head: true,
+                ..logits
+            };
+            let row_sums = if model == ActivationModel::FerrotronCpu {
+                4.0 * tokens
+            } else {
+                0.0
+            };
+            let saved = 4.0 * tokens * v + row_sums - 4.0 * h * v;
+            let got = logits.output_bytes(&m) - chunked.output_bytes(&m);
+            assert!(
+                (got / saved - 1.0).abs() < 1e-12,
+                "{model:?}: {got} {saved}"
+            );
+        }
     }
 
     /// A ring of 4 ranks at 8192 tokens counts what one rank counts at
@@ -318,6 +385,7 @@ mod tests {
             elem_bytes: 4,
             dropout: false,
             model,
+            chunked_head: false,
         };
         let kept = 4.0 * 2048.0 * 2.0 * (12288.0 + 96.0) / 4.0;
         let close = |a: f64, b: f64| (a / b - 1.0).abs() < 1e-12;

@@ -241,6 +241,9 @@ pub struct MemoryInput {
     pub fp32_main_grads: bool,
     /// How activations are counted.
     pub activations: super::ActivationModel,
+    /// The head and the loss in blocks of rows where TP is 1 (see
+    /// [`super::LayerActivations::chunked_head`]).
+    pub chunked_head: bool,
     /// Bytes per GPU set aside for the framework, the runtime and
     /// fragmentation.
     pub reserve_bytes: f64,
@@ -261,6 +264,7 @@ impl PlanInput {
             dropout: self.dropout,
             fp32_main_grads: self.fp32_main_grads,
             activations: self.activations,
+            chunked_head: self.chunked_head,
             reserve_bytes: self.reserve_bytes,
             prefetch: Prefetch {
                 overlap: self.overlap_grad_reduce,
@@ -300,6 +304,7 @@ pub fn memory(input: &MemoryInput, c: &Choice, layout: &StageLayout) -> MemoryEs
         elem_bytes: input.precision.activation_bytes(),
         dropout: input.dropout,
         model: input.activations,
+        chunked_head: input.chunked_head,
     };
     let per_layer = act.layer_bytes(m, c.recompute);
     let working = if c.recompute == Recompute::Full {

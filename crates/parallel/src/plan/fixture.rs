@@ -46,6 +46,7 @@ pub(crate) fn small_gpt(gpus: usize, seq: usize) -> PlanInput {
         sequence_parallel: false,
         context_parallel: false,
         activations: ActivationModel::Korthikanti,
+        chunked_head: false,
         overlap_grad_reduce: false,
         zero3_prefetch: 1,
     }

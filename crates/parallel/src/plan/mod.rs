@@ -104,6 +104,11 @@ pub struct PlanInput {
     /// fused op, or what Burn's autodiff keeps over Ferrotron's reference
     /// ops on the CPU path.
     pub activations: ActivationModel,
+    /// Whether the head and the loss run in blocks of rows where TP is 1,
+    /// keeping the head's gradients instead of the f32 logits (what
+    /// Ferrotron's trainer does with its default kernels; Megatron-LM keeps
+    /// the logits): see [`activation`].
+    pub chunked_head: bool,
     /// Whether the trainer overlaps the DP collectives with compute
     /// (`--overlap-grad-reduce`; honoured with `tp = pp = 1`): the step
     /// then counts only their exposed part.

@@ -286,6 +286,7 @@ mod tests {
             sequence_parallel: true,
             context_parallel: true,
             activations: ActivationModel::Korthikanti,
+            chunked_head: true,
             overlap_grad_reduce: false,
             zero3_prefetch: 1,
         }

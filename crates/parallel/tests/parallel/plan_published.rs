@@ -78,6 +78,7 @@ fn korthikanti_closed_forms_at_their_table_3_shapes() {
             elem_bytes: 2,
             dropout: true,
             model: ActivationModel::Korthikanti,
+            chunked_head: false,
         };
         let cases = [
             (
@@ -259,6 +260,7 @@ fn published_layouts_rank_among_the_top_three() {
             // is not modelled).
             context_parallel: false,
             activations: ActivationModel::Korthikanti,
+            chunked_head: true,
             // Priced as they always were here: nothing overlapped.
             overlap_grad_reduce: false,
             zero3_prefetch: 1,
