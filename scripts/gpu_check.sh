@@ -3,7 +3,7 @@
 # machine without a Rust toolchain. Binaries built elsewhere come in a
 # folder, results go to another.
 #
-#   scripts/gpu_check.sh [--dry-run] [--pack DIR] BIN_DIR OUT_DIR [GROUP ...]
+#   scripts/gpu_check.sh [--dry-run] [--pack DIR] [--seed-cache TGZ] BIN_DIR OUT_DIR [GROUP ...]
 #
 # GROUPs, in this order by default (each fits one 10-minute command; the
 # script keeps each within GROUP_BUDGET_S, default 540 s, skipping what no
@@ -73,6 +73,25 @@
 # WATCHDOG_S (default 60) seconds without a new log line, GPU use
 # (nvidia-smi) and each thread's CPU state go into the phase's log.
 # DEVICE_TYPE (default h100-80gb) names the GPU for bench train's MFU.
+#
+# KERNEL_TESTS (space-separated substrings of test names) runs only the
+# kernel tests it names, e.g. 'matrix_units cmma' for the ones that take
+# another path on a GPU than on lavapipe (NVRTC takes about a minute per
+# cmma kernel).
+#
+# --seed-cache TGZ unpacks the CubeCL caches a previous lease brought back
+# (gpu-check-GROUP-cubecl.tar.gz) into OUT_DIR first: its autotune results
+# and, for the same binaries, its compiled kernels spare the first step of
+# each shape most of its minutes. train-cold still starts cold when it runs.
+#
+# A short lease (15 minutes of device time, start-up included) runs the
+# phases that matter most in one command: PHASES, an extended regular
+# expression, names the phases to run (matched whole; the others are
+# recorded as skipped), and LEASE_S caps all the groups of this call
+# together (default: no cap beyond GROUP_BUDGET_S each), e.g.
+#   PHASES='env|kernels-kernels|comm-device|kernels-cmma|ferrotron-[cd]-bf16|torch-[cd]-bf16' \
+#   LEASE_S=540 SHAPES='c d' PRECISIONS=bf16 DEVICE_TYPE=h200 \
+#   scripts/gpu_check.sh --pack "$OUT" target/gpu-bin /tmp/gpu-check train kernels step
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=scripts/lib/gpu_phase.sh
@@ -80,12 +99,18 @@ source "$here/lib/gpu_phase.sh"
 
 DRY=0
 pack=""
+seed=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --dry-run) DRY=1 ;;
     --pack)
         [ $# -ge 2 ] || { echo "gpu_check.sh: --pack needs a folder" >&2; exit 2; }
         pack=$2
+        shift
+        ;;
+    --seed-cache)
+        [ $# -ge 2 ] && [ -f "$2" ] || { echo "gpu_check.sh: --seed-cache needs a gpu-check-*-cubecl.tar.gz file" >&2; exit 2; }
+        seed=$(cd "$(dirname "$2")" && pwd)/$(basename "$2")
         shift
         ;;
     -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
@@ -132,6 +157,8 @@ F="$bin/ferrotron"
 WATCHDOG_S=${WATCHDOG_S:-$([ "$DRY" = 1 ] && echo 2 || echo 60)}
 MIN_PHASE_S=${MIN_PHASE_S:-20}
 GROUP_BUDGET_S=${GROUP_BUDGET_S:-540}
+LEASE_END=$((EPOCHSECONDS + ${LEASE_S:-86400}))
+PHASES=${PHASES:-}
 TORCH_PYTHON=${TORCH_PYTHON:-python3}
 if [ "$DRY" = 1 ]; then
     backend=flex device=cpu
@@ -163,6 +190,10 @@ level = "full"
 stderr = true
 EOF
 cd "$out" || exit 2
+if [ -n "$seed" ]; then
+    tar xzf "$seed" -C "$out" cubecl-cache || { echo "gpu_check.sh: --seed-cache $seed: no cubecl-cache in it" >&2; exit 2; }
+    echo "(CubeCL caches seeded from $seed: $(find "$out/cubecl-cache" -type f | wc -l) files)"
+fi
 
 # The shapes: bench train flags of each. c, d: GPT-2 small and a ~1B Llama;
 # a, b: README's CPU shapes A and B. The dry run keeps each family, tiny.
@@ -191,6 +222,7 @@ for GROUP in "${groups[@]}"; do
     mkdir -p "$GROUP_DIR"
     : >"$GROUP_DIR/phases.tsv"
     BUDGET_END=$((EPOCHSECONDS + GROUP_BUDGET_S))
+    [ "$BUDGET_END" -gt "$LEASE_END" ] && BUDGET_END=$LEASE_END
     echo "######## group $GROUP $(date +%T), budget ${GROUP_BUDGET_S}s, results in $GROUP_DIR"
     "group_$GROUP"
     python3 "$here/lib/gpu_summary.py" "$out" >"$GROUP_DIR/summary.txt" 2>&1 ||

@@ -16,15 +16,19 @@ group_train() {
     local train=(train --model gpt-mini --backend "$backend" --precision bf16 --steps 3 --seed 1
         --sample-tokens 0)
     [ "$DRY" = 1 ] && train+=(--micro-batch 2 --seq-len 32 --eval-batches 1)
-    rm -rf "$out/cubecl-cache" "$GROUP_DIR/train-cold" "$GROUP_DIR/train-warm"
-    echo "(CubeCL caches emptied: train-cold starts cold)"
+    rm -rf "$GROUP_DIR/train-cold" "$GROUP_DIR/train-warm"
+    if selected train-cold; then
+        rm -rf "$out/cubecl-cache"
+        echo "(CubeCL caches emptied: train-cold starts cold)"
+    fi
     run_phase train-cold 240 "$F" "${train[@]}" --out "$GROUP_DIR/train-cold"
     run_phase train-warm 150 "$F" "${train[@]}" --out "$GROUP_DIR/train-warm"
     local t any=0
     for t in "$bin"/kernels-*; do
         [ -x "$t" ] || continue
         any=1
-        run_phase "$(basename "$t")" 150 "$t" --test-threads 1
+        # shellcheck disable=SC2086 # KERNEL_TESTS: test name filters
+        run_phase "$(basename "$t")" 150 "$t" --test-threads 1 ${KERNEL_TESTS:-}
     done
     [ "$any" = 1 ] || skip_phase kernel-tests "no kernels-* test binaries in $bin_given"
     # One rank's NCCL collectives on device buffers against the host copy

@@ -6,8 +6,9 @@
 #
 # The caller sets: GROUP (the group's name), GROUP_DIR (absolute), WATCHDOG_S
 # (seconds without a new log line before a report), BUDGET_END (epoch
-# seconds by which the group must be done) and MIN_PHASE_S (a phase with
-# less time left is skipped).
+# seconds by which the group must be done), MIN_PHASE_S (a phase with
+# less time left is skipped) and PHASES (empty, or an extended regular
+# expression: a phase whose whole name it does not match is skipped).
 
 # Prefixes every line of stdin with the wall time (bash's own clock: no
 # process per line).
@@ -21,6 +22,11 @@ stamp() {
 # Appends one phase line to phases.tsv.
 record() { # NAME STATUS RC SECONDS NOTE
     printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$GROUP" "$1" "$2" "$3" "$4" "$5" >>"$GROUP_DIR/phases.tsv"
+}
+
+# Whether PHASES (empty: every phase) names phase $1.
+selected() { # NAME
+    [ -z "${PHASES:-}" ] || [[ $1 =~ ^(${PHASES})$ ]]
 }
 
 # A phase that does not run here, with the reason.
@@ -104,6 +110,10 @@ run_phase() {
     local name=$1 limit=$2
     shift 2
     local log="$GROUP_DIR/$name.log" rcfile="$GROUP_DIR/.$name.rc"
+    if ! selected "$name"; then
+        skip_phase "$name" "not in PHASES"
+        return 0
+    fi
     local left=$((BUDGET_END - EPOCHSECONDS - 15))
     if [ "$left" -lt "$limit" ]; then
         if [ "$left" -lt "$MIN_PHASE_S" ]; then

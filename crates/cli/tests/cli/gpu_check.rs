@@ -188,6 +188,76 @@ fn the_dry_run_runs_every_group_and_prints_the_summary_last() {
     let _ = std::fs::remove_dir_all(&pack);
 }
 
+/// A short lease: PHASES runs only the phases it names (the rest are
+/// recorded as skipped, with that reason), SHAPES and PRECISIONS narrow the
+/// step group, LEASE_S caps the groups of one call together, and
+/// --seed-cache unpacks an earlier lease's CubeCL caches, which stay
+/// since train-cold does not run.
+#[test]
+fn a_short_lease_runs_only_the_phases_it_names() {
+    let (out, seed) = (scratch("short-out"), scratch("short-seed"));
+    let entry = seed.join("cubecl-cache/autotune/entry");
+    std::fs::create_dir_all(entry.parent().unwrap()).unwrap();
+    std::fs::write(&entry, "earlier lease").unwrap();
+    let tgz = seed.join("gpu-check-step-cubecl.tar.gz");
+    let tar = Command::new("tar")
+        .arg("czf")
+        .arg(&tgz)
+        .arg("-C")
+        .arg(&seed)
+        .arg("cubecl-cache")
+        .status()
+        .expect("tar runs");
+    assert!(tar.success());
+    let ferrotron = Path::new(env!("CARGO_BIN_EXE_ferrotron"));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/gpu_check.sh");
+    let mut cmd = Command::new("bash");
+    cmd.arg(&script)
+        .arg("--dry-run")
+        .arg("--seed-cache")
+        .arg(&tgz)
+        .arg(ferrotron.parent().unwrap())
+        .arg(&out)
+        .args(["train", "step", "kernels"])
+        .env("PHASES", "env|ferrotron-c-bf16")
+        .env("LEASE_S", "300")
+        .env("SHAPES", "c")
+        .env("PRECISIONS", "bf16");
+    let o = deadline::output_within(&mut cmd, Duration::from_secs(300)).expect("bash runs");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{stdout}");
+    let got = phases(&out);
+    let status = |name: &str| {
+        let p = got.iter().find(|p| p[1] == name);
+        p.map(|p| (p[2].clone(), p[4].clone()))
+            .unwrap_or_else(|| panic!("no phase {name}: {stdout}"))
+    };
+    assert_eq!(status("env").0, "ok", "{stdout}");
+    assert_eq!(status("ferrotron-c-bf16").0, "ok", "{stdout}");
+    let mut unnamed = vec!["train-cold", "train-warm"];
+    if cfg!(feature = "kernels-bench") {
+        unnamed.push("kernels-cmma");
+    }
+    for name in unnamed {
+        assert_eq!(
+            status(name),
+            ("skipped".into(), "not in PHASES".into()),
+            "{stdout}"
+        );
+    }
+    let step: Vec<&str> = got
+        .iter()
+        .filter(|p| p[0] == "step")
+        .map(|p| p[1].as_str())
+        .collect();
+    assert_eq!(step, ["ferrotron-c-bf16", "torch-c-bf16"], "{stdout}");
+    assert!(stdout.contains("(CubeCL caches seeded from"), "{stdout}");
+    let kept = std::fs::read_to_string(out.join("cubecl-cache/autotune/entry"));
+    assert_eq!(kept.ok().as_deref(), Some("earlier lease"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&out);
+    let _ = std::fs::remove_dir_all(&seed);
+}
+
 /// bench comm compared every operation on both paths and found them
 /// equal (the double's bf16 rounding against the host path's).
 fn check_comm_json(out: &Path) {
