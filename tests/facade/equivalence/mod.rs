@@ -13,3 +13,4 @@
 
 pub mod compare;
 pub mod jobs;
+pub mod layouts;
