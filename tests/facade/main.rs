@@ -1,9 +1,11 @@
 //! The facade crate's tests, one binary (each test binary links all of
 //! Burn): the library used from another crate (`training`), and the
-//! multi-rank equivalence tests of data and tensor parallelism and ZeRO,
-//! which build each job's `JobConfig` in code and run it through `Job` on
-//! one rank and under `mpirun` (`equivalence` holds what they share).
+//! multi-rank equivalence tests of data, tensor and context parallelism
+//! and ZeRO, which build each job's `JobConfig` in code and run it through
+//! `Job` on one rank and under `mpirun` (`equivalence` holds what they
+//! share).
 
+mod context_parallel;
 mod data_parallel;
 mod equivalence;
 mod tensor_parallel;
