@@ -1,12 +1,13 @@
 //! The facade crate's tests, one binary (each test binary links all of
 //! Burn): the library used from another crate (`training`), and the
-//! multi-rank equivalence tests of data, tensor and context parallelism
-//! and ZeRO, which build each job's `JobConfig` in code and run it through
-//! `Job` on one rank and under `mpirun` (`equivalence` holds what they
-//! share).
+//! multi-rank equivalence tests of data, tensor, pipeline and context
+//! parallelism and ZeRO, which build each job's `JobConfig` in code and
+//! run it through `Job` on one rank and under `mpirun` (`equivalence`
+//! holds what they share).
 
 mod context_parallel;
 mod data_parallel;
 mod equivalence;
+mod pipeline_parallel;
 mod tensor_parallel;
 mod training;
