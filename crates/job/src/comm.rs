@@ -13,6 +13,10 @@ use ferrotron_parallel::launch::LaunchInfo;
 use crate::config::CommChoice;
 use crate::error::usage;
 
+/// Whether this build runs multi-rank jobs (the `mpi` feature): without
+/// it [`open`] refuses a world of more than one rank.
+pub const MPI_BUILT: bool = cfg!(feature = "mpi");
+
 /// The transport chosen for a run.
 #[derive(Clone)]
 pub enum Transport {

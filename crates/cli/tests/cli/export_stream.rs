@@ -20,9 +20,9 @@ use crate::common::{corpus, ferrotron, scratch};
 use crate::equivalence::{check_val_losses, check_weights};
 use crate::mpirun::{mpi_built, run, RunFlags};
 
-/// `tensor_parallel.rs`'s tolerances (which explain them): the largest
-/// weight difference relative to the model's largest weight, and within
-/// each tensor relative to its own.
+/// The tolerances of tests/facade/tensor_parallel.rs (which explains
+/// them): the largest weight difference relative to the model's largest
+/// weight, and within each tensor relative to its own.
 const MODEL_TOLERANCE: f32 = 1e-4;
 const TENSOR_TOLERANCE: f32 = 5e-3;
 

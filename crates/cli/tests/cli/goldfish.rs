@@ -179,7 +179,8 @@ fn bad_goldfish_values_are_one_line_errors_with_exit_code_2() {
 /// dp2 with ZeRO-3 (grad-accum 2), tp2 with sequence parallelism and pp2
 /// (grad-accum 4): the same kept tokens, the same per-micro-batch means,
 /// so the same losses, gradient norms and weights within the tolerances of
-/// `data_parallel.rs`, `tensor_parallel.rs` and `pipeline_parallel.rs`
+/// the facade's `data_parallel`, `tensor_parallel` and `pipeline_parallel`
+/// tests (tests/facade/)
 /// (TP adds partial sums in another order; DP adds the micro-batches'
 /// gradients in another order).
 #[test]

@@ -431,8 +431,8 @@ fn train_from_an_hf_dir_writes_an_hf_dir_equal_to_the_exported_run() {
 
     // The same job under tp2 x pp2 (4 ranks): each rank reads its part of
     // the directory and the run equals the one-rank run: losses and
-    // gradient norms within 1e-5, each tensor within `tensor_parallel.rs`'s
-    // 5e-3 of its own largest weight (measured: 6.6e-8). The whole-model
+    // gradient norms within 1e-5, each tensor within the facade's
+    // `tensor_parallel` 5e-3 of its own largest weight (measured: 6.6e-8). The whole-model
     // bound is 5e-3, not its 1e-4: the attention key biases, whose
     // gradient is only rounding noise that AdamW turns into steps of the
     // learning rate (`equivalence::noise_only`), move by more than 1e-4

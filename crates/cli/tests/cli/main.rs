@@ -10,7 +10,6 @@ mod mpirun;
 mod bench_kernels;
 mod bench_train;
 mod cli;
-mod context_parallel;
 mod data_parallel;
 mod data_shards;
 mod docs;

@@ -5,8 +5,8 @@
 //! (`--tp 2`) and pipeline parallelism (`--pp 2`, 1F1B: activations and
 //! their gradients as grouped `ncclSend`/`ncclRecv`, the GPT mini's tied
 //! embedding summed over the first and last stage) equal the one-rank run
-//! on the same global batch (the tolerances of `data_parallel.rs`,
-//! `tensor_parallel.rs` and `pipeline_parallel.rs`); `--comm nccl` without
+//! on the same global batch (the tolerances of the facade's equivalence
+//! tests: tests/facade/{data,tensor,pipeline}_parallel.rs); `--comm nccl` without
 //! a usable library is refused before anything is written.
 //!
 //! The multi-rank tests need the `mpi` feature (which also builds the
@@ -89,9 +89,9 @@ fn dp2_through_nccl_matches_single_rank(model: &str) {
     let single = run(1, 0, "1", "1");
     let want: Vec<f64> = step_losses(&single).into_iter().map(|(_, l)| l).collect();
     assert_eq!(want.len(), 5);
-    // The tolerances of data_parallel.rs, for tp2 the whole-model weight
-    // tolerance of tensor_parallel.rs (TP reorders sums; see there) and
-    // for pp2 pipeline_parallel.rs's.
+    // The tolerances of tests/facade/data_parallel.rs, for tp2 the
+    // whole-model weight tolerance of tests/facade/tensor_parallel.rs (TP
+    // reorders sums; see there) and for pp2 pipeline_parallel.rs's.
     for (zero, tp, pp, weights) in [
         (0, "1", "1", 1e-5),
         (1, "1", "1", 1e-5),

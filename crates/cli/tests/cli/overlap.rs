@@ -1,28 +1,18 @@
-//! Gradient reduction overlapped with backward (`--overlap-grad-reduce`),
-//! on 2 ranks under `mpirun` with the latency double
+//! The measurements of gradient reduction overlapped with backward
+//! (`--overlap-grad-reduce`) and of ZeRO-3's prefetch depth
+//! (`--zero3-prefetch`), behind docs/parallelism.md: ignored benchmarks
+//! that train gpt-mini on 2 ranks under `mpirun` with the latency double
 //! (`FERROTRON_TEST_COMM_BYTES_PER_S` slows the DP communicator to a fixed
-//! transfer rate): the runs with and without overlap are bit-identical,
-//! and `metrics.jsonl` shows what overlapped. The speed-up is measured by
-//! the ignored `overlap_speedup_benchmark`, never asserted here.
-//!
-//! What is asserted is the schedule, not the clock: with overlap several
-//! collectives were in flight at once in every step (`max_in_flight` >=
-//! 2; without it exactly 1), and part of the communication time was not
-//! waited for (`hidden` > 0: with the double each collective sleeps tens
-//! of milliseconds, during which backward goes on).
-//!
-//! ZeRO-3 also runs with `--zero3-prefetch` 0 and 2 besides the default
-//! 1 (gathers started 0, 1 or 2 blocks ahead), each bit-identical to the
-//! run without overlap: two more launches, in the same test. The ignored
-//! `zero3_prefetch_benchmark` measures the depths' step times.
+//! transfer rate) and print the step times as JSON. That the runs with and
+//! without overlap are bit-identical, and what overlapped, is tested
+//! through the library (tests/facade/overlap.rs).
 
 use std::path::Path;
 
-use ferrotron_engine::checkpoint::load_safetensors;
 use ferrotron_test_support::deadline;
 
 use crate::common::{corpus, scratch, step_records};
-use crate::mpirun::{self, mpi_built, RunFlags};
+use crate::mpirun::{self, mpi_built};
 
 /// The test-only variable that slows the gradient sync's communicator.
 const RATE_ENV: &str = "FERROTRON_TEST_COMM_BYTES_PER_S";
@@ -39,115 +29,6 @@ fn run_dp2(name: &str, rate: u64, args: &[String]) {
         "{name} failed:\n{}\n{}",
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
-    );
-}
-
-/// Every step's `(loss, grad_norm)` as bits, and its `grad_comm` record.
-fn steps(run: &Path) -> Vec<((u64, u64), serde_json::Value)> {
-    step_records(run)
-        .into_iter()
-        .map(|r| {
-            let bits = |k: &str| r[k].as_f64().unwrap().to_bits();
-            ((bits("loss"), bits("grad_norm")), r["grad_comm"].clone())
-        })
-        .collect()
-}
-
-/// The final weights of a run, as bits, by name.
-fn weight_bits(run: &Path) -> Vec<(String, Vec<u32>)> {
-    load_safetensors(&run.join("model.safetensors"))
-        .unwrap()
-        .into_iter()
-        .map(|(name, data)| {
-            let values = data.to_vec::<f32>().unwrap();
-            (name, values.into_iter().map(f32::to_bits).collect())
-        })
-        .collect()
-}
-
-/// Runs `label` (`flags`) with and without overlap under the latency
-/// double and checks bit-identity and what overlapped; then, with
-/// overlap, each of `variants` (more flags), which must match too.
-fn overlap_matches_and_hides(label: &str, flags: &[&str], variants: &[&[&str]]) {
-    if !mpi_built() {
-        return;
-    }
-    let dir = scratch(&format!("overlap-{label}"));
-    let corpus = corpus(&dir);
-    // 20 MB/s: a 0.25 MiB bucket sleeps 13 ms, a gpt-mini block's gather 90 ms.
-    let rate = 20_000_000;
-    let with = |on: &str, variant: &[&str]| {
-        let name = format!("{label}-{on}{}", variant.join(""));
-        let out = dir.join(&name);
-        let mut args = RunFlags::new("gpt-mini", &corpus, &out, "3").args();
-        args.extend(flags.iter().chain(variant).map(|s| s.to_string()));
-        args.extend(["--overlap-grad-reduce".into(), on.into()]);
-        run_dp2(&name, rate, &args);
-        out
-    };
-    let (on, off) = (with("true", &[]), with("false", &[]));
-    let (on_steps, off_steps) = (steps(&on), steps(&off));
-    assert_eq!(on_steps.len(), 3, "{label}: steps recorded");
-    for (step, ((a, on_comm), (b, off_comm))) in on_steps.iter().zip(&off_steps).enumerate() {
-        assert_eq!(a, b, "{label} step {}: loss or grad norm differ", step + 1);
-        let max = |c: &serde_json::Value| c["max_in_flight"].as_u64().unwrap();
-        assert_eq!(max(off_comm), 1, "{label} step {}: {off_comm}", step + 1);
-        assert!(max(on_comm) >= 2, "{label} step {}: {on_comm}", step + 1);
-    }
-    let hidden: Vec<f64> = on_steps
-        .iter()
-        .map(|(_, c)| c["hidden"].as_f64().unwrap())
-        .collect();
-    eprintln!("{label}: hidden fraction per step {hidden:?}");
-    assert!(
-        hidden.iter().sum::<f64>() > 0.0,
-        "{label}: no communication was hidden: {hidden:?}"
-    );
-    let off_weights = weight_bits(&off);
-    assert!(
-        weight_bits(&on) == off_weights,
-        "{label}: the final weights differ with and without overlap"
-    );
-    for &variant in variants {
-        let run = with("true", variant);
-        let losses = |s: Vec<((u64, u64), serde_json::Value)>| -> Vec<(u64, u64)> {
-            s.into_iter().map(|(bits, _)| bits).collect()
-        };
-        assert_eq!(
-            losses(steps(&run)),
-            losses(off_steps.clone()),
-            "{label} {variant:?}: loss or grad norm differ from the run without overlap"
-        );
-        assert!(
-            weight_bits(&run) == off_weights,
-            "{label} {variant:?}: the final weights differ from the run without overlap"
-        );
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-#[test]
-fn ddp_overlap_is_bit_identical_and_hides_communication() {
-    overlap_matches_and_hides(
-        "ddp",
-        &[
-            "--recompute",
-            "full",
-            "--bucket-mb",
-            "0.25",
-            "--grad-accum",
-            "2",
-        ],
-        &[],
-    );
-}
-
-#[test]
-fn zero3_overlap_and_prefetch_0_1_2_are_bit_identical_and_hide_communication() {
-    overlap_matches_and_hides(
-        "zero3",
-        &["--zero", "3", "--grad-accum", "2"],
-        &[&["--zero3-prefetch", "0"], &["--zero3-prefetch", "2"]],
     );
 }
 

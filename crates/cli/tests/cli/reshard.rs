@@ -20,12 +20,12 @@ use mpirun::{mpi_built, run, RunFlags};
 
 /// Largest difference between a resumed run's weights and the one-rank
 /// run's, relative to the model's largest weight: the tolerance of the
-/// tensor-parallel equivalence tests (`tensor_parallel.rs`, which
+/// tensor-parallel equivalence tests (tests/facade/tensor_parallel.rs, which
 /// explains it), since every resumed run here has TP on one side.
 const MODEL_TOLERANCE: f32 = 1e-4;
 
 /// Largest difference within one tensor, relative to its own largest
-/// weight (`tensor_parallel.rs`'s `TENSOR_TOLERANCE`).
+/// weight (tests/facade/tensor_parallel.rs's `TENSOR_TOLERANCE`).
 const TENSOR_TOLERANCE: f32 = 5e-3;
 
 /// A layout: its name, ranks, `--grad-accum` (global batch 8 = dp x 2 x

@@ -71,6 +71,30 @@ impl Job {
         })
     }
 
+    /// The job on `comm`, a communicator over the whole world that the
+    /// caller opened, for several jobs in one process: MPI can be
+    /// initialised once per process, so [`Job::new`] works once there.
+    /// `comm` is used as it is: `parallelism.comm` and `comm_timeout_s`
+    /// do not apply. Fails when `comm`'s rank or size is not the job's
+    /// world's.
+    pub fn on(valid: ValidJob, comm: Arc<dyn Communicator>) -> anyhow::Result<Self> {
+        let world = &valid.world;
+        if (comm.rank(), comm.world_size()) != (world.rank, world.world_size) {
+            anyhow::bail!(
+                "the communicator is rank {} of {}, the job's world rank {} of {}",
+                comm.rank(),
+                comm.world_size(),
+                world.rank,
+                world.world_size
+            );
+        }
+        Ok(Self {
+            valid,
+            comm,
+            stop: None,
+        })
+    }
+
     /// Stops the job after the current step, with a checkpoint, when `flag`
     /// is set (by SIGINT / SIGTERM in `ferrotron train`).
     pub fn with_stop(mut self, flag: Arc<AtomicBool>) -> Self {

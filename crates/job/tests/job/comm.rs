@@ -90,3 +90,29 @@ fn nccl_on_a_gpu_backend_takes_the_library_that_loads() {
         Ok(Transport::Nccl(_))
     ));
 }
+
+/// `Job::on` refuses a communicator whose rank or size is not the job's
+/// world's (here one process for a job validated for 2 ranks).
+#[test]
+fn a_job_refuses_a_communicator_of_another_world() {
+    use std::sync::Arc;
+
+    use ferrotron_job::{Job, JobConfig, World};
+    use ferrotron_parallel::comm::SingleProcess;
+
+    let mut c = JobConfig::default();
+    c.checkpoint.out = Some(std::env::temp_dir().join("ferrotron-job-on-never-written"));
+    let world = World {
+        world_size: 2,
+        ..World::SINGLE
+    };
+    let valid = c.validate(&world).unwrap_or_else(|e| panic!("{e:?}"));
+    let Err(e) = Job::on(valid, Arc::new(SingleProcess)) else {
+        panic!("a one-process communicator ran a job of 2 ranks");
+    };
+    let msg = e.to_string();
+    assert!(
+        msg.contains("rank 0 of 1") && msg.contains("rank 0 of 2"),
+        "{msg}"
+    );
+}

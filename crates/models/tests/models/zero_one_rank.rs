@@ -3,7 +3,7 @@
 //! the plain trainer (stage 3 runs the block-by-block forward with
 //! recomputation in backward), and the decoder's units must compose to its
 //! loss and hold every parameter once. The multi-rank equivalence runs
-//! under `mpirun` in crates/cli/tests/cli/data_parallel.rs.
+//! under `mpirun` in tests/facade/data_parallel.rs (through `Job`).
 
 use std::collections::HashSet;
 
