@@ -7,7 +7,10 @@
 //! final weight, bit for bit. The offloaded run goes once with
 //! `overlap_grad_reduce` (reductions during backward, the host update of
 //! a unit while the previous unit's updated chunks are all-gathered) and
-//! once without.
+//! once without. With overlap, stages 1 and 2 must also have run more
+//! collectives on the communication thread than without (`grad_comm.ops`:
+//! the updated chunks' all-gathers go there only with overlap), so the
+//! overlapped schedule is the one compared.
 //!
 //! The reference is the device update, which on flex runs the host
 //! AdamW's f32 operations per element ([`ferrotron_engine::optim::AdamW`]):
@@ -39,9 +42,10 @@ pub mod worker {
     /// scales the gradients the update sees.
     const CLIP: f64 = 0.05;
 
-    /// Every step's `(loss, grad_norm)` as bits, and the final weights as
-    /// bits by name.
-    type Run = (Vec<(u64, u64)>, Vec<(String, Vec<u32>)>);
+    /// Every step's `(loss, grad_norm)` as bits, the final weights as
+    /// bits by name, and the collectives run on the communication thread
+    /// in all steps.
+    type Run = (Vec<(u64, u64)>, Vec<(String, Vec<u32>)>, u64);
 
     /// Trains [`STEPS`] steps of the job's llama-mini on `groups` (DP 2)
     /// under `stage`, offloaded or not, overlapped or not; each rank
@@ -79,10 +83,12 @@ pub mod worker {
         let share = batches.len() / 2;
         let rank = groups.coord().dp;
         let mine = &batches[rank * share..(rank + 1) * share];
+        let mut ops = 0;
         let outs: Vec<(u64, u64)> = (0..STEPS)
             .map(|_| {
                 let out = trainer.step(mine).unwrap();
                 assert!(!out.skipped, "zero {stage}: a step was skipped: {out:?}");
+                ops += out.grad_comm.expect("2 DP ranks record grad_comm").ops;
                 (out.loss.to_bits(), out.grad_norm.to_bits())
             })
             .collect();
@@ -99,7 +105,7 @@ pub mod worker {
                 (name, bits.collect())
             })
             .collect();
-        (outs, weights)
+        (outs, weights, ops)
     }
 
     /// The runs of the module doc on the 2 ranks of `world`; a line per
@@ -112,9 +118,11 @@ pub mod worker {
         let mut failures = Vec::new();
         for stage in [ZeroStage::One, ZeroStage::Two, ZeroStage::Three] {
             let before = failures.len();
-            let (want_steps, want_weights) = train(launch, &groups, stage, false, false);
+            let (want_steps, want_weights, _) = train(launch, &groups, stage, false, false);
+            let mut ops = Vec::new();
             for overlap in [true, false] {
-                let (steps, weights) = train(launch, &groups, stage, true, overlap);
+                let (steps, weights, n) = train(launch, &groups, stage, true, overlap);
+                ops.push(n);
                 let label = format!("zero {stage} offloaded, overlap {overlap}, rank {rank}");
                 if steps != want_steps {
                     failures.push(format!(
@@ -124,6 +132,13 @@ pub mod worker {
                 if weights != want_weights {
                     failures.push(format!("{label}: the final weights differ"));
                 }
+            }
+            if stage != ZeroStage::Three && ops[0] <= ops[1] {
+                failures.push(format!(
+                    "zero {stage} offloaded, rank {rank}: {} collectives on the communication \
+                     thread with overlap, {} without: the all-gathers did not go there",
+                    ops[0], ops[1]
+                ));
             }
             if rank == 0 && failures.len() == before {
                 println!("zero {stage}: offloaded, with and without overlap, bit-identical");
