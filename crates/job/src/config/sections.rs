@@ -138,8 +138,9 @@ job_sections! {
         bucket_mb: f64 = ferrotron_parallel::ddp::DEFAULT_BUCKET_MB, flag bucket_mb: f64;
         /// Overlap the DP gradient reduction with backward: each bucket's all-reduce (ZeRO-1/2/3:
         /// each unit's reduce-scatter) starts on a communication thread once its gradients are
-        /// complete, and ZeRO-3 gathers the next block ahead; bit-identical results. Honoured when
-        /// tp, cp and pp are 1. --overlap-grad-reduce false turns it off.
+        /// complete, ZeRO-3 gathers the next block ahead, and ZeRO-1/2 all-gather a unit's updated
+        /// chunks while the next unit is updated; bit-identical results. Honoured when tp, cp and
+        /// pp are 1. --overlap-grad-reduce false turns it off.
         #[arg(num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
         overlap_grad_reduce: bool = true, flag overlap_grad_reduce: bool;
         /// ZeRO-3 under overlap_grad_reduce: blocks whose parameter all-gathers start ahead, while

@@ -8,7 +8,8 @@
 //! cp2 x pp2 (1F1B and interleaved) on 4 ranks. Two `mpirun`
 //! launches of this binary's ignored workers; each rank computes the
 //! one-rank gradients itself (cheap at this size) and compares on every
-//! rank.
+//! rank. The 2-rank launch also runs `offload_parallel`'s optimizer
+//! offload cases (bit-identical to the run without offload).
 //!
 //! Tolerance: every micro-batch's forward and backward is the same
 //! computation as on one rank except that TP adds the row-parallel
@@ -266,6 +267,9 @@ mod worker {
                     failures.extend(overflow_skipped(model, &launch, layout, groups, &label));
                 }
             }
+        }
+        if ranks == 2 {
+            failures.extend(crate::offload_parallel::worker::failures(&world, &launch));
         }
         world.barrier().unwrap();
         assert!(failures.is_empty(), "{}", failures.join("\n"));

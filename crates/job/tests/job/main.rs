@@ -6,4 +6,5 @@ mod gradients;
 mod gradients_parallel;
 mod gradients_precision;
 mod memory;
+mod offload_parallel;
 mod validate;

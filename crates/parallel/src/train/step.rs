@@ -62,7 +62,8 @@ pub struct ParallelConfig {
     /// collective (see `crate::ddp`); the accumulation stays f32.
     pub reduce: Precision,
     /// Overlap the DP group's gradient reduction (and ZeRO-3's gathers)
-    /// with compute (`--overlap-grad-reduce`): honoured where the DP group
+    /// with compute, and ZeRO-1/2's all-gathers of the updated chunks
+    /// with the update (`--overlap-grad-reduce`): honoured where the DP group
     /// is the only group of more than one rank (no TP, CP or PP), since
     /// MPI allows one thread in it at a time; elsewhere the step runs
     /// without overlap. The results are bit-identical either way.

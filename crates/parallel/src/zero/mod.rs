@@ -40,9 +40,10 @@
 //! freed after use, so at most `N + 1` blocks are gathered at once, the
 //! one computing and `N` in flight, besides the embedding and head: that
 //! is prefetch's memory cost. Stage 1 overlaps its all-reduce as DDP
-//! does. The values of every collective, and the order in which the
-//! results are added, are those of the run without overlap: the results
-//! are bit-identical.
+//! does. Stages 1 and 2 all-gather a unit's updated chunks on the thread
+//! while the next unit is updated. The values of every collective, and
+//! the order in which the results are added, are those of the run
+//! without overlap: the results are bit-identical.
 //!
 //! With the optimizer offloaded (`--offload optimizer`, ZeroOffload's
 //! scheme on each rank's shard) AdamW's moments live in host memory and
@@ -54,7 +55,11 @@
 //! weights, in host memory too ([`pieces`]), so its device holds no
 //! training state between steps beyond the accumulated gradient pieces of
 //! a step. The gathers start from host vectors either way. The values are
-//! those of the device update (the same f32 operations per element).
+//! those of the device update (the same f32 operations per element). The
+//! update overlaps stages 1 and 2's all-gathers, never the gradient
+//! reduction: every piece's update needs the step's global gradient norm
+//! (the clipping factor, and whether a non-finite norm skips the step),
+//! known only once every unit is reduced.
 //!
 //! Everything moves through host `f32` vectors (the [`Communicator`]
 //! contract). With `--reduce-dtype bf16` the gradients of a
@@ -461,8 +466,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
             .unwrap_or_else(|e| e.into_inner())
             .take(u);
         let flat = prefetched.unwrap_or_else(|| self.start_gather(u)).wait()?;
-        let values = unit_values(&self.layout.units()[u], &flat);
-        Ok(self.assign(values, model, require_grad))
+        Ok(self.assign_unit(u, &flat, model, require_grad))
     }
 
     /// Stage 3: `model` with every parameter gathered (a collective: every
@@ -570,7 +574,10 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
     /// Stages 1 and 2: one AdamW step of this rank's pieces, then the
     /// updated pieces all-gathered into `model`, unit by unit. Stage 1
     /// takes the pieces' gradients from `grads` (averaged, clipped);
-    /// stage 2 uses the accumulated pieces (and `grads` is `None`).
+    /// stage 2 uses the accumulated pieces (and `grads` is `None`). With
+    /// overlap a unit's all-gather runs on the communication thread while
+    /// the next unit is updated (the same values, gathered in the same
+    /// order).
     fn update_replicated(
         &mut self,
         mut model: M,
@@ -579,31 +586,63 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
         optimizer: &mut AdamW<B::InnerBackend>,
     ) -> Result<M, CommError> {
         optimizer.begin_step();
+        let mut gathering: Option<(usize, Pending<Vec<f32>>)> = None;
         for u in 0..self.pieces.len() {
-            let mut params = self.piece_tensors(u, &model, None);
-            let mut piece_grads = grads.map(|grads| self.piece_tensors(u, &model, Some(grads)));
-            let mut updated = HashMap::new();
-            for p in &self.pieces[u] {
-                let param = params.remove(&p.id).expect("every piece has its parameter");
-                let grad = match piece_grads.as_mut() {
-                    Some(g) => g.remove(&p.id),
-                    None => self.grads.remove(&p.id),
-                };
-                let new = match grad {
-                    Some(g) if self.offload => {
-                        let mut values = host_f32(param);
-                        optimizer.update_host(p.id, lr, &mut values, &host_f32(g), p.decay);
-                        values
-                    }
-                    Some(g) => host_f32(optimizer.update_flat(p.id, lr, param, g, p.decay)),
-                    None => host_f32(param),
-                };
-                updated.insert(p.id, new);
+            let chunk = self.updated_chunk(u, &model, grads, lr, optimizer);
+            if !self.overlap {
+                model = self.assign_gathered(u, &chunk, model, true)?;
+                continue;
             }
-            let chunk = chunk_from_pieces(&self.layout.units()[u], &self.pieces[u], &updated);
-            model = self.assign_gathered(u, &chunk, model, true)?;
+            let started = (u, self.thread.start_all_gather(chunk));
+            if let Some((done, pending)) = gathering.replace(started) {
+                model = self.assign_unit(done, &pending.wait()?, model, true);
+            }
+        }
+        if let Some((done, pending)) = gathering {
+            model = self.assign_unit(done, &pending.wait()?, model, true);
         }
         Ok(model)
+    }
+
+    /// Puts unit `u`'s whole parameters, cut out of its gathered flat
+    /// vector `flat` (`chunk * dp` values), into `model`.
+    fn assign_unit(&self, u: usize, flat: &[f32], model: M, require_grad: bool) -> M {
+        let values = unit_values(&self.layout.units()[u], flat);
+        self.assign(values, model, require_grad)
+    }
+
+    /// Stages 1 and 2: this rank's chunk of unit `u` after one AdamW step
+    /// of its pieces (on the host when offloaded), with their gradients
+    /// from `grads` (stage 1) or the accumulated pieces (stage 2).
+    fn updated_chunk(
+        &mut self,
+        u: usize,
+        model: &M,
+        grads: Option<&GradientsParams>,
+        lr: f64,
+        optimizer: &mut AdamW<B::InnerBackend>,
+    ) -> Vec<f32> {
+        let mut params = self.piece_tensors(u, model, None);
+        let mut piece_grads = grads.map(|grads| self.piece_tensors(u, model, Some(grads)));
+        let mut updated = HashMap::new();
+        for p in &self.pieces[u] {
+            let param = params.remove(&p.id).expect("every piece has its parameter");
+            let grad = match piece_grads.as_mut() {
+                Some(g) => g.remove(&p.id),
+                None => self.grads.remove(&p.id),
+            };
+            let new = match grad {
+                Some(g) if self.offload => {
+                    let mut values = host_f32(param);
+                    optimizer.update_host(p.id, lr, &mut values, &host_f32(g), p.decay);
+                    values
+                }
+                Some(g) => host_f32(optimizer.update_flat(p.id, lr, param, g, p.decay)),
+                None => host_f32(param),
+            };
+            updated.insert(p.id, new);
+        }
+        chunk_from_pieces(&self.layout.units()[u], &self.pieces[u], &updated)
     }
 
     /// Stage 3: one AdamW step of this rank's parameter pieces with the
