@@ -93,7 +93,7 @@ impl BackendTask for EvalTask {
             Tensor::<B::InnerBackend, 2, Int>::from_data(TensorData::new(data, [b, t]), &device);
         let logits = model.forward(tokens.clone());
         let loss = cross_entropy(
-            model.kernels(),
+            model.ops().cross_entropy_impl(),
             logits.clone().narrow(1, 0, t - 1),
             tokens.narrow(1, 1, t - 1),
         );

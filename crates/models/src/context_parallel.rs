@@ -18,21 +18,20 @@ use ferrotron_parallel::comm::{Communicator, SingleProcess};
 use ferrotron_parallel::context::{ring_mean, BlockAttention, ChunkLayout, RingAttention};
 use ferrotron_parallel::tensor::{TpGroup, TpOps};
 
-use crate::config::Kernels;
-use crate::ops::KernelBackend;
+use crate::ops::{KernelBackend, OpImpl};
 
 /// The kernel of each ring block for query heads of `head_dim` with ALiBi
 /// `slopes` (one per head this rank computes; `None` without ALiBi), on
-/// `device`: the backend's fused attention when the model runs fused
-/// `kernels` and the backend has them ([`KernelBackend::ring_block_attention`]),
-/// else the host attention core.
+/// `device`: the backend's fused attention when the model's attention is
+/// [`OpImpl::Fused`] and the backend has it
+/// ([`KernelBackend::ring_block_attention`]), else the host attention core.
 pub fn block_kernel<B: KernelBackend>(
-    kernels: Kernels,
+    attention: OpImpl,
     device: &B::Device,
     head_dim: usize,
     slopes: Option<Vec<f32>>,
 ) -> Arc<dyn BlockAttention + Send> {
-    if kernels == Kernels::Fused {
+    if attention == OpImpl::Fused {
         if let Some(kernel) = B::ring_block_attention(device, head_dim, slopes.clone()) {
             return kernel;
         }

@@ -18,7 +18,7 @@ use crate::context_parallel::{block_kernel, ContextParallel};
 use crate::init::{Init, PartSource};
 use crate::layers::position::{Heads, PositionContext};
 use crate::layers::{Attention, LayerKv, Mlp, Norm};
-use crate::ops::{KernelBackend, OpsChoice};
+use crate::ops::{KernelBackend, OpImpl, OpsChoice};
 use crate::part::{ModelPart, PartError};
 use crate::tensor_parallel::check_tp;
 
@@ -253,7 +253,7 @@ impl<B: KernelBackend> Decoder<B> {
     /// computes the ring's blocks) unless the model runs the fused kernels
     /// on a GPU backend (whose attention computes them).
     pub fn with_context_parallel(self, ring: Arc<dyn Communicator>) -> Result<Self, ConfigError> {
-        let fused = self.ops.kernels() == Kernels::Fused && B::has_fused_kernels();
+        let fused = self.ops.attention_impl() == OpImpl::Fused && B::has_fused_kernels();
         if ring.world_size() > 1 && !cfg!(feature = "flex") && !fused {
             return Err(ConfigError {
                 field: "cp",
@@ -310,8 +310,9 @@ impl<B: KernelBackend> Decoder<B> {
         self.ops
     }
 
-    /// The positions of `len` tokens after `start` cached ones; the fused
-    /// form when the model runs fused kernels and `cached` is false.
+    /// The positions of `len` tokens after `start` cached ones, in the
+    /// forms of the model's attention and RoPE (see [`OpsChoice::decoding`]
+    /// when `cached`).
     fn positions(
         &self,
         start: usize,
@@ -320,15 +321,15 @@ impl<B: KernelBackend> Decoder<B> {
         device: &B::Device,
     ) -> PositionContext<B> {
         let c = &self.config;
-        let fused = self.ops.fused_positions() && !cached;
+        let ops = if cached {
+            self.ops.decoding()
+        } else {
+            self.ops
+        };
         let heads = self.heads();
         let mut pos =
-            PositionContext::new(&c.position, &heads, c.head_dim(), start, len, fused, device);
-        pos.attn_bias = pos
-            .attn_bias
-            .recomputed(self.recompute_attention)
-            .on_host(self.ops.host_attention());
-        pos.rope = pos.rope.map(|r| r.on_host(self.ops.cpu_elementwise()));
+            PositionContext::new(&c.position, &heads, c.head_dim(), start, len, &ops, device);
+        pos.attn_bias = pos.attn_bias.recomputed(self.recompute_attention);
         pos
     }
 
@@ -348,12 +349,11 @@ impl<B: KernelBackend> Decoder<B> {
     fn ring_positions(&self, seq: usize, device: &B::Device) -> PositionContext<B> {
         let c = &self.config;
         let slopes = (c.position == Position::Alibi).then(|| self.heads().alibi_slopes());
-        let kernel = block_kernel::<B>(self.ops.kernels(), device, c.head_dim(), slopes);
+        let kernel = block_kernel::<B>(self.ops.attention_impl(), device, c.head_dim(), slopes);
         let ring = self.cp.ring(seq, kernel);
         let at = self.cp.positions(seq);
-        let mut pos = PositionContext::ring(&c.position, c.head_dim(), &at, ring, device);
-        pos.rope = pos.rope.map(|r| r.on_host(self.ops.cpu_elementwise()));
-        pos
+        let rope = self.ops.rope_impl();
+        PositionContext::ring(&c.position, c.head_dim(), &at, ring, rope, device)
     }
 
     /// Logits `[batch, seq, vocab]`, f32, for token ids `[batch, seq]` (under

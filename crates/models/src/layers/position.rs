@@ -12,7 +12,7 @@ use burn::tensor::{Tensor, TensorData};
 use ferrotron_parallel::context::RingAttention;
 
 use crate::config::Position;
-use crate::ops::{AttentionBias, KernelBackend, Rope};
+use crate::ops::{AttentionBias, KernelBackend, OpImpl, OpsChoice, Rope};
 use crate::rope_scaling::inv_freq;
 
 /// The attention heads a rank computes: `range` of the model's `total`
@@ -51,44 +51,59 @@ pub struct PositionContext<B: KernelBackend> {
 
 impl<B: KernelBackend> PositionContext<B> {
     /// Builds the context of `heads` for `len` new queries after `start`
-    /// cached positions. `fused` (the model's kernels are fused and nothing
-    /// is cached: `start` is 0) selects the fused kernels' form, which holds
-    /// no `[len, keys]` matrix.
+    /// cached positions, RoPE and the attention bias each in the form of
+    /// its operation's implementation in `ops`
+    /// ([`OpsChoice::rope_impl`], [`OpsChoice::attention_impl`]): the fused
+    /// kernels' form (when `start` is 0), which holds no `[len, keys]`
+    /// matrix; the host-buffer form; or the reference's tables and matrix.
     pub fn new(
         position: &Position,
         heads: &Heads,
         head_dim: usize,
         start: usize,
         len: usize,
-        fused: bool,
+        ops: &OpsChoice,
         device: &B::Device,
     ) -> Self {
-        let fused = fused && start == 0;
+        let form = |op| match op {
+            OpImpl::Fused if start > 0 => OpImpl::Reference,
+            other => other,
+        };
         let rope = match position {
             Position::Rope { theta, scaling } => {
                 let freqs = inv_freq(*theta, scaling.as_ref(), head_dim);
-                Some(if fused {
-                    let n = freqs.len();
-                    Rope::Fused {
-                        inv_freq: Tensor::from_data(TensorData::new(freqs, [n]), device),
+                let at: Vec<usize> = (start..start + len).collect();
+                Some(match form(ops.rope_impl()) {
+                    OpImpl::Fused => {
+                        let n = freqs.len();
+                        Rope::Fused {
+                            inv_freq: Tensor::from_data(TensorData::new(freqs, [n]), device),
+                        }
                     }
-                } else {
-                    let at: Vec<usize> = (start..start + len).collect();
-                    let (cos, sin) = rope_tables(&freqs, &at, device);
-                    Rope::Tables(cos, sin)
+                    OpImpl::Cpu => {
+                        let (cos, sin) = rope_tables(&freqs, &at, device);
+                        Rope::Host(cos, sin)
+                    }
+                    OpImpl::Reference => {
+                        let (cos, sin) = rope_tables(&freqs, &at, device);
+                        Rope::Tables(cos, sin)
+                    }
                 })
             }
             _ => None,
         };
-        let attn_bias = if fused {
-            let slopes = (*position == Position::Alibi).then(|| {
-                let slopes = heads.alibi_slopes();
-                let n = slopes.len();
-                Tensor::from_data(TensorData::new(slopes, [n]), device)
-            });
-            AttentionBias::Fused { slopes }
-        } else {
-            AttentionBias::Matrix(bias_matrix(position, heads, start, len, device))
+        let matrix = || bias_matrix(position, heads, start, len, device);
+        let attn_bias = match form(ops.attention_impl()) {
+            OpImpl::Fused => {
+                let slopes = (*position == Position::Alibi).then(|| {
+                    let slopes = heads.alibi_slopes();
+                    let n = slopes.len();
+                    Tensor::from_data(TensorData::new(slopes, [n]), device)
+                });
+                AttentionBias::Fused { slopes }
+            }
+            OpImpl::Cpu => AttentionBias::Host(matrix()),
+            OpImpl::Reference => AttentionBias::Matrix(matrix()),
         };
         Self { rope, attn_bias }
     }
@@ -96,19 +111,25 @@ impl<B: KernelBackend> PositionContext<B> {
     /// The context of this rank's tokens under context parallelism: its
     /// chunks of the sequences, at the global `positions` (RoPE's tables
     /// at those positions), attending around `ring`, whose block kernel
-    /// applies the causal mask and ALiBi of the same global positions.
+    /// applies the causal mask and ALiBi of the same global positions;
+    /// RoPE's tables run as `rope_op` says ([`OpImpl::Cpu`]: the host form,
+    /// otherwise the reference).
     pub fn ring(
         position: &Position,
         head_dim: usize,
         positions: &[usize],
         ring: RingAttention,
+        rope_op: OpImpl,
         device: &B::Device,
     ) -> Self {
         let rope = match position {
             Position::Rope { theta, scaling } => {
                 let freqs = inv_freq(*theta, scaling.as_ref(), head_dim);
                 let (cos, sin) = rope_tables(&freqs, positions, device);
-                Some(Rope::Tables(cos, sin))
+                Some(match rope_op {
+                    OpImpl::Cpu => Rope::Host(cos, sin),
+                    OpImpl::Fused | OpImpl::Reference => Rope::Tables(cos, sin),
+                })
             }
             _ => None,
         };

@@ -10,8 +10,9 @@ use ferrotron_parallel::context::RingAttention;
 
 use super::fused::KernelBackend;
 
-/// The positional part of attention for one forward pass, which also picks
-/// the implementation.
+/// The positional part of attention for one forward pass, in the form of
+/// the attention's implementation (`OpsChoice::attention_impl`, turned into
+/// this form by `layers::position::PositionContext::new`).
 #[derive(Clone, Debug)]
 pub enum AttentionBias<B: KernelBackend> {
     /// Reference path: additive bias `[1, 1 or n_heads, len, keys]` holding
@@ -53,17 +54,6 @@ impl<B: KernelBackend> AttentionBias<B> {
         match self {
             AttentionBias::Matrix(m) if on => AttentionBias::Recomputed(m),
             AttentionBias::Recomputed(m) if !on => AttentionBias::Matrix(m),
-            other => other,
-        }
-    }
-
-    /// The same bias with the attention core on the backend's host buffers
-    /// ([`AttentionBias::Host`]) when `on`, in place of the reference,
-    /// recomputed or not (it recomputes its probabilities in backward
-    /// itself); the fused form is unchanged.
-    pub fn on_host(self, on: bool) -> Self {
-        match self {
-            AttentionBias::Matrix(m) | AttentionBias::Recomputed(m) if on => AttentionBias::Host(m),
             other => other,
         }
     }

@@ -1,7 +1,8 @@
-//! The one value that says how a model computes its hot operations,
+//! The one value that says how a model computes its hot operations: one
+//! resolved [`OpImpl`] per operation (and the head's [`HeadLoss`]),
 //! resolved once when the model is built from the backend and the config
-//! and handed to every layer. A new fused operation (CubeCL or CPU) is one
-//! more case here; the layers only call the methods.
+//! and handed to every layer. A new operation is one more field here; the
+//! layers only call the methods.
 
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, FloatDType, Int, Tensor, TensorPrimitive};
@@ -51,26 +52,64 @@ impl HeadLoss {
     }
 }
 
-/// The implementation of every hot operation of a model: attention, RoPE,
-/// the norms, SwiGLU (through [`Kernels`]), the head with its loss
-/// ([`HeadLoss`]), and whether GELU, SwiGLU, the norms and RoPE run as
-/// Ferrotron's CPU operations ([`OpsChoice::cpu_elementwise`]).
+/// Which implementation of one operation runs. An operation with no
+/// implementation of the kind named runs its reference (GELU has no CubeCL
+/// kernel, cross-entropy no CPU operation of its own: the head's CPU form
+/// is [`HeadLoss::Chunked`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpImpl {
+    /// The plain Burn operations (every backend, every dtype).
+    Reference,
+    /// Ferrotron's CubeCL kernels as Burn custom operations with their own
+    /// backward ([`KernelBackend`]'s `fused_*`; wgpu, cuda, rocm).
+    Fused,
+    /// Ferrotron's CPU operation on the backend's host buffers, one autodiff
+    /// node with its own backward ([`KernelBackend`]'s `cpu_*` and
+    /// [`KernelBackend::host_attention`]: flex's own in f32, the reference
+    /// elsewhere and in other dtypes).
+    Cpu,
+}
+
+impl From<Kernels> for OpImpl {
+    fn from(kernels: Kernels) -> Self {
+        match kernels {
+            Kernels::Fused => Self::Fused,
+            Kernels::Reference => Self::Reference,
+        }
+    }
+}
+
+/// The implementation of every hot operation of a model, one resolved
+/// [`OpImpl`] per operation and the head's [`HeadLoss`]; each operation's
+/// method (and each layer) reads its own field only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OpsChoice {
     kernels: Kernels,
+    attention: OpImpl,
+    rope: OpImpl,
+    rms_norm: OpImpl,
+    layer_norm: OpImpl,
+    swiglu: OpImpl,
+    gelu: OpImpl,
+    cross_entropy: OpImpl,
     head_loss: HeadLoss,
-    host_attention: bool,
-    cpu_elementwise: bool,
 }
 
 impl From<Kernels> for OpsChoice {
-    /// `kernels` for every operation, the head through the whole logits.
+    /// `kernels` for every operation that has that implementation (GELU
+    /// runs its reference), the head through the whole logits.
     fn from(kernels: Kernels) -> Self {
+        let op = OpImpl::from(kernels);
         Self {
             kernels,
+            attention: op,
+            rope: op,
+            rms_norm: op,
+            layer_norm: op,
+            swiglu: op,
+            gelu: OpImpl::Reference,
+            cross_entropy: op,
             head_loss: HeadLoss::Logits,
-            host_attention: false,
-            cpu_elementwise: false,
         }
     }
 }
@@ -81,37 +120,103 @@ impl OpsChoice {
         Kernels::Reference.into()
     }
 
-    /// What a model of `config` runs on backend `B`: the kernels of
-    /// [`resolve_kernels`]; the head and loss chunked with the fused
-    /// kernels (the CubeCL backends, every precision); where
-    /// `config.kernels` is absent and the backend has no fused kernels (the
-    /// CPU backends), the head and loss chunked when the model computes in
-    /// f32, the attention core as the backend's host-buffer operation where
-    /// it has one (flex), and GELU, SwiGLU, the norms and RoPE as the
-    /// backend's CPU operations ([`KernelBackend::cpu_gelu_tanh`] and the
-    /// others: Ferrotron's own on flex, the reference elsewhere) when the
-    /// model computes in f32. An explicit `kernels = "reference"` keeps the
-    /// plain logits path and Burn's operations.
+    /// What a model of `config` runs on backend `B`:
+    ///
+    /// - [`OpImpl::Fused`] for attention, RoPE, the norms, SwiGLU and the
+    ///   logits' cross-entropy where [`resolve_kernels`] gives
+    ///   [`Kernels::Fused`] (the CubeCL backends), GELU's reference, and
+    ///   the head and loss chunked in every precision;
+    /// - where `config.kernels` is absent and the backend has no fused
+    ///   kernels (the CPU backends): attention as the backend's host-buffer
+    ///   core ([`OpImpl::Cpu`]) where it has one (flex; f32 only, other
+    ///   dtypes run the reference); and when the model computes in f32,
+    ///   GELU, SwiGLU, the norms and RoPE as the backend's CPU operations
+    ///   ([`KernelBackend::cpu_gelu_tanh`] and the others: Ferrotron's own
+    ///   on flex, the reference elsewhere) and the head and loss chunked;
+    /// - [`OpImpl::Reference`] otherwise: a bf16 or f16 model on the CPU
+    ///   backends (the norms compute in f32 in every precision, but such a
+    ///   model keeps Burn's operations throughout, as its head does), and
+    ///   an explicit `kernels = "reference"`, which also keeps the plain
+    ///   logits path.
     ///
     /// Errors as [`resolve_kernels`].
     pub fn resolve<B: KernelBackend>(config: &DecoderConfig) -> Result<Self, ConfigError> {
         let kernels = resolve_kernels::<B>(config)?;
+        let by_kernels = OpImpl::from(kernels);
         let cpu = config.kernels.is_none() && !B::has_fused_kernels();
-        let f32_model = config.precision == Precision::Fp32;
+        let elementwise = if cpu && config.precision == Precision::Fp32 {
+            OpImpl::Cpu
+        } else {
+            by_kernels
+        };
         Ok(Self {
             kernels,
-            host_attention: cpu && B::has_host_attention(),
+            attention: if cpu && B::has_host_attention() {
+                OpImpl::Cpu
+            } else {
+                by_kernels
+            },
+            rope: elementwise,
+            rms_norm: elementwise,
+            layer_norm: elementwise,
+            swiglu: elementwise,
+            gelu: match elementwise {
+                OpImpl::Cpu => OpImpl::Cpu,
+                OpImpl::Fused | OpImpl::Reference => OpImpl::Reference,
+            },
+            cross_entropy: by_kernels,
             head_loss: HeadLoss::choose(config, kernels, B::has_fused_kernels()),
-            // The norms compute in f32 in every precision; a bf16 or f16
-            // model keeps Burn's operations throughout, as its head does.
-            cpu_elementwise: cpu && f32_model,
         })
     }
 
-    /// The kernels of attention, RoPE, the norms, SwiGLU and the logits'
-    /// cross-entropy.
+    /// The kernels setting the model was resolved from (`config.kernels`,
+    /// or its default for the backend); the operations read their own
+    /// fields below.
     pub fn kernels(&self) -> Kernels {
         self.kernels
+    }
+
+    /// The attention core: [`OpImpl::Fused`] is FlashAttention
+    /// ([`AttentionBias::Fused`](super::AttentionBias::Fused)),
+    /// [`OpImpl::Cpu`] the backend's host-buffer node
+    /// ([`AttentionBias::Host`](super::AttentionBias::Host)); the position
+    /// context of a pass takes the form this names (see
+    /// `layers::position`). Decoding with a KV cache runs the reference
+    /// in place of the fused form.
+    pub fn attention_impl(&self) -> OpImpl {
+        self.attention
+    }
+
+    /// RoPE ([`super::rope`], through the position context's
+    /// [`super::Rope`] form, as [`OpsChoice::attention_impl`]).
+    pub fn rope_impl(&self) -> OpImpl {
+        self.rope
+    }
+
+    /// RMSNorm ([`super::rms_norm`]).
+    pub fn rms_norm_impl(&self) -> OpImpl {
+        self.rms_norm
+    }
+
+    /// LayerNorm ([`super::layer_norm`]).
+    pub fn layer_norm_impl(&self) -> OpImpl {
+        self.layer_norm
+    }
+
+    /// SwiGLU's gating ([`super::swiglu`]).
+    pub fn swiglu_impl(&self) -> OpImpl {
+        self.swiglu
+    }
+
+    /// GELU-tanh ([`OpsChoice::gelu_tanh`]).
+    pub fn gelu_impl(&self) -> OpImpl {
+        self.gelu
+    }
+
+    /// The cross-entropy of whole logits ([`super::cross_entropy`]: the
+    /// head's [`HeadLoss::Logits`] and evaluation).
+    pub fn cross_entropy_impl(&self) -> OpImpl {
+        self.cross_entropy
     }
 
     /// How the head and the loss are computed.
@@ -119,49 +224,33 @@ impl OpsChoice {
         self.head_loss
     }
 
-    /// Whether every layer's attention core runs on the backend's host
-    /// buffers (flex) as one node that keeps only `q`, `k`, `v` and
-    /// recomputes the probabilities in backward
-    /// ([`KernelBackend::host_attention`]), whatever `--recompute` says.
-    pub fn host_attention(&self) -> bool {
-        self.host_attention
-    }
-
-    /// Whether GELU, SwiGLU, the norms and RoPE call the backend's CPU
-    /// operations ([`KernelBackend::cpu_gelu_tanh`],
-    /// [`KernelBackend::cpu_swiglu`], [`KernelBackend::cpu_rms_norm`],
-    /// [`KernelBackend::cpu_layer_norm`], and [`KernelBackend::cpu_rope`]
-    /// through the position context's [`crate::ops::Rope::Host`]).
-    pub fn cpu_elementwise(&self) -> bool {
-        self.cpu_elementwise
-    }
-
-    /// Whether attention and RoPE take the fused kernels' position form
-    /// (tables built on the host, see `layers::position`).
-    pub fn fused_positions(&self) -> bool {
-        self.kernels == Kernels::Fused
+    /// The same choice for a pass that decodes with a KV cache: attention
+    /// and RoPE run their reference in place of the fused kernels (whose
+    /// positions start at 0 and which take no cached keys).
+    pub fn decoding(self) -> Self {
+        let unfused = |op| match op {
+            OpImpl::Fused => OpImpl::Reference,
+            other => other,
+        };
+        Self {
+            attention: unfused(self.attention),
+            rope: unfused(self.rope),
+            ..self
+        }
     }
 
     /// GELU-tanh of `x` `[batch, seq, n]` (see [`crate::layers::gelu_tanh`]).
     pub fn gelu_tanh<B: KernelBackend>(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        if self.cpu_elementwise {
-            float(B::cpu_gelu_tanh(x.into_primitive().tensor()))
-        } else {
-            gelu_tanh(x)
+        match self.gelu {
+            OpImpl::Cpu => float(B::cpu_gelu_tanh(x.into_primitive().tensor())),
+            OpImpl::Fused | OpImpl::Reference => gelu_tanh(x),
         }
     }
 
     /// `silu(gate) * up` of `[batch, seq, n]` tensors (see
     /// [`super::swiglu`]).
     pub fn swiglu<B: KernelBackend>(&self, gate: Tensor<B, 3>, up: Tensor<B, 3>) -> Tensor<B, 3> {
-        if self.cpu_elementwise {
-            float(B::cpu_swiglu(
-                gate.into_primitive().tensor(),
-                up.into_primitive().tensor(),
-            ))
-        } else {
-            swiglu(self.kernels, gate, up)
-        }
+        swiglu(self.swiglu, gate, up)
     }
 
     /// RMSNorm of f32 `x` `[batch, seq, hidden]` (see [`super::rms_norm`]).
@@ -171,15 +260,7 @@ impl OpsChoice {
         weight: Tensor<B, 1>,
         eps: f64,
     ) -> Tensor<B, 3> {
-        if self.cpu_elementwise {
-            float(B::cpu_rms_norm(
-                x.into_primitive().tensor(),
-                weight.into_primitive().tensor(),
-                eps,
-            ))
-        } else {
-            rms_norm(self.kernels, x, weight, eps)
-        }
+        rms_norm(self.rms_norm, x, weight, eps)
     }
 
     /// LayerNorm of f32 `x` `[batch, seq, hidden]` (see
@@ -191,16 +272,7 @@ impl OpsChoice {
         bias: Tensor<B, 1>,
         eps: f64,
     ) -> Tensor<B, 3> {
-        if self.cpu_elementwise {
-            float(B::cpu_layer_norm(
-                x.into_primitive().tensor(),
-                weight.into_primitive().tensor(),
-                bias.into_primitive().tensor(),
-                eps,
-            ))
-        } else {
-            layer_norm(self.kernels, x, weight, bias, eps)
-        }
+        layer_norm(self.layer_norm, x, weight, bias, eps)
     }
 
     /// Mean cross-entropy (nats, `[1]`) of the head `weight` `[hidden,
@@ -236,7 +308,7 @@ impl OpsChoice {
                 let logits = x.matmul(weight).cast(FloatDType::F32);
                 let vocab = logits.dims()[1];
                 cross_entropy(
-                    self.kernels,
+                    self.cross_entropy,
                     logits.reshape([1, rows, vocab]),
                     targets.reshape([1, rows]),
                 )
@@ -244,3 +316,6 @@ impl OpsChoice {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -5,7 +5,7 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::{FloatDType, Int, Tensor, TensorPrimitive};
 
 use super::fused::KernelBackend;
-use crate::config::Kernels;
+use super::OpImpl;
 
 /// Mean cross-entropy of `logits` `[batch, seq, vocab]` against `targets`
 /// `[batch, seq]`, in nats per kept token; shape `[1]`. Computed in f32
@@ -16,20 +16,23 @@ use crate::config::Kernels;
 /// every target is ignored the loss is 0. The fused kernel never forms the
 /// probabilities; it writes the logits' gradient over them (it reads the ids
 /// as u32, where a negative id is `>= vocab`, which it ignores the same way).
+/// `op` is an [`OpImpl`] or a `Kernels` value; cross-entropy has no CPU
+/// operation of its own ([`OpImpl::Cpu`] runs the reference: the CPU
+/// backends' fast path is the chunked head, `HeadLoss::Chunked`).
 pub fn cross_entropy<B: KernelBackend>(
-    kernels: Kernels,
+    op: impl Into<OpImpl>,
     logits: Tensor<B, 3>,
     targets: Tensor<B, 2, Int>,
 ) -> Tensor<B, 1> {
     let [b, t, v] = logits.dims();
     let logits = logits.cast(FloatDType::F32).reshape([b * t, v]);
     let targets = targets.reshape([b * t]);
-    match kernels {
-        Kernels::Fused => Tensor::from_primitive(TensorPrimitive::Float(B::fused_cross_entropy(
+    match op.into() {
+        OpImpl::Fused => Tensor::from_primitive(TensorPrimitive::Float(B::fused_cross_entropy(
             logits.into_primitive().tensor(),
             targets.into_primitive(),
         ))),
-        Kernels::Reference => {
+        OpImpl::Reference | OpImpl::Cpu => {
             let kept = targets.clone().greater_equal_elem(0).float();
             let picked = targets.clamp_min(0).reshape([b * t, 1]);
             let nll = log_softmax(logits, 1)

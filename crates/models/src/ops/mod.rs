@@ -1,20 +1,28 @@
-//! The decoder's hot operations, each in two implementations: a plain Burn
-//! reference that runs on every backend, and Ferrotron's fused CubeCL kernels
-//! (crate `ferrotron-kernels`) on CubeCL backends (CUDA, ROCm, wgpu).
+//! The decoder's hot operations, each in up to three implementations: a
+//! plain Burn reference that runs on every backend, Ferrotron's fused
+//! CubeCL kernels (crate `ferrotron-kernels`) on CubeCL backends (CUDA,
+//! ROCm, wgpu), and Ferrotron's CPU operations on flex's host buffers.
 //!
 //! Each operation is a function of this module (`attention`, `swiglu`,
-//! `rms_norm`, `layer_norm`, `rope`, `cross_entropy`) taking a [`Kernels`]
-//! choice. The reference body sits beside it in the same file. The layers
-//! reach them through one resolved value, [`OpsChoice`], which also picks
-//! how the head and the loss run: as one operation over blocks of rows,
-//! which never forms the whole logits (`linear_cross_entropy` on the CPU
-//! backends in f32, `linear_cross_entropy_cube` with the fused
-//! cross-entropy kernel on the CubeCL backends in every precision), and the element-wise hot operations (GELU, SwiGLU, the norms)
-//! as Ferrotron's CPU operations (`cpu`, one autodiff node each). The fused
-//! path goes through [`KernelBackend`]: the CubeCL backend launches the
-//! kernels, and the autodiff backend wraps them in nodes whose backward is
-//! the kernels' own backward (FlashAttention-2 recomputation, not autodiff
-//! of the reference), so no `[seq, seq]` matrix exists in training.
+//! `rms_norm`, `layer_norm`, `rope`, `cross_entropy`) that runs the
+//! implementation an [`OpImpl`] names: the plain Burn reference (its body
+//! beside it), the fused CubeCL kernels, or Ferrotron's CPU operation on
+//! the backend's host buffers (`cpu`, one autodiff node each). The layers
+//! reach them through one resolved value, [`OpsChoice`], which holds one
+//! [`OpImpl`] per operation and how the head and the loss run
+//! ([`HeadLoss`]): as one operation over blocks of rows, which never forms
+//! the whole logits (`linear_cross_entropy` on the CPU backends in f32,
+//! `linear_cross_entropy_cube` with the fused cross-entropy kernel on the
+//! CubeCL backends in every precision), or over the whole logits.
+//! Attention and RoPE take their implementation through the form of their
+//! position context ([`AttentionBias`], [`Rope`]), which
+//! `layers::position` builds from the same choice.
+//!
+//! The fused path goes through [`KernelBackend`]: the CubeCL backend
+//! launches the kernels, and the autodiff backend wraps them in nodes
+//! whose backward is the kernels' own backward (FlashAttention-2
+//! recomputation, not autodiff of the reference), so no `[seq, seq]`
+//! matrix exists in training.
 //!
 //! Model code stays backend-generic: it asks for an operation, and the
 //! choice is made once, when the model is built ([`OpsChoice::resolve`]).
@@ -60,7 +68,7 @@ pub use backends::Cuda;
 pub use backends::Rocm;
 #[cfg(feature = "wgpu")]
 pub use backends::Wgpu;
-pub use choice::{HeadLoss, OpsChoice};
+pub use choice::{HeadLoss, OpImpl, OpsChoice};
 pub use cross_entropy::cross_entropy;
 pub use fused::{FusedKernels, KernelBackend, TrainBackend};
 pub use linear_cross_entropy::{

@@ -1,25 +1,24 @@
 //! RMSNorm and LayerNorm over the last dimension.
 
+use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 
 use super::fused::KernelBackend;
-use crate::config::Kernels;
+use super::OpImpl;
 
 /// `x / sqrt(mean(x^2) + eps) * weight` over the last dimension of `x`
-/// `[batch, seq, hidden]`; `weight` `[hidden]`.
+/// `[batch, seq, hidden]`; `weight` `[hidden]`. `op` is an [`OpImpl`] or
+/// a `Kernels` value ([`OpImpl::Cpu`]: [`KernelBackend::cpu_rms_norm`]).
 pub fn rms_norm<B: KernelBackend>(
-    kernels: Kernels,
+    op: impl Into<OpImpl>,
     x: Tensor<B, 3>,
     weight: Tensor<B, 1>,
     eps: f64,
 ) -> Tensor<B, 3> {
-    match kernels {
-        Kernels::Fused => Tensor::from_primitive(TensorPrimitive::Float(B::fused_rms_norm(
-            x.into_primitive().tensor(),
-            weight.into_primitive().tensor(),
-            eps as f32,
-        ))),
-        Kernels::Reference => rms_norm_reference(x, weight, eps),
+    match op.into() {
+        OpImpl::Reference => rms_norm_reference(x, weight, eps),
+        OpImpl::Fused => float(B::fused_rms_norm(prim(x), prim(weight), eps as f32)),
+        OpImpl::Cpu => float(B::cpu_rms_norm(prim(x), prim(weight), eps)),
     }
 }
 
@@ -35,22 +34,34 @@ pub(super) fn rms_norm_reference<B: KernelBackend>(
 
 /// `(x - mean) / sqrt(var + eps) * weight + bias` (biased variance) over the
 /// last dimension of `x` `[batch, seq, hidden]`; `weight`, `bias` `[hidden]`.
+/// `op` as [`rms_norm`] ([`OpImpl::Cpu`]: [`KernelBackend::cpu_layer_norm`]).
 pub fn layer_norm<B: KernelBackend>(
-    kernels: Kernels,
+    op: impl Into<OpImpl>,
     x: Tensor<B, 3>,
     weight: Tensor<B, 1>,
     bias: Tensor<B, 1>,
     eps: f64,
 ) -> Tensor<B, 3> {
-    match kernels {
-        Kernels::Fused => Tensor::from_primitive(TensorPrimitive::Float(B::fused_layer_norm(
-            x.into_primitive().tensor(),
-            weight.into_primitive().tensor(),
-            bias.into_primitive().tensor(),
+    match op.into() {
+        OpImpl::Reference => layer_norm_reference(x, weight, bias, eps),
+        OpImpl::Fused => float(B::fused_layer_norm(
+            prim(x),
+            prim(weight),
+            prim(bias),
             eps as f32,
-        ))),
-        Kernels::Reference => layer_norm_reference(x, weight, bias, eps),
+        )),
+        OpImpl::Cpu => float(B::cpu_layer_norm(prim(x), prim(weight), prim(bias), eps)),
     }
+}
+
+/// A tensor's float primitive.
+fn prim<B: KernelBackend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
+    t.into_primitive().tensor()
+}
+
+/// A float primitive as a tensor of rank `D`.
+fn float<B: KernelBackend, const D: usize>(p: FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(p))
 }
 
 /// The plain Burn body of [`layer_norm`].

@@ -5,8 +5,9 @@ use burn::tensor::{FloatDType, Tensor, TensorPrimitive};
 
 use super::fused::KernelBackend;
 
-/// How RoPE is applied in one forward pass, which also picks the
-/// implementation.
+/// How RoPE is applied in one forward pass, in the form of RoPE's
+/// implementation (`OpsChoice::rope_impl`, turned into this form by
+/// `layers::position::PositionContext::new`).
 #[derive(Clone, Debug)]
 pub enum Rope<B: KernelBackend> {
     /// Reference path: `(cos, sin)` tables, each `[1, 1, len, head_dim]`,
@@ -23,18 +24,6 @@ pub enum Rope<B: KernelBackend> {
         /// position), scaling included.
         inv_freq: Tensor<B, 1>,
     },
-}
-
-impl<B: KernelBackend> Rope<B> {
-    /// The same RoPE as the backend's CPU operation ([`Rope::Host`]) when
-    /// `on`, in place of the reference's tables; the fused form is
-    /// unchanged.
-    pub fn on_host(self, on: bool) -> Self {
-        match self {
-            Rope::Tables(cos, sin) if on => Rope::Host(cos, sin),
-            other => other,
-        }
-    }
 }
 
 /// RoPE applied to `x` `[batch, heads, len, head_dim]`, computed in f32

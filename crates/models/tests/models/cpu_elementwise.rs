@@ -11,7 +11,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use ferrotron_engine::lm::CausalLm;
 use ferrotron_models::layers::gelu_tanh;
-use ferrotron_models::ops::{layer_norm, rms_norm, rope_reference, swiglu, KernelBackend};
+use ferrotron_models::ops::{layer_norm, rms_norm, rope_reference, swiglu, KernelBackend, OpImpl};
 use ferrotron_models::presets::preset;
 use ferrotron_models::{Decoder, DecoderConfig, Kernels};
 
@@ -402,7 +402,10 @@ fn model_run(family: &str, kernels: Option<Kernels>) -> (bool, f32, Vec<Vec<f32>
         out: Vec::new(),
     };
     model.visit(&mut visitor);
-    (model.ops().cpu_elementwise(), value, visitor.out)
+    let ops = model.ops();
+    let elementwise = [ops.gelu_impl(), ops.swiglu_impl(), ops.rms_norm_impl()];
+    let ops_on_cpu = elementwise.iter().all(|&op| op == OpImpl::Cpu);
+    (ops_on_cpu, value, visitor.out)
 }
 
 /// A gpt-mini (LayerNorm, GELU) and a llama-mini (RMSNorm, SwiGLU) step on

@@ -110,7 +110,7 @@ fn logits_and_loss(m: &Decoder<B>, ids: &[Vec<i64>]) -> (Tensor<B, 3>, Tensor<B,
     let tokens = ids_tensor(ids);
     let logits = m.forward(tokens.clone());
     let loss = cross_entropy(
-        m.kernels(),
+        m.ops().cross_entropy_impl(),
         logits.clone().narrow(1, 0, t - 1),
         tokens.narrow(1, 1, t - 1),
     );

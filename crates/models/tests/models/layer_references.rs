@@ -5,7 +5,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use ferrotron_models::init::Init;
 use ferrotron_models::layers::position::{Heads, PositionContext};
 use ferrotron_models::layers::Norm;
-use ferrotron_models::ops::{cross_entropy, rope_reference, AttentionBias, Rope};
+use ferrotron_models::ops::{cross_entropy, rope_reference, AttentionBias, OpsChoice, Rope};
 use ferrotron_models::Kernels;
 use ferrotron_models::{NormKind, Position};
 
@@ -77,7 +77,7 @@ fn rope_rotates_each_pair_by_position_times_frequency() {
         d,
         start,
         len,
-        false,
+        &OpsChoice::reference(),
         &Default::default(),
     );
     let Some(Rope::Tables(cos, sin)) = ctx.rope else {
@@ -111,7 +111,7 @@ fn attention_bias_hides_exactly_the_future_keys_and_adds_alibi() {
         4,
         2,
         3,
-        false,
+        &OpsChoice::reference(),
         &Default::default(),
     )
     .attn_bias

@@ -15,7 +15,7 @@ use ferrotron_engine::lm::{CausalLm, LmUnits};
 use ferrotron_engine::optim::{AdamWConfig, LrSchedule};
 use ferrotron_engine::params::named_tensors;
 use ferrotron_models::layers::position::{Heads, PositionContext};
-use ferrotron_models::ops::{attention, AttentionBias};
+use ferrotron_models::ops::{attention, AttentionBias, OpsChoice};
 use ferrotron_models::presets::preset;
 use ferrotron_models::{Decoder, DecoderConfig, Kernels, Position};
 use ferrotron_parallel::groups::ProcessGroups;
@@ -97,7 +97,7 @@ fn recomputed_attention_node_has_the_reference_gradients() {
             hd,
             0,
             len,
-            false,
+            &OpsChoice::reference(),
             &Default::default(),
         );
         let weight = Tensor::<B, 4>::from_data(
@@ -105,10 +105,13 @@ fn recomputed_attention_node_has_the_reference_gradients() {
             &Default::default(),
         );
         let mut grads = Vec::new();
+        let AttentionBias::Matrix(matrix) = context.attn_bias.clone() else {
+            panic!("the reference context holds a bias matrix")
+        };
         let variants = [
             context.attn_bias.clone(),
             context.attn_bias.clone().recomputed(true),
-            context.attn_bias.clone().on_host(true),
+            AttentionBias::Host(matrix),
         ];
         assert!(matches!(variants[0], AttentionBias::Matrix(_)));
         assert!(matches!(variants[1], AttentionBias::Recomputed(_)));

@@ -1,0 +1,108 @@
+//! The resolved implementation of every operation per backend, precision
+//! and `kernels` setting, as `OpsChoice::resolve` and docs/kernels.md
+//! state them (the models tests check that each runs as chosen).
+
+use super::*;
+use crate::presets::preset;
+
+/// llama-mini (RMSNorm, SwiGLU, RoPE) with `kernels` in `precision`.
+fn config(kernels: Option<Kernels>, precision: Precision) -> DecoderConfig {
+    DecoderConfig {
+        kernels,
+        precision,
+        ..preset("llama-mini").unwrap()
+    }
+}
+
+/// Every operation `elementwise` (the norms, SwiGLU, RoPE; GELU on the CPU
+/// only), attention `attention`, cross-entropy `cross_entropy`.
+fn expect(
+    kernels: Kernels,
+    [attention, elementwise, cross_entropy]: [OpImpl; 3],
+    head_loss: HeadLoss,
+) -> OpsChoice {
+    OpsChoice {
+        kernels,
+        attention,
+        rope: elementwise,
+        rms_norm: elementwise,
+        layer_norm: elementwise,
+        swiglu: elementwise,
+        gelu: if elementwise == OpImpl::Cpu {
+            OpImpl::Cpu
+        } else {
+            OpImpl::Reference
+        },
+        cross_entropy,
+        head_loss,
+    }
+}
+
+#[cfg(feature = "flex")]
+#[test]
+fn flex_runs_its_cpu_operations_in_f32_and_the_reference_otherwise() {
+    use burn::backend::{Autodiff, Flex};
+    use OpImpl::{Cpu, Reference};
+    let cases = [
+        // The default in f32: every CPU operation, the chunked head.
+        (
+            None,
+            Precision::Fp32,
+            [Cpu, Cpu, Reference],
+            HeadLoss::Chunked,
+        ),
+        // bf16 and f16: the host attention node (which runs the reference
+        // in those dtypes), Burn's operations elsewhere, the whole logits.
+        (
+            None,
+            Precision::Bf16,
+            [Cpu, Reference, Reference],
+            HeadLoss::Logits,
+        ),
+        (
+            None,
+            Precision::Fp16,
+            [Cpu, Reference, Reference],
+            HeadLoss::Logits,
+        ),
+        // kernels = "reference": Burn's operations only.
+        (
+            Some(Kernels::Reference),
+            Precision::Fp32,
+            [Reference; 3],
+            HeadLoss::Logits,
+        ),
+    ];
+    for (kernels, precision, ops, head) in cases {
+        let c = config(kernels, precision);
+        let want = expect(Kernels::Reference, ops, head);
+        assert_eq!(OpsChoice::resolve::<Flex>(&c).unwrap(), want, "{c:?}");
+        let autodiff = OpsChoice::resolve::<Autodiff<Flex>>(&c).unwrap();
+        assert_eq!(autodiff, want, "autodiff {kernels:?} {precision:?}");
+    }
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn cubecl_backends_run_the_fused_kernels_in_every_precision() {
+    use super::super::Wgpu;
+    use OpImpl::{Fused, Reference};
+    for precision in [Precision::Fp32, Precision::Bf16, Precision::Fp16] {
+        for kernels in [None, Some(Kernels::Fused)] {
+            let got = OpsChoice::resolve::<Wgpu>(&config(kernels, precision)).unwrap();
+            let want = expect(Kernels::Fused, [Fused; 3], HeadLoss::Chunked);
+            assert_eq!(got, want, "{kernels:?} {precision:?}");
+            // Decoding with a KV cache: attention and RoPE by the reference.
+            let decoding = OpsChoice {
+                attention: Reference,
+                rope: Reference,
+                ..want
+            };
+            assert_eq!(got.decoding(), decoding);
+        }
+        let reference = config(Some(Kernels::Reference), precision);
+        let got = OpsChoice::resolve::<Wgpu>(&reference).unwrap();
+        let want = expect(Kernels::Reference, [Reference; 3], HeadLoss::Logits);
+        assert_eq!(got, want, "reference {precision:?}");
+    }
+}
