@@ -42,20 +42,6 @@ impl<B: FusedKernels> Backward<B, 3> for AttentionBackward {
 }
 
 #[derive(Debug)]
-struct SwigluBackward;
-
-impl<B: FusedKernels> Backward<B, 2> for SwigluBackward {
-    /// `gate`, `up`.
-    type State = (FloatTensor<B>, FloatTensor<B>);
-
-    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let d_out = grads.consume::<B>(&ops.node);
-        let (gate, up) = ops.state;
-        register!(B, grads, ops.parents, B::swiglu_backward(gate, up, d_out));
-    }
-}
-
-#[derive(Debug)]
 struct RmsNormBackward;
 
 impl<B: FusedKernels> Backward<B, 2> for RmsNormBackward {
@@ -193,20 +179,7 @@ impl<B: FusedKernels, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
     }
 
     fn fused_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
-        let nodes = [gate.node.clone(), up.node.clone()];
-        match SwigluBackward
-            .prepare::<C>(nodes)
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let out = B::swiglu_forward(gate.primitive.clone(), up.primitive.clone());
-                prep.finish((gate.primitive, up.primitive), out)
-            }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(B::swiglu_forward(gate.primitive, up.primitive))
-            }
-        }
+        super::swiglu::cube::node::<B, C>(gate, up)
     }
 
     fn fused_rms_norm(

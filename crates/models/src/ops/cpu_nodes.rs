@@ -1,9 +1,10 @@
-//! The CPU operations of `ops::cpu` (GELU-tanh, SwiGLU, RMSNorm, LayerNorm,
-//! RoPE) on the flex backend: the forward alone on `Flex` (evaluation,
-//! generation), and on `Autodiff<Flex, C>` one graph node each whose
-//! backward is the operation's own one-pass backward, in place of the
-//! 10 to 20 nodes of Burn's autodiff of the reference. Inputs that are not
-//! f32 (mixed precision) take the reference.
+//! The CPU operations of `ops::cpu` (GELU-tanh, RMSNorm, LayerNorm, RoPE;
+//! SwiGLU's node is `ops::swiglu::cpu`) on the flex backend: the forward
+//! alone on `Flex` (evaluation, generation), and on `Autodiff<Flex, C>` one
+//! graph node each whose backward is the operation's own one-pass
+//! backward, in place of the 10 to 20 nodes of Burn's autodiff of the
+//! reference. Inputs that are not f32 (mixed precision) take the
+//! reference.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -17,14 +18,13 @@ use burn::tensor::DType;
 use super::cpu::{self, dense, RowStats};
 use super::fused::{
     gelu_reference, layer_norm_reference_on, rms_norm_reference_on, rope_reference_on,
-    swiglu_reference_on,
 };
 
 /// The autodiff backend over flex.
 type Ad<C> = Autodiff<Flex, C>;
 
 /// Whether every tensor is f32 (what the CPU operations take).
-fn all_f32(tensors: &[&FlexTensor]) -> bool {
+pub(super) fn all_f32(tensors: &[&FlexTensor]) -> bool {
     tensors.iter().all(|t| t.dtype() == DType::F32)
 }
 
@@ -34,14 +34,6 @@ pub(super) fn gelu_forward(x: FlexTensor) -> FlexTensor {
         return gelu_reference::<Flex>(x);
     }
     cpu::gelu_tanh(&dense(x))
-}
-
-/// `silu(gate) * up` on flex without autodiff.
-pub(super) fn swiglu_forward(gate: FlexTensor, up: FlexTensor) -> FlexTensor {
-    if !all_f32(&[&gate, &up]) {
-        return swiglu_reference_on::<Flex>(gate, up);
-    }
-    cpu::swiglu(&dense(gate), &dense(up))
 }
 
 /// RMSNorm on flex without autodiff.
@@ -103,43 +95,6 @@ pub(super) fn gelu_node<C: CheckpointStrategy>(x: FloatTensor<Ad<C>>) -> FloatTe
             prep.finish(x_dense, y)
         }
         OpsKind::UnTracked(prep) => prep.finish(cpu::gelu_tanh(&x_dense)),
-    }
-}
-
-#[derive(Debug)]
-struct SwigluBackward;
-
-impl Backward<Flex, 2> for SwigluBackward {
-    /// `gate`, `up`, dense.
-    type State = (FlexTensor, FlexTensor);
-
-    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let d_out = dense(grads.consume::<Flex>(&ops.node));
-        let (gate, up) = ops.state;
-        let values = cpu::swiglu_backward(gate, up, &d_out);
-        register!(Flex, grads, ops.parents, values);
-    }
-}
-
-/// `silu(gate) * up` as one node of the autodiff graph over flex.
-pub(super) fn swiglu_node<C: CheckpointStrategy>(
-    gate: FloatTensor<Ad<C>>,
-    up: FloatTensor<Ad<C>>,
-) -> FloatTensor<Ad<C>> {
-    if !all_f32(&[&gate.primitive, &up.primitive]) {
-        return swiglu_reference_on::<Ad<C>>(gate, up);
-    }
-    let (g, u) = (dense(gate.primitive), dense(up.primitive));
-    match SwigluBackward
-        .prepare::<C>([gate.node, up.node])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => {
-            let out = cpu::swiglu(&g, &u);
-            prep.finish((g, u), out)
-        }
-        OpsKind::UnTracked(prep) => prep.finish(cpu::swiglu(&g, &u)),
     }
 }
 

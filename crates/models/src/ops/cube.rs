@@ -34,7 +34,6 @@ use ferrotron_kernels::cross_entropy::{
 use ferrotron_kernels::dtype::FloatDtype;
 use ferrotron_kernels::norm::{layer, rms};
 use ferrotron_kernels::rope::{rope_backward_typed, rope_forward_typed, RopeShape};
-use ferrotron_kernels::swiglu::{swiglu_backward_typed, swiglu_forward_typed};
 use ferrotron_parallel::context::BlockAttention;
 
 use super::fused::{FusedKernels, KernelBackend};
@@ -45,7 +44,7 @@ use super::ring_attention_cube::CubeBlockAttention;
 type Cube<R, BT> = CubeBackend<R, f32, i32, BT>;
 
 /// `t` with a contiguous buffer of exactly its elements.
-fn contiguous<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+pub(super) fn contiguous<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
     let t = into_contiguous(t);
     if t.is_contiguous_buffer() {
         t
@@ -73,7 +72,7 @@ fn empty<R: CubeRuntime>(like: &CubeTensor<R>, shape: Shape) -> CubeTensor<R> {
 
 /// A new uninitialised contiguous tensor of `shape` and `like`'s dtype on
 /// its device.
-fn empty_like<R: CubeRuntime>(like: &CubeTensor<R>, shape: Shape) -> CubeTensor<R> {
+pub(super) fn empty_like<R: CubeRuntime>(like: &CubeTensor<R>, shape: Shape) -> CubeTensor<R> {
     let handle = like.client.empty(shape.num_elements() * like.dtype.size());
     wrap_as(like, shape, handle, like.dtype)
 }
@@ -103,7 +102,7 @@ fn wrap_as<R: CubeRuntime>(
 /// its runtime runs it; `None` for a 16-bit dtype it lacks (bf16 on
 /// wgpu), which the launches then compute in f32 (cast up and back).
 /// Panics on a dtype no decoder holds (f64, quantised).
-fn kernel_dtype<R: CubeRuntime>(t: &CubeTensor<R>) -> Option<FloatDtype> {
+pub(super) fn kernel_dtype<R: CubeRuntime>(t: &CubeTensor<R>) -> Option<FloatDtype> {
     let dtype = match t.dtype {
         DType::F32 => return Some(FloatDtype::F32),
         DType::F16 => FloatDtype::F16,
@@ -178,7 +177,7 @@ fn rope_shape<R: CubeRuntime>(x: &CubeTensor<R>) -> RopeShape {
 }
 
 /// `t` cast to `dtype` (a copy unless it holds `dtype` already).
-fn cast_to<R: CubeRuntime>(t: CubeTensor<R>, dtype: DType) -> CubeTensor<R> {
+pub(super) fn cast_to<R: CubeRuntime>(t: CubeTensor<R>, dtype: DType) -> CubeTensor<R> {
     if t.dtype == dtype {
         t
     } else {
@@ -188,12 +187,12 @@ fn cast_to<R: CubeRuntime>(t: CubeTensor<R>, dtype: DType) -> CubeTensor<R> {
 
 /// `t` cast to f32, for a launch in f32 where the runtime lacks `t`'s
 /// 16-bit type.
-fn in_f32<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+pub(super) fn in_f32<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
     cast_to(t, DType::F32)
 }
 
 /// Unwraps a launcher result; see the module documentation.
-fn launched<T, E: std::fmt::Display>(op: &str, result: Result<T, E>) -> T {
+pub(super) fn launched<T, E: std::fmt::Display>(op: &str, result: Result<T, E>) -> T {
     result.unwrap_or_else(|e| panic!("fused {op}: {e}"))
 }
 
@@ -262,26 +261,7 @@ impl<R: CubeRuntime, BT: BoolElement> FusedKernels for Cube<R, BT> {
     }
 
     fn swiglu_forward(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
-        let Some(dtype) = kernel_dtype(&gate) else {
-            let back = gate.dtype;
-            let out = Self::swiglu_forward(in_f32(gate), in_f32(up));
-            return cast_to(out, back);
-        };
-        let (gate, up) = (contiguous(gate), contiguous(up));
-        let out = empty_like(&gate, gate.shape());
-        let len = gate.shape().num_elements();
-        launched(
-            "swiglu forward",
-            swiglu_forward_typed(
-                &gate.client,
-                dtype,
-                &gate.handle,
-                &up.handle,
-                &out.handle,
-                len,
-            ),
-        );
-        out
+        super::swiglu::cube::forward(gate, up)
     }
 
     fn swiglu_backward(
@@ -289,30 +269,7 @@ impl<R: CubeRuntime, BT: BoolElement> FusedKernels for Cube<R, BT> {
         up: FloatTensor<Self>,
         d_out: FloatTensor<Self>,
     ) -> [FloatTensor<Self>; 2] {
-        let Some(dtype) = kernel_dtype(&gate) else {
-            let back = gate.dtype;
-            let [gate, up, d_out] = [gate, up, d_out].map(in_f32);
-            let grads = Self::swiglu_backward(gate, up, d_out);
-            return grads.map(|g| cast_to(g, back));
-        };
-        let (gate, up, d_out) = (contiguous(gate), contiguous(up), contiguous(d_out));
-        let d_gate = empty_like(&gate, gate.shape());
-        let d_up = empty_like(&gate, gate.shape());
-        let len = gate.shape().num_elements();
-        launched(
-            "swiglu backward",
-            swiglu_backward_typed(
-                &gate.client,
-                dtype,
-                &gate.handle,
-                &up.handle,
-                &d_out.handle,
-                &d_gate.handle,
-                &d_up.handle,
-                len,
-            ),
-        );
-        [d_gate, d_up]
+        super::swiglu::cube::backward(gate, up, d_out)
     }
 
     fn rms_norm_forward(

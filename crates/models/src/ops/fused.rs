@@ -16,7 +16,6 @@ use super::linear_cross_entropy::GradPrimitives;
 use super::norm::{layer_norm_reference, rms_norm_reference};
 use super::recompute::Core;
 use super::rope::rope_reference;
-use super::swiglu::swiglu_reference;
 use crate::layers::gelu_tanh;
 
 /// The reference attention core ([`attention_reference`]) on primitives
@@ -53,16 +52,6 @@ fn t<B: Backend, const D: usize>(p: FloatTensor<B>) -> Tensor<B, D> {
 /// The reference GELU-tanh ([`gelu_tanh`]) on a primitive `[batch, seq, n]`.
 pub(super) fn gelu_reference<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
     gelu_tanh(t::<B, 3>(x)).into_primitive().tensor()
-}
-
-/// The reference `silu(gate) * up` on primitives `[batch, seq, n]`.
-pub(super) fn swiglu_reference_on<B: KernelBackend>(
-    gate: FloatTensor<B>,
-    up: FloatTensor<B>,
-) -> FloatTensor<B> {
-    swiglu_reference(t::<B, 3>(gate), t::<B, 3>(up))
-        .into_primitive()
-        .tensor()
 }
 
 /// The reference RMSNorm on primitives `x` `[batch, seq, hidden]`,
@@ -354,7 +343,7 @@ pub trait KernelBackend: Backend + TpOps + CpOps {
     /// default is the plain reference; flex and the autodiff backend over
     /// it override it for f32.
     fn cpu_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
-        swiglu_reference_on::<Self>(gate, up)
+        super::swiglu::reference::swiglu_reference_on::<Self>(gate, up)
     }
 
     /// RMSNorm (see [`super::rms_norm`]) of `x` `[batch, seq, hidden]` with
@@ -529,7 +518,7 @@ impl KernelBackend for burn::backend::Flex {
     }
 
     fn cpu_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
-        super::cpu_nodes::swiglu_forward(gate, up)
+        super::swiglu::cpu::forward(gate, up)
     }
 
     fn cpu_rms_norm(
@@ -597,7 +586,7 @@ impl<C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy> Kerne
     }
 
     fn cpu_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
-        super::cpu_nodes::swiglu_node::<C>(gate, up)
+        super::swiglu::cpu::node::<C>(gate, up)
     }
 
     fn cpu_rms_norm(

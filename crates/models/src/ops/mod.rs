@@ -18,6 +18,11 @@
 //! position context ([`AttentionBias`], [`Rope`]), which
 //! `layers::position` builds from the same choice.
 //!
+//! SwiGLU keeps every implementation in its own folder (`swiglu/`: the
+//! dispatch in `mod.rs`, `reference.rs`, `cube.rs` with the kernel launch
+//! and autodiff node, `cpu.rs` with flex's node); the backend traits
+//! delegate to it in one line per method.
+//!
 //! The fused path goes through [`KernelBackend`]: the CubeCL backend
 //! launches the kernels, and the autodiff backend wraps them in nodes
 //! whose backward is the kernels' own backward (FlashAttention-2
