@@ -189,9 +189,12 @@ fn a_job_that_fits_only_because_of_cp_is_not_refused() {
         );
         m.unwrap().total()
     };
+    // Steps of a quarter (multiples of 64 tokens), so that the first length
+    // over twice the memory is not near four times it: a ring of 8 then
+    // needs about a quarter of the memory, with room for what is not split.
     let mut seq = 1 << 12;
     while need(seq, 1) <= 2.0 * have as f64 {
-        seq *= 2;
+        seq = seq * 5 / 4 / 64 * 64;
     }
     assert!(need(seq, 8) < have as f64 / 2.0, "cp 8 at seq {seq}");
     let Err(problems) = job(seq, 1).validate(&world(1)) else {
