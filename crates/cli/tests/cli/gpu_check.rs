@@ -200,15 +200,14 @@ fn a_short_lease_runs_only_the_phases_it_names() {
     std::fs::create_dir_all(entry.parent().unwrap()).unwrap();
     std::fs::write(&entry, "earlier lease").unwrap();
     let tgz = seed.join("gpu-check-step-cubecl.tar.gz");
-    let tar = Command::new("tar")
-        .arg("czf")
+    let mut tar = Command::new("tar");
+    tar.arg("czf")
         .arg(&tgz)
         .arg("-C")
         .arg(&seed)
-        .arg("cubecl-cache")
-        .status()
-        .expect("tar runs");
-    assert!(tar.success());
+        .arg("cubecl-cache");
+    let packed = deadline::output_within(&mut tar, Duration::from_secs(60)).expect("tar runs");
+    assert!(packed.status.success(), "{packed:?}");
     let ferrotron = Path::new(env!("CARGO_BIN_EXE_ferrotron"));
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/gpu_check.sh");
     let mut cmd = Command::new("bash");
