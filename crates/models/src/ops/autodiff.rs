@@ -42,45 +42,6 @@ impl<B: FusedKernels> Backward<B, 3> for AttentionBackward {
 }
 
 #[derive(Debug)]
-struct RmsNormBackward;
-
-impl<B: FusedKernels> Backward<B, 2> for RmsNormBackward {
-    /// `x`, weight, reciprocal RMS per row.
-    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>);
-
-    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let dy = grads.consume::<B>(&ops.node);
-        let (x, weight, rstd) = ops.state;
-        register!(
-            B,
-            grads,
-            ops.parents,
-            B::rms_norm_backward(x, weight, rstd, dy)
-        );
-    }
-}
-
-#[derive(Debug)]
-struct LayerNormBackward;
-
-impl<B: FusedKernels> Backward<B, 3> for LayerNormBackward {
-    /// `x`, weight, mean and reciprocal standard deviation per row.
-    type State = (
-        FloatTensor<B>,
-        FloatTensor<B>,
-        FloatTensor<B>,
-        FloatTensor<B>,
-    );
-
-    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let dy = grads.consume::<B>(&ops.node);
-        let (x, weight, mean, rstd) = ops.state;
-        let values = B::layer_norm_backward(x, weight, mean, rstd, dy);
-        register!(B, grads, ops.parents, values);
-    }
-}
-
-#[derive(Debug)]
 struct RopeBackward;
 
 impl<B: FusedKernels> Backward<B, 1> for RopeBackward {
@@ -187,21 +148,7 @@ impl<B: FusedKernels, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
         weight: FloatTensor<Self>,
         eps: f32,
     ) -> FloatTensor<Self> {
-        let nodes = [x.node.clone(), weight.node.clone()];
-        match RmsNormBackward
-            .prepare::<C>(nodes)
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let (y, rstd) =
-                    B::rms_norm_forward(x.primitive.clone(), weight.primitive.clone(), eps);
-                prep.finish((x.primitive, weight.primitive, rstd), y)
-            }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(B::rms_norm_forward(x.primitive, weight.primitive, eps).0)
-            }
-        }
+        super::norm::cube::rms_node::<B, C>(x, weight, eps)
     }
 
     fn fused_layer_norm(
@@ -210,25 +157,7 @@ impl<B: FusedKernels, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
         bias: FloatTensor<Self>,
         eps: f32,
     ) -> FloatTensor<Self> {
-        let nodes = [x.node.clone(), weight.node.clone(), bias.node.clone()];
-        match LayerNormBackward
-            .prepare::<C>(nodes)
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let (y, mean, rstd) = B::layer_norm_forward(
-                    x.primitive.clone(),
-                    weight.primitive.clone(),
-                    bias.primitive,
-                    eps,
-                );
-                prep.finish((x.primitive, weight.primitive, mean, rstd), y)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(
-                B::layer_norm_forward(x.primitive, weight.primitive, bias.primitive, eps).0,
-            ),
-        }
+        super::norm::cube::layer_node::<B, C>(x, weight, bias, eps)
     }
 
     fn fused_rope(x: FloatTensor<Self>, inv_freq: FloatTensor<Self>) -> FloatTensor<Self> {

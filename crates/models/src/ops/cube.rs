@@ -32,7 +32,6 @@ use ferrotron_kernels::cross_entropy::{
     cross_entropy_forward_backward, cross_entropy_grad_typed, cross_entropy_rows_typed,
 };
 use ferrotron_kernels::dtype::FloatDtype;
-use ferrotron_kernels::norm::{layer, rms};
 use ferrotron_kernels::rope::{rope_backward_typed, rope_forward_typed, RopeShape};
 use ferrotron_parallel::context::BlockAttention;
 
@@ -65,7 +64,7 @@ fn owned<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
 }
 
 /// A new uninitialised contiguous `f32` tensor of `shape` on `like`'s device.
-fn empty<R: CubeRuntime>(like: &CubeTensor<R>, shape: Shape) -> CubeTensor<R> {
+pub(super) fn empty<R: CubeRuntime>(like: &CubeTensor<R>, shape: Shape) -> CubeTensor<R> {
     let handle = like.client.empty(shape.num_elements() * size_of::<f32>());
     wrap(like, shape, handle)
 }
@@ -113,7 +112,7 @@ pub(super) fn kernel_dtype<R: CubeRuntime>(t: &CubeTensor<R>) -> Option<FloatDty
 }
 
 /// `[rows, hidden]` of a tensor normalised over its last dimension.
-fn rows_hidden<R: CubeRuntime>(x: &CubeTensor<R>) -> (usize, usize) {
+pub(super) fn rows_hidden<R: CubeRuntime>(x: &CubeTensor<R>) -> (usize, usize) {
     let shape = x.shape();
     let hidden = shape[shape.num_dims() - 1];
     (shape.num_elements() / hidden, hidden)
@@ -277,24 +276,7 @@ impl<R: CubeRuntime, BT: BoolElement> FusedKernels for Cube<R, BT> {
         weight: FloatTensor<Self>,
         eps: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let (x, weight) = (contiguous(x), contiguous(weight));
-        let (rows, hidden) = rows_hidden(&x);
-        let y = empty(&x, x.shape());
-        let rstd = empty(&x, Shape::new([rows]));
-        launched(
-            "rms_norm forward",
-            rms::rms_norm_forward(
-                &x.client,
-                &x.handle,
-                &weight.handle,
-                &y.handle,
-                &rstd.handle,
-                rows,
-                hidden,
-                eps,
-            ),
-        );
-        (y, rstd)
+        super::norm::cube::rms_forward(x, weight, eps)
     }
 
     fn rms_norm_backward(
@@ -303,30 +285,7 @@ impl<R: CubeRuntime, BT: BoolElement> FusedKernels for Cube<R, BT> {
         rstd: FloatTensor<Self>,
         dy: FloatTensor<Self>,
     ) -> [FloatTensor<Self>; 2] {
-        let (x, weight, rstd, dy) = (
-            contiguous(x),
-            contiguous(weight),
-            contiguous(rstd),
-            contiguous(dy),
-        );
-        let (rows, hidden) = rows_hidden(&x);
-        let dx = empty(&x, x.shape());
-        let d_weight = empty(&x, weight.shape());
-        launched(
-            "rms_norm backward",
-            rms::rms_norm_backward(
-                &x.client,
-                &x.handle,
-                &weight.handle,
-                &rstd.handle,
-                &dy.handle,
-                &dx.handle,
-                &d_weight.handle,
-                rows,
-                hidden,
-            ),
-        );
-        [dx, d_weight]
+        super::norm::cube::rms_backward(x, weight, rstd, dy)
     }
 
     fn layer_norm_forward(
@@ -335,27 +294,7 @@ impl<R: CubeRuntime, BT: BoolElement> FusedKernels for Cube<R, BT> {
         bias: FloatTensor<Self>,
         eps: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let (x, weight, bias) = (contiguous(x), contiguous(weight), contiguous(bias));
-        let (rows, hidden) = rows_hidden(&x);
-        let y = empty(&x, x.shape());
-        let mean = empty(&x, Shape::new([rows]));
-        let rstd = empty(&x, Shape::new([rows]));
-        launched(
-            "layer_norm forward",
-            layer::layer_norm_forward(
-                &x.client,
-                &x.handle,
-                &weight.handle,
-                &bias.handle,
-                &y.handle,
-                &mean.handle,
-                &rstd.handle,
-                rows,
-                hidden,
-                eps,
-            ),
-        );
-        (y, mean, rstd)
+        super::norm::cube::layer_forward(x, weight, bias, eps)
     }
 
     fn layer_norm_backward(
@@ -365,34 +304,7 @@ impl<R: CubeRuntime, BT: BoolElement> FusedKernels for Cube<R, BT> {
         rstd: FloatTensor<Self>,
         dy: FloatTensor<Self>,
     ) -> [FloatTensor<Self>; 3] {
-        let (x, weight, mean, rstd, dy) = (
-            contiguous(x),
-            contiguous(weight),
-            contiguous(mean),
-            contiguous(rstd),
-            contiguous(dy),
-        );
-        let (rows, hidden) = rows_hidden(&x);
-        let dx = empty(&x, x.shape());
-        let d_weight = empty(&x, weight.shape());
-        let d_bias = empty(&x, weight.shape());
-        launched(
-            "layer_norm backward",
-            layer::layer_norm_backward(
-                &x.client,
-                &x.handle,
-                &weight.handle,
-                &mean.handle,
-                &rstd.handle,
-                &dy.handle,
-                &dx.handle,
-                &d_weight.handle,
-                &d_bias.handle,
-                rows,
-                hidden,
-            ),
-        );
-        [dx, d_weight, d_bias]
+        super::norm::cube::layer_backward(x, weight, mean, rstd, dy)
     }
 
     fn rope_forward(x: FloatTensor<Self>, inv_freq: FloatTensor<Self>) -> FloatTensor<Self> {

@@ -13,7 +13,6 @@ use ferrotron_parallel::tensor::TpOps;
 
 use super::attention::{attention_reference, attention_reference_backward};
 use super::linear_cross_entropy::GradPrimitives;
-use super::norm::{layer_norm_reference, rms_norm_reference};
 use super::recompute::Core;
 use super::rope::rope_reference;
 use crate::layers::gelu_tanh;
@@ -52,31 +51,6 @@ fn t<B: Backend, const D: usize>(p: FloatTensor<B>) -> Tensor<B, D> {
 /// The reference GELU-tanh ([`gelu_tanh`]) on a primitive `[batch, seq, n]`.
 pub(super) fn gelu_reference<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
     gelu_tanh(t::<B, 3>(x)).into_primitive().tensor()
-}
-
-/// The reference RMSNorm on primitives `x` `[batch, seq, hidden]`,
-/// `weight` `[hidden]`.
-pub(super) fn rms_norm_reference_on<B: KernelBackend>(
-    x: FloatTensor<B>,
-    weight: FloatTensor<B>,
-    eps: f64,
-) -> FloatTensor<B> {
-    rms_norm_reference(t::<B, 3>(x), t::<B, 1>(weight), eps)
-        .into_primitive()
-        .tensor()
-}
-
-/// The reference LayerNorm on primitives `x` `[batch, seq, hidden]`,
-/// `weight` and `bias` `[hidden]`.
-pub(super) fn layer_norm_reference_on<B: KernelBackend>(
-    x: FloatTensor<B>,
-    weight: FloatTensor<B>,
-    bias: FloatTensor<B>,
-    eps: f64,
-) -> FloatTensor<B> {
-    layer_norm_reference(t::<B, 3>(x), t::<B, 1>(weight), t::<B, 1>(bias), eps)
-        .into_primitive()
-        .tensor()
 }
 
 /// The reference RoPE ([`rope_reference`]) on primitives `x` `[batch,
@@ -357,7 +331,7 @@ pub trait KernelBackend: Backend + TpOps + CpOps {
         weight: FloatTensor<Self>,
         eps: f64,
     ) -> FloatTensor<Self> {
-        rms_norm_reference_on::<Self>(x, weight, eps)
+        super::norm::reference::rms_norm_reference_on::<Self>(x, weight, eps)
     }
 
     /// LayerNorm (see [`super::layer_norm`]) as Ferrotron's CPU operation:
@@ -369,7 +343,7 @@ pub trait KernelBackend: Backend + TpOps + CpOps {
         bias: FloatTensor<Self>,
         eps: f64,
     ) -> FloatTensor<Self> {
-        layer_norm_reference_on::<Self>(x, weight, bias, eps)
+        super::norm::reference::layer_norm_reference_on::<Self>(x, weight, bias, eps)
     }
 
     /// RoPE ([`super::rope_reference`]) of `x` `[batch, heads, len,
@@ -526,7 +500,7 @@ impl KernelBackend for burn::backend::Flex {
         weight: FloatTensor<Self>,
         eps: f64,
     ) -> FloatTensor<Self> {
-        super::cpu_nodes::rms_norm_forward(x, weight, eps)
+        super::norm::cpu::rms_forward(x, weight, eps)
     }
 
     fn cpu_layer_norm(
@@ -535,7 +509,7 @@ impl KernelBackend for burn::backend::Flex {
         bias: FloatTensor<Self>,
         eps: f64,
     ) -> FloatTensor<Self> {
-        super::cpu_nodes::layer_norm_forward(x, weight, bias, eps)
+        super::norm::cpu::layer_forward(x, weight, bias, eps)
     }
 
     fn cpu_rope(
@@ -594,7 +568,7 @@ impl<C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy> Kerne
         weight: FloatTensor<Self>,
         eps: f64,
     ) -> FloatTensor<Self> {
-        super::cpu_nodes::rms_norm_node::<C>(x, weight, eps)
+        super::norm::cpu::rms_node::<C>(x, weight, eps)
     }
 
     fn cpu_layer_norm(
@@ -603,7 +577,7 @@ impl<C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy> Kerne
         bias: FloatTensor<Self>,
         eps: f64,
     ) -> FloatTensor<Self> {
-        super::cpu_nodes::layer_norm_node::<C>(x, weight, bias, eps)
+        super::norm::cpu::layer_node::<C>(x, weight, bias, eps)
     }
 
     fn cpu_rope(

@@ -1,10 +1,31 @@
-//! RMSNorm and LayerNorm over the last dimension.
+//! RMSNorm and LayerNorm over the last dimension, every implementation in
+//! this folder: [`rms_norm`] and [`layer_norm`] run the one their
+//! [`OpImpl`] names.
+//!
+//! - `reference`: the plain Burn bodies (every backend, every dtype).
+//! - `cube`: the CubeCL kernels of `ferrotron_kernels::norm` launched on
+//!   the backend's buffers (f32), and the autodiff nodes whose backward is
+//!   the kernels' backward ([`KernelBackend::fused_rms_norm`],
+//!   [`KernelBackend::fused_layer_norm`]).
+//! - `cpu`: flex's one-pass host-buffer operations (`ops::cpu::rms_norm`,
+//!   `layer_norm`, `norm_backward`) as one autodiff node each
+//!   ([`KernelBackend::cpu_rms_norm`], [`KernelBackend::cpu_layer_norm`];
+//!   flex feature).
+//!
+//! The backend traits must be implemented in one place per backend; their
+//! norm methods delegate here in one line.
+
+#[cfg(feature = "flex")]
+pub(super) mod cpu;
+pub(super) mod cube;
+pub(super) mod reference;
 
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 
 use super::fused::KernelBackend;
 use super::OpImpl;
+use reference::{layer_norm_reference, rms_norm_reference};
 
 /// `x / sqrt(mean(x^2) + eps) * weight` over the last dimension of `x`
 /// `[batch, seq, hidden]`; `weight` `[hidden]`. `op` is an [`OpImpl`] or
@@ -20,16 +41,6 @@ pub fn rms_norm<B: KernelBackend>(
         OpImpl::Fused => float(B::fused_rms_norm(prim(x), prim(weight), eps as f32)),
         OpImpl::Cpu => float(B::cpu_rms_norm(prim(x), prim(weight), eps)),
     }
-}
-
-/// The plain Burn body of [`rms_norm`].
-pub(super) fn rms_norm_reference<B: KernelBackend>(
-    x: Tensor<B, 3>,
-    weight: Tensor<B, 1>,
-    eps: f64,
-) -> Tensor<B, 3> {
-    let ms = (x.clone() * x.clone()).mean_dim(2);
-    x / ms.add_scalar(eps).sqrt() * weight.unsqueeze::<3>()
 }
 
 /// `(x - mean) / sqrt(var + eps) * weight + bias` (biased variance) over the
@@ -62,16 +73,4 @@ fn prim<B: KernelBackend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
 /// A float primitive as a tensor of rank `D`.
 fn float<B: KernelBackend, const D: usize>(p: FloatTensor<B>) -> Tensor<B, D> {
     Tensor::from_primitive(TensorPrimitive::Float(p))
-}
-
-/// The plain Burn body of [`layer_norm`].
-pub(super) fn layer_norm_reference<B: KernelBackend>(
-    x: Tensor<B, 3>,
-    weight: Tensor<B, 1>,
-    bias: Tensor<B, 1>,
-    eps: f64,
-) -> Tensor<B, 3> {
-    let centred = x.clone() - x.mean_dim(2);
-    let var = (centred.clone() * centred.clone()).mean_dim(2);
-    centred / var.add_scalar(eps).sqrt() * weight.unsqueeze::<3>() + bias.unsqueeze::<3>()
 }
