@@ -163,7 +163,7 @@ where
     ) -> Result<Tensor<Cube<R, F, I, BT>, 1>, CommError> {
         let w = self.comm.world_size();
         let total = t.dims()[0];
-        if total % w != 0 {
+        if !total.is_multiple_of(w) {
             return Err(CommError::BadLength {
                 op: "reduce_scatter_sum",
                 detail: format!("{total} values do not split over {w} ranks"),
