@@ -20,16 +20,12 @@ use common::assert_gradients_match;
 
 type Ad = Autodiff<Flex>;
 
-/// `n` deterministic values in `[-scale, scale)`.
+/// `n` deterministic values in `[-scale, scale)`: [`common::values`]
+/// scaled.
 fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
-        })
+    common::values(n, seed)
+        .into_iter()
+        .map(|v| v * scale)
         .collect()
 }
 
