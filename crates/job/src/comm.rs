@@ -5,9 +5,11 @@ use std::ffi::OsStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use burn::tensor::backend::Backend;
 use ferrotron_engine::backend::BackendKind;
+use ferrotron_parallel::comm::nccl::device::{DeviceComm, HostStreams, SharedCollectives};
 use ferrotron_parallel::comm::nccl::{NcclLibrary, LIBRARY_ENV};
-use ferrotron_parallel::comm::{Communicator, SingleProcess};
+use ferrotron_parallel::comm::{CommError, Communicator, SingleProcess};
 use ferrotron_parallel::launch::LaunchInfo;
 
 use crate::config::CommChoice;
@@ -37,11 +39,11 @@ pub enum Transport {
 /// Resolves `--comm` for backend `kind`; `library` is the value of
 /// `FERROTRON_NCCL_LIBRARY`.
 ///
-/// - `auto` and `mpi`: MPI. (`auto` stays MPI on cuda and rocm too: the
-///   trainer's collectives move host buffers, which NCCL on a GPU must
-///   stage through device memory, two more copies across PCIe per call
-///   than MPI makes; it becomes NCCL there once the gradient sync hands
-///   NCCL its device buffers.)
+/// - `auto` and `mpi`: MPI. (`auto` stays MPI on cuda and rocm too: only
+///   the gradient reductions hand NCCL their device buffers; the other
+///   collectives (ZeRO's parameter all-gathers, TP, CP and pipeline
+///   messages) move host buffers, which NCCL on a GPU must stage through
+///   device memory, two more copies across PCIe per call than MPI makes.)
 /// - `nccl`: on cuda and rocm, `library`, else the first of
 ///   `LIBRARY_NAMES` that opens, which must load (its calls staged through
 ///   the rank's GPU); on a CPU backend, `library` must name a library that
@@ -162,4 +164,80 @@ fn memory(
             "NCCL on {other} buffers is not compiled into this build"
         ))),
     }
+}
+
+impl Transport {
+    /// The NCCL library of an NCCL transport, with the GPU backend whose
+    /// buffers it reads (`None`: host memory); `None` for MPI.
+    pub(crate) fn nccl(&self) -> Option<(&Arc<NcclLibrary>, Option<BackendKind>)> {
+        match self {
+            Transport::Mpi => None,
+            Transport::Nccl(lib) => Some((lib, None)),
+            Transport::NcclDevice(lib, kind) => Some((lib, Some(*kind))),
+        }
+    }
+}
+
+/// The collectives of `lib` over `group` (the DP x CP group) on the
+/// gradients' own tensors of backend `B` on `device`: on GPU backend `gpu`
+/// (cuda, rocm) NCCL / RCCL reads the device buffers in place
+/// (`comm::nccl::device::cube`); without one, a library on host memory
+/// (the test double) runs the same path there. A collective over `group`.
+pub(crate) fn device_collectives<B: Backend>(
+    lib: &Arc<NcclLibrary>,
+    gpu: Option<BackendKind>,
+    device: &B::Device,
+    group: &dyn Communicator,
+) -> Result<SharedCollectives<B>, CommError> {
+    let Some(kind) = gpu else {
+        let comm = DeviceComm::init(lib.clone(), group, Box::new(HostStreams))?;
+        return Ok(Arc::new(comm));
+    };
+    // The communicator typed for the GPU backend, boxed so that it can be
+    // taken back as `B`'s: the same type when `B` is that backend, as
+    // dispatch makes it.
+    let typed = cube_collectives(lib, kind, device, group)?;
+    typed
+        .downcast::<SharedCollectives<B>>()
+        .map(|shared| *shared)
+        .map_err(|_| not_backend(kind))
+}
+
+/// [`device_collectives`] on GPU backend `kind`: its communicator as the
+/// `SharedCollectives` of `ferrotron_models::ops::{Cuda, Rocm}`, boxed.
+#[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(unused_variables))]
+fn cube_collectives(
+    lib: &Arc<NcclLibrary>,
+    kind: BackendKind,
+    device: &dyn std::any::Any,
+    group: &dyn Communicator,
+) -> Result<Box<dyn std::any::Any>, CommError> {
+    match kind {
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => {
+            use ferrotron_parallel::comm::nccl::device::cube::CudaComm;
+            let device = device.downcast_ref().ok_or_else(|| not_backend(kind))?;
+            let shared: SharedCollectives<ferrotron_models::ops::Cuda> =
+                Arc::new(CudaComm::init(lib.clone(), group, device)?);
+            Ok(Box::new(shared))
+        }
+        #[cfg(feature = "rocm")]
+        BackendKind::Rocm => {
+            use ferrotron_parallel::comm::nccl::device::cube::HipComm;
+            let device = device.downcast_ref().ok_or_else(|| not_backend(kind))?;
+            let shared: SharedCollectives<ferrotron_models::ops::Rocm> =
+                Arc::new(HipComm::init(lib.clone(), group, device)?);
+            Ok(Box::new(shared))
+        }
+        other => Err(CommError::Transport(format!(
+            "NCCL on {other} buffers is not compiled into this build"
+        ))),
+    }
+}
+
+/// The error of a trainer whose backend type is not `kind`'s (a caller bug).
+fn not_backend(kind: BackendKind) -> CommError {
+    CommError::Transport(format!(
+        "NCCL on device buffers: the trainer's backend is not {kind}'s"
+    ))
 }

@@ -40,6 +40,7 @@ use ferrotron_parallel::train::loss_scale::LossScaleConfig;
 use ferrotron_parallel::train::{ParallelConfig, StepConfig, Trainer};
 use ferrotron_parallel::zero::{ParamSource, ToBeLoaded, ZeroStage, DEFAULT_ZERO3_PREFETCH};
 
+use crate::comm::device_collectives;
 use crate::config::Offload;
 
 use crate::error::usage;
@@ -224,13 +225,17 @@ fn parallelize_with<B: TrainBackend>(
         zero3_prefetch: par.zero3_prefetch.unwrap_or(DEFAULT_ZERO3_PREFETCH),
         offload_optimizer: par.offload == Offload::Optimizer,
     };
-    let (step, device) = (step_config(job), device.clone());
-    let trainer = match source {
-        Some(source) => {
-            Trainer::parallel_from_source(part, source, step, device, groups, parallel)?
-        }
-        None => Trainer::parallel(part, step, device, groups, parallel)?,
+    let (step, owned) = (step_config(job), device.clone());
+    let mut trainer = match source {
+        Some(source) => Trainer::parallel_from_source(part, source, step, owned, groups, parallel)?,
+        None => Trainer::parallel(part, step, owned, groups, parallel)?,
     };
+    // NCCL's gradient all-reduces take the gradients' own tensors.
+    if let Some((lib, gpu)) = job.transport.nccl() {
+        trainer.reduce_on_device(|group| {
+            device_collectives::<B::InnerBackend>(lib, gpu, device, group)
+        })?;
+    }
     if job.model.precision != Precision::Fp16 {
         return Ok(trainer);
     }

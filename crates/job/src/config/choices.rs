@@ -35,8 +35,8 @@ impl From<PpSchedule> for ScheduleKind {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum CommChoice {
-    /// MPI on every backend today: the trainer's collectives move host
-    /// buffers, which NCCL on a GPU stages through device memory (see
+    /// MPI on every backend today: most of the trainer's collectives move
+    /// host buffers, which NCCL on a GPU stages through device memory (see
     /// `comm::resolve`).
     #[default]
     Auto,

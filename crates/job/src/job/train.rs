@@ -81,13 +81,18 @@ impl TrainTask<'_> {
         let pr = &job.config.precision;
         let offloaded = job.config.parallelism.offload == crate::config::Offload::Optimizer;
         self.say(format!(
-            "precision {precision} (master weights, gradients and AdamW state f32{}); gradients reduced in {}{}",
+            "precision {precision} (master weights, gradients and AdamW state f32{}); gradients reduced in {}{}{}",
             if offloaded {
                 "; AdamW state offloaded to host memory, updated on the CPU"
             } else {
                 ""
             },
             pr.reduce_dtype,
+            if trainer.reduces_on_device() {
+                ", by NCCL on their own buffers"
+            } else {
+                ""
+            },
             if precision == Precision::Fp16 {
                 format!("; dynamic loss scale from {} (doubles after {} clean steps)", pr.loss_scale_init, pr.loss_scale_window)
             } else {

@@ -9,7 +9,9 @@
 //! launches of this binary's ignored workers; each rank computes the
 //! one-rank gradients itself (cheap at this size) and compares on every
 //! rank. The 2-rank launch also runs `offload_parallel`'s optimizer
-//! offload cases (bit-identical to the run without offload).
+//! offload cases (bit-identical to the run without offload) and
+//! `device_reduce_parallel`'s NCCL device all-reduces (bit-identical to
+//! the host path).
 //!
 //! Tolerance: every micro-batch's forward and backward is the same
 //! computation as on one rank except that TP adds the row-parallel
@@ -51,7 +53,7 @@
 
 use std::time::Duration;
 
-use ferrotron_test_support::{mpirun, skip::skip};
+use ferrotron_test_support::{mpirun, nccl_double, skip::skip};
 
 /// Longest one launch may take before it is killed and fails the test.
 const DEADLINE: Duration = Duration::from_secs(600);
@@ -65,7 +67,12 @@ fn launch(ranks: usize, worker: &str) {
         );
         return;
     }
-    let (o, text) = mpirun::worker(ranks, &[], worker, DEADLINE);
+    // The device-reduce cases open the NCCL test double.
+    let library = format!(
+        "FERROTRON_NCCL_LIBRARY={}",
+        nccl_double::library().display()
+    );
+    let (o, text) = mpirun::worker(ranks, &["-x", &library], worker, DEADLINE);
     assert!(o.status.success(), "{text}");
     assert_eq!(text.matches("1 passed").count(), ranks, "{text}");
 }
@@ -270,6 +277,9 @@ mod worker {
         }
         if ranks == 2 {
             failures.extend(crate::offload_parallel::worker::failures(&world, &launch));
+            failures.extend(crate::device_reduce_parallel::worker::failures(
+                &world, &launch,
+            ));
         }
         world.barrier().unwrap();
         assert!(failures.is_empty(), "{}", failures.join("\n"));

@@ -25,8 +25,11 @@ pub mod worker {
 
     use burn::backend::{Autodiff, Flex};
     use ferrotron_engine::optim::{AdamWConfig, LrSchedule};
+    use ferrotron_engine::precision::Precision;
     use ferrotron_job::World;
     use ferrotron_models::Decoder;
+    use ferrotron_parallel::comm::nccl::device::{DeviceComm, HostStreams};
+    use ferrotron_parallel::comm::nccl::NcclLibrary;
     use ferrotron_parallel::comm::Communicator;
     use ferrotron_parallel::groups::ProcessGroups;
     use ferrotron_parallel::train::{ParallelConfig, StepConfig, Trainer};
@@ -45,18 +48,45 @@ pub mod worker {
     /// Every step's `(loss, grad_norm)` as bits, the final weights as
     /// bits by name, and the collectives run on the communication thread
     /// in all steps.
-    type Run = (Vec<(u64, u64)>, Vec<(String, Vec<u32>)>, u64);
+    pub type Run = (Vec<(u64, u64)>, Vec<(String, Vec<u32>)>, u64);
+
+    /// How one run of [`train`] reduces and updates.
+    pub struct Setup {
+        pub stage: ZeroStage,
+        pub offload: bool,
+        pub overlap: bool,
+        /// `--reduce-dtype`.
+        pub reduce: Precision,
+        /// NCCL's gradient all-reduces on the gradients' own tensors
+        /// ([`Trainer::reduce_on_device`]), this library's (the test
+        /// double, on host memory); `None`: the DP group's host path.
+        pub nccl: Option<Arc<NcclLibrary>>,
+    }
+
+    impl Setup {
+        /// `stage`, offloaded or not, overlapped or not, reduced in f32 on
+        /// the host path.
+        pub fn new(stage: ZeroStage, offload: bool, overlap: bool) -> Self {
+            Self {
+                stage,
+                offload,
+                overlap,
+                reduce: Precision::Fp32,
+                nccl: None,
+            }
+        }
+    }
 
     /// Trains [`STEPS`] steps of the job's llama-mini on `groups` (DP 2)
-    /// under `stage`, offloaded or not, overlapped or not; each rank
-    /// takes its half of [`global_batch`].
-    fn train(
-        launch: &World,
-        groups: &ProcessGroups,
-        stage: ZeroStage,
-        offload: bool,
-        overlap: bool,
-    ) -> Run {
+    /// as `setup` says; each rank takes its half of [`global_batch`].
+    pub fn train(launch: &World, groups: &ProcessGroups, setup: &Setup) -> Run {
+        let Setup {
+            stage,
+            offload,
+            overlap,
+            reduce,
+            ..
+        } = *setup;
         let job = job("llama-mini", launch, |_| {});
         let device = Default::default();
         let model = Decoder::<B>::new(job.model(), job.config().schedule.seed, &device).unwrap();
@@ -76,9 +106,23 @@ pub mod worker {
             bucket_mb: 0.1,
             overlap_grad_reduce: overlap,
             offload_optimizer: offload,
+            reduce,
             ..ParallelConfig::default()
         };
         let mut trainer = Trainer::parallel(model, step, device, groups.clone(), parallel).unwrap();
+        if let Some(lib) = &setup.nccl {
+            let on_device = trainer
+                .reduce_on_device(|group| {
+                    let comm = DeviceComm::init(lib.clone(), group, Box::new(HostStreams))?;
+                    Ok(Arc::new(comm))
+                })
+                .unwrap();
+            assert!(
+                on_device,
+                "zero {stage}: the reductions stay on the host path"
+            );
+            assert!(trainer.reduces_on_device());
+        }
         let batches = global_batch();
         let share = batches.len() / 2;
         let rank = groups.coord().dp;
@@ -118,10 +162,11 @@ pub mod worker {
         let mut failures = Vec::new();
         for stage in [ZeroStage::One, ZeroStage::Two, ZeroStage::Three] {
             let before = failures.len();
-            let (want_steps, want_weights, _) = train(launch, &groups, stage, false, false);
+            let (want_steps, want_weights, _) =
+                train(launch, &groups, &Setup::new(stage, false, false));
             let mut ops = Vec::new();
             for overlap in [true, false] {
-                let (steps, weights, n) = train(launch, &groups, stage, true, overlap);
+                let (steps, weights, n) = train(launch, &groups, &Setup::new(stage, true, overlap));
                 ops.push(n);
                 let label = format!("zero {stage} offloaded, overlap {overlap}, rank {rank}");
                 if steps != want_steps {

@@ -34,7 +34,7 @@ pub mod tensor;
 #[cfg(feature = "mpi")]
 pub use self::mpi::MpiCommunicator;
 pub use latency::Latency;
-pub use nonblocking::{CommThread, Pending};
+pub use nonblocking::{CommThread, Pending, Started};
 pub use single::SingleProcess;
 
 use std::sync::Arc;

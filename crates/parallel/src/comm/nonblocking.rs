@@ -117,6 +117,17 @@ impl CommThread {
         })
     }
 
+    /// Starts `op`, a collective that runs on a transport of its own (NCCL
+    /// on device tensors, [`crate::comm::nccl::device::SharedCollectives`]),
+    /// in order with the collectives started on this thread and on the
+    /// same clock; `wait` returns its result.
+    pub fn start_own<T: Send + 'static>(
+        &self,
+        op: impl FnOnce() -> Result<T, CommError> + Send + 'static,
+    ) -> Pending<T> {
+        self.start(move |_| op())
+    }
+
     /// The clock since the last call (or since the thread started), reset.
     pub fn take_times(&self) -> GradCommTimes {
         let mut c = lock(&self.clock);
@@ -206,6 +217,16 @@ impl<T> Pending<T> {
             ))
         })
     }
+}
+
+/// A reduction started on a [`CommThread`]: on its communicator's host
+/// path (`f32` values), or on collectives of its own that return a `T`
+/// (a device tensor: [`CommThread::start_own`]).
+pub enum Started<T> {
+    /// Through the communicator's host path.
+    Host(Pending<Vec<f32>>),
+    /// On the caller's own collectives.
+    Own(Pending<T>),
 }
 
 impl<T> Drop for Pending<T> {

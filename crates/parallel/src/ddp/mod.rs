@@ -22,6 +22,11 @@
 //! f32, so this reproduces the numerics of a bf16 reduction, not its
 //! halved traffic. The default keeps f32 (Megatron's
 //! `--accumulate-allreduce-grads-in-fp32`).
+//!
+//! Under `--comm nccl` the buckets' all-reduces take the bucket's own
+//! tensor ([`GradSync::reduce_on_device`]: NCCL on the device buffer, no
+//! host copy), still in order on the communication thread; bf16 then
+//! travels as bf16.
 
 mod replicated;
 
@@ -39,6 +44,7 @@ use ferrotron_engine::optim::AdamW;
 use ferrotron_engine::precision::Precision;
 
 pub use self::replicated::ReplicatedGrads;
+use crate::comm::nccl::device::SharedCollectives;
 use crate::comm::{CommError, CommThread, Communicator};
 use crate::flat::tensors::ParamBytes;
 use crate::flat::{param_infos, FlatLayout};
@@ -170,6 +176,11 @@ where
         let mut p = ParamBytes(0);
         model.visit(&mut p);
         p.0
+    }
+
+    fn reduce_on_device(&mut self, device: SharedCollectives<B::InnerBackend>) -> bool {
+        self.grads.reduce_on(device);
+        true
     }
 
     fn planned_memory(&self, model: &M) -> MemoryBytes {

@@ -12,8 +12,9 @@ use burn::tensor::Tensor;
 use ferrotron_engine::optim::scale_grads;
 use ferrotron_engine::precision::Precision;
 
+use crate::comm::nccl::device::SharedCollectives;
 use crate::comm::tensor::{from_host, host_f32};
-use crate::comm::{CommError, CommThread, Pending};
+use crate::comm::{CommError, CommThread, Started};
 use crate::flat::tensors::GradBytes;
 use crate::flat::FlatLayout;
 use crate::grad_sync::norm::{weighted_squares, NormShares};
@@ -23,7 +24,10 @@ type Flat<B> = HashMap<ParamId, Tensor<<B as AutodiffBackend>::InnerBackend, 1>>
 
 /// An all-reduce in flight: the bucket's parameters with gradients and
 /// their lengths (in the order they were joined), and its handle.
-type InFlight = (Vec<(ParamId, usize)>, Pending<Vec<f32>>);
+type InFlight<B> = (
+    Vec<(ParamId, usize)>,
+    Started<Tensor<<B as AutodiffBackend>::InnerBackend, 1>>,
+);
 
 /// Whole gradients of a step: summed over its micro-batches, averaged over
 /// the DP group by one all-reduce per bucket of the layout, then applied
@@ -53,7 +57,9 @@ pub struct ReplicatedGrads<B: AutodiffBackend> {
     /// Whether each bucket's all-reduce has started this step.
     started: Vec<bool>,
     /// Started all-reduces not yet waited for, in the order they started.
-    in_flight: Vec<InFlight>,
+    in_flight: Vec<InFlight<B>>,
+    /// Where the all-reduces run when not on the DP group's host path.
+    device: Option<SharedCollectives<B::InnerBackend>>,
     /// The averaged gradients between `reduce` and `take`, and their bytes.
     reduced: Option<(GradientsParams, usize)>,
 }
@@ -77,8 +83,26 @@ impl<B: AutodiffBackend> ReplicatedGrads<B> {
             sum: HashMap::new(),
             last: None,
             in_flight: Vec::new(),
+            device: None,
             reduced: None,
         }
+    }
+
+    /// Runs every bucket's all-reduce on `device` (collectives over the
+    /// same DP group on the bucket's tensor, still ordered and timed on the
+    /// communication thread) instead of copying it to the host: the same
+    /// sums in the same order, so f32 results are bit-identical; under
+    /// `--reduce-dtype bf16` the wire carries bf16 (see the parent module).
+    ///
+    /// # Panics
+    /// If `device` spans another number of ranks than the layout's DP group.
+    pub fn reduce_on(&mut self, device: SharedCollectives<B::InnerBackend>) {
+        assert_eq!(
+            device.world_size(),
+            self.layout.dp(),
+            "device collectives over another group than the DP group"
+        );
+        self.device = Some(device);
     }
 
     /// The next micro-batch is the step's last: with overlap, buckets it
@@ -158,7 +182,14 @@ impl<B: AutodiffBackend> ReplicatedGrads<B> {
             present.iter().map(|(id, _)| self.sum[id].clone()).collect(),
             0,
         );
-        let pending = thread.start_all_reduce_sum(host_f32(self.reduce.round_tensor(joined)));
+        let rounded = self.reduce.round_tensor(joined);
+        let pending = match &self.device {
+            Some(device) => {
+                let (device, reduce) = (device.clone(), self.reduce);
+                Started::Own(thread.start_own(move || device.all_reduce_sum(rounded, reduce)))
+            }
+            None => Started::Host(thread.start_all_reduce_sum(host_f32(rounded))),
+        };
         self.in_flight.push((present, pending));
     }
 
@@ -187,11 +218,13 @@ impl<B: AutodiffBackend> ReplicatedGrads<B> {
     fn finish_started(&mut self) -> Result<(), CommError> {
         let w = self.layout.dp() as f64;
         for (present, pending) in std::mem::take(&mut self.in_flight) {
-            let summed = pending.wait()?;
-            let device = self.sum[&present[0].0].device();
-            let averaged = self
-                .reduce
-                .round_tensor(from_host::<B::InnerBackend>(summed, &device).div_scalar(w));
+            let summed = match pending {
+                Started::Host(pending) => {
+                    from_host(pending.wait()?, &self.sum[&present[0].0].device())
+                }
+                Started::Own(pending) => pending.wait()?,
+            };
+            let averaged = self.reduce.round_tensor(summed.div_scalar(w));
             let mut at = 0;
             for (id, n) in present {
                 self.sum.insert(id, averaged.clone().slice(at..at + n));

@@ -1,6 +1,6 @@
-//! Moving parameters and gradients between a model and flat host vectors:
+//! Moving parameters and gradients between a model and flat vectors:
 //! a rank's pieces of the parameters or gradients ([`PieceTensors`],
-//! [`GradValues`]), the bytes a module holds ([`ParamBytes`],
+//! [`GradTensors`]), the bytes a module holds ([`ParamBytes`],
 //! [`GradBytes`]), and replacing parameters by given values ([`Assign`])
 //! or by placeholders ([`Release`], ZeRO-3 and the pipeline's stages).
 
@@ -12,7 +12,6 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 
 use super::Piece;
-use crate::comm::tensor::host_f32;
 
 /// This rank's pieces of the parameters, or with `grads` of their
 /// gradients, as rank-1 tensors on the device: elements `start..end` of
@@ -41,21 +40,23 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for PieceTensors<'_, B> {
     }
 }
 
-/// Host values of the gradients in `grads` of the parameters whose ids
-/// are in `want` (parameters without a gradient are left out).
-pub(crate) struct GradValues<'a> {
+/// The gradients in `grads` of the parameters whose ids are in `want`,
+/// flat (rank-1) on the device (parameters without a gradient are left
+/// out).
+pub(crate) struct GradTensors<'a, B: AutodiffBackend> {
     pub(crate) grads: &'a GradientsParams,
     pub(crate) want: &'a HashSet<ParamId>,
-    pub(crate) out: HashMap<ParamId, Vec<f32>>,
+    pub(crate) out: HashMap<ParamId, Tensor<B::InnerBackend, 1>>,
 }
 
-impl<B: AutodiffBackend> ModuleVisitor<B> for GradValues<'_> {
+impl<B: AutodiffBackend> ModuleVisitor<B> for GradTensors<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         if !self.want.contains(&param.id) {
             return;
         }
         if let Some(g) = self.grads.get::<B::InnerBackend, D>(param.id) {
-            self.out.insert(param.id, host_f32(g));
+            let n = g.shape().num_elements();
+            self.out.insert(param.id, g.reshape([n]));
         }
     }
 }

@@ -30,6 +30,7 @@ use ferrotron_engine::metrics::{GradCommTimes, MemoryBytes};
 use ferrotron_engine::optim::AdamW;
 
 use self::norm::NormShares;
+use crate::comm::nccl::device::SharedCollectives;
 use crate::comm::CommError;
 
 /// The outcome of [`GradSync::apply`].
@@ -131,6 +132,12 @@ pub trait GradSync<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> {
 
     /// Bytes of parameters this rank holds between steps.
     fn param_bytes(&self, model: &M) -> usize;
+
+    /// Runs the gradient reductions (DDP and ZeRO-1's all-reduces, ZeRO-2
+    /// and 3's reduce-scatters) on `device`, collectives over the same DP
+    /// group on the gradients' own tensors (NCCL on device buffers),
+    /// instead of the group's host path; whether this strategy does.
+    fn reduce_on_device(&mut self, device: SharedCollectives<B::InnerBackend>) -> bool;
 
     /// The training state this rank will hold once training runs, from the
     /// layout (f32 state; what a step measures, up to the padding of the

@@ -16,7 +16,8 @@ use serde::{Deserialize, Serialize};
 
 use super::loss_scale::{LossScaleConfig, LossScaler, ScaleOutcome};
 use super::test_faults;
-use crate::comm::CommError;
+use crate::comm::nccl::device::SharedCollectives;
+use crate::comm::{CommError, Communicator};
 use crate::ddp::{bucket_elems, Ddp, DEFAULT_BUCKET_MB};
 use crate::flat::param_infos;
 use crate::grad_sync::norm::{global_norm, group_sum, NormShares};
@@ -211,6 +212,9 @@ pub struct Trainer<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> {
     pub(super) scaler: Option<LossScaler>,
     /// AdamW's state lives in host memory (`--offload optimizer`).
     pub(super) offloaded: bool,
+    /// Whether the gradient all-reduces run on device collectives
+    /// ([`Trainer::reduce_on_device`]).
+    on_device: bool,
 }
 
 impl<B, M> Trainer<B, M>
@@ -393,6 +397,7 @@ where
             recompute,
             scaler: None,
             offloaded: parallel.offload_optimizer,
+            on_device: false,
         })
     }
 
@@ -411,6 +416,35 @@ where
     pub fn with_loss_scaling(mut self, config: LossScaleConfig) -> Self {
         self.scaler = Some(LossScaler::new(config));
         self
+    }
+
+    /// Runs the gradient reductions (DDP and ZeRO-1's all-reduces, ZeRO-2
+    /// and 3's reduce-scatters) on the collectives that `open` creates
+    /// over the DP x CP group (NCCL on the gradients' device buffers,
+    /// [`crate::comm::nccl::device`]) instead of the group's host path;
+    /// `open` is a collective over that group. Returns whether the trainer
+    /// reduces there: not on a group of one rank (nothing to reduce, and
+    /// `open` is not called). ZeRO's parameter all-gathers stay on the
+    /// host path.
+    ///
+    /// # Errors
+    /// What `open` returns.
+    pub fn reduce_on_device(
+        &mut self,
+        open: impl FnOnce(&dyn Communicator) -> Result<SharedCollectives<B::InnerBackend>, CommError>,
+    ) -> Result<bool, CommError> {
+        let group = self.groups.dp_cp();
+        if group.world_size() == 1 {
+            return Ok(false);
+        }
+        self.on_device = self.sync.reduce_on_device(open(&**group)?);
+        Ok(self.on_device)
+    }
+
+    /// Whether the gradient all-reduces run on device collectives
+    /// ([`Trainer::reduce_on_device`]).
+    pub fn reduces_on_device(&self) -> bool {
+        self.on_device
     }
 
     /// The ZeRO stage in use.

@@ -1,14 +1,13 @@
-//! The two ZeRO collectives on one unit, through host `f32` vectors:
-//! all-gather of the owned chunks into whole parameters, and the two ends
-//! of the reduce-scatter of whole gradients into the owned chunk (what is
-//! sent, and the average made of what comes back).
+//! The two ZeRO collectives on one unit: all-gather of the owned chunks
+//! into whole parameters through host `f32` vectors, and the flat vector
+//! the reduce-scatter of whole gradients sends (on the host, or as a
+//! device tensor for NCCL on device buffers).
 
 use std::collections::HashMap;
 
 use burn::module::ParamId;
-use burn::tensor::TensorData;
-
-use ferrotron_engine::precision::Precision;
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
 
 use crate::comm::{CommError, Communicator};
 use crate::flat::{Piece, Unit};
@@ -26,6 +25,34 @@ pub(crate) fn flat_unit(unit: &Unit, dp: usize, values: &HashMap<ParamId, Vec<f3
     flat
 }
 
+/// [`flat_unit`] on the device: the unit's flat vector (`chunk * dp`
+/// elements, zero-padded) joined from the flat gradient tensors in
+/// `grads`; a parameter missing from `grads` contributes zeros.
+pub(crate) fn flat_unit_tensor<B: Backend>(
+    unit: &Unit,
+    dp: usize,
+    grads: &HashMap<ParamId, Tensor<B, 1>>,
+    device: &B::Device,
+) -> Tensor<B, 1> {
+    let zeros = |n: usize| Tensor::<B, 1>::zeros([n], device);
+    let mut parts = Vec::new();
+    let mut at = 0;
+    for s in &unit.slots {
+        if s.offset > at {
+            parts.push(zeros(s.offset - at));
+        }
+        parts.push(match grads.get(&s.id) {
+            Some(g) => g.clone(),
+            None => zeros(s.numel()),
+        });
+        at = s.offset + s.numel();
+    }
+    if unit.chunk * dp > at {
+        parts.push(zeros(unit.chunk * dp - at));
+    }
+    Tensor::cat(parts, 0)
+}
+
 /// This rank's chunk (`unit.chunk` elements, zero-padded) from the host
 /// values of its `pieces`.
 pub(crate) fn chunk_from_pieces(
@@ -38,17 +65,6 @@ pub(crate) fn chunk_from_pieces(
         chunk[p.chunk_offset..p.chunk_offset + p.len()].copy_from_slice(&values[&p.id]);
     }
     chunk
-}
-
-/// The values of each piece, cut out of this rank's `chunk`.
-pub(crate) fn split_chunk(pieces: &[Piece], chunk: &[f32]) -> Vec<(ParamId, Vec<f32>)> {
-    pieces
-        .iter()
-        .map(|p| {
-            let v = chunk[p.chunk_offset..p.chunk_offset + p.len()].to_vec();
-            (p.id, v)
-        })
-        .collect()
 }
 
 /// All-gathers every rank's `chunk` of `unit` and returns each parameter
@@ -73,25 +89,4 @@ pub(crate) fn unit_values(unit: &Unit, flat: &[f32]) -> HashMap<ParamId, TensorD
             (s.id, TensorData::new(v, s.shape.clone()))
         })
         .collect()
-}
-
-/// A unit's flat gradient vector as a reduce-scatter over `dp` ranks
-/// sends it: over more than one rank, rounded to `reduce` (a
-/// low-precision reduction over an f32 wire).
-pub(crate) fn rounded_for_reduction(mut flat: Vec<f32>, dp: usize, reduce: Precision) -> Vec<f32> {
-    if dp > 1 {
-        reduce.round_in_place(&mut flat);
-    }
-    flat
-}
-
-/// This rank's `chunk` of a reduce-scatter's sum over `dp` ranks, divided
-/// by `dp` (the average) and, over more than one rank, rounded to `reduce`.
-pub(crate) fn average_chunk(mut chunk: Vec<f32>, dp: usize, reduce: Precision) -> Vec<f32> {
-    if dp > 1 {
-        let w = dp as f32;
-        chunk.iter_mut().for_each(|x| *x /= w);
-        reduce.round_in_place(&mut chunk);
-    }
-    chunk
 }

@@ -100,14 +100,14 @@ use serde::{Deserialize, Serialize};
 
 use self::ahead::Ahead;
 use self::exchange::{
-    all_gather_unit, average_chunk, chunk_from_pieces, flat_unit, rounded_for_reduction,
-    split_chunk, unit_values,
+    all_gather_unit, chunk_from_pieces, flat_unit, flat_unit_tensor, unit_values,
 };
 use self::pieces::Pieces;
+use crate::comm::nccl::device::SharedCollectives;
 use crate::comm::tensor::host_f32;
-use crate::comm::{CommError, CommThread, Communicator, Pending};
+use crate::comm::{CommError, CommThread, Communicator, Pending, Started};
 use crate::ddp::ReplicatedGrads;
-use crate::flat::tensors::{Assign, GradValues, ParamBytes, PieceTensors, Release};
+use crate::flat::tensors::{Assign, GradTensors, ParamBytes, PieceTensors, Release};
 use crate::flat::{param_infos, unit_params, FlatLayout, ParamInfo, Piece};
 use crate::grad_sync::norm::{group_sum, NormShares};
 use crate::grad_sync::{GradSync, Synced};
@@ -198,7 +198,10 @@ pub struct Zero<B: AutodiffBackend, M> {
     overlap: bool,
     /// Stages 2 and 3: reduce-scatters started and not yet added, by unit,
     /// in the order they started.
-    in_flight: VecDeque<(usize, Pending<Vec<f32>>)>,
+    in_flight: VecDeque<(usize, Started<Tensor<B::InnerBackend, 1>>)>,
+    /// Stages 2 and 3: the collectives the reduce-scatters run on when not
+    /// on `comm`'s host path ([`GradSync::reduce_on_device`]).
+    on_device: Option<SharedCollectives<B::InnerBackend>>,
     /// Stage 3, with overlap: the gathers started for the units acquired
     /// next, in order ([`DEFAULT_ZERO3_PREFETCH`] of them unless
     /// [`Zero::set_prefetch`] says otherwise).
@@ -336,6 +339,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
             comm,
             overlap,
             in_flight: VecDeque::new(),
+            on_device: None,
             prefetched: Mutex::new(Ahead::new(DEFAULT_ZERO3_PREFETCH)),
             device,
             reduced_bytes: 0,
@@ -478,34 +482,33 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
         Ok(model)
     }
 
-    /// Host values of the gradients in `grads` of unit `u`'s parameters.
-    fn grad_values(
-        &self,
-        u: usize,
-        model: &M,
-        grads: &GradientsParams,
-    ) -> HashMap<ParamId, Vec<f32>> {
-        let mut values = GradValues {
-            grads,
-            want: &self.unit_ids[u],
-            out: HashMap::new(),
-        };
-        model.visit(&mut values);
-        values.out
-    }
-
-    /// Starts reduce-scattering unit `u`'s gradients `values` (rounded to
-    /// the reduction precision); without overlap, waits for it and adds it
-    /// at once.
-    fn accumulate_values(
+    /// Starts reduce-scattering unit `u`'s flat gradient tensors `grads`
+    /// (already rounded to the reduction precision) on the DP group's host
+    /// path or on the device collectives ([`GradSync::reduce_on_device`]);
+    /// without overlap, waits for it and adds it at once.
+    fn start_reduce_scatter(
         &mut self,
         u: usize,
-        values: &HashMap<ParamId, Vec<f32>>,
+        grads: HashMap<ParamId, Tensor<B::InnerBackend, 1>>,
     ) -> Result<(), CommError> {
+        let (dp, reduce) = (self.layout.dp(), self.reduce);
         let unit = &self.layout.units()[u];
-        let flat = flat_unit(unit, self.layout.dp(), values);
-        let flat = rounded_for_reduction(flat, self.layout.dp(), self.reduce);
-        let pending = self.thread.start_reduce_scatter_sum(flat);
+        let pending = match self.on_device.clone() {
+            Some(device) => {
+                let flat = flat_unit_tensor(unit, dp, &grads, &self.device);
+                Started::Own(
+                    self.thread
+                        .start_own(move || device.reduce_scatter_sum(flat, reduce)),
+                )
+            }
+            None => {
+                let values = grads.into_iter().map(|(id, g)| (id, host_f32(g))).collect();
+                Started::Host(
+                    self.thread
+                        .start_reduce_scatter_sum(flat_unit(unit, dp, &values)),
+                )
+            }
+        };
         self.in_flight.push_back((u, pending));
         if !self.overlap {
             self.finish_reduce_scatters()?;
@@ -514,37 +517,66 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
     }
 
     /// Waits for the reduce-scatters in flight, in the order they started,
-    /// and adds each chunk (averaged over the ranks) to the accumulated
-    /// gradient pieces.
+    /// and adds each chunk (averaged over the ranks and, over more than
+    /// one, rounded to the reduction precision) to the accumulated gradient
+    /// pieces.
     fn finish_reduce_scatters(&mut self) -> Result<(), CommError> {
+        let dp = self.layout.dp();
         while let Some((u, pending)) = self.in_flight.pop_front() {
-            let chunk = average_chunk(pending.wait()?, self.layout.dp(), self.reduce);
-            self.add_chunk(u, &chunk);
+            let sum = match pending {
+                Started::Host(pending) => self.tensor(pending.wait()?),
+                Started::Own(pending) => pending.wait()?,
+            };
+            let chunk = if dp > 1 {
+                self.reduce.round_tensor(sum.div_scalar(dp as f64))
+            } else {
+                sum
+            };
+            for p in &self.pieces[u] {
+                let g = chunk
+                    .clone()
+                    .slice(p.chunk_offset..p.chunk_offset + p.len());
+                let sum = match self.grads.remove(&p.id) {
+                    Some(acc) => acc + g,
+                    None => g,
+                };
+                self.grads.insert(p.id, sum);
+            }
         }
         Ok(())
     }
 
-    /// Adds this rank's averaged `chunk` of unit `u`'s gradients to the
-    /// accumulated gradient pieces.
-    fn add_chunk(&mut self, u: usize, chunk: &[f32]) {
-        for (id, v) in split_chunk(&self.pieces[u], chunk) {
-            let g = self.tensor(v);
-            let sum = match self.grads.remove(&id) {
-                Some(acc) => acc + g,
-                None => g,
-            };
-            self.grads.insert(id, sum);
-        }
-    }
-
     /// Stages 2 and 3: reduce-scatters one micro-batch's gradients, unit
-    /// by unit (the units `grads` has gradients of; the same on every rank).
+    /// by unit (the units `grads` has gradients of; the same on every rank),
+    /// each rounded to the reduction precision on the device first (over
+    /// more than one rank), as DDP's buckets are.
     fn reduce_scatter(&mut self, model: &M, grads: &GradientsParams) -> Result<(), CommError> {
+        let dp = self.layout.dp();
         for u in 0..self.pieces.len() {
-            let values = self.grad_values(u, model, grads);
-            if !values.is_empty() {
-                self.accumulate_values(u, &values)?;
+            let mut tensors = GradTensors::<B> {
+                grads,
+                want: &self.unit_ids[u],
+                out: HashMap::new(),
+            };
+            model.visit(&mut tensors);
+            if tensors.out.is_empty() {
+                continue;
             }
+            let rounded = tensors
+                .out
+                .into_iter()
+                .map(|(id, g)| {
+                    (
+                        id,
+                        if dp > 1 {
+                            self.reduce.round_tensor(g)
+                        } else {
+                            g
+                        },
+                    )
+                })
+                .collect();
+            self.start_reduce_scatter(u, rounded)?;
         }
         Ok(())
     }
@@ -812,6 +844,19 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> GradSync<B, M> for Z
         let mut v = ParamBytes(0);
         model.visit(&mut v);
         v.0 + self.params.device_bytes()
+    }
+
+    fn reduce_on_device(&mut self, device: SharedCollectives<B::InnerBackend>) -> bool {
+        assert_eq!(
+            device.world_size(),
+            self.layout.dp(),
+            "device collectives over another group than the DP group"
+        );
+        match self.stage {
+            ZeroStage::One => self.replicated.reduce_on(device),
+            _ => self.on_device = Some(device),
+        }
+        true
     }
 
     fn planned_memory(&self, model: &M) -> MemoryBytes {

@@ -35,7 +35,7 @@ mod hip;
 mod tensors;
 pub mod wire;
 
-pub use tensors::TensorCollectives;
+pub use tensors::{SharedCollectives, TensorCollectives};
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};

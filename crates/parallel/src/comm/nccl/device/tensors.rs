@@ -33,6 +33,11 @@ pub trait TensorCollectives<B: Backend> {
     ) -> Result<Tensor<B, 1>, CommError>;
 }
 
+/// A [`TensorCollectives`] that threads share: what the gradient sync
+/// runs its all-reduces on when the job hands NCCL its device tensors
+/// (`GradSync::reduce_on_device`).
+pub type SharedCollectives<B> = std::sync::Arc<dyn TensorCollectives<B> + Send + Sync>;
+
 /// `values` in `dtype`'s encoding, as 16-bit patterns (f16, bf16).
 fn narrow(values: &[f32], dtype: NcclDataType) -> Vec<u16> {
     match dtype {
