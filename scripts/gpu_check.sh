@@ -23,7 +23,9 @@
 #            then fp32; GPT-2 small (12L d768, b8 x s1024) and a ~1B Llama
 #            (16L d2048, GQA 32/8, b4 x s2048) first, then README's shapes
 #            A and B (SHAPES="c d a b", PRECISIONS="bf16 fp32" and
-#            STEP_TIMEOUT=240 seconds per ferrotron phase override).
+#            STEP_TIMEOUT=240 seconds per ferrotron phase override); each
+#            16-bit ferrotron run again with --attention-kernel
+#            matrix-units (phase ferrotron-SHAPE-PRECISION-mu).
 #   kernels  `bench kernels` attention at head dim 128, seq 1024-8192: the
 #            row and tiled kernels (attention, attention_tiled), then the
 #            cmma forward with the fragment backward on the matrix units

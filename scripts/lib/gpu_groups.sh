@@ -62,6 +62,15 @@ group_step() {
             # shellcheck disable=SC2086 # $s and $steps are lists of flags
             run_phase "ferrotron-$i-$p" "${STEP_TIMEOUT:-240}" "$F" bench train $s --precision "$p" \
                 --backends "$backend" $steps "${peak[@]}" --json "$GROUP_DIR/ferrotron-$i-$p.json"
+            # 16 bits again with the attention on the matrix units (cmma forward, fragment backward).
+            if [ "$p" != fp32 ] && [ "$device" = cpu ]; then
+                skip_phase "ferrotron-$i-$p-mu" "--attention-kernel matrix-units needs fused kernels on a GPU"
+            elif [ "$p" != fp32 ]; then
+                # shellcheck disable=SC2086
+                run_phase "ferrotron-$i-$p-mu" "${STEP_TIMEOUT:-240}" "$F" bench train $s --precision "$p" \
+                    --attention-kernel matrix-units --backends "$backend" $steps "${peak[@]}" \
+                    --json "$GROUP_DIR/ferrotron-$i-$p-mu.json"
+            fi
             if [ -n "$torch_note" ]; then
                 skip_phase "torch-$i-$p" "$torch_note"
             elif [ "$device" = cpu ] && [ "$p" = bf16 ]; then

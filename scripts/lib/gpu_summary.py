@@ -79,7 +79,9 @@ def bench_train(out):
             results[key] = r
     rows = []
     for tag in sorted({k[0] for k in results}):
-        f, t = results.get((tag, "ferrotron")), results.get((tag, "torch"))
+        # A matrix-units run (tag ending -mu) is compared with the same shape's PyTorch run.
+        base = tag[:-3] if tag.endswith("-mu") else tag
+        f, t = results.get((tag, "ferrotron")), results.get((base, "torch"))
         ratio = None
         if f and t and t.get("tokens_per_s"):
             ratio = f"{f['tokens_per_s'] / t['tokens_per_s']:.2f}"

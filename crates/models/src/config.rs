@@ -114,6 +114,14 @@ pub struct DecoderConfig {
     /// of the architecture, so never written out (default f32).
     #[serde(default, skip_serializing)]
     pub precision: Precision,
+    /// Run the fused attention's products on the matrix units (tensor
+    /// cores) where the device has them for the compute dtype and head
+    /// dimension (`backend.attention_kernel = matrix-units`: the cmma
+    /// forward and the fragment backward); elsewhere, and by default, the
+    /// tiled kernels on plain units. Not part of the architecture, so
+    /// never written out.
+    #[serde(default, skip_serializing)]
+    pub attention_matrix_units: bool,
 }
 
 /// A configuration that cannot build a model.

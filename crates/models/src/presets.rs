@@ -45,6 +45,7 @@ pub(crate) fn gpt2(hidden: usize, layers: usize, heads: usize) -> DecoderConfig 
         init_std: 0.02,
         kernels: None,
         precision: Default::default(),
+        attention_matrix_units: false,
     }
 }
 
@@ -81,6 +82,7 @@ pub(crate) fn llama(
         init_std: 0.02,
         kernels: None,
         precision: Default::default(),
+        attention_matrix_units: false,
     }
 }
 
@@ -128,6 +130,7 @@ pub(crate) fn bloom(hidden: usize, layers: usize, heads: usize) -> DecoderConfig
         init_std: 0.02,
         kernels: None,
         precision: Default::default(),
+        attention_matrix_units: false,
     }
 }
 

@@ -177,6 +177,7 @@ fn attention<R: Runtime>(
     let options = AttentionOptions {
         causal: true,
         scale: None,
+        matrix_units: false,
     };
     sync(client)?;
     let start = Instant::now();

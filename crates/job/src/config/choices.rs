@@ -1,5 +1,6 @@
 //! The enumerated settings of a job: `parallelism.pp_schedule`,
-//! `parallelism.comm`, `parallelism.offload` and `optimizer.on_nonfinite`.
+//! `parallelism.comm`, `parallelism.offload`, `optimizer.on_nonfinite` and
+//! `backend.attention_kernel`.
 
 use ferrotron_parallel::pipeline::ScheduleKind;
 use serde::{Deserialize, Serialize};
@@ -69,4 +70,19 @@ pub enum OnNonFinite {
     Stop,
     /// Skip the step and go on (up to `optimizer.max_skipped` in a row).
     Skip,
+}
+
+/// `backend.attention_kernel`: which kernels the fused attention runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum AttentionKernelChoice {
+    /// FlashAttention-2's tiled kernels on plain units, on every GPU backend.
+    #[default]
+    Auto,
+    /// Both products on the matrix units (tensor cores) where the device
+    /// has them for the compute dtype (16-bit) and a head dimension that is
+    /// a multiple of 16 up to 128: the cmma forward and the fragment
+    /// backward; elsewhere as `auto`. Opt-in until the GPU battery's race
+    /// check has run on it.
+    MatrixUnits,
 }

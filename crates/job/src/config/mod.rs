@@ -20,7 +20,7 @@ mod table;
 use std::path::Path;
 
 pub use change::Change;
-pub use choices::{CommChoice, Offload, OnNonFinite, PpSchedule};
+pub use choices::{AttentionKernelChoice, CommChoice, Offload, OnNonFinite, PpSchedule};
 pub use sections::*;
 
 use crate::error::ConfigError;

@@ -7,7 +7,7 @@ use ferrotron_models::Kernels;
 use ferrotron_parallel::recompute::Recompute;
 use ferrotron_parallel::zero::ZeroStage;
 
-use super::choices::{CommChoice, Offload, OnNonFinite, PpSchedule};
+use super::choices::{AttentionKernelChoice, CommChoice, Offload, OnNonFinite, PpSchedule};
 use super::table::job_sections;
 use super::{Change, Key};
 
@@ -237,5 +237,10 @@ job_sections! {
         /// the head through the whole logits); default fused where the backend has them, else
         /// Ferrotron's CPU operations on flex.
         kernels: Option<Kernels> = None, flag kernels: Kernels;
+        /// The fused attention's kernels: auto (FlashAttention-2 tiles on plain units) or
+        /// matrix-units (cmma forward and fragment backward on tensor cores, in 16 bits at head
+        /// dimensions that are multiples of 16 up to 128; elsewhere as auto). Needs fused kernels.
+        attention_kernel: AttentionKernelChoice = AttentionKernelChoice::Auto,
+            flag attention_kernel: AttentionKernelChoice;
     }
 }

@@ -6,7 +6,7 @@ use ferrotron_engine::metrics;
 use ferrotron_engine::precision::Precision;
 use ferrotron_models::ops::choose_kernels;
 use ferrotron_models::tensor_parallel::check_tp;
-use ferrotron_models::DecoderConfig;
+use ferrotron_models::{DecoderConfig, Kernels};
 use ferrotron_parallel::comm::nccl::LIBRARY_ENV;
 use ferrotron_parallel::launch::ranks_on_node;
 use ferrotron_parallel::mesh::Mesh;
@@ -17,7 +17,7 @@ use ferrotron_parallel::zero::ZeroStage;
 use super::{Here, Problems, World};
 use crate::backend::check_ready;
 use crate::comm::{self, Transport};
-use crate::config::{JobConfig, Offload};
+use crate::config::{AttentionKernelChoice, JobConfig, Offload};
 use crate::memory::{check_memory, job_memory};
 
 /// The backend `backend.name` names, if compiled in and able to start
@@ -146,8 +146,9 @@ pub(super) fn check_with_model(
             format!("optimizer on {kind}: its device memory is host memory, so offloading saves nothing; use it on cuda, rocm or wgpu"),
         );
     }
-    if let Err(e) = choose_kernels(model, kind.is_cpu().then(|| kind.name())) {
-        p.key("backend", "kernels", e.problem);
+    match choose_kernels(model, kind.is_cpu().then(|| kind.name())) {
+        Err(e) => p.key("backend", "kernels", e.problem),
+        Ok(kernels) => attention_kernel(c, kind, kernels, model, p),
     }
     if c.schedule.seq_len > model.max_seq_len {
         p.key(
@@ -157,6 +158,26 @@ pub(super) fn check_with_model(
             "{} exceeds the model's max_seq_len {} (a new model from a preset takes --max-seq-len)",
             c.schedule.seq_len, model.max_seq_len
         ),
+        );
+    }
+}
+
+/// `backend.attention_kernel` into `model`: matrix units need the fused
+/// attention.
+fn attention_kernel(
+    c: &JobConfig,
+    kind: BackendKind,
+    kernels: Kernels,
+    model: &mut DecoderConfig,
+    p: &mut Problems,
+) {
+    let choice = c.backend.attention_kernel;
+    model.attention_matrix_units = choice == AttentionKernelChoice::MatrixUnits;
+    if model.attention_matrix_units && kernels != Kernels::Fused {
+        p.key(
+            "backend",
+            "attention_kernel",
+            format!("matrix-units on {kind} without fused kernels: only the fused attention (backend.kernels = fused, on cuda, rocm or wgpu) runs on matrix units"),
         );
     }
 }

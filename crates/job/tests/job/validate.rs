@@ -353,3 +353,30 @@ fn cudas_bf16_default_holds_under_tp_cp_and_pp() {
         }
     }
 }
+
+/// `backend.attention_kernel = "matrix-units"` needs the fused attention:
+/// on flex it is refused naming the key; `auto` is the default.
+#[test]
+fn matrix_unit_attention_is_refused_without_fused_kernels() {
+    let mut job = JobConfig::default();
+    assert_eq!(
+        job.backend.attention_kernel,
+        ferrotron_job::config::AttentionKernelChoice::Auto
+    );
+    job.checkpoint.out = Some(std::env::temp_dir().join("ferrotron-never-written-mu"));
+    job.backend.attention_kernel = ferrotron_job::config::AttentionKernelChoice::MatrixUnits;
+    let lines: Vec<String> = job
+        .validate(&World::SINGLE)
+        .err()
+        .expect("refused")
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].starts_with(
+            "backend.attention_kernel: --attention-kernel matrix-units on flex without fused"
+        ),
+        "{lines:?}"
+    );
+}

@@ -8,7 +8,7 @@ use cubecl::prelude::*;
 use super::choice::matrix_units_run;
 use super::cmma_forward::{CMMA_MAX_HEAD_DIM, FRAGMENT};
 use super::fragment::fragment_backward_shared_bytes;
-use super::shape::{AttentionError, AttentionShape};
+use super::shape::{AttentionError, AttentionOptions, AttentionShape};
 use super::tiled_backward_kv::{tiled_backward_shared_bytes, BACKWARD_TILES};
 use crate::dtype::FloatDtype;
 
@@ -75,6 +75,26 @@ impl AttentionBackwardKernel {
             client.properties().hardware.max_shared_memory_size,
             head_dim,
         )
+    }
+
+    /// The kernels [`super::attention_backward_typed`] runs for a call of
+    /// `dtype` at `head_dim` with `options` on `client`'s device: the
+    /// fragment kernels on the matrix units ([`Self::fragment_for`]) where
+    /// `options.matrix_units` asks for them, [`Self::matrix_units_run`]
+    /// and a tile fits, else [`Self::choose`]'s.
+    pub fn for_call<R: Runtime>(
+        client: &ComputeClient<R>,
+        head_dim: usize,
+        dtype: FloatDtype,
+        options: AttentionOptions,
+    ) -> AttentionBackwardKernel {
+        let max_shared = client.properties().hardware.max_shared_memory_size;
+        if options.matrix_units && matrix_units_run(client, dtype) {
+            if let Some(kernel) = Self::fragment_for(max_shared, head_dim, true) {
+                return kernel;
+            }
+        }
+        Self::choose(client, head_dim)
     }
 
     /// [`AttentionBackwardKernel::choose`] for a device with

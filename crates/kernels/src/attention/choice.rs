@@ -7,7 +7,7 @@ use cubecl::ir::{ElemType, FloatKind};
 use cubecl::prelude::*;
 
 use super::cmma_forward::{cmma_shared_bytes, CMMA_MAX_HEAD_DIM, CMMA_PLANE_SIZE, FRAGMENT};
-use super::shape::{AttentionError, AttentionShape};
+use super::shape::{AttentionError, AttentionOptions, AttentionShape};
 use super::tiled_forward::{tiled_shared_bytes, TILE_SIZES};
 use crate::dtype::FloatDtype;
 
@@ -42,14 +42,31 @@ impl AttentionKernel {
     /// storage type takes the tiled kernel where it fits: it is the kernel
     /// of FlashAttention-2 for all sequence lengths, and both kernels give
     /// the same results within f32 rounding. [`AttentionKernel::Cmma`] is
-    /// never chosen here: it is correct where tested (an H100, sequences up
-    /// to 257), but runs on that GPU after it stalled (README, "Kernels on
-    /// a GPU"), so it runs only when a caller names it.
+    /// never chosen here: it is correct where tested (an H100 and an
+    /// H200), but its compute-sanitizer race check has not run, so it runs
+    /// only when a caller asks for it ([`AttentionKernel::for_call`] with
+    /// `matrix_units`, or by name).
     pub fn choose<R: Runtime>(client: &ComputeClient<R>, head_dim: usize) -> AttentionKernel {
         Self::for_shared_memory(
             client.properties().hardware.max_shared_memory_size,
             head_dim,
         )
+    }
+
+    /// The kernel [`super::attention_forward_typed`] runs for a call of
+    /// `dtype` at `head_dim` with `options` on `client`'s device:
+    /// [`AttentionKernel::Cmma`] where `options.matrix_units` asks for it
+    /// and [`AttentionKernel::cmma_runs`], else [`AttentionKernel::choose`]'s.
+    pub fn for_call<R: Runtime>(
+        client: &ComputeClient<R>,
+        head_dim: usize,
+        dtype: FloatDtype,
+        options: AttentionOptions,
+    ) -> AttentionKernel {
+        if options.matrix_units && Self::cmma_runs(client, head_dim, dtype) {
+            return AttentionKernel::Cmma;
+        }
+        Self::choose(client, head_dim)
     }
 
     /// Whether [`AttentionKernel::Cmma`] can run `head_dim` and `dtype` on

@@ -67,8 +67,8 @@ pub fn attention_forward<R: Runtime>(
 /// per `(batch, head)`, computed tile by tile with an online softmax, plus
 /// the per-row log-sum-exp. See [`AttentionShape`] for the layouts and
 /// [`AttentionInputs::alibi_slopes`] for the bias convention. Runs the
-/// kernel [`AttentionKernel::choose`] picks for the device and `head_dim`
-/// (see [`attention_forward_with`]).
+/// kernel [`AttentionKernel::for_call`] picks for the device, `dtype`,
+/// `head_dim` and `options` (see [`attention_forward_with`]).
 ///
 /// `q`, `k`, `v` and the output hold `dtype`; scores, the softmax and the
 /// output accumulator are f32, the output rounded once to `dtype`; the
@@ -84,7 +84,7 @@ pub fn attention_forward_typed<R: Runtime>(
     options: AttentionOptions,
     inputs: AttentionInputs<'_>,
 ) -> Result<AttentionForward, AttentionError> {
-    let kernel = AttentionKernel::choose(client, shape.head_dim);
+    let kernel = AttentionKernel::for_call(client, shape.head_dim, dtype, options);
     attention_forward_with(client, kernel, dtype, shape, options, inputs)
 }
 

@@ -86,8 +86,9 @@ pub fn attention_backward<R: Runtime>(
 /// rowsum(d_out * out)`; dK/dV per key tile over all query tiles (and all
 /// query heads of a key/value group); dQ per query tile over all key tiles.
 /// The probabilities are recomputed from `lse`; no atomics, so the result is
-/// deterministic. Runs the kernels [`AttentionBackwardKernel::choose`] picks
-/// for the device and `head_dim` (see [`attention_backward_with`]).
+/// deterministic. Runs the kernels [`AttentionBackwardKernel::for_call`]
+/// picks for the device, `dtype`, `head_dim` and `options` (see
+/// [`attention_backward_with`]).
 ///
 /// `q`, `k`, `v`, `out`, `d_out` and the gradients hold `dtype`, `lse` is
 /// f32 (as the forward wrote it); `delta` and every sum are f32, each
@@ -106,7 +107,7 @@ pub fn attention_backward_typed<R: Runtime>(
     lse: &Handle,
     d_out: &Handle,
 ) -> Result<AttentionGradients, AttentionError> {
-    let kernel = AttentionBackwardKernel::choose(client, shape.head_dim);
+    let kernel = AttentionBackwardKernel::for_call(client, shape.head_dim, dtype, options);
     attention_backward_with(
         client, kernel, dtype, shape, options, inputs, out, lse, d_out,
     )

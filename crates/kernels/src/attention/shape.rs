@@ -91,6 +91,13 @@ pub struct AttentionOptions {
     /// Multiplier of `q . k` before the softmax; `None` means
     /// `1 / sqrt(head_dim)`.
     pub scale: Option<f32>,
+    /// Run the products on the matrix units (tensor cores) where the
+    /// device runs them for the call's type and head dimension: the cmma
+    /// forward ([`super::AttentionKernel::Cmma`]) and the fragment
+    /// backward on them ([`super::AttentionBackwardKernel::Fragment`]).
+    /// Elsewhere, and when `false`, the kernels `choose` picks run (tiled,
+    /// on plain units).
+    pub matrix_units: bool,
 }
 
 impl AttentionOptions {

@@ -308,6 +308,7 @@ fn backward_is_deterministic() {
     let options = AttentionOptions {
         causal: true,
         scale: None,
+        matrix_units: false,
     };
     let fwd = attention_forward(&client, s, options, inputs).expect("forward launch");
     for kernel in row_and_chosen_backward(&client, s.head_dim) {
@@ -426,4 +427,56 @@ fn launchers_reject_bad_shapes_and_buffers() {
             ..
         })
     ));
+}
+
+/// `AttentionOptions::matrix_units` (`backend.attention_kernel =
+/// matrix-units`) asks for the cmma forward and the fragment backward on
+/// the matrix units: the launchers take them exactly where the device runs
+/// them for the type and head dimension (never in f32; on CUDA in 16 bits),
+/// and the kernels `choose` picks elsewhere and when not asked.
+#[test]
+fn matrix_units_are_taken_where_they_run_when_asked_for() {
+    use ferrotron_kernels::attention::AttentionBackwardKernel;
+    let client = client();
+    let max_shared = client.properties().hardware.max_shared_memory_size;
+    let ask = AttentionOptions {
+        matrix_units: true,
+        ..AttentionOptions::default()
+    };
+    for dtype in [FloatDtype::F32, FloatDtype::F16, FloatDtype::Bf16] {
+        for head_dim in [64, 72, 128] {
+            let plain_fwd = AttentionKernel::choose(&client, head_dim);
+            let plain_bwd = AttentionBackwardKernel::choose(&client, head_dim);
+            let default = AttentionOptions::default();
+            assert_eq!(
+                AttentionKernel::for_call(&client, head_dim, dtype, default),
+                plain_fwd
+            );
+            assert_eq!(
+                AttentionBackwardKernel::for_call(&client, head_dim, dtype, default),
+                plain_bwd
+            );
+            let fwd = AttentionKernel::for_call(&client, head_dim, dtype, ask);
+            let cmma = AttentionKernel::cmma_runs(&client, head_dim, dtype);
+            assert_eq!(
+                fwd,
+                if cmma {
+                    AttentionKernel::Cmma
+                } else {
+                    plain_fwd
+                }
+            );
+            let fragment = AttentionBackwardKernel::matrix_units_run(&client, dtype)
+                .then(|| AttentionBackwardKernel::fragment_for(max_shared, head_dim, true))
+                .flatten();
+            assert_eq!(
+                AttentionBackwardKernel::for_call(&client, head_dim, dtype, ask),
+                fragment.unwrap_or(plain_bwd),
+                "{dtype:?} at head dim {head_dim}"
+            );
+            if dtype == FloatDtype::F32 || head_dim == 72 {
+                assert_eq!(fwd, plain_fwd, "{dtype:?} at head dim {head_dim}");
+            }
+        }
+    }
 }

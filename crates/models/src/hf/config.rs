@@ -245,6 +245,7 @@ fn parse(f: &Fields<'_>) -> Result<(Family, DecoderConfig), HfError> {
                 init_std,
                 kernels: None,
                 precision: Default::default(),
+                attention_matrix_units: false,
                 ..presets::gpt2(hidden, f.usize("n_layer")?, heads)
             }
         }
@@ -277,6 +278,7 @@ fn parse(f: &Fields<'_>) -> Result<(Family, DecoderConfig), HfError> {
                 init_std,
                 kernels: None,
                 precision: Default::default(),
+                attention_matrix_units: false,
                 ..presets::llama(
                     vocab_size,
                     hidden,
@@ -316,6 +318,7 @@ fn parse(f: &Fields<'_>) -> Result<(Family, DecoderConfig), HfError> {
                 init_std,
                 kernels: None,
                 precision: Default::default(),
+                attention_matrix_units: false,
                 ..presets::bloom(hidden, layers, heads)
             }
         }

@@ -100,7 +100,10 @@ impl<B: KernelBackend> PositionContext<B> {
                     let n = slopes.len();
                     Tensor::from_data(TensorData::new(slopes, [n]), device)
                 });
-                AttentionBias::Fused { slopes }
+                AttentionBias::Fused {
+                    slopes,
+                    matrix_units: ops.attention_matrix_units(),
+                }
             }
             OpImpl::Cpu => AttentionBias::Host(matrix()),
             OpImpl::Reference => AttentionBias::Matrix(matrix()),

@@ -36,6 +36,9 @@ pub enum AttentionBias<B: KernelBackend> {
     Fused {
         /// ALiBi slopes, when the family uses ALiBi.
         slopes: Option<Tensor<B, 1>>,
+        /// Ask for the kernels on the matrix units
+        /// ([`AttentionOptions::matrix_units`]).
+        matrix_units: bool,
     },
     /// Context parallelism: this rank's queries, keys and values are its
     /// chunks of the sequences, and the attention runs around the ring
@@ -91,10 +94,14 @@ pub fn attention<B: KernelBackend>(
             )))
         }
         AttentionBias::Ring(ring) => B::ring_attention(q, k, v, ring),
-        AttentionBias::Fused { slopes } => {
+        AttentionBias::Fused {
+            slopes,
+            matrix_units,
+        } => {
             let options = AttentionOptions {
                 causal: true,
                 scale: None,
+                matrix_units: *matrix_units,
             };
             // In the inputs' dtype: the kernels keep f32 scores and sums
             // and round the output (and in backward the gradients) once.

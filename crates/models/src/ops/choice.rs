@@ -93,6 +93,9 @@ pub struct OpsChoice {
     gelu: OpImpl,
     cross_entropy: OpImpl,
     head_loss: HeadLoss,
+    /// The fused attention on the matrix units where they run it
+    /// (`DecoderConfig::attention_matrix_units`).
+    attention_matrix_units: bool,
 }
 
 impl From<Kernels> for OpsChoice {
@@ -110,6 +113,7 @@ impl From<Kernels> for OpsChoice {
             gelu: OpImpl::Reference,
             cross_entropy: op,
             head_loss: HeadLoss::Logits,
+            attention_matrix_units: false,
         }
     }
 }
@@ -166,6 +170,7 @@ impl OpsChoice {
             },
             cross_entropy: by_kernels,
             head_loss: HeadLoss::choose(config, kernels, B::has_fused_kernels()),
+            attention_matrix_units: config.attention_matrix_units,
         })
     }
 
@@ -185,6 +190,12 @@ impl OpsChoice {
     /// in place of the fused form.
     pub fn attention_impl(&self) -> OpImpl {
         self.attention
+    }
+
+    /// Whether the fused attention asks for the matrix units
+    /// ([`AttentionOptions::matrix_units`](ferrotron_kernels::attention::AttentionOptions::matrix_units)).
+    pub fn attention_matrix_units(&self) -> bool {
+        self.attention_matrix_units
     }
 
     /// RoPE ([`super::rope`], through the position context's

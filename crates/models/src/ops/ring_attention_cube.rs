@@ -113,6 +113,8 @@ impl Pair {
         AttentionOptions {
             causal: self.causal,
             scale: None,
+            // The ring's blocks run the kernels `choose` picks.
+            matrix_units: false,
         }
     }
 }

@@ -49,6 +49,7 @@ fn tiny(name: &str, kernels: Kernels) -> DecoderConfig {
         max_seq_len: 32,
         kernels: Some(kernels),
         precision: Default::default(),
+        attention_matrix_units: false,
         ..preset(name).unwrap()
     };
     if let Position::Rope { scaling, .. } = &mut c.position {
@@ -315,6 +316,7 @@ fn the_default_is_fused_on_cubecl_and_reference_on_the_cpu() {
     let config = DecoderConfig {
         kernels: None,
         precision: Default::default(),
+        attention_matrix_units: false,
         ..tiny("gpt-mini", Kernels::Fused)
     };
     let gpu = Decoder::<Gpu>::new(&config, 0, &default_device()).unwrap();

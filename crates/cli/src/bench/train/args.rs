@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use ferrotron_engine::precision::Precision;
+use ferrotron_job::config::AttentionKernelChoice;
 use ferrotron_models::Kernels;
 use ferrotron_parallel::recompute::Recompute;
 
@@ -59,6 +60,10 @@ pub struct TrainBenchArgs {
     /// head and loss in row blocks).
     #[arg(long, value_name = "fused|reference")]
     pub kernels: Option<Kernels>,
+    /// The fused attention's kernels, as `ferrotron train --attention-kernel`: auto (tiles on
+    /// plain units) or matrix-units (tensor cores where the device runs them).
+    #[arg(long, value_enum, default_value_t = AttentionKernelChoice::Auto)]
+    pub attention_kernel: AttentionKernelChoice,
     /// Compute precision, as `ferrotron train --precision`: fp32, bf16 or fp16 (f32
     /// master weights, gradients and AdamW state; fp16 with dynamic loss scaling); default
     /// bf16 on cuda, fp32 elsewhere (on rocm with a notice: bf16 has not run on an AMD GPU).

@@ -106,6 +106,11 @@ pub struct Record {
     /// in older files and PyTorch's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub head: Option<String>,
+    /// `matrix-units` when the run asked for the fused attention on the
+    /// matrix units (`--attention-kernel`; they run where the device has
+    /// them for the dtype and head dimension); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_kernel: Option<String>,
     /// Sequences per step.
     pub batch: usize,
     /// Tokens per sequence.

@@ -16,6 +16,7 @@ use super::args::TrainBenchArgs;
 use super::record::{Record, ResultFile, Skipped, SCHEMA};
 use super::{host, model, table, write_outputs};
 use crate::error::usage;
+use ferrotron_job::config::AttentionKernelChoice;
 use ferrotron_job::error::usage_lines;
 use ferrotron_job::{check_ready, dispatch, parallelize, BackendTask, JobConfig, World};
 
@@ -254,6 +255,8 @@ impl BackendTask for StepBench<'_> {
             precision: precision.name().into(),
             recompute: trainer.recompute(),
             head: Some(head.to_string()),
+            attention_kernel: (a.attention_kernel == AttentionKernelChoice::MatrixUnits)
+                .then(|| "matrix-units".to_string()),
             batch: a.batch,
             seq: a.seq,
             warmup: a.warmup,
@@ -282,6 +285,7 @@ fn job_config(a: &TrainBenchArgs, kind: BackendKind, config: &DecoderConfig) -> 
     let mut job = JobConfig::default();
     job.backend.name = kind.name().into();
     job.backend.kernels = config.kernels;
+    job.backend.attention_kernel = a.attention_kernel;
     job.precision.compute = a.precision;
     job.parallelism.recompute = Some(a.recompute);
     job.optimizer.lr = 3e-4;

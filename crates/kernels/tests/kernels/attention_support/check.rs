@@ -224,6 +224,7 @@ pub fn check_case_with(
     let options = AttentionOptions {
         causal: case.causal,
         scale: case.scale,
+        matrix_units: false,
     };
 
     let problem = Problem {

@@ -35,6 +35,7 @@ fn expect(
         },
         cross_entropy,
         head_loss,
+        attention_matrix_units: false,
     }
 }
 
@@ -100,6 +101,13 @@ fn cubecl_backends_run_the_fused_kernels_in_every_precision() {
             };
             assert_eq!(got.decoding(), decoding);
         }
+        // backend.attention_kernel = matrix-units reaches the attention.
+        let matrix_units = DecoderConfig {
+            attention_matrix_units: true,
+            ..config(None, precision)
+        };
+        let got = OpsChoice::resolve::<Wgpu>(&matrix_units).unwrap();
+        assert!(got.attention_matrix_units(), "{precision:?}");
         let reference = config(Some(Kernels::Reference), precision);
         let got = OpsChoice::resolve::<Wgpu>(&reference).unwrap();
         let want = expect(Kernels::Reference, [Reference; 3], HeadLoss::Logits);
