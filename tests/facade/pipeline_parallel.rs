@@ -27,12 +27,12 @@ use ferrotron::job::config::PpSchedule;
 use ferrotron::parallel::zero::ZeroStage;
 use ferrotron::JobConfig;
 
-use crate::equivalence::compare::{check_steps, check_weights, records, step_records};
 use crate::equivalence::jobs::{launch, mpi_built, run_on_every_rank, runs_dir, scratch};
 use crate::equivalence::layouts::{
     jobs_on, layout_job, layout_run, plain, run_one_rank, Layout, ModelLayouts,
 };
 use crate::tensor_parallel::{MODEL_TOLERANCE as TP_MODEL, TENSOR_TOLERANCE as TP_TENSOR};
+use ferrotron_test_support::runs::{check_steps, check_weights, records, step_records};
 
 /// Losses, gradient norms and weights of a pipeline without TP, relative
 /// (per tensor: to the tensor's own largest magnitude). A stage runs the

@@ -14,11 +14,10 @@ use std::time::Duration;
 use ferrotron_engine::data::{embedded_corpus, encode, split_lengths, Tokenizer};
 
 use crate::common;
-use crate::equivalence;
 use crate::mpirun;
 
 use common::{corpus, records, scratch, step_losses};
-use equivalence::{check_steps, check_weights};
+use ferrotron_test_support::runs::{check_steps, check_weights};
 use mpirun::{equivalence_args, mpi_built};
 
 /// Longest one command may take before it is killed and fails the test.
