@@ -16,9 +16,9 @@
 use ferrotron::parallel::zero::ZeroStage;
 use ferrotron::JobConfig;
 
-use crate::equivalence::compare::{check_steps, check_weights};
 use crate::equivalence::jobs::{launch, mpi_built, run_on_every_rank, runs_dir, scratch};
 use crate::equivalence::layouts::{jobs_on, layout_run, plain, run_one_rank, Layout, ModelLayouts};
+use ferrotron_test_support::runs::{check_steps, check_weights};
 
 /// Largest difference between the runs' weights after 5 steps, relative
 /// to the one-rank run's largest weight, and within each tensor relative

@@ -31,10 +31,10 @@ use std::path::{Path, PathBuf};
 use ferrotron::parallel::zero::ZeroStage;
 use ferrotron::JobConfig;
 
-use crate::equivalence::compare::{check_val_losses, max_weight_rel_err, memory, step_records};
 use crate::equivalence::jobs::{
     launch, mini_job, mpi_built, run_on_every_rank, run_single, runs_dir, scratch,
 };
+use ferrotron_test_support::runs::{check_val_losses, max_weight_rel_err, memory, step_records};
 
 /// The minis every job trains.
 const MODELS: [&str; 3] = ["gpt-mini", "llama-mini", "bloom-mini"];

@@ -32,10 +32,10 @@ use ferrotron::engine::precision::Precision;
 use ferrotron::parallel::zero::ZeroStage;
 use ferrotron::JobConfig;
 
-use crate::equivalence::compare::step_records;
 use crate::equivalence::jobs::{
     launch, mini_job, mpi_built, run_on_every_rank, run_single, runs_dir, scratch,
 };
+use ferrotron_test_support::runs::step_records;
 
 /// The weights of a bf16 dp2 job after 5 steps against the one-rank bf16
 /// job, per tensor, relative to how far the one-rank job moved that

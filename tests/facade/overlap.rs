@@ -27,10 +27,10 @@ use ferrotron::parallel::zero::ZeroStage;
 use ferrotron::JobConfig;
 use serde_json::Value;
 
-use crate::equivalence::compare::step_records;
 use crate::equivalence::jobs::{
     launch_with, mini_job, mpi_built, run_on_every_rank, runs_dir, scratch,
 };
+use ferrotron_test_support::runs::step_records;
 
 /// The test-only variable that slows the gradient sync's communicator.
 const RATE_ENV: &str = "FERROTRON_TEST_COMM_BYTES_PER_S";

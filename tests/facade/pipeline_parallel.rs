@@ -16,8 +16,9 @@
 //!   in the schedule's time, and the formula's bubble `(p - 1) / (v m)`;
 //!   the one-rank job records no stage times.
 //!
-//! Three `mpirun` launches of this binary's workers (2 ranks: 8 jobs; 4
-//! ranks: 7; 8 ranks: 1); the one-rank jobs run in the test's process. A
+//! Three `mpirun` launches of this binary's workers (2 ranks: 8 jobs,
+//! then `goldfish`'s 3, compared here with its own one-rank job; 4 ranks:
+//! 7; 8 ranks: 1); the one-rank jobs run in the test's process. A
 //! pp2 run resumed and sampled on one rank from the command line, and the
 //! pipelines `ferrotron train` refuses, are tested in the `cli` binary.
 
@@ -27,12 +28,13 @@ use ferrotron::job::config::PpSchedule;
 use ferrotron::parallel::zero::ZeroStage;
 use ferrotron::JobConfig;
 
-use crate::equivalence::compare::{check_steps, check_weights, records, step_records};
 use crate::equivalence::jobs::{launch, mpi_built, run_on_every_rank, runs_dir, scratch};
 use crate::equivalence::layouts::{
     jobs_on, layout_job, layout_run, plain, run_one_rank, Layout, ModelLayouts,
 };
+use crate::goldfish;
 use crate::tensor_parallel::{MODEL_TOLERANCE as TP_MODEL, TENSOR_TOLERANCE as TP_TENSOR};
+use ferrotron_test_support::runs::{check_steps, check_weights, records, step_records};
 
 /// Losses, gradient norms and weights of a pipeline without TP, relative
 /// (per tensor: to the tensor's own largest magnitude). A stage runs the
@@ -169,7 +171,7 @@ fn check_layout(model: &str, runs: &Path, layout: &Layout, single: &Path) {
 }
 
 #[test]
-fn pipelines_with_dp_tp_and_zero_1_2_jobs_equal_the_one_rank_job_for_the_three_minis() {
+fn pipelines_with_dp_tp_zero_and_goldfish_jobs_equal_the_one_rank_jobs() {
     if !mpi_built() {
         return;
     }
@@ -179,6 +181,7 @@ fn pipelines_with_dp_tp_and_zero_1_2_jobs_equal_the_one_rank_job_for_the_three_m
         .iter()
         .map(|(model, extra, _)| run_one_rank(model, &runs, 4, *extra))
         .collect();
+    let goldfish_single = goldfish::run_one_rank(&runs);
     for single in &singles {
         let pipelined = records(single).iter().any(|r| r.get("pipeline").is_some());
         assert!(!pipelined, "one stage has no stage times");
@@ -195,26 +198,29 @@ fn pipelines_with_dp_tp_and_zero_1_2_jobs_equal_the_one_rank_job_for_the_three_m
             check_layout(model, &runs, layout, single);
         }
     }
+    goldfish::check(&runs, &goldfish_single);
     let _ = std::fs::remove_dir_all(&runs);
 }
 
 /// Every rank of the 2-rank jobs; run only under mpirun by the test above.
 #[test]
-#[ignore = "runs under mpirun, started by pipelines_with_dp_tp_and_zero_1_2_jobs_equal_the_one_rank_job_for_the_three_minis"]
+#[ignore = "runs under mpirun, started by pipelines_with_dp_tp_zero_and_goldfish_jobs_equal_the_one_rank_jobs"]
 fn worker_on_2_ranks() {
-    run_on_every_rank(jobs_on(2, &runs_dir(), &models()));
+    let mut models = models();
+    models.extend(goldfish::models());
+    run_on_every_rank(jobs_on(2, &runs_dir(), &models));
 }
 
 /// Every rank of the 4-rank jobs; run only under mpirun by the test above.
 #[test]
-#[ignore = "runs under mpirun, started by pipelines_with_dp_tp_and_zero_1_2_jobs_equal_the_one_rank_job_for_the_three_minis"]
+#[ignore = "runs under mpirun, started by pipelines_with_dp_tp_zero_and_goldfish_jobs_equal_the_one_rank_jobs"]
 fn worker_on_4_ranks() {
     run_on_every_rank(jobs_on(4, &runs_dir(), &models()));
 }
 
 /// Every rank of the 8-rank job; run only under mpirun by the test above.
 #[test]
-#[ignore = "runs under mpirun, started by pipelines_with_dp_tp_and_zero_1_2_jobs_equal_the_one_rank_job_for_the_three_minis"]
+#[ignore = "runs under mpirun, started by pipelines_with_dp_tp_zero_and_goldfish_jobs_equal_the_one_rank_jobs"]
 fn worker_on_8_ranks() {
     run_on_every_rank(jobs_on(8, &runs_dir(), &models()));
 }

@@ -8,7 +8,8 @@
 //! [`TENSOR_TOLERANCE`] of each tensor's own (the step-1 gradients are
 //! compared per tensor at 1e-5 in the job crate's `gradients_parallel`).
 //!
-//! Two `mpirun` launches of this binary's workers (2 ranks: 6 jobs; 4
+//! Two `mpirun` launches of this binary's workers (2 ranks: 6 jobs, then
+//! `nccl`'s 10 through NCCL, compared here with the same one-rank jobs; 4
 //! ranks: 9); the one-rank jobs run in the test's process. A tp2 run
 //! resumed and sampled on one rank from the command line, and a TP
 //! degree refused by `ferrotron train`, are tested in the `cli` binary.
@@ -16,9 +17,12 @@
 use ferrotron::parallel::zero::ZeroStage;
 use ferrotron::JobConfig;
 
-use crate::equivalence::compare::{check_steps, check_weights};
-use crate::equivalence::jobs::{launch, mpi_built, run_on_every_rank, runs_dir, scratch};
+use crate::equivalence::jobs::{
+    launch, launch_with, mpi_built, run_on_every_rank, runs_dir, scratch,
+};
 use crate::equivalence::layouts::{jobs_on, layout_run, plain, run_one_rank, Layout, ModelLayouts};
+use crate::nccl;
+use ferrotron_test_support::runs::{check_steps, check_weights};
 
 /// Largest difference between the runs' weights, relative to the one-rank
 /// run's largest weight of the whole model. TP sums the partial products
@@ -91,7 +95,7 @@ fn layouts() -> Vec<Layout> {
 }
 
 #[test]
-fn tp2_tp2_sp_and_tp2_dp2_with_zero_0_1_3_jobs_equal_the_one_rank_job_for_the_three_minis() {
+fn tp2_tp2_sp_tp2_dp2_with_zero_0_1_3_and_nccl_jobs_equal_the_one_rank_job_for_the_three_minis() {
     if !mpi_built() {
         return;
     }
@@ -100,7 +104,8 @@ fn tp2_tp2_sp_and_tp2_dp2_with_zero_0_1_3_jobs_equal_the_one_rank_job_for_the_th
         .iter()
         .map(|model| run_one_rank(model, &runs, 2, plain))
         .collect();
-    launch(2, "tensor_parallel::worker_on_2_ranks", &runs);
+    let double = nccl::library_env();
+    launch_with(2, "tensor_parallel::worker_on_2_ranks", &runs, &[double]);
     launch(4, "tensor_parallel::worker_on_4_ranks", &runs);
     for (model, single) in MODELS.iter().zip(&singles) {
         for layout in layouts() {
@@ -109,26 +114,32 @@ fn tp2_tp2_sp_and_tp2_dp2_with_zero_0_1_3_jobs_equal_the_one_rank_job_for_the_th
             check_steps(&label, &out, single, 1e-5);
             check_weights(&label, &out, single, MODEL_TOLERANCE, TENSOR_TOLERANCE);
         }
+        if nccl::MODELS.contains(model) {
+            nccl::check(model, &runs, single);
+        }
     }
     let _ = std::fs::remove_dir_all(&runs);
 }
 
-/// The jobs of a worker on `ranks` ranks.
+/// The jobs of a worker on `ranks` ranks: the TP layouts', then (2 ranks)
+/// the NCCL jobs.
 fn worker_jobs(ranks: usize) -> Vec<(String, JobConfig)> {
-    let models: Vec<ModelLayouts> = MODELS.iter().map(|&m| (m, plain as _, layouts())).collect();
+    let mut models: Vec<ModelLayouts> =
+        MODELS.iter().map(|&m| (m, plain as _, layouts())).collect();
+    models.extend(nccl::models());
     jobs_on(ranks, &runs_dir(), &models)
 }
 
 /// Every rank of the 2-rank jobs; run only under mpirun by the test above.
 #[test]
-#[ignore = "runs under mpirun, started by tp2_tp2_sp_and_tp2_dp2_with_zero_0_1_3_jobs_equal_the_one_rank_job_for_the_three_minis"]
+#[ignore = "runs under mpirun, started by tp2_tp2_sp_tp2_dp2_with_zero_0_1_3_and_nccl_jobs_equal_the_one_rank_job_for_the_three_minis"]
 fn worker_on_2_ranks() {
     run_on_every_rank(worker_jobs(2));
 }
 
 /// Every rank of the 4-rank jobs; run only under mpirun by the test above.
 #[test]
-#[ignore = "runs under mpirun, started by tp2_tp2_sp_and_tp2_dp2_with_zero_0_1_3_jobs_equal_the_one_rank_job_for_the_three_minis"]
+#[ignore = "runs under mpirun, started by tp2_tp2_sp_tp2_dp2_with_zero_0_1_3_and_nccl_jobs_equal_the_one_rank_job_for_the_three_minis"]
 fn worker_on_4_ranks() {
     run_on_every_rank(worker_jobs(4));
 }

@@ -3,11 +3,14 @@
 //! binary's workers under `mpirun`.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ferrotron::job::comm::{open, Transport, MPI_BUILT};
+use ferrotron::job::config::CommChoice;
 use ferrotron::job::{PrintReport, World};
-use ferrotron::parallel::comm::DEFAULT_TIMEOUT;
+use ferrotron::parallel::comm::nccl::{NcclCommunicator, NcclLibrary, LIBRARY_ENV};
+use ferrotron::parallel::comm::{Communicator, DEFAULT_TIMEOUT};
 use ferrotron::parallel::launch::detect;
 use ferrotron::{Job, JobConfig};
 use ferrotron_test_support::{mpirun, skip::skip};
@@ -123,16 +126,35 @@ pub fn runs_dir() -> PathBuf {
 
 /// In a worker (every rank under `mpirun`): validates each of `jobs`
 /// (label, configuration) for this launch's world and runs it through
-/// [`Job::on`] on one world communicator (MPI's), one after another.
+/// [`Job::on`], one after another, on one world communicator: MPI's, or
+/// for the jobs with `parallelism.comm = "nccl"` one NCCL communicator
+/// over it ([`nccl_over`], opened at the first such job).
 pub fn run_on_every_rank(jobs: Vec<(String, JobConfig)>) {
     let world = detect().unwrap();
-    let comm = open(&world, Transport::Mpi, DEFAULT_TIMEOUT).unwrap();
+    let mpi = open(&world, Transport::Mpi, DEFAULT_TIMEOUT).unwrap();
+    let mut nccl = None;
     for (label, config) in jobs {
         let valid = config
             .validate(&world)
             .unwrap_or_else(|e| panic!("{label}: the job is refused: {e:?}"));
-        Job::on(valid, comm.clone())
+        let comm = match valid.config().parallelism.comm {
+            CommChoice::Nccl => nccl.get_or_insert_with(|| nccl_over(&mpi)).clone(),
+            CommChoice::Auto | CommChoice::Mpi => mpi.clone(),
+        };
+        Job::on(valid, comm)
             .and_then(|job| job.run(&mut PrintReport))
             .unwrap_or_else(|e| panic!("{label}: {e:#}"));
     }
+}
+
+/// An NCCL communicator over `world` (collective: every rank opens it at
+/// the same job) on the library that `FERROTRON_NCCL_LIBRARY` names, as
+/// `Job::new` opens for `parallelism.comm = "nccl"` on a CPU backend, here
+/// over the launch's one MPI world (MPI starts once per process).
+fn nccl_over(world: &Arc<dyn Communicator>) -> Arc<dyn Communicator> {
+    let lib = NcclLibrary::load_from(std::env::var_os(LIBRARY_ENV).as_deref())
+        .unwrap_or_else(|e| panic!("{LIBRARY_ENV}: {e}"));
+    let nccl = NcclCommunicator::new(Arc::new(lib), world.clone(), DEFAULT_TIMEOUT)
+        .unwrap_or_else(|e| panic!("starting NCCL: {e}"));
+    Arc::new(nccl)
 }

@@ -17,8 +17,8 @@
 use std::path::Path;
 
 use crate::common::{corpus, ferrotron, scratch};
-use crate::equivalence::{check_val_losses, check_weights};
 use crate::mpirun::{mpi_built, run, RunFlags};
+use ferrotron_test_support::runs::{check_val_losses, check_weights};
 
 /// The tolerances of tests/facade/tensor_parallel.rs (which explains
 /// them): the largest weight difference relative to the model's largest

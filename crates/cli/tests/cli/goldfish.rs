@@ -1,9 +1,9 @@
 //! The goldfish loss from the command line: `--goldfish-k` / `--goldfish-context`
 //! train, are recorded in the run and kept by `--resume`, leave the
-//! validation loss unmasked, and bad values are refused; under `mpirun`,
-//! goldfish runs with DP + ZeRO-3 (the unit-by-unit step), TP + SP (the
-//! vocabulary-parallel loss) and PP equal the one-rank goldfish run on the
-//! same global batch. The ignored test
+//! validation loss unmasked, and bad values are refused. That goldfish
+//! jobs under DP + ZeRO-3, TP + SP and PP equal the one-rank goldfish job
+//! is tested through the library, in the facade's `goldfish` tests
+//! (tests/facade/goldfish.rs). The ignored test
 //! `goldfish_reproduces_fewer_training_continuations` is the memorisation
 //! experiment of the README (minutes of CPU).
 
@@ -14,12 +14,8 @@ use std::time::Duration;
 use ferrotron_engine::data::{embedded_corpus, encode, split_lengths, Tokenizer};
 
 use crate::common;
-use crate::equivalence;
-use crate::mpirun;
 
 use common::{corpus, records, scratch, step_losses};
-use equivalence::{check_steps, check_weights};
-use mpirun::{equivalence_args, mpi_built};
 
 /// Longest one command may take before it is killed and fails the test.
 const DEADLINE: Duration = Duration::from_secs(1800);
@@ -172,47 +168,6 @@ fn bad_goldfish_values_are_one_line_errors_with_exit_code_2() {
         assert!(err.contains(needle), "{args:?}: {err}");
         assert!(!out.exists(), "{args:?} wrote the run directory");
     }
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// The one-rank goldfish run (global batch 8 = 2 x grad-accum 4) against
-/// dp2 with ZeRO-3 (grad-accum 2), tp2 with sequence parallelism and pp2
-/// (grad-accum 4): the same kept tokens, the same per-micro-batch means,
-/// so the same losses, gradient norms and weights within the tolerances of
-/// the facade's `data_parallel`, `tensor_parallel` and `pipeline_parallel`
-/// tests (tests/facade/)
-/// (TP adds partial sums in another order; DP adds the micro-batches'
-/// gradients in another order).
-#[test]
-fn goldfish_under_dp_zero3_tp_sp_and_pp_equals_the_single_rank_run() {
-    if !mpi_built() {
-        return;
-    }
-    let dir = scratch("goldfish-ranks");
-    let corpus = corpus(&dir);
-    let run = |name: &str, ranks: usize, accum: &str, extra: &[&str]| {
-        let out = dir.join(name);
-        let goldfish = ["--goldfish-k", "3", "--goldfish-context", "5"];
-        let extra: Vec<&str> = goldfish.iter().chain(extra).copied().collect();
-        mpirun::run(
-            name,
-            ranks,
-            equivalence_args("gpt-mini", &corpus, &out, accum),
-            &extra,
-        );
-        out
-    };
-    let single = run("single", 1, "4", &[]);
-    assert_eq!(step_losses(&single).len(), 5);
-    let dp = run("dp2-zero3", 2, "2", &["--zero", "3"]);
-    check_steps("dp2 zero3", &dp, &single, 1e-5);
-    check_weights("dp2 zero3", &dp, &single, 1e-5, 2e-5);
-    let tp = run("tp2-sp", 2, "4", &["--tp", "2", "--sp"]);
-    check_steps("tp2 sp", &tp, &single, 1e-5);
-    check_weights("tp2 sp", &tp, &single, 1e-4, 5e-3);
-    let pp = run("pp2", 2, "4", &["--pp", "2"]);
-    check_steps("pp2", &pp, &single, 1e-5);
-    check_weights("pp2", &pp, &single, 1e-5, 1e-5);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -7,8 +7,8 @@
 use std::path::{Path, PathBuf};
 
 use crate::common::{ferrotron, scratch};
-use crate::equivalence::{check_steps, check_weights};
 use crate::mpirun::{self, mpi_built};
+use ferrotron_test_support::runs::{check_steps, check_weights};
 
 use burn::tensor::TensorData;
 use ferrotron_engine::checkpoint::{load_safetensors, save_safetensors};

@@ -2,8 +2,6 @@
 //! links the whole of Burn, so the files are modules of one).
 
 mod common;
-#[path = "common/equivalence.rs"]
-mod equivalence;
 #[path = "common/mpirun.rs"]
 mod mpirun;
 

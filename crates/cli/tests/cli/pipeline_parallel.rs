@@ -13,12 +13,11 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::common;
-use crate::equivalence;
 use crate::mpirun;
 use ferrotron_test_support::deadline;
 
 use common::{copy_dir, corpus, scratch, step_losses};
-use equivalence::check_weights;
+use ferrotron_test_support::runs::check_weights;
 use mpirun::{equivalence_args as args, mpi_built, run, train_within};
 
 /// The weight tolerance of a pipeline without TP or DP, per tensor

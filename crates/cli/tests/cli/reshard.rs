@@ -11,11 +11,10 @@
 use std::path::Path;
 
 use crate::common;
-use crate::equivalence;
 use crate::mpirun;
 
 use common::{copy_dir, corpus, scratch, step_losses};
-use equivalence::check_weights;
+use ferrotron_test_support::runs::check_weights;
 use mpirun::{mpi_built, run, RunFlags};
 
 /// Largest difference between a resumed run's weights and the one-rank

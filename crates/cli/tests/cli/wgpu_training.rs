@@ -26,13 +26,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::common;
-use crate::equivalence;
 use crate::mpirun;
 use ferrotron_test_support::deadline;
 use ferrotron_test_support::skip::skip;
 
 use common::{corpus, records, scratch, step_records};
-use equivalence::{check_steps, check_weights};
+use ferrotron_test_support::runs::{check_steps, check_weights};
 use mpirun::{train, RunFlags};
 
 /// Largest relative difference of a step's loss or gradient norm: the

@@ -1,6 +1,6 @@
 //! What the command-line tests share: running `ferrotron` under a
 //! deadline, a scratch directory, a small corpus, copying a run, reading
-//! its step losses, comparing the weights of two runs.
+//! its step losses (comparing runs: `ferrotron_test_support::runs`).
 #![allow(dead_code)] // each test binary uses a different subset
 
 use std::path::{Path, PathBuf};
@@ -8,8 +8,7 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use ferrotron_engine::checkpoint::load_safetensors;
-use ferrotron_test_support::deadline;
+use ferrotron_test_support::{deadline, runs};
 
 /// `ferrotron ARGS`, killed and failing the test after the default deadline.
 pub fn ferrotron(args: &[&str]) -> Output {
@@ -54,19 +53,12 @@ pub fn corpus(dir: &Path) -> PathBuf {
 /// Every record (line) of a run's `metrics.jsonl`, in file order (a resumed
 /// run appends); empty when there is no file yet.
 pub fn records(run: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .collect()
+    runs::records_so_far(run)
 }
 
 /// The step records (those with a `loss`) of [`records`].
 pub fn step_records(run: &Path) -> Vec<serde_json::Value> {
-    records(run)
-        .into_iter()
-        .filter(|v| v.get("loss").is_some())
-        .collect()
+    runs::steps(records(run))
 }
 
 /// `(step, loss)` of every step record of a run's `metrics.jsonl`
@@ -92,27 +84,7 @@ pub fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-/// Relative error of the whole model: max |a - b| over every weight divided
-/// by max |b| over every weight. (Per tensor it would be meaningless for
-/// the attention key biases, whose gradient is analytically zero because
-/// softmax ignores a constant shift: they hold only rounding noise, ~1e-7.)
-pub fn max_weight_rel_err(a: &Path, b: &Path) -> f64 {
-    let a = load_safetensors(&a.join("model.safetensors")).unwrap();
-    let b = load_safetensors(&b.join("model.safetensors")).unwrap();
-    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
-    let (mut diff, mut scale) = (0f32, 0f32);
-    for (name, ta) in &a {
-        let x = ta.to_vec::<f32>().unwrap();
-        let y = b[name].to_vec::<f32>().unwrap();
-        assert_eq!(x.len(), y.len(), "{name}");
-        for (p, q) in x.iter().zip(&y) {
-            assert!(p.is_finite(), "{name} holds {p}");
-            diff = diff.max((p - q).abs());
-            scale = scale.max(q.abs());
-        }
-    }
-    f64::from(diff / scale)
-}
+pub use runs::max_weight_rel_err;
 
 /// The flags of `ferrotron plan` for `model` (vocabulary `vocab`) on `gpus`
 /// CPU ranks sized like the tests' training runs (16 GiB, 0.1 TFLOP/s,

@@ -1,16 +1,18 @@
-//! Comparing a multi-rank run with the one-rank run on the same global
-//! batch, from their run directories: the step records of
-//! `metrics.jsonl` (loss, gradient norm, memory by class), the validation
-//! losses, and every weight of `model.safetensors`.
+//! Reading and comparing run directories: the records of `metrics.jsonl`
+//! (step losses, gradient norms, memory by class, validation losses) and
+//! every weight of `model.safetensors`, for the tests that compare a
+//! multi-rank (or resumed, or other-backend) run with the one-rank run on
+//! the same global batch.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use burn::tensor::TensorData;
-use ferrotron::engine::checkpoint::load_safetensors;
+use safetensors::tensor::Dtype;
+use safetensors::SafeTensors;
 use serde_json::Value;
 
-/// Every record (line) of a run's `metrics.jsonl`, in file order.
+/// Every record (line) of a run's `metrics.jsonl`, in file order (a
+/// resumed run appends); panics naming the run if there is no such file.
 pub fn records(run: &Path) -> Vec<Value> {
     std::fs::read_to_string(run.join("metrics.jsonl"))
         .unwrap_or_else(|e| panic!("{}: metrics.jsonl: {e}", run.display()))
@@ -19,12 +21,27 @@ pub fn records(run: &Path) -> Vec<Value> {
         .collect()
 }
 
-/// The step records (those with a `loss`) of [`records`].
-pub fn step_records(run: &Path) -> Vec<Value> {
-    records(run)
+/// [`records`], or none while the run has not written `metrics.jsonl`
+/// yet (for a test that polls a run still going).
+pub fn records_so_far(run: &Path) -> Vec<Value> {
+    if run.join("metrics.jsonl").exists() {
+        records(run)
+    } else {
+        Vec::new()
+    }
+}
+
+/// The step records (those with a `loss`) of `records`.
+pub fn steps(records: Vec<Value>) -> Vec<Value> {
+    records
         .into_iter()
         .filter(|v| v.get("loss").is_some())
         .collect()
+}
+
+/// The step records of [`records`].
+pub fn step_records(run: &Path) -> Vec<Value> {
+    steps(records(run))
 }
 
 /// `(loss, grad_norm)` of every step record.
@@ -90,24 +107,51 @@ pub fn memory(run: &Path) -> [u64; 3] {
     ["param_bytes", "grad_bytes", "optimizer_bytes"].map(|k| last[k].as_u64().unwrap())
 }
 
-/// The `model.safetensors` of directory `dir` (a run or an export).
-fn weights(dir: &Path) -> BTreeMap<String, TensorData> {
-    load_safetensors(&dir.join("model.safetensors"))
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+/// Every tensor of the `model.safetensors` of directory `dir` (a run or
+/// an export) by name, its values widened to f32 (F32, BF16 and F16
+/// files, as `ferrotron_engine::checkpoint::load_safetensors` reads
+/// them); panics naming the file otherwise.
+pub fn weights(dir: &Path) -> BTreeMap<String, Vec<f32>> {
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let st = SafeTensors::deserialize(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    st.tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            let raw = view.data();
+            let values = match view.dtype() {
+                Dtype::F32 => raw
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+                Dtype::BF16 => raw
+                    .chunks_exact(2)
+                    .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
+                    .collect(),
+                Dtype::F16 => raw
+                    .chunks_exact(2)
+                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                    .collect(),
+                other => panic!("{}: {name} has dtype {other:?}", path.display()),
+            };
+            (name, values)
+        })
+        .collect()
 }
 
 /// Relative error of the whole model between the `model.safetensors` of
 /// directories `a` and `b`: max |a - b| over every weight divided by max
-/// |b| over every weight. Every weight must be finite.
+/// |b| over every weight. Every weight must be finite. (Per tensor it
+/// would be meaningless for the attention key biases: see
+/// [`check_weights`].)
 pub fn max_weight_rel_err(a: &Path, b: &Path) -> f64 {
     let (a, b) = (weights(a), weights(b));
     assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
     let (mut diff, mut scale) = (0f32, 0f32);
-    for (name, ta) in &a {
-        let x = ta.to_vec::<f32>().unwrap();
-        let y = b[name].to_vec::<f32>().unwrap();
+    for (name, x) in &a {
+        let y = &b[name];
         assert_eq!(x.len(), y.len(), "{name}");
-        for (p, q) in x.iter().zip(&y) {
+        for (p, q) in x.iter().zip(y) {
             assert!(p.is_finite(), "{name} holds {p}");
             diff = diff.max((p - q).abs());
             scale = scale.max(q.abs());
@@ -141,20 +185,16 @@ pub fn check_weights(
         b.keys().collect::<Vec<_>>(),
         "{label}: parameter names"
     );
-    let values = |t: &TensorData| t.to_vec::<f32>().unwrap();
     let max_abs = |v: &[f32]| v.iter().fold(0f32, |m, x| m.max(x.abs()));
-    let model_max = b.values().map(|t| max_abs(&values(t))).fold(0f32, f32::max);
+    let model_max = b.values().map(|v| max_abs(v)).fold(0f32, f32::max);
     let (mut model_diff, mut worst) = (0f32, (0f32, String::new()));
-    for (name, ta) in &a {
-        let (x, y) = (values(ta), values(&b[name]));
+    for (name, x) in &a {
+        let y = &b[name];
         assert_eq!(x.len(), y.len(), "{label}: {name} size");
-        let diff = x
-            .iter()
-            .zip(&y)
-            .fold(0f32, |m, (p, q)| m.max((p - q).abs()));
+        let diff = x.iter().zip(y).fold(0f32, |m, (p, q)| m.max((p - q).abs()));
         model_diff = model_diff.max(diff);
         if !noise_only(name) {
-            let rel = diff / max_abs(&y);
+            let rel = diff / max_abs(y);
             if rel > worst.0 {
                 worst = (rel, name.clone());
             }
