@@ -4,8 +4,10 @@
 //! `parallelism.comm = "nccl"` on 2 ranks (data parallelism under ZeRO 0,
 //! 1 and 3, grad-accum 1; tp2 and pp2, grad-accum 2: pp2 sends activations
 //! and their gradients as grouped `ncclSend`/`ncclRecv` and sums the GPT
-//! mini's tied embedding over the first and last stage) equal the one-rank
-//! job on the same global batch (4 sequences) after 5 steps:
+//! mini's tied embedding over the first and last stage; the gradient
+//! reductions take the device path, `Trainer::reduce_on_device`, on the
+//! double's host memory) equal the one-rank job on the same global batch
+//! (4 sequences) after 5 steps:
 //! - every step's loss and gradient norm within 1e-5 relative;
 //! - the weights within 1e-5 of the model's largest weight (tp2:
 //!   `tensor_parallel`'s whole-model bound, 1e-4; TP reorders sums).
