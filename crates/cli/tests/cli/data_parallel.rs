@@ -20,8 +20,9 @@ use ferrotron_engine::checkpoint::load_safetensors;
 use crate::common;
 use crate::mpirun;
 
-use common::{copy_dir, corpus, max_weight_rel_err, scratch, step_losses};
+use common::{copy_dir, corpus, scratch, step_losses};
 use ferrotron_test_support::deadline;
+use ferrotron_test_support::runs::max_weight_rel_err;
 use mpirun::{mpi_built, train, train_within, RunFlags};
 
 /// Training losses of a run's metrics.jsonl, by step.

@@ -84,8 +84,6 @@ pub fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-pub use runs::max_weight_rel_err;
-
 /// The flags of `ferrotron plan` for `model` (vocabulary `vocab`) on `gpus`
 /// CPU ranks sized like the tests' training runs (16 GiB, 0.1 TFLOP/s,
 /// links of 10 GB/s and 1 us within a node, 1 GB/s and 10 us between),
