@@ -42,19 +42,6 @@ impl<B: FusedKernels> Backward<B, 3> for AttentionBackward {
 }
 
 #[derive(Debug)]
-struct RopeBackward;
-
-impl<B: FusedKernels> Backward<B, 1> for RopeBackward {
-    /// The inverse frequencies `[head_dim / 2]`.
-    type State = FloatTensor<B>;
-
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let d_y = grads.consume::<B>(&ops.node);
-        register!(B, grads, ops.parents, [B::rope_backward(d_y, ops.state)]);
-    }
-}
-
-#[derive(Debug)]
 struct CrossEntropyBackward;
 
 impl<B: FusedKernels> Backward<B, 1> for CrossEntropyBackward {
@@ -161,18 +148,7 @@ impl<B: FusedKernels, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
     }
 
     fn fused_rope(x: FloatTensor<Self>, inv_freq: FloatTensor<Self>) -> FloatTensor<Self> {
-        // The frequencies are constants: no gradient flows to them.
-        let freqs = inv_freq.primitive;
-        match RopeBackward
-            .prepare::<C>([x.node.clone()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                prep.finish(freqs.clone(), B::rope_forward(x.primitive, freqs))
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::rope_forward(x.primitive, freqs)),
-        }
+        super::rope::cube::node::<B, C>(x, inv_freq)
     }
 
     fn fused_cross_entropy(

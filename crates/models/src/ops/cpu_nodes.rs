@@ -1,5 +1,6 @@
-//! The CPU operations of `ops::cpu` (GELU-tanh, RoPE; SwiGLU's nodes are
-//! in `ops::swiglu::cpu`, the norms' in `ops::norm::cpu`) on the flex
+//! The CPU operations of `ops::cpu` (GELU-tanh; SwiGLU's nodes are in
+//! `ops::swiglu::cpu`, the norms' in `ops::norm::cpu`, RoPE's in
+//! `ops::rope::cpu`) on the flex
 //! backend: the forward alone on `Flex` (evaluation, generation), and on
 //! `Autodiff<Flex, C>` one graph node each whose backward is the
 //! operation's own one-pass backward, in place of the 10 to 20 nodes of
@@ -16,7 +17,7 @@ use burn::tensor::ops::FloatTensor;
 use burn::tensor::DType;
 
 use super::cpu::{self, dense};
-use super::fused::{gelu_reference, rope_reference_on};
+use super::fused::gelu_reference;
 
 /// The autodiff backend over flex.
 type Ad<C> = Autodiff<Flex, C>;
@@ -32,14 +33,6 @@ pub(super) fn gelu_forward(x: FlexTensor) -> FlexTensor {
         return gelu_reference::<Flex>(x);
     }
     cpu::gelu_tanh(&dense(x))
-}
-
-/// RoPE with the tables `cos`, `sin` on flex without autodiff.
-pub(super) fn rope_forward(x: FlexTensor, cos: FlexTensor, sin: FlexTensor) -> FlexTensor {
-    if !all_f32(&[&x, &cos, &sin]) {
-        return rope_reference_on::<Flex>(x, cos, sin);
-    }
-    cpu::rope(x, cos, sin)
 }
 
 #[derive(Debug)]
@@ -72,45 +65,5 @@ pub(super) fn gelu_node<C: CheckpointStrategy>(x: FloatTensor<Ad<C>>) -> FloatTe
             prep.finish(x_dense, y)
         }
         OpsKind::UnTracked(prep) => prep.finish(cpu::gelu_tanh(&x_dense)),
-    }
-}
-
-#[derive(Debug)]
-struct RopeBackward;
-
-impl Backward<Flex, 1> for RopeBackward {
-    /// The tables `cos`, `sin` (shared by every layer: the node keeps no
-    /// activation of its own).
-    type State = (FlexTensor, FlexTensor);
-
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let d_y = grads.consume::<Flex>(&ops.node);
-        let (cos, sin) = ops.state;
-        let d_x = cpu::rope_backward(d_y, cos, sin);
-        register!(Flex, grads, ops.parents, [d_x]);
-    }
-}
-
-/// RoPE of `x` with the constant tables `cos`, `sin` (no gradient reaches
-/// them) as one node of the autodiff graph over flex.
-pub(super) fn rope_node<C: CheckpointStrategy>(
-    x: FloatTensor<Ad<C>>,
-    cos: FloatTensor<Ad<C>>,
-    sin: FloatTensor<Ad<C>>,
-) -> FloatTensor<Ad<C>> {
-    if !all_f32(&[&x.primitive, &cos.primitive, &sin.primitive]) {
-        return rope_reference_on::<Ad<C>>(x, cos, sin);
-    }
-    let (cos, sin) = (cos.primitive, sin.primitive);
-    match RopeBackward
-        .prepare::<C>([x.node])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => {
-            let y = cpu::rope(x.primitive, cos.clone(), sin.clone());
-            prep.finish((cos, sin), y)
-        }
-        OpsKind::UnTracked(prep) => prep.finish(cpu::rope(x.primitive, cos, sin)),
     }
 }

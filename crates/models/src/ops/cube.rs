@@ -32,7 +32,6 @@ use ferrotron_kernels::cross_entropy::{
     cross_entropy_forward_backward, cross_entropy_grad_typed, cross_entropy_rows_typed,
 };
 use ferrotron_kernels::dtype::FloatDtype;
-use ferrotron_kernels::rope::{rope_backward_typed, rope_forward_typed, RopeShape};
 use ferrotron_parallel::context::BlockAttention;
 
 use super::fused::{FusedKernels, KernelBackend};
@@ -54,7 +53,7 @@ pub(super) fn contiguous<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
 
 /// `t` contiguous and safe to overwrite: copied when another tensor shares
 /// its buffer.
-fn owned<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+pub(super) fn owned<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
     let t = contiguous(t);
     if t.can_mut() {
         t
@@ -161,17 +160,6 @@ impl<R: CubeRuntime> AttentionOperands<R> {
             v: &self.v.handle,
             alibi_slopes: self.slopes.as_ref().map(|s| &s.handle),
         }
-    }
-}
-
-/// The shape of `x` `[batch, heads, seq, head_dim]` as RoPE sees it.
-fn rope_shape<R: CubeRuntime>(x: &CubeTensor<R>) -> RopeShape {
-    let s = x.shape();
-    RopeShape {
-        batch: s[0],
-        heads: s[1],
-        seq: s[2],
-        head_dim: s[3],
     }
 }
 
@@ -308,36 +296,11 @@ impl<R: CubeRuntime, BT: BoolElement> FusedKernels for Cube<R, BT> {
     }
 
     fn rope_forward(x: FloatTensor<Self>, inv_freq: FloatTensor<Self>) -> FloatTensor<Self> {
-        let Some(dtype) = kernel_dtype(&x) else {
-            let back = x.dtype;
-            return cast_to(Self::rope_forward(in_f32(x), inv_freq), back);
-        };
-        let (x, f) = (owned(x), contiguous(inv_freq));
-        launched(
-            "rope forward",
-            rope_forward_typed(&x.client, dtype, &x.handle, &f.handle, rope_shape(&x), 0),
-        );
-        x
+        super::rope::cube::forward(x, inv_freq)
     }
 
     fn rope_backward(d_y: FloatTensor<Self>, inv_freq: FloatTensor<Self>) -> FloatTensor<Self> {
-        let Some(dtype) = kernel_dtype(&d_y) else {
-            let back = d_y.dtype;
-            return cast_to(Self::rope_backward(in_f32(d_y), inv_freq), back);
-        };
-        let (d_y, f) = (owned(d_y), contiguous(inv_freq));
-        launched(
-            "rope backward",
-            rope_backward_typed(
-                &d_y.client,
-                dtype,
-                &d_y.handle,
-                &f.handle,
-                rope_shape(&d_y),
-                0,
-            ),
-        );
-        d_y
+        super::rope::cube::backward(d_y, inv_freq)
     }
 
     fn cross_entropy(

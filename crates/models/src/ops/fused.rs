@@ -14,7 +14,6 @@ use ferrotron_parallel::tensor::TpOps;
 use super::attention::{attention_reference, attention_reference_backward};
 use super::linear_cross_entropy::GradPrimitives;
 use super::recompute::Core;
-use super::rope::rope_reference;
 use crate::layers::gelu_tanh;
 
 /// The reference attention core ([`attention_reference`]) on primitives
@@ -51,18 +50,6 @@ fn t<B: Backend, const D: usize>(p: FloatTensor<B>) -> Tensor<B, D> {
 /// The reference GELU-tanh ([`gelu_tanh`]) on a primitive `[batch, seq, n]`.
 pub(super) fn gelu_reference<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
     gelu_tanh(t::<B, 3>(x)).into_primitive().tensor()
-}
-
-/// The reference RoPE ([`rope_reference`]) on primitives `x` `[batch,
-/// heads, len, head_dim]`, tables `cos`, `sin` `[1, 1, len, head_dim]`.
-pub(super) fn rope_reference_on<B: Backend>(
-    x: FloatTensor<B>,
-    cos: FloatTensor<B>,
-    sin: FloatTensor<B>,
-) -> FloatTensor<B> {
-    rope_reference(t::<B, 4>(x), &t(cos), &t(sin))
-        .into_primitive()
-        .tensor()
 }
 
 /// The fused kernels on a backend's own tensors, without autodiff. Every
@@ -359,7 +346,7 @@ pub trait KernelBackend: Backend + TpOps + CpOps {
         cos: FloatTensor<Self>,
         sin: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        rope_reference_on::<Self>(x, cos, sin)
+        super::rope::reference::rope_reference_on::<Self>(x, cos, sin)
     }
 
     /// Fused attention output (see [`FusedKernels::attention_forward`]).
@@ -517,7 +504,7 @@ impl KernelBackend for burn::backend::Flex {
         cos: FloatTensor<Self>,
         sin: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        super::cpu_nodes::rope_forward(x, cos, sin)
+        super::rope::cpu::forward(x, cos, sin)
     }
 }
 
@@ -585,7 +572,7 @@ impl<C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy> Kerne
         cos: FloatTensor<Self>,
         sin: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        super::cpu_nodes::rope_node::<C>(x, cos, sin)
+        super::rope::cpu::node::<C>(x, cos, sin)
     }
 }
 

@@ -18,10 +18,11 @@
 //! position context ([`AttentionBias`], [`Rope`]), which
 //! `layers::position` builds from the same choice.
 //!
-//! SwiGLU keeps every implementation in its own folder (`swiglu/`: the
-//! dispatch in `mod.rs`, `reference.rs`, `cube.rs` with the kernel launch
-//! and autodiff node, `cpu.rs` with flex's node); the backend traits
-//! delegate to it in one line per method.
+//! SwiGLU, the norms and RoPE keep every implementation in their own
+//! folder (`swiglu/`, `norm/`, `rope/`: the dispatch in `mod.rs`,
+//! `reference.rs`, `cube.rs` with the kernel launches and autodiff node,
+//! `cpu.rs` with flex's node); the backend traits delegate to them in one
+//! line per method.
 //!
 //! The fused path goes through [`KernelBackend`]: the CubeCL backend
 //! launches the kernels, and the autodiff backend wraps them in nodes
