@@ -4,21 +4,14 @@
 //! and handed to every layer. A new operation is one more field here; the
 //! layers only call the methods.
 
-use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, FloatDType, Int, Tensor, TensorPrimitive};
 use ferrotron_engine::precision::Precision;
 
 use super::fused::KernelBackend;
-use super::{cross_entropy, layer_norm, resolve_kernels};
+use super::{cross_entropy, gelu, layer_norm, resolve_kernels};
 use super::{rms_norm, swiglu};
 
 use crate::config::{ConfigError, DecoderConfig, Kernels};
-use crate::layers::gelu_tanh;
-
-/// A float primitive as a tensor of rank `D`.
-fn float<B: KernelBackend, const D: usize>(p: FloatTensor<B>) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(p))
-}
 
 /// How the output head and the loss are computed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -239,12 +232,10 @@ impl OpsChoice {
         }
     }
 
-    /// GELU-tanh of `x` `[batch, seq, n]` (see [`crate::layers::gelu_tanh`]).
+    /// GELU-tanh of `x` `[batch, seq, n]` (see
+    /// [`super::gelu_tanh_reference`]).
     pub fn gelu_tanh<B: KernelBackend>(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        match self.gelu {
-            OpImpl::Cpu => float(B::cpu_gelu_tanh(x.into_primitive().tensor())),
-            OpImpl::Fused | OpImpl::Reference => gelu_tanh(x),
-        }
+        gelu::gelu_tanh(self.gelu, x)
     }
 
     /// `silu(gate) * up` of `[batch, seq, n]` tensors (see

@@ -12,9 +12,10 @@ use ferrotron_parallel::context::{BlockAttention, CpOps};
 use ferrotron_parallel::tensor::TpOps;
 
 use super::attention::{attention_reference, attention_reference_backward};
+#[cfg(feature = "flex")]
+use super::cpu::all_f32;
 use super::linear_cross_entropy::GradPrimitives;
 use super::recompute::Core;
-use crate::layers::gelu_tanh;
 
 /// The reference attention core ([`attention_reference`]) on primitives
 /// (shapes of [`KernelBackend::attention_core`]).
@@ -45,11 +46,6 @@ pub(super) fn attention_reference_backward_on<B: Backend>(
 /// A float primitive as a tensor of rank `D`.
 fn t<B: Backend, const D: usize>(p: FloatTensor<B>) -> Tensor<B, D> {
     Tensor::from_primitive(TensorPrimitive::Float(p))
-}
-
-/// The reference GELU-tanh ([`gelu_tanh`]) on a primitive `[batch, seq, n]`.
-pub(super) fn gelu_reference<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
-    gelu_tanh(t::<B, 3>(x)).into_primitive().tensor()
 }
 
 /// The fused kernels on a backend's own tensors, without autodiff. Every
@@ -290,12 +286,13 @@ pub trait KernelBackend: Backend + TpOps + CpOps {
         super::linear_cross_entropy::blocks_on::<Self>(x, weight, targets, grads)
     }
 
-    /// GELU-tanh ([`gelu_tanh`]) of `x` `[batch, seq, n]` as Ferrotron's CPU
-    /// operation (`ops::cpu`): one pass in forward, one in backward, one
-    /// autodiff node keeping only `x`. This default is the plain reference;
-    /// flex and the autodiff backend over it override it for f32 `x`.
+    /// GELU-tanh ([`super::gelu_tanh_reference`]) of `x` `[batch, seq, n]`
+    /// as Ferrotron's CPU operation (`ops::cpu`): one pass in forward, one
+    /// in backward, one autodiff node keeping only `x`. This default is the
+    /// plain reference; flex and the autodiff backend over it override it
+    /// for f32 `x`.
     fn cpu_gelu_tanh(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        gelu_reference::<Self>(x)
+        super::gelu::reference::gelu_reference_on::<Self>(x)
     }
 
     /// `silu(gate) * up` of `gate` and `up` `[batch, seq, n]` as
@@ -419,14 +416,6 @@ where
 {
 }
 
-/// Whether every tensor is f32 (what flex's host-buffer operations take).
-#[cfg(feature = "flex")]
-fn all_f32(tensors: &[&FloatTensor<burn::backend::Flex>]) -> bool {
-    tensors
-        .iter()
-        .all(|t| t.dtype() == burn::tensor::DType::F32)
-}
-
 #[cfg(feature = "flex")]
 impl KernelBackend for burn::backend::Flex {
     fn has_host_attention() -> bool {
@@ -475,7 +464,7 @@ impl KernelBackend for burn::backend::Flex {
     }
 
     fn cpu_gelu_tanh(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        super::cpu_nodes::gelu_forward(x)
+        super::gelu::cpu::forward(x)
     }
 
     fn cpu_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -543,7 +532,7 @@ impl<C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy> Kerne
     }
 
     fn cpu_gelu_tanh(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        super::cpu_nodes::gelu_node::<C>(x)
+        super::gelu::cpu::node::<C>(x)
     }
 
     fn cpu_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {

@@ -18,8 +18,8 @@
 //! position context ([`AttentionBias`], [`Rope`]), which
 //! `layers::position` builds from the same choice.
 //!
-//! SwiGLU, the norms and RoPE keep every implementation in their own
-//! folder (`swiglu/`, `norm/`, `rope/`: the dispatch in `mod.rs`,
+//! SwiGLU, the norms, RoPE and GELU keep every implementation in their own
+//! folder (`swiglu/`, `norm/`, `rope/`, `gelu/`: the dispatch in `mod.rs`,
 //! `reference.rs`, `cube.rs` with the kernel launches and autodiff node,
 //! `cpu.rs` with flex's node); the backend traits delegate to them in one
 //! line per method.
@@ -52,11 +52,10 @@ mod backends;
 mod choice;
 #[cfg(feature = "flex")]
 mod cpu;
-#[cfg(feature = "flex")]
-mod cpu_nodes;
 mod cross_entropy;
 mod cube;
 mod fused;
+mod gelu;
 mod linear_cross_entropy;
 mod linear_cross_entropy_cube;
 mod norm;
@@ -77,6 +76,7 @@ pub use backends::Wgpu;
 pub use choice::{HeadLoss, OpImpl, OpsChoice};
 pub use cross_entropy::cross_entropy;
 pub use fused::{FusedKernels, KernelBackend, TrainBackend};
+pub use gelu::gelu_tanh_reference;
 pub use linear_cross_entropy::{
     block_rows, block_rows_of, linear_cross_entropy_blocks, linear_cross_entropy_reference,
     LinearCrossEntropyGrads, BLOCK_BYTES,

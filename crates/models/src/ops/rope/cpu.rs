@@ -13,8 +13,7 @@ use burn::backend::{Autodiff, Flex};
 use burn::tensor::ops::FloatTensor;
 
 use super::reference::rope_reference_on;
-use crate::ops::cpu;
-use crate::ops::cpu_nodes::all_f32;
+use crate::ops::cpu::{self, all_f32};
 
 /// The autodiff backend over flex.
 type Ad<C> = Autodiff<Flex, C>;

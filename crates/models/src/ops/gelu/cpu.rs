@@ -1,11 +1,9 @@
-//! The CPU operations of `ops::cpu` (GELU-tanh; SwiGLU's nodes are in
-//! `ops::swiglu::cpu`, the norms' in `ops::norm::cpu`, RoPE's in
-//! `ops::rope::cpu`) on the flex
-//! backend: the forward alone on `Flex` (evaluation, generation), and on
-//! `Autodiff<Flex, C>` one graph node each whose backward is the
-//! operation's own one-pass backward, in place of the 10 to 20 nodes of
-//! Burn's autodiff of the reference. Inputs that are not f32 (mixed precision) take the
-//! reference.
+//! GELU-tanh as Ferrotron's CPU operation on flex (`ops::cpu::gelu_tanh`,
+//! one pass each way over the host buffers): the forward alone on `Flex`
+//! ([`forward`]), and on `Autodiff<Flex, C>` one graph node keeping the
+//! dense input whose backward is the one-pass backward ([`node`]), in
+//! place of the 10 to 20 nodes of Burn's autodiff of the reference.
+//! Inputs that are not f32 (mixed precision) take the reference.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -14,23 +12,17 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::flex::FlexTensor;
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::DType;
 
-use super::cpu::{self, dense};
-use super::fused::gelu_reference;
+use super::reference::gelu_reference_on;
+use crate::ops::cpu::{self, all_f32, dense};
 
 /// The autodiff backend over flex.
 type Ad<C> = Autodiff<Flex, C>;
 
-/// Whether every tensor is f32 (what the CPU operations take).
-pub(super) fn all_f32(tensors: &[&FlexTensor]) -> bool {
-    tensors.iter().all(|t| t.dtype() == DType::F32)
-}
-
 /// GELU-tanh on flex without autodiff.
-pub(super) fn gelu_forward(x: FlexTensor) -> FlexTensor {
+pub(in crate::ops) fn forward(x: FlexTensor) -> FlexTensor {
     if !all_f32(&[&x]) {
-        return gelu_reference::<Flex>(x);
+        return gelu_reference_on::<Flex>(x);
     }
     cpu::gelu_tanh(&dense(x))
 }
@@ -50,9 +42,9 @@ impl Backward<Flex, 1> for GeluBackward {
 }
 
 /// GELU-tanh of `x` as one node of the autodiff graph over flex.
-pub(super) fn gelu_node<C: CheckpointStrategy>(x: FloatTensor<Ad<C>>) -> FloatTensor<Ad<C>> {
+pub(in crate::ops) fn node<C: CheckpointStrategy>(x: FloatTensor<Ad<C>>) -> FloatTensor<Ad<C>> {
     if !all_f32(&[&x.primitive]) {
-        return gelu_reference::<Ad<C>>(x);
+        return gelu_reference_on::<Ad<C>>(x);
     }
     let x_dense = dense(x.primitive);
     match GeluBackward
