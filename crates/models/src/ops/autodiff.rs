@@ -12,7 +12,6 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::Autodiff;
 use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::Shape;
 use ferrotron_kernels::attention::AttentionOptions;
 use ferrotron_parallel::context::BlockAttention;
 
@@ -38,21 +37,6 @@ impl<B: FusedKernels> Backward<B, 3> for AttentionBackward {
         let (q, k, v, slopes, options, out, lse) = ops.state;
         let values = B::attention_backward(q, k, v, slopes, options, out, lse, d_out);
         register!(B, grads, ops.parents, values);
-    }
-}
-
-#[derive(Debug)]
-struct CrossEntropyBackward;
-
-impl<B: FusedKernels> Backward<B, 1> for CrossEntropyBackward {
-    /// The gradient of the loss with respect to the logits, for an upstream
-    /// gradient of 1 (computed by the forward kernel).
-    type State = FloatTensor<B>;
-
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        // Upstream gradient of the scalar loss: `[1]`, broadcast over the logits.
-        let upstream = B::float_reshape(grads.consume::<B>(&ops.node), Shape::new([1, 1]));
-        register!(B, grads, ops.parents, [B::float_mul(ops.state, upstream)]);
     }
 }
 
@@ -155,17 +139,6 @@ impl<B: FusedKernels, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
         logits: FloatTensor<Self>,
         targets: IntTensor<Self>,
     ) -> FloatTensor<Self> {
-        let targets: IntTensor<B> = targets;
-        match CrossEntropyBackward
-            .prepare::<C>([logits.node.clone()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let (loss, d_logits) = B::cross_entropy(logits.primitive, targets);
-                prep.finish(d_logits, loss)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::cross_entropy(logits.primitive, targets).0),
-        }
+        super::cross_entropy::cube::node::<B, C>(logits, targets)
     }
 }

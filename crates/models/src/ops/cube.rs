@@ -28,9 +28,7 @@ use ferrotron_kernels::attention::{
     attention_backward_typed, attention_forward_typed, AttentionInputs, AttentionOptions,
     AttentionShape,
 };
-use ferrotron_kernels::cross_entropy::{
-    cross_entropy_forward_backward, cross_entropy_grad_typed, cross_entropy_rows_typed,
-};
+use ferrotron_kernels::cross_entropy::{cross_entropy_grad_typed, cross_entropy_rows_typed};
 use ferrotron_kernels::dtype::FloatDtype;
 use ferrotron_parallel::context::BlockAttention;
 
@@ -307,29 +305,7 @@ impl<R: CubeRuntime, BT: BoolElement> FusedKernels for Cube<R, BT> {
         logits: FloatTensor<Self>,
         targets: IntTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        // The kernel reads the class ids as 32-bit integers.
-        let targets = match targets.dtype {
-            DType::I32 | DType::U32 => targets,
-            _ => Self::int_cast(targets, IntDType::I32),
-        };
-        let (logits, targets) = (owned(logits), contiguous(targets));
-        let (rows, vocab) = rows_hidden(&logits);
-        let row_loss = empty(&logits, Shape::new([rows]));
-        let loss = empty(&logits, Shape::new([1]));
-        launched(
-            "cross_entropy",
-            cross_entropy_forward_backward(
-                &logits.client,
-                &logits.handle,
-                &targets.handle,
-                &row_loss.handle,
-                &loss.handle,
-                rows,
-                vocab,
-                1.0,
-            ),
-        );
-        (loss, logits)
+        super::cross_entropy::cube::forward_backward(logits, targets)
     }
 
     fn cross_entropy_block(

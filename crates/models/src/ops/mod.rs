@@ -18,8 +18,9 @@
 //! position context ([`AttentionBias`], [`Rope`]), which
 //! `layers::position` builds from the same choice.
 //!
-//! SwiGLU, the norms, RoPE and GELU keep every implementation in their own
-//! folder (`swiglu/`, `norm/`, `rope/`, `gelu/`: the dispatch in `mod.rs`,
+//! SwiGLU, the norms, RoPE, GELU and cross-entropy keep every
+//! implementation in their own folder (`swiglu/`, `norm/`, `rope/`,
+//! `gelu/`, `cross_entropy/`: the dispatch in `mod.rs`,
 //! `reference.rs`, `cube.rs` with the kernel launches and autodiff node,
 //! `cpu.rs` with flex's node); the backend traits delegate to them in one
 //! line per method.
