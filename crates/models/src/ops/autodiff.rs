@@ -67,7 +67,7 @@ impl<B: FusedKernels, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
         weight: FloatTensor<Self>,
         targets: IntTensor<Self>,
     ) -> FloatTensor<Self> {
-        super::linear_cross_entropy::autodiff_node::<B, C>(x, weight, targets)
+        super::linear_cross_entropy::node::autodiff_node::<B, C>(x, weight, targets)
     }
 
     fn fused_attention(

@@ -4,11 +4,11 @@
 //! and handed to every layer. A new operation is one more field here; the
 //! layers only call the methods.
 
-use burn::tensor::{DType, FloatDType, Int, Tensor, TensorPrimitive};
+use burn::tensor::{Int, Tensor};
 use ferrotron_engine::precision::Precision;
 
 use super::fused::KernelBackend;
-use super::{cross_entropy, gelu, layer_norm, resolve_kernels};
+use super::{gelu, layer_norm, resolve_kernels};
 use super::{rms_norm, swiglu};
 
 use crate::config::{ConfigError, DecoderConfig, Kernels};
@@ -276,7 +276,7 @@ impl OpsChoice {
     /// f16, and the CPU op forms that gradient for an upstream gradient of
     /// 1 (the CubeCL op forms it for a power of two near the number of
     /// rows and rounds the logits' gradient as the plain path does, see
-    /// `ops::linear_cross_entropy_cube`); in bf16, 100 training steps of
+    /// `ops::linear_cross_entropy::cube`); in bf16, 100 training steps of
     /// llama-mini with the CPU op drifted 5 % from the f32 run (the
     /// reference: 1 %; see `crates/cli/tests/cli/mixed_precision.rs`).
     pub fn linear_cross_entropy<B: KernelBackend>(
@@ -285,26 +285,13 @@ impl OpsChoice {
         weight: Tensor<B, 2>,
         targets: Tensor<B, 1, Int>,
     ) -> Tensor<B, 1> {
-        let weight = weight.cast(x.dtype());
-        match self.head_loss {
-            HeadLoss::Chunked if B::has_fused_kernels() || x.dtype() == DType::F32 => {
-                Tensor::from_primitive(TensorPrimitive::Float(B::chunked_linear_cross_entropy(
-                    x.into_primitive().tensor(),
-                    weight.into_primitive().tensor(),
-                    targets.into_primitive(),
-                )))
-            }
-            _ => {
-                let [rows, _] = x.dims();
-                let logits = x.matmul(weight).cast(FloatDType::F32);
-                let vocab = logits.dims()[1];
-                cross_entropy(
-                    self.cross_entropy,
-                    logits.reshape([1, rows, vocab]),
-                    targets.reshape([1, rows]),
-                )
-            }
-        }
+        super::linear_cross_entropy::linear_cross_entropy(
+            self.head_loss,
+            self.cross_entropy,
+            x,
+            weight,
+            targets,
+        )
     }
 }
 

@@ -16,9 +16,8 @@
 
 use std::sync::Arc;
 
-use burn::tensor::ops::IntTensorOps;
 use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{DType, IntDType, Shape, TensorMetadata};
+use burn::tensor::{DType, Shape, TensorMetadata};
 use burn_cubecl::cubecl::server::Handle;
 use burn_cubecl::element::BoolElement;
 use burn_cubecl::kernel::into_contiguous;
@@ -28,7 +27,6 @@ use ferrotron_kernels::attention::{
     attention_backward_typed, attention_forward_typed, AttentionInputs, AttentionOptions,
     AttentionShape,
 };
-use ferrotron_kernels::cross_entropy::{cross_entropy_grad_typed, cross_entropy_rows_typed};
 use ferrotron_kernels::dtype::FloatDtype;
 use ferrotron_parallel::context::BlockAttention;
 
@@ -314,54 +312,7 @@ impl<R: CubeRuntime, BT: BoolElement> FusedKernels for Cube<R, BT> {
         count: Option<FloatTensor<Self>>,
         grad_scale: f32,
     ) -> (FloatTensor<Self>, Option<FloatTensor<Self>>) {
-        let targets = match targets.dtype {
-            DType::I32 | DType::U32 => targets,
-            _ => Self::int_cast(targets, IntDType::I32),
-        };
-        let dtype = FloatDtype::from_elem_type(logits.dtype.into())
-            .unwrap_or_else(|| panic!("fused cross_entropy_block: {:?} logits", logits.dtype));
-        let targets = contiguous(targets);
-        let logits = if count.is_some() {
-            owned(logits)
-        } else {
-            contiguous(logits)
-        };
-        let (rows, vocab) = rows_hidden(&logits);
-        let row_loss = empty(&logits, Shape::new([rows]));
-        let lse = empty(&logits, Shape::new([rows]));
-        let client = logits.client.clone();
-        launched(
-            "cross_entropy_block",
-            cross_entropy_rows_typed(
-                &client,
-                dtype,
-                &logits.handle,
-                &targets.handle,
-                &row_loss.handle,
-                &lse.handle,
-                rows,
-                vocab,
-            ),
-        );
-        let grad = count.map(|count| {
-            let count = contiguous(count);
-            launched(
-                "cross_entropy_block",
-                cross_entropy_grad_typed(
-                    &client,
-                    dtype,
-                    &logits.handle,
-                    &targets.handle,
-                    &lse.handle,
-                    &count.handle,
-                    rows,
-                    vocab,
-                    grad_scale,
-                ),
-            );
-            logits
-        });
-        (row_loss, grad)
+        super::linear_cross_entropy::cube::block(logits, targets, count, grad_scale)
     }
 }
 
@@ -370,9 +321,8 @@ impl<R: CubeRuntime, BT: BoolElement> KernelBackend for Cube<R, BT> {
         true
     }
 
-    /// The blocks of `linear_cross_entropy_cube_blocks`, each about
-    /// [`super::linear_cross_entropy::BLOCK_BYTES`] of logits in `x`'s
-    /// dtype.
+    /// The blocks of [`super::linear_cross_entropy_cube_blocks`], each
+    /// about [`super::BLOCK_BYTES`] of logits in `x`'s dtype.
     fn linear_cross_entropy_parts(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
@@ -381,7 +331,7 @@ impl<R: CubeRuntime, BT: BoolElement> KernelBackend for Cube<R, BT> {
     ) -> (FloatTensor<Self>, Option<GradPrimitives<Self>>) {
         let vocab = weight.shape()[1];
         let block = super::block_rows_of(vocab, x.dtype.size());
-        super::linear_cross_entropy_cube::parts::<Self>(x, weight, targets, block, grads)
+        super::linear_cross_entropy::cube::parts::<Self>(x, weight, targets, block, grads)
     }
 
     fn ring_block_attention(

@@ -267,7 +267,7 @@ pub trait KernelBackend: Backend + TpOps + CpOps {
         weight: FloatTensor<Self>,
         targets: IntTensor<Self>,
     ) -> FloatTensor<Self> {
-        super::linear_cross_entropy::forward_only::<Self>(x, weight, targets)
+        super::linear_cross_entropy::node::forward_only::<Self>(x, weight, targets)
     }
 
     /// The blocks of [`KernelBackend::chunked_linear_cross_entropy`] on
@@ -283,7 +283,7 @@ pub trait KernelBackend: Backend + TpOps + CpOps {
         targets: IntTensor<Self>,
         grads: bool,
     ) -> (FloatTensor<Self>, Option<GradPrimitives<Self>>) {
-        super::linear_cross_entropy::blocks_on::<Self>(x, weight, targets, grads)
+        super::linear_cross_entropy::reference::blocks_on::<Self>(x, weight, targets, grads)
     }
 
     /// GELU-tanh ([`super::gelu_tanh_reference`]) of `x` `[batch, seq, n]`
@@ -453,14 +453,7 @@ impl KernelBackend for burn::backend::Flex {
         targets: IntTensor<Self>,
         grads: bool,
     ) -> (FloatTensor<Self>, Option<GradPrimitives<Self>>) {
-        let block = super::block_rows(weight.layout().shape().dims::<2>()[1]);
-        if all_f32(&[&x, &weight]) {
-            let (loss, grads) =
-                super::cpu::linear_cross_entropy_blocks(x, weight, targets, block, grads);
-            (loss, grads.map(|(d_x, d_w)| (d_x, d_w, 1.0)))
-        } else {
-            super::linear_cross_entropy::blocks_on::<Self>(x, weight, targets, grads)
-        }
+        super::linear_cross_entropy::cpu::parts(x, weight, targets, grads)
     }
 
     fn cpu_gelu_tanh(x: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -528,7 +521,9 @@ impl<C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy> Kerne
         weight: FloatTensor<Self>,
         targets: IntTensor<Self>,
     ) -> FloatTensor<Self> {
-        super::linear_cross_entropy::autodiff_node::<burn::backend::Flex, C>(x, weight, targets)
+        super::linear_cross_entropy::node::autodiff_node::<burn::backend::Flex, C>(
+            x, weight, targets,
+        )
     }
 
     fn cpu_gelu_tanh(x: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -592,6 +587,8 @@ impl<C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy> Kerne
         weight: FloatTensor<Self>,
         targets: IntTensor<Self>,
     ) -> FloatTensor<Self> {
-        super::linear_cross_entropy::autodiff_node::<burn::backend::NdArray, C>(x, weight, targets)
+        super::linear_cross_entropy::node::autodiff_node::<burn::backend::NdArray, C>(
+            x, weight, targets,
+        )
     }
 }

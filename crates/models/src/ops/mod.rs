@@ -11,19 +11,19 @@
 //! reach them through one resolved value, [`OpsChoice`], which holds one
 //! [`OpImpl`] per operation and how the head and the loss run
 //! ([`HeadLoss`]): as one operation over blocks of rows, which never forms
-//! the whole logits (`linear_cross_entropy` on the CPU backends in f32,
-//! `linear_cross_entropy_cube` with the fused cross-entropy kernel on the
-//! CubeCL backends in every precision), or over the whole logits.
+//! the whole logits (`linear_cross_entropy/`: on the CPU backends in f32,
+//! with the fused cross-entropy kernel on the CubeCL backends in every
+//! precision), or over the whole logits.
 //! Attention and RoPE take their implementation through the form of their
 //! position context ([`AttentionBias`], [`Rope`]), which
 //! `layers::position` builds from the same choice.
 //!
-//! SwiGLU, the norms, RoPE, GELU and cross-entropy keep every
+//! SwiGLU, the norms, RoPE, GELU, cross-entropy and the head keep every
 //! implementation in their own folder (`swiglu/`, `norm/`, `rope/`,
-//! `gelu/`, `cross_entropy/`: the dispatch in `mod.rs`,
-//! `reference.rs`, `cube.rs` with the kernel launches and autodiff node,
-//! `cpu.rs` with flex's node); the backend traits delegate to them in one
-//! line per method.
+//! `gelu/`, `cross_entropy/`, `linear_cross_entropy/`: the dispatch in
+//! `mod.rs`, `reference.rs`, `cube.rs` with the kernel launches and
+//! autodiff node, `cpu.rs` with flex's node); the backend traits delegate
+//! to them in one line per method. Attention is not yet one folder.
 //!
 //! The fused path goes through [`KernelBackend`]: the CubeCL backend
 //! launches the kernels, and the autodiff backend wraps them in nodes
@@ -58,7 +58,6 @@ mod cube;
 mod fused;
 mod gelu;
 mod linear_cross_entropy;
-mod linear_cross_entropy_cube;
 mod norm;
 mod recompute;
 #[cfg(feature = "flex")]
@@ -79,10 +78,10 @@ pub use cross_entropy::cross_entropy;
 pub use fused::{FusedKernels, KernelBackend, TrainBackend};
 pub use gelu::gelu_tanh_reference;
 pub use linear_cross_entropy::{
-    block_rows, block_rows_of, linear_cross_entropy_blocks, linear_cross_entropy_reference,
-    LinearCrossEntropyGrads, BLOCK_BYTES,
+    block_rows, block_rows_of, grad_scale, linear_cross_entropy_blocks,
+    linear_cross_entropy_cube_blocks, linear_cross_entropy_reference, LinearCrossEntropyGrads,
+    BLOCK_BYTES,
 };
-pub use linear_cross_entropy_cube::{grad_scale, linear_cross_entropy_cube_blocks};
 pub use norm::{layer_norm, rms_norm};
 #[cfg(feature = "flex")]
 pub use ring_attention::HostBlockAttention;
