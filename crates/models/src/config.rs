@@ -38,7 +38,7 @@ pub enum NormKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MlpKind {
-    /// `down(gelu_tanh(up(x)))` (GPT-2, BLOOM).
+    /// `down(gelu_tanh(up(x)))` (GPT-2, BLOOM; `ops::gelu_tanh_reference`).
     GeluTanh,
     /// `down(silu(gate(x)) * up(x))` (Llama).
     Swiglu,

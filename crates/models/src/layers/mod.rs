@@ -8,5 +8,5 @@ pub mod position;
 
 pub use attention::{Attention, LayerKv};
 pub use linear::Linear;
-pub use mlp::{gelu_tanh, Mlp};
+pub use mlp::Mlp;
 pub use norm::Norm;

@@ -12,7 +12,6 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::Autodiff;
 use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::Shape;
 use ferrotron_kernels::attention::AttentionOptions;
 use ferrotron_parallel::context::BlockAttention;
 
@@ -38,34 +37,6 @@ impl<B: FusedKernels> Backward<B, 3> for AttentionBackward {
         let (q, k, v, slopes, options, out, lse) = ops.state;
         let values = B::attention_backward(q, k, v, slopes, options, out, lse, d_out);
         register!(B, grads, ops.parents, values);
-    }
-}
-
-#[derive(Debug)]
-struct RopeBackward;
-
-impl<B: FusedKernels> Backward<B, 1> for RopeBackward {
-    /// The inverse frequencies `[head_dim / 2]`.
-    type State = FloatTensor<B>;
-
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let d_y = grads.consume::<B>(&ops.node);
-        register!(B, grads, ops.parents, [B::rope_backward(d_y, ops.state)]);
-    }
-}
-
-#[derive(Debug)]
-struct CrossEntropyBackward;
-
-impl<B: FusedKernels> Backward<B, 1> for CrossEntropyBackward {
-    /// The gradient of the loss with respect to the logits, for an upstream
-    /// gradient of 1 (computed by the forward kernel).
-    type State = FloatTensor<B>;
-
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        // Upstream gradient of the scalar loss: `[1]`, broadcast over the logits.
-        let upstream = B::float_reshape(grads.consume::<B>(&ops.node), Shape::new([1, 1]));
-        register!(B, grads, ops.parents, [B::float_mul(ops.state, upstream)]);
     }
 }
 
@@ -96,7 +67,7 @@ impl<B: FusedKernels, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
         weight: FloatTensor<Self>,
         targets: IntTensor<Self>,
     ) -> FloatTensor<Self> {
-        super::linear_cross_entropy::autodiff_node::<B, C>(x, weight, targets)
+        super::linear_cross_entropy::node::autodiff_node::<B, C>(x, weight, targets)
     }
 
     fn fused_attention(
@@ -161,35 +132,13 @@ impl<B: FusedKernels, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
     }
 
     fn fused_rope(x: FloatTensor<Self>, inv_freq: FloatTensor<Self>) -> FloatTensor<Self> {
-        // The frequencies are constants: no gradient flows to them.
-        let freqs = inv_freq.primitive;
-        match RopeBackward
-            .prepare::<C>([x.node.clone()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                prep.finish(freqs.clone(), B::rope_forward(x.primitive, freqs))
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::rope_forward(x.primitive, freqs)),
-        }
+        super::rope::cube::node::<B, C>(x, inv_freq)
     }
 
     fn fused_cross_entropy(
         logits: FloatTensor<Self>,
         targets: IntTensor<Self>,
     ) -> FloatTensor<Self> {
-        let targets: IntTensor<B> = targets;
-        match CrossEntropyBackward
-            .prepare::<C>([logits.node.clone()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let (loss, d_logits) = B::cross_entropy(logits.primitive, targets);
-                prep.finish(d_logits, loss)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::cross_entropy(logits.primitive, targets).0),
-        }
+        super::cross_entropy::cube::node::<B, C>(logits, targets)
     }
 }

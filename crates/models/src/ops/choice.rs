@@ -4,21 +4,14 @@
 //! and handed to every layer. A new operation is one more field here; the
 //! layers only call the methods.
 
-use burn::tensor::ops::FloatTensor;
-use burn::tensor::{DType, FloatDType, Int, Tensor, TensorPrimitive};
+use burn::tensor::{Int, Tensor};
 use ferrotron_engine::precision::Precision;
 
 use super::fused::KernelBackend;
-use super::{cross_entropy, layer_norm, resolve_kernels};
+use super::{gelu, layer_norm, resolve_kernels};
 use super::{rms_norm, swiglu};
 
 use crate::config::{ConfigError, DecoderConfig, Kernels};
-use crate::layers::gelu_tanh;
-
-/// A float primitive as a tensor of rank `D`.
-fn float<B: KernelBackend, const D: usize>(p: FloatTensor<B>) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(p))
-}
 
 /// How the output head and the loss are computed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -250,12 +243,10 @@ impl OpsChoice {
         }
     }
 
-    /// GELU-tanh of `x` `[batch, seq, n]` (see [`crate::layers::gelu_tanh`]).
+    /// GELU-tanh of `x` `[batch, seq, n]` (see
+    /// [`super::gelu_tanh_reference`]).
     pub fn gelu_tanh<B: KernelBackend>(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        match self.gelu {
-            OpImpl::Cpu => float(B::cpu_gelu_tanh(x.into_primitive().tensor())),
-            OpImpl::Fused | OpImpl::Reference => gelu_tanh(x),
-        }
+        gelu::gelu_tanh(self.gelu, x)
     }
 
     /// `silu(gate) * up` of `[batch, seq, n]` tensors (see
@@ -296,7 +287,7 @@ impl OpsChoice {
     /// f16, and the CPU op forms that gradient for an upstream gradient of
     /// 1 (the CubeCL op forms it for a power of two near the number of
     /// rows and rounds the logits' gradient as the plain path does, see
-    /// `ops::linear_cross_entropy_cube`); in bf16, 100 training steps of
+    /// `ops::linear_cross_entropy::cube`); in bf16, 100 training steps of
     /// llama-mini with the CPU op drifted 5 % from the f32 run (the
     /// reference: 1 %; see `crates/cli/tests/cli/mixed_precision.rs`).
     pub fn linear_cross_entropy<B: KernelBackend>(
@@ -305,26 +296,13 @@ impl OpsChoice {
         weight: Tensor<B, 2>,
         targets: Tensor<B, 1, Int>,
     ) -> Tensor<B, 1> {
-        let weight = weight.cast(x.dtype());
-        match self.head_loss {
-            HeadLoss::Chunked if B::has_fused_kernels() || x.dtype() == DType::F32 => {
-                Tensor::from_primitive(TensorPrimitive::Float(B::chunked_linear_cross_entropy(
-                    x.into_primitive().tensor(),
-                    weight.into_primitive().tensor(),
-                    targets.into_primitive(),
-                )))
-            }
-            _ => {
-                let [rows, _] = x.dims();
-                let logits = x.matmul(weight).cast(FloatDType::F32);
-                let vocab = logits.dims()[1];
-                cross_entropy(
-                    self.cross_entropy,
-                    logits.reshape([1, rows, vocab]),
-                    targets.reshape([1, rows]),
-                )
-            }
-        }
+        super::linear_cross_entropy::linear_cross_entropy(
+            self.head_loss,
+            self.cross_entropy,
+            x,
+            weight,
+            targets,
+        )
     }
 }
 

@@ -16,9 +16,8 @@
 
 use std::sync::Arc;
 
-use burn::tensor::ops::IntTensorOps;
 use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{DType, IntDType, Shape, TensorMetadata};
+use burn::tensor::{DType, Shape, TensorMetadata};
 use burn_cubecl::cubecl::server::Handle;
 use burn_cubecl::element::BoolElement;
 use burn_cubecl::kernel::into_contiguous;
@@ -28,11 +27,7 @@ use ferrotron_kernels::attention::{
     attention_backward_typed, attention_forward_typed, AttentionInputs, AttentionOptions,
     AttentionShape,
 };
-use ferrotron_kernels::cross_entropy::{
-    cross_entropy_forward_backward, cross_entropy_grad_typed, cross_entropy_rows_typed,
-};
 use ferrotron_kernels::dtype::FloatDtype;
-use ferrotron_kernels::rope::{rope_backward_typed, rope_forward_typed, RopeShape};
 use ferrotron_parallel::context::BlockAttention;
 
 use super::fused::{FusedKernels, KernelBackend};
@@ -54,7 +49,7 @@ pub(super) fn contiguous<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
 
 /// `t` contiguous and safe to overwrite: copied when another tensor shares
 /// its buffer.
-fn owned<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+pub(super) fn owned<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
     let t = contiguous(t);
     if t.can_mut() {
         t
@@ -161,17 +156,6 @@ impl<R: CubeRuntime> AttentionOperands<R> {
             v: &self.v.handle,
             alibi_slopes: self.slopes.as_ref().map(|s| &s.handle),
         }
-    }
-}
-
-/// The shape of `x` `[batch, heads, seq, head_dim]` as RoPE sees it.
-fn rope_shape<R: CubeRuntime>(x: &CubeTensor<R>) -> RopeShape {
-    let s = x.shape();
-    RopeShape {
-        batch: s[0],
-        heads: s[1],
-        seq: s[2],
-        head_dim: s[3],
     }
 }
 
@@ -308,65 +292,18 @@ impl<R: CubeRuntime, BT: BoolElement> FusedKernels for Cube<R, BT> {
     }
 
     fn rope_forward(x: FloatTensor<Self>, inv_freq: FloatTensor<Self>) -> FloatTensor<Self> {
-        let Some(dtype) = kernel_dtype(&x) else {
-            let back = x.dtype;
-            return cast_to(Self::rope_forward(in_f32(x), inv_freq), back);
-        };
-        let (x, f) = (owned(x), contiguous(inv_freq));
-        launched(
-            "rope forward",
-            rope_forward_typed(&x.client, dtype, &x.handle, &f.handle, rope_shape(&x), 0),
-        );
-        x
+        super::rope::cube::forward(x, inv_freq)
     }
 
     fn rope_backward(d_y: FloatTensor<Self>, inv_freq: FloatTensor<Self>) -> FloatTensor<Self> {
-        let Some(dtype) = kernel_dtype(&d_y) else {
-            let back = d_y.dtype;
-            return cast_to(Self::rope_backward(in_f32(d_y), inv_freq), back);
-        };
-        let (d_y, f) = (owned(d_y), contiguous(inv_freq));
-        launched(
-            "rope backward",
-            rope_backward_typed(
-                &d_y.client,
-                dtype,
-                &d_y.handle,
-                &f.handle,
-                rope_shape(&d_y),
-                0,
-            ),
-        );
-        d_y
+        super::rope::cube::backward(d_y, inv_freq)
     }
 
     fn cross_entropy(
         logits: FloatTensor<Self>,
         targets: IntTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        // The kernel reads the class ids as 32-bit integers.
-        let targets = match targets.dtype {
-            DType::I32 | DType::U32 => targets,
-            _ => Self::int_cast(targets, IntDType::I32),
-        };
-        let (logits, targets) = (owned(logits), contiguous(targets));
-        let (rows, vocab) = rows_hidden(&logits);
-        let row_loss = empty(&logits, Shape::new([rows]));
-        let loss = empty(&logits, Shape::new([1]));
-        launched(
-            "cross_entropy",
-            cross_entropy_forward_backward(
-                &logits.client,
-                &logits.handle,
-                &targets.handle,
-                &row_loss.handle,
-                &loss.handle,
-                rows,
-                vocab,
-                1.0,
-            ),
-        );
-        (loss, logits)
+        super::cross_entropy::cube::forward_backward(logits, targets)
     }
 
     fn cross_entropy_block(
@@ -375,54 +312,7 @@ impl<R: CubeRuntime, BT: BoolElement> FusedKernels for Cube<R, BT> {
         count: Option<FloatTensor<Self>>,
         grad_scale: f32,
     ) -> (FloatTensor<Self>, Option<FloatTensor<Self>>) {
-        let targets = match targets.dtype {
-            DType::I32 | DType::U32 => targets,
-            _ => Self::int_cast(targets, IntDType::I32),
-        };
-        let dtype = FloatDtype::from_elem_type(logits.dtype.into())
-            .unwrap_or_else(|| panic!("fused cross_entropy_block: {:?} logits", logits.dtype));
-        let targets = contiguous(targets);
-        let logits = if count.is_some() {
-            owned(logits)
-        } else {
-            contiguous(logits)
-        };
-        let (rows, vocab) = rows_hidden(&logits);
-        let row_loss = empty(&logits, Shape::new([rows]));
-        let lse = empty(&logits, Shape::new([rows]));
-        let client = logits.client.clone();
-        launched(
-            "cross_entropy_block",
-            cross_entropy_rows_typed(
-                &client,
-                dtype,
-                &logits.handle,
-                &targets.handle,
-                &row_loss.handle,
-                &lse.handle,
-                rows,
-                vocab,
-            ),
-        );
-        let grad = count.map(|count| {
-            let count = contiguous(count);
-            launched(
-                "cross_entropy_block",
-                cross_entropy_grad_typed(
-                    &client,
-                    dtype,
-                    &logits.handle,
-                    &targets.handle,
-                    &lse.handle,
-                    &count.handle,
-                    rows,
-                    vocab,
-                    grad_scale,
-                ),
-            );
-            logits
-        });
-        (row_loss, grad)
+        super::linear_cross_entropy::cube::block(logits, targets, count, grad_scale)
     }
 }
 
@@ -431,9 +321,8 @@ impl<R: CubeRuntime, BT: BoolElement> KernelBackend for Cube<R, BT> {
         true
     }
 
-    /// The blocks of `linear_cross_entropy_cube_blocks`, each about
-    /// [`super::linear_cross_entropy::BLOCK_BYTES`] of logits in `x`'s
-    /// dtype.
+    /// The blocks of [`super::linear_cross_entropy_cube_blocks`], each
+    /// about [`super::BLOCK_BYTES`] of logits in `x`'s dtype.
     fn linear_cross_entropy_parts(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
@@ -442,7 +331,7 @@ impl<R: CubeRuntime, BT: BoolElement> KernelBackend for Cube<R, BT> {
     ) -> (FloatTensor<Self>, Option<GradPrimitives<Self>>) {
         let vocab = weight.shape()[1];
         let block = super::block_rows_of(vocab, x.dtype.size());
-        super::linear_cross_entropy_cube::parts::<Self>(x, weight, targets, block, grads)
+        super::linear_cross_entropy::cube::parts::<Self>(x, weight, targets, block, grads)
     }
 
     fn ring_block_attention(

@@ -12,10 +12,10 @@ use ferrotron_parallel::context::{BlockAttention, CpOps};
 use ferrotron_parallel::tensor::TpOps;
 
 use super::attention::{attention_reference, attention_reference_backward};
+#[cfg(feature = "flex")]
+use super::cpu::all_f32;
 use super::linear_cross_entropy::GradPrimitives;
 use super::recompute::Core;
-use super::rope::rope_reference;
-use crate::layers::gelu_tanh;
 
 /// The reference attention core ([`attention_reference`]) on primitives
 /// (shapes of [`KernelBackend::attention_core`]).
@@ -46,23 +46,6 @@ pub(super) fn attention_reference_backward_on<B: Backend>(
 /// A float primitive as a tensor of rank `D`.
 fn t<B: Backend, const D: usize>(p: FloatTensor<B>) -> Tensor<B, D> {
     Tensor::from_primitive(TensorPrimitive::Float(p))
-}
-
-/// The reference GELU-tanh ([`gelu_tanh`]) on a primitive `[batch, seq, n]`.
-pub(super) fn gelu_reference<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
-    gelu_tanh(t::<B, 3>(x)).into_primitive().tensor()
-}
-
-/// The reference RoPE ([`rope_reference`]) on primitives `x` `[batch,
-/// heads, len, head_dim]`, tables `cos`, `sin` `[1, 1, len, head_dim]`.
-pub(super) fn rope_reference_on<B: Backend>(
-    x: FloatTensor<B>,
-    cos: FloatTensor<B>,
-    sin: FloatTensor<B>,
-) -> FloatTensor<B> {
-    rope_reference(t::<B, 4>(x), &t(cos), &t(sin))
-        .into_primitive()
-        .tensor()
 }
 
 /// The fused kernels on a backend's own tensors, without autodiff. Every
@@ -284,7 +267,7 @@ pub trait KernelBackend: Backend + TpOps + CpOps {
         weight: FloatTensor<Self>,
         targets: IntTensor<Self>,
     ) -> FloatTensor<Self> {
-        super::linear_cross_entropy::forward_only::<Self>(x, weight, targets)
+        super::linear_cross_entropy::node::forward_only::<Self>(x, weight, targets)
     }
 
     /// The blocks of [`KernelBackend::chunked_linear_cross_entropy`] on
@@ -300,15 +283,16 @@ pub trait KernelBackend: Backend + TpOps + CpOps {
         targets: IntTensor<Self>,
         grads: bool,
     ) -> (FloatTensor<Self>, Option<GradPrimitives<Self>>) {
-        super::linear_cross_entropy::blocks_on::<Self>(x, weight, targets, grads)
+        super::linear_cross_entropy::reference::blocks_on::<Self>(x, weight, targets, grads)
     }
 
-    /// GELU-tanh ([`gelu_tanh`]) of `x` `[batch, seq, n]` as Ferrotron's CPU
-    /// operation (`ops::cpu`): one pass in forward, one in backward, one
-    /// autodiff node keeping only `x`. This default is the plain reference;
-    /// flex and the autodiff backend over it override it for f32 `x`.
+    /// GELU-tanh ([`super::gelu_tanh_reference`]) of `x` `[batch, seq, n]`
+    /// as Ferrotron's CPU operation (`ops::cpu`): one pass in forward, one
+    /// in backward, one autodiff node keeping only `x`. This default is the
+    /// plain reference; flex and the autodiff backend over it override it
+    /// for f32 `x`.
     fn cpu_gelu_tanh(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        gelu_reference::<Self>(x)
+        super::gelu::reference::gelu_reference_on::<Self>(x)
     }
 
     /// `silu(gate) * up` of `gate` and `up` `[batch, seq, n]` as
@@ -359,7 +343,7 @@ pub trait KernelBackend: Backend + TpOps + CpOps {
         cos: FloatTensor<Self>,
         sin: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        rope_reference_on::<Self>(x, cos, sin)
+        super::rope::reference::rope_reference_on::<Self>(x, cos, sin)
     }
 
     /// Fused attention output (see [`FusedKernels::attention_forward`]).
@@ -432,14 +416,6 @@ where
 {
 }
 
-/// Whether every tensor is f32 (what flex's host-buffer operations take).
-#[cfg(feature = "flex")]
-fn all_f32(tensors: &[&FloatTensor<burn::backend::Flex>]) -> bool {
-    tensors
-        .iter()
-        .all(|t| t.dtype() == burn::tensor::DType::F32)
-}
-
 #[cfg(feature = "flex")]
 impl KernelBackend for burn::backend::Flex {
     fn has_host_attention() -> bool {
@@ -477,18 +453,11 @@ impl KernelBackend for burn::backend::Flex {
         targets: IntTensor<Self>,
         grads: bool,
     ) -> (FloatTensor<Self>, Option<GradPrimitives<Self>>) {
-        let block = super::block_rows(weight.layout().shape().dims::<2>()[1]);
-        if all_f32(&[&x, &weight]) {
-            let (loss, grads) =
-                super::cpu::linear_cross_entropy_blocks(x, weight, targets, block, grads);
-            (loss, grads.map(|(d_x, d_w)| (d_x, d_w, 1.0)))
-        } else {
-            super::linear_cross_entropy::blocks_on::<Self>(x, weight, targets, grads)
-        }
+        super::linear_cross_entropy::cpu::parts(x, weight, targets, grads)
     }
 
     fn cpu_gelu_tanh(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        super::cpu_nodes::gelu_forward(x)
+        super::gelu::cpu::forward(x)
     }
 
     fn cpu_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -517,7 +486,7 @@ impl KernelBackend for burn::backend::Flex {
         cos: FloatTensor<Self>,
         sin: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        super::cpu_nodes::rope_forward(x, cos, sin)
+        super::rope::cpu::forward(x, cos, sin)
     }
 }
 
@@ -552,11 +521,13 @@ impl<C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy> Kerne
         weight: FloatTensor<Self>,
         targets: IntTensor<Self>,
     ) -> FloatTensor<Self> {
-        super::linear_cross_entropy::autodiff_node::<burn::backend::Flex, C>(x, weight, targets)
+        super::linear_cross_entropy::node::autodiff_node::<burn::backend::Flex, C>(
+            x, weight, targets,
+        )
     }
 
     fn cpu_gelu_tanh(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        super::cpu_nodes::gelu_node::<C>(x)
+        super::gelu::cpu::node::<C>(x)
     }
 
     fn cpu_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -585,7 +556,7 @@ impl<C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy> Kerne
         cos: FloatTensor<Self>,
         sin: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        super::cpu_nodes::rope_node::<C>(x, cos, sin)
+        super::rope::cpu::node::<C>(x, cos, sin)
     }
 }
 
@@ -616,6 +587,8 @@ impl<C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy> Kerne
         weight: FloatTensor<Self>,
         targets: IntTensor<Self>,
     ) -> FloatTensor<Self> {
-        super::linear_cross_entropy::autodiff_node::<burn::backend::NdArray, C>(x, weight, targets)
+        super::linear_cross_entropy::node::autodiff_node::<burn::backend::NdArray, C>(
+            x, weight, targets,
+        )
     }
 }

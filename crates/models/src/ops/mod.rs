@@ -11,17 +11,19 @@
 //! reach them through one resolved value, [`OpsChoice`], which holds one
 //! [`OpImpl`] per operation and how the head and the loss run
 //! ([`HeadLoss`]): as one operation over blocks of rows, which never forms
-//! the whole logits (`linear_cross_entropy` on the CPU backends in f32,
-//! `linear_cross_entropy_cube` with the fused cross-entropy kernel on the
-//! CubeCL backends in every precision), or over the whole logits.
+//! the whole logits (`linear_cross_entropy/`: on the CPU backends in f32,
+//! with the fused cross-entropy kernel on the CubeCL backends in every
+//! precision), or over the whole logits.
 //! Attention and RoPE take their implementation through the form of their
 //! position context ([`AttentionBias`], [`Rope`]), which
 //! `layers::position` builds from the same choice.
 //!
-//! SwiGLU keeps every implementation in its own folder (`swiglu/`: the
-//! dispatch in `mod.rs`, `reference.rs`, `cube.rs` with the kernel launch
-//! and autodiff node, `cpu.rs` with flex's node); the backend traits
-//! delegate to it in one line per method.
+//! SwiGLU, the norms, RoPE, GELU, cross-entropy and the head keep every
+//! implementation in their own folder (`swiglu/`, `norm/`, `rope/`,
+//! `gelu/`, `cross_entropy/`, `linear_cross_entropy/`: the dispatch in
+//! `mod.rs`, `reference.rs`, `cube.rs` with the kernel launches and
+//! autodiff node, `cpu.rs` with flex's node); the backend traits delegate
+//! to them in one line per method. Attention is not yet one folder.
 //!
 //! The fused path goes through [`KernelBackend`]: the CubeCL backend
 //! launches the kernels, and the autodiff backend wraps them in nodes
@@ -51,13 +53,11 @@ mod backends;
 mod choice;
 #[cfg(feature = "flex")]
 mod cpu;
-#[cfg(feature = "flex")]
-mod cpu_nodes;
 mod cross_entropy;
 mod cube;
 mod fused;
+mod gelu;
 mod linear_cross_entropy;
-mod linear_cross_entropy_cube;
 mod norm;
 mod recompute;
 #[cfg(feature = "flex")]
@@ -76,11 +76,12 @@ pub use backends::Wgpu;
 pub use choice::{HeadLoss, OpImpl, OpsChoice};
 pub use cross_entropy::cross_entropy;
 pub use fused::{FusedKernels, KernelBackend, TrainBackend};
+pub use gelu::gelu_tanh_reference;
 pub use linear_cross_entropy::{
-    block_rows, block_rows_of, linear_cross_entropy_blocks, linear_cross_entropy_reference,
-    LinearCrossEntropyGrads, BLOCK_BYTES,
+    block_rows, block_rows_of, grad_scale, linear_cross_entropy_blocks,
+    linear_cross_entropy_cube_blocks, linear_cross_entropy_reference, LinearCrossEntropyGrads,
+    BLOCK_BYTES,
 };
-pub use linear_cross_entropy_cube::{grad_scale, linear_cross_entropy_cube_blocks};
 pub use norm::{layer_norm, rms_norm};
 #[cfg(feature = "flex")]
 pub use ring_attention::HostBlockAttention;

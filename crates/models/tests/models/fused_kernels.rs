@@ -4,7 +4,7 @@
 //! logits, the loss and every parameter gradient of the same models with
 //! `kernels = "reference"` on the default CPU backend. The same seed gives
 //! the same initial weights on both backends. With `fused` the head and the
-//! loss run chunked (`ops::linear_cross_entropy_cube`), so the loss and the
+//! loss run chunked (`ops::linear_cross_entropy::cube`), so the loss and the
 //! gradients check it inside the model too.
 //!
 //! The device is opened through `ferrotron_kernels::wgpu_setup`, which sets

@@ -1,5 +1,5 @@
 //! The chunked head on the CubeCL backend (wgpu runtime; Mesa's lavapipe
-//! in CI), `ops::linear_cross_entropy_cube`: blocks of rows through Burn's
+//! in CI), `ops::linear_cross_entropy::cube`: blocks of rows through Burn's
 //! matmul and the fused cross-entropy kernel's row passes, against the
 //! plain reference (`linear_cross_entropy_reference`: the whole logits,
 //! Burn's log-softmax, autodiff) on the same backend, in f32 and f16 (the

@@ -8,6 +8,12 @@ use rayon::prelude::*;
 /// Elements one rayon task of an element-wise pass covers (64 KiB of f32).
 pub const TASK_ELEMENTS: usize = 1 << 14;
 
+/// Whether every tensor is f32 (what the CPU operations take; the callers
+/// run the reference for other dtypes).
+pub fn all_f32(tensors: &[&FlexTensor]) -> bool {
+    tensors.iter().all(|t| t.dtype() == DType::F32)
+}
+
 /// `t` (f32) with its elements in row-major order filling its whole
 /// buffer, so that `storage::<f32>()` is the tensor: `t` itself when it
 /// already is, a contiguous copy when it is a strided or narrowed view.

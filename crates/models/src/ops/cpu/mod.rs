@@ -16,7 +16,7 @@ pub use activation::{gelu_tanh, gelu_tanh_backward, swiglu, swiglu_backward};
 pub use attention::{
     attention_backward, attention_backward_lse, attention_forward, attention_forward_lse,
 };
-pub use buffers::dense;
+pub use buffers::{all_f32, dense};
 pub use linear_cross_entropy::linear_cross_entropy_blocks;
 pub use norm::{layer_norm, norm_backward, rms_norm, RowStats};
 pub use rope::{rope, rope_backward};

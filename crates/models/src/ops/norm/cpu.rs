@@ -15,8 +15,7 @@ use burn::backend::{Autodiff, Flex};
 use burn::tensor::ops::FloatTensor;
 
 use super::reference::{layer_norm_reference_on, rms_norm_reference_on};
-use crate::ops::cpu::{self, dense, RowStats};
-use crate::ops::cpu_nodes::all_f32;
+use crate::ops::cpu::{self, all_f32, dense, RowStats};
 
 /// The autodiff backend over flex.
 type Ad<C> = Autodiff<Flex, C>;

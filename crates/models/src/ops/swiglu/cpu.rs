@@ -13,8 +13,7 @@ use burn::backend::{Autodiff, Flex};
 use burn::tensor::ops::FloatTensor;
 
 use super::reference::swiglu_reference_on;
-use crate::ops::cpu::{self, dense};
-use crate::ops::cpu_nodes::all_f32;
+use crate::ops::cpu::{self, all_f32, dense};
 
 /// `silu(gate) * up` on flex without autodiff.
 pub(in crate::ops) fn forward(gate: FlexTensor, up: FlexTensor) -> FlexTensor {

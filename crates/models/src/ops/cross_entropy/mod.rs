@@ -1,11 +1,26 @@
 //! Mean softmax cross-entropy over the vocabulary, leaving out ignored
-//! targets.
+//! targets, every implementation in this folder: [`cross_entropy`] runs
+//! the one its [`OpImpl`] names.
+//!
+//! - `reference`: the plain Burn body (every backend).
+//! - `cube`: the CubeCL kernel of `ferrotron_kernels::cross_entropy`
+//!   launched on the backend's buffers, and the autodiff node whose
+//!   backward is the gradient the kernel formed
+//!   ([`KernelBackend::fused_cross_entropy`]).
+//!
+//! Cross-entropy has no CPU operation of its own: the CPU backends' fast
+//! path is the chunked head (`ops::linear_cross_entropy`,
+//! `HeadLoss::Chunked`). The backend traits' cross-entropy methods
+//! delegate here in one line.
 
-use burn::tensor::activation::log_softmax;
+pub(super) mod cube;
+mod reference;
+
 use burn::tensor::{FloatDType, Int, Tensor, TensorPrimitive};
 
 use super::fused::KernelBackend;
 use super::OpImpl;
+use reference::cross_entropy_reference;
 
 /// Mean cross-entropy of `logits` `[batch, seq, vocab]` against `targets`
 /// `[batch, seq]`, in nats per kept token; shape `[1]`. Computed in f32
@@ -32,15 +47,6 @@ pub fn cross_entropy<B: KernelBackend>(
             logits.into_primitive().tensor(),
             targets.into_primitive(),
         ))),
-        OpImpl::Reference | OpImpl::Cpu => {
-            let kept = targets.clone().greater_equal_elem(0).float();
-            let picked = targets.clamp_min(0).reshape([b * t, 1]);
-            let nll = log_softmax(logits, 1)
-                .gather(1, picked)
-                .reshape([b * t])
-                .neg();
-            let count = kept.clone().sum().clamp_min(1.0);
-            (nll * kept).sum() / count
-        }
+        OpImpl::Reference | OpImpl::Cpu => cross_entropy_reference(logits, targets),
     }
 }

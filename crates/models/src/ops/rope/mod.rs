@@ -1,9 +1,28 @@
-//! Rotary position embedding (rotate-half layout, as Hugging Face Llama).
+//! Rotary position embedding (rotate-half layout, as Hugging Face Llama),
+//! every implementation in this folder: [`rope`] runs the one its [`Rope`]
+//! form names (the form `layers::position` builds from
+//! `OpsChoice::rope_impl`).
+//!
+//! - `reference`: the plain Burn body (every backend, every dtype).
+//! - `cube`: the CubeCL kernels of `ferrotron_kernels::rope` launched on
+//!   the backend's buffers (the angles computed in the kernel from the
+//!   inverse frequencies), and the autodiff node whose backward is the
+//!   kernels' backward ([`KernelBackend::fused_rope`]).
+//! - `cpu`: flex's one-pass host-buffer operation (`ops::cpu::rope`) as
+//!   one autodiff node ([`KernelBackend::cpu_rope`], flex feature).
+//!
+//! The backend traits must be implemented in one place per backend; their
+//! RoPE methods delegate here in one line.
 
-use burn::tensor::backend::Backend;
+#[cfg(feature = "flex")]
+pub(super) mod cpu;
+pub(super) mod cube;
+pub(super) mod reference;
+
 use burn::tensor::{FloatDType, Tensor, TensorPrimitive};
 
 use super::fused::KernelBackend;
+pub use reference::rope_reference;
 
 /// How RoPE is applied in one forward pass, in the form of RoPE's
 /// implementation (`OpsChoice::rope_impl`, turned into this form by
@@ -47,18 +66,4 @@ pub fn rope<B: KernelBackend>(x: Tensor<B, 4>, rope: &Rope<B>) -> Tensor<B, 4> {
             inv_freq.clone().into_primitive().tensor(),
         ))),
     }
-}
-
-/// `x * cos + rotate_half(x) * sin` with `rotate_half([a, b]) = [-b, a]`, for
-/// `x` `[batch, heads, len, head_dim]` and tables `[1, 1, len, head_dim]`.
-pub fn rope_reference<B: Backend>(
-    x: Tensor<B, 4>,
-    cos: &Tensor<B, 4>,
-    sin: &Tensor<B, 4>,
-) -> Tensor<B, 4> {
-    let d = x.dims()[3];
-    let a = x.clone().narrow(3, 0, d / 2);
-    let b = x.clone().narrow(3, d / 2, d / 2);
-    let rotated = Tensor::cat(vec![b.neg(), a], 3);
-    x * cos.clone() + rotated * sin.clone()
 }

@@ -8,11 +8,11 @@
 //! once to the compute dtype; then `d_x = d_logits w^T` and `d_w += x^T
 //! d_logits` (summed over blocks in f32). So the `[rows, vocab]` logits,
 //! probabilities and their gradient never exist for all rows: one block of
-//! about [`super::linear_cross_entropy::BLOCK_BYTES`] at a time.
+//! about [`super::BLOCK_BYTES`] at a time.
 //!
 //! As on the CPU, the forward forms the gradients for a fixed upstream
 //! gradient and the autodiff node's backward scales them by the real one
-//! (`linear_cross_entropy::LinearCrossEntropyBackward`). The fixed one is
+//! (`node::LinearCrossEntropyBackward`). The fixed one is
 //! [`grad_scale`], a power of two near the number of rows rather than 1:
 //! each row's gradient is then `(softmax - onehot)` times about 1, not
 //! `1 / rows`, before its rounding to the compute dtype. In f16 that keeps
@@ -23,10 +23,16 @@
 //! gradient of 1, and the backward's division by the scale is exact.
 
 use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{FloatDType, Int, Tensor, TensorPrimitive};
+use burn::tensor::{FloatDType, Int, Shape, Tensor, TensorPrimitive};
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::CubeRuntime;
+use ferrotron_kernels::cross_entropy::{cross_entropy_grad_typed, cross_entropy_rows_typed};
+use ferrotron_kernels::dtype::FloatDtype;
 
-use super::fused::FusedKernels;
-use super::linear_cross_entropy::{GradPrimitives, LinearCrossEntropyGrads};
+use super::{GradPrimitives, LinearCrossEntropyGrads};
+use crate::ops::cross_entropy::cube::i32_targets;
+use crate::ops::cube::{contiguous, empty, launched, owned, rows_hidden};
+use crate::ops::fused::FusedKernels;
 
 /// The largest [`grad_scale`]: f16 holds up to 65504, and a block's
 /// gradient reaches `grad_scale / count` (one kept row of many).
@@ -100,7 +106,7 @@ pub fn linear_cross_entropy_cube_blocks<B: FusedKernels>(
 
 /// [`linear_cross_entropy_cube_blocks`] on primitives: the loss's
 /// primitive and, with `grads`, those of `d_x` and `d_w` with their scale.
-pub(super) fn parts<B: FusedKernels>(
+pub(in crate::ops) fn parts<B: FusedKernels>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
     targets: IntTensor<B>,
@@ -122,4 +128,62 @@ pub(super) fn parts<B: FusedKernels>(
         )
     });
     (loss.into_primitive().tensor(), grads)
+}
+
+/// One block's cross-entropy kernels (what
+/// `FusedKernels::cross_entropy_block` runs): each row's loss (f32
+/// `[rows]`) of `logits` `[rows, vocab]` (f32, f16 or bf16) against
+/// `targets` `[rows]`, and with `count` the logits' gradient over their
+/// buffer when nothing else holds it.
+pub(in crate::ops) fn block<R: CubeRuntime>(
+    logits: CubeTensor<R>,
+    targets: CubeTensor<R>,
+    count: Option<CubeTensor<R>>,
+    grad_scale: f32,
+) -> (CubeTensor<R>, Option<CubeTensor<R>>) {
+    let targets = i32_targets(targets);
+    let dtype = FloatDtype::from_elem_type(logits.dtype.into())
+        .unwrap_or_else(|| panic!("fused cross_entropy_block: {:?} logits", logits.dtype));
+    let targets = contiguous(targets);
+    let logits = if count.is_some() {
+        owned(logits)
+    } else {
+        contiguous(logits)
+    };
+    let (rows, vocab) = rows_hidden(&logits);
+    let row_loss = empty(&logits, Shape::new([rows]));
+    let lse = empty(&logits, Shape::new([rows]));
+    let client = logits.client.clone();
+    launched(
+        "cross_entropy_block",
+        cross_entropy_rows_typed(
+            &client,
+            dtype,
+            &logits.handle,
+            &targets.handle,
+            &row_loss.handle,
+            &lse.handle,
+            rows,
+            vocab,
+        ),
+    );
+    let grad = count.map(|count| {
+        let count = contiguous(count);
+        launched(
+            "cross_entropy_block",
+            cross_entropy_grad_typed(
+                &client,
+                dtype,
+                &logits.handle,
+                &targets.handle,
+                &lse.handle,
+                &count.handle,
+                rows,
+                vocab,
+                grad_scale,
+            ),
+        );
+        logits
+    });
+    (row_loss, grad)
 }
