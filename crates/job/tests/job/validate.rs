@@ -5,6 +5,16 @@ use std::path::Path;
 
 use ferrotron_job::{JobConfig, World};
 
+/// The lines `validate` refuses `job` with on one rank here.
+fn refusal(job: &JobConfig) -> Vec<String> {
+    job.validate(&World::SINGLE)
+        .err()
+        .expect("refused")
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+}
+
 fn problems(job: &JobConfig, world_size: usize) -> Vec<String> {
     job.check_portable(world_size)
         .unwrap_err()
@@ -197,13 +207,7 @@ fn outputs_that_cannot_be_written_are_refused_before_training() {
     let mut job = JobConfig::default();
     job.checkpoint.out = Some("/proc/ferrotron-run/new".into());
     job.checkpoint.hf_out = Some("/proc/ferrotron-export".into());
-    let lines: Vec<String> = job
-        .validate(&World::SINGLE)
-        .err()
-        .expect("refused")
-        .iter()
-        .map(ToString::to_string)
-        .collect();
+    let lines = refusal(&job);
     assert_eq!(lines.len(), 2, "{lines:?}");
     assert!(
         lines[0]
@@ -365,13 +369,7 @@ fn matrix_unit_attention_is_refused_without_fused_kernels() {
     );
     job.checkpoint.out = Some(std::env::temp_dir().join("ferrotron-never-written-mu"));
     job.backend.attention_kernel = ferrotron_job::config::AttentionKernelChoice::MatrixUnits;
-    let lines: Vec<String> = job
-        .validate(&World::SINGLE)
-        .err()
-        .expect("refused")
-        .iter()
-        .map(ToString::to_string)
-        .collect();
+    let lines = refusal(&job);
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert!(
         lines[0].starts_with(
