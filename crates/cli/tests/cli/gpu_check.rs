@@ -253,7 +253,11 @@ fn a_short_lease_runs_only_the_phases_it_names() {
         .filter(|p| p[0] == "step")
         .map(|p| p[1].as_str())
         .collect();
-    assert_eq!(step, ["ferrotron-c-bf16", "torch-c-bf16"], "{stdout}");
+    assert_eq!(
+        step,
+        ["ferrotron-c-bf16", "ferrotron-c-bf16-mu", "torch-c-bf16"],
+        "{stdout}"
+    );
     assert!(stdout.contains("(CubeCL caches seeded from"), "{stdout}");
     let kept = std::fs::read_to_string(out.join("cubecl-cache/autotune/entry"));
     assert_eq!(kept.ok().as_deref(), Some("earlier lease"), "{stdout}");
