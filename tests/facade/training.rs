@@ -87,26 +87,12 @@ fn every_family_mini_preset_learns() {
 fn a_job_runs_through_the_library() {
     use ferrotron::job::{run_files, PrintReport, World};
     use ferrotron::JobConfig;
+    use ferrotron_test_support::corpus::{write_words, WORDS};
     let dir = std::env::temp_dir().join(format!("ferrotron-facade-job-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let corpus = dir.join("corpus.txt");
-    let words = [
-        "the", "cat", "sat", "on", "a", "mat", "while", "dogs", "ran", "under", "bright", "stars",
-        "and", "quiet", "rivers", "sang", "of", "old", "kings", "who", "lost", "their", "crowns",
-        "to", "clever", "foxes",
-    ];
-    let text: String = (0..20_000usize)
-        .map(|i| {
-            let w = words[((i * 2654435761) >> 7) % words.len()];
-            if i % 11 == 10 {
-                format!("{w}.\n")
-            } else {
-                format!("{w} ")
-            }
-        })
-        .collect();
-    std::fs::write(&corpus, text).unwrap();
+    write_words(&corpus, &WORDS, 20_000);
     let mut config = JobConfig::default();
     config.model.vocab_size = Some(300);
     config.data.corpus = Some(corpus);

@@ -1,8 +1,10 @@
 //! What the test crates of Ferrotron share (a dev-dependency only, never
 //! published): child processes under a deadline, where the NCCL test
 //! double is, skips that `scripts/test --mpi` (CI) turns into failures,
-//! and reading and comparing run directories.
+//! reading and comparing run directories, and the small corpora tests
+//! write.
 
+pub mod corpus;
 pub mod deadline;
 pub mod mpirun;
 pub mod nccl_double;

@@ -52,15 +52,7 @@ pub fn corpus(runs: &Path) -> PathBuf {
 
 /// A 400-line text corpus in [`corpus`] (the command-line tests' corpus).
 fn write_corpus(runs: &Path) {
-    let text: String = (0..400)
-        .map(|i| {
-            format!(
-                "Line {i}: the quick brown fox jumps over the lazy dog {}.\n",
-                i * 7 % 13
-            )
-        })
-        .collect();
-    std::fs::write(corpus(runs), text).unwrap();
+    ferrotron_test_support::corpus::write_lines(&corpus(runs));
 }
 
 /// The job of the equivalence runs: `model` with a 300-token vocabulary

@@ -4,6 +4,7 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::common::{ferrotron, scratch};
+use ferrotron_test_support::corpus::{write_words, WORDS};
 use ferrotron_test_support::deadline;
 
 /// Asserts exit code 2, a one-line error containing every `needle`, and an
@@ -297,22 +298,7 @@ fn job_files_round_trip_name_misplaced_keys_and_run() {
 fn train_writes_a_complete_run_directory_and_generate_reads_it() {
     let dir = scratch("run");
     let corpus = dir.join("corpus.txt");
-    let words = [
-        "the", "cat", "sat", "on", "a", "mat", "while", "dogs", "ran", "under", "bright", "stars",
-        "and", "quiet", "rivers", "sang", "of", "old", "kings", "who", "lost", "their", "crowns",
-        "to", "clever", "foxes",
-    ];
-    let text: String = (0..6000u64)
-        .map(|i| {
-            let w = words[((i * 2654435761) >> 7) as usize % words.len()];
-            if i % 11 == 10 {
-                format!("{w}.\n")
-            } else {
-                format!("{w} ")
-            }
-        })
-        .collect();
-    std::fs::write(&corpus, text).unwrap();
+    write_words(&corpus, &WORDS, 6000);
     let out = dir.join("run");
     let config = dir.join("run.toml");
     std::fs::write(

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use ferrotron_test_support::corpus::write_words;
 use ferrotron_test_support::deadline;
 
 use crate::common;
@@ -22,18 +23,8 @@ fn corpus(dir: &Path) -> PathBuf {
         "the", "cat", "sat", "on", "a", "mat", "while", "dogs", "ran", "under", "bright", "stars",
         "and", "quiet", "rivers", "sang", "of", "old", "kings",
     ];
-    let text: String = (0..8000u64)
-        .map(|i| {
-            let w = words[((i * 2654435761) >> 7) as usize % words.len()];
-            if i % 11 == 10 {
-                format!("{w}.\n")
-            } else {
-                format!("{w} ")
-            }
-        })
-        .collect();
     let path = dir.join("corpus.txt");
-    std::fs::write(&path, text).unwrap();
+    write_words(&path, &words, 8000);
     path
 }
 

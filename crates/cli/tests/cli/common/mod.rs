@@ -38,15 +38,7 @@ pub fn scratch(name: &str) -> PathBuf {
 /// A 400-line text corpus (generated here) in `dir/small.txt`.
 pub fn corpus(dir: &Path) -> PathBuf {
     let path = dir.join("small.txt");
-    let text: String = (0..400)
-        .map(|i| {
-            format!(
-                "Line {i}: the quick brown fox jumps over the lazy dog {}.\n",
-                i * 7 % 13
-            )
-        })
-        .collect();
-    std::fs::write(&path, text).unwrap();
+    ferrotron_test_support::corpus::write_lines(&path);
     path
 }
 
