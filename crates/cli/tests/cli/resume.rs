@@ -670,12 +670,15 @@ fn overrides_change_a_resumed_run_and_are_recorded_at_their_first_step() {
 }
 
 /// Whether a checkpoint's temporary directory (`checkpoints/.step-N.tmp`)
-/// is in `run`: a write that was cut off.
+/// or one a replacing write moved aside (`.step-N.old`) is in `run`: a
+/// write that was cut off.
 fn has_temp_checkpoint(run: &Path) -> bool {
     std::fs::read_dir(run.join("checkpoints"))
         .map(|d| {
-            d.flatten()
-                .any(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            d.flatten().any(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.ends_with(".tmp") || name.ends_with(".old")
+            })
         })
         .unwrap_or(false)
 }
@@ -697,6 +700,7 @@ fn sigkill_during_checkpoint_writes_always_leaves_a_loadable_latest() {
     ok(&train(&args), "the first two steps");
     let run_str = run.display().to_string();
     let mut mid_write = 0;
+    let log = dir.join("killed-run.log");
     for i in 0..20u64 {
         let mut child = Command::new(env!("CARGO_BIN_EXE_ferrotron"))
             .args([
@@ -711,7 +715,7 @@ fn sigkill_during_checkpoint_writes_always_leaves_a_loadable_latest() {
                 "1",
             ])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
         // 0.3 s to 2.2 s: tokenizer loading, then steps with checkpoint writes.
@@ -720,7 +724,8 @@ fn sigkill_during_checkpoint_writes_always_leaves_a_loadable_latest() {
         // crashed would leave `latest` intact without testing anything).
         assert!(
             child.try_wait().unwrap().is_none(),
-            "kill {i}: the run ended before it was killed"
+            "kill {i}: the run ended before it was killed: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
         );
         child.kill().unwrap();
         let status = child.wait().unwrap();
@@ -840,9 +845,10 @@ fn soak_five_sigkills_and_resumes_end_bit_identical_to_the_uninterrupted_run() {
         } else {
             cmd.args(["train", "--resume", &soak_str]);
         }
+        let log = soak.with_extension("log");
         let mut child = cmd
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
         let waiting = Instant::now();
@@ -857,7 +863,8 @@ fn soak_five_sigkills_and_resumes_end_bit_identical_to_the_uninterrupted_run() {
         std::thread::sleep(Duration::from_millis(delay));
         assert!(
             child.try_wait().unwrap().is_none(),
-            "kill {i}: the run ended before it was killed"
+            "kill {i}: the run ended before it was killed: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
         );
         child.kill().unwrap();
         let status = child.wait().unwrap();

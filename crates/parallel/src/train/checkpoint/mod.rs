@@ -219,7 +219,7 @@ impl Started {
         let name = format!("step-{step}");
         let tmp = root.join(format!(".{name}.tmp"));
         let prepared = if world.rank() == 0 {
-            fresh_dir(&tmp)
+            fresh_dir(&tmp, &root.join(format!(".{name}.old")))
         } else {
             Ok(())
         };
@@ -305,10 +305,15 @@ impl Started {
     }
 }
 
-/// Creates the empty directory `tmp` (removing one left by a crash).
-fn fresh_dir(tmp: &Path) -> Result<(), CheckpointError> {
-    if tmp.exists() {
-        fs::remove_dir_all(tmp).map_err(io(tmp))?;
+/// Creates the empty directory `tmp`, first removing what a crash during
+/// an earlier write of the same checkpoint left: its `tmp`, and `old`,
+/// the checkpoint a replacing publish had moved aside ([`publish_steps`]),
+/// which would otherwise make this publish's rename fail on every resume.
+fn fresh_dir(tmp: &Path, old: &Path) -> Result<(), CheckpointError> {
+    for left in [tmp, old] {
+        if left.exists() {
+            fs::remove_dir_all(left).map_err(io(left))?;
+        }
     }
     fs::create_dir_all(tmp).map_err(io(tmp))
 }
@@ -657,6 +662,29 @@ mod tests {
         let e = write_failing(&root, &state(2), &[], true).unwrap_err();
         assert!(e.to_string().contains("holds no earlier checkpoint"), "{e}");
         assert_eq!(fs::read_dir(&root).unwrap().count(), 0);
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// A crash between a replacing publish's rename and its removal of
+    /// `.step-N.old` left that directory: the next write of step N (a
+    /// resumed run) removes it instead of failing on its rename.
+    #[test]
+    fn a_checkpoint_moved_aside_by_a_killed_publish_does_not_stop_the_next() {
+        let root = std::env::temp_dir().join(format!("ferrotron-ckpt-old-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(&root).unwrap();
+        for step in [3, 4] {
+            write(&root, &state(step), None, &[], 3).unwrap();
+        }
+        let old = root.join(".step-4.old");
+        fs::create_dir_all(&old).unwrap();
+        fs::write(old.join("rank-00000.safetensors"), b"left by a crash").unwrap();
+        fs::write(root.join(LATEST), "step-3\n").unwrap();
+        let dir = write(&root, &state(4), None, &[], 3).unwrap();
+        assert_eq!(dir, root.join("step-4"));
+        assert!(!old.exists(), "the checkpoint moved aside is still there");
+        assert_eq!(resolve(&root).unwrap(), dir);
+        assert_eq!(read_state(&dir).unwrap().step, 4);
         fs::remove_dir_all(&root).unwrap();
     }
 
