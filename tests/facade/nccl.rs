@@ -5,7 +5,7 @@
 //! 1 and 3, grad-accum 1; tp2 and pp2, grad-accum 2: pp2 sends activations
 //! and their gradients as grouped `ncclSend`/`ncclRecv` and sums the GPT
 //! mini's tied embedding over the first and last stage; the gradient
-//! reductions take the device path, `Trainer::reduce_on_device`, on the
+//! reductions take the device path, `Trainer::sync_on_device`, on the
 //! double's host memory) equal the one-rank job on the same global batch
 //! (4 sequences) after 5 steps:
 //! - every step's loss and gradient norm within 1e-5 relative;

@@ -230,9 +230,10 @@ fn parallelize_with<B: TrainBackend>(
         Some(source) => Trainer::parallel_from_source(part, source, step, owned, groups, parallel)?,
         None => Trainer::parallel(part, step, owned, groups, parallel)?,
     };
-    // NCCL's gradient all-reduces take the gradients' own tensors.
+    // NCCL's gradient reductions and ZeRO's parameter gathers take the
+    // tensors themselves.
     if let Some((lib, gpu)) = job.transport.nccl() {
-        trainer.reduce_on_device(|group| {
+        trainer.sync_on_device(|group| {
             device_collectives::<B::InnerBackend>(lib, gpu, device, group)
         })?;
     }

@@ -23,6 +23,7 @@ use ferrotron_parallel::train::checkpoint::read::Reader;
 use ferrotron_parallel::train::{
     self, gather_phase_memory, LoopConfig, LoopError, NonFinite, RunSummary, Silent, TokenWindows,
 };
+use ferrotron_parallel::zero::ZeroStage;
 
 use super::prepare::Prepared;
 use super::{finish, Report};
@@ -88,10 +89,10 @@ impl TrainTask<'_> {
                 ""
             },
             pr.reduce_dtype,
-            if trainer.reduces_on_device() {
-                ", by NCCL on their own buffers"
-            } else {
-                ""
+            match (trainer.syncs_on_device(), trainer.zero_stage()) {
+                (false, _) => "",
+                (true, ZeroStage::Off) => ", by NCCL on their own buffers",
+                (true, _) => ", by NCCL on their own buffers (ZeRO's parameter gathers too)",
             },
             if precision == Precision::Fp16 {
                 format!("; dynamic loss scale from {} (doubles after {} clean steps)", pr.loss_scale_init, pr.loss_scale_window)

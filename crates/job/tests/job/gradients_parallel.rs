@@ -10,7 +10,7 @@
 //! one-rank gradients itself (cheap at this size) and compares on every
 //! rank. The 2-rank launch also runs `offload_parallel`'s optimizer
 //! offload cases (bit-identical to the run without offload) and
-//! `device_reduce_parallel`'s NCCL device all-reduces (bit-identical to
+//! `device_sync_parallel`'s NCCL device collectives (bit-identical to
 //! the host path).
 //!
 //! Tolerance: every micro-batch's forward and backward is the same
@@ -277,7 +277,7 @@ mod worker {
         }
         if ranks == 2 {
             failures.extend(crate::offload_parallel::worker::failures(&world, &launch));
-            failures.extend(crate::device_reduce_parallel::worker::failures(
+            failures.extend(crate::device_sync_parallel::worker::failures(
                 &world, &launch,
             ));
         }

@@ -2,7 +2,7 @@
 
 mod comm;
 mod config;
-mod device_reduce_parallel;
+mod device_sync_parallel;
 mod gradients;
 mod gradients_parallel;
 mod gradients_precision;

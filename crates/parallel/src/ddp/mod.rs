@@ -24,7 +24,7 @@
 //! `--accumulate-allreduce-grads-in-fp32`).
 //!
 //! Under `--comm nccl` the buckets' all-reduces take the bucket's own
-//! tensor ([`GradSync::reduce_on_device`]: NCCL on the device buffer, no
+//! tensor ([`GradSync::sync_on_device`]: NCCL on the device buffer, no
 //! host copy), still in order on the communication thread; bf16 then
 //! travels as bf16.
 
@@ -178,7 +178,7 @@ where
         p.0
     }
 
-    fn reduce_on_device(&mut self, device: SharedCollectives<B::InnerBackend>) -> bool {
+    fn sync_on_device(&mut self, device: SharedCollectives<B::InnerBackend>) -> bool {
         self.grads.reduce_on(device);
         true
     }

@@ -1,15 +1,16 @@
 //! Moving parameters and gradients between a model and flat vectors:
 //! a rank's pieces of the parameters or gradients ([`PieceTensors`],
 //! [`GradTensors`]), the bytes a module holds ([`ParamBytes`],
-//! [`GradBytes`]), and replacing parameters by given values ([`Assign`])
-//! or by placeholders ([`Release`], ZeRO-3 and the pipeline's stages).
+//! [`GradBytes`]), and replacing parameters by given values ([`Assign`],
+//! [`AssignFlat`]) or by placeholders ([`Release`], ZeRO-3 and the
+//! pipeline's stages).
 
 use std::collections::{HashMap, HashSet};
 
 use burn::module::{ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{Shape, Tensor, TensorData};
 
 use super::Piece;
 
@@ -101,6 +102,28 @@ impl<B: Backend> ModuleMapper<B> for Assign<B> {
             return Param::from_mapped_value(id, tensor, mapper);
         };
         let mut t = Tensor::<B, D>::from_data(data, &self.device);
+        if self.require_grad {
+            t = t.require_grad();
+        }
+        Param::from_mapped_value(id, t, mapper)
+    }
+}
+
+/// Replaces parameters by given rank-1 tensors reshaped to their shapes
+/// (ZeRO's gathers on device collectives, whose results stay on the
+/// device); the others are left as they are.
+pub(crate) struct AssignFlat<B: Backend> {
+    pub(crate) values: HashMap<ParamId, (Tensor<B, 1>, Vec<usize>)>,
+    pub(crate) require_grad: bool,
+}
+
+impl<B: Backend> ModuleMapper<B> for AssignFlat<B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, mapper) = param.consume();
+        let Some((flat, shape)) = self.values.remove(&id) else {
+            return Param::from_mapped_value(id, tensor, mapper);
+        };
+        let mut t: Tensor<B, D> = flat.reshape(Shape::from(shape));
         if self.require_grad {
             t = t.require_grad();
         }

@@ -134,10 +134,12 @@ pub trait GradSync<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> {
     fn param_bytes(&self, model: &M) -> usize;
 
     /// Runs the gradient reductions (DDP and ZeRO-1's all-reduces, ZeRO-2
-    /// and 3's reduce-scatters) on `device`, collectives over the same DP
-    /// group on the gradients' own tensors (NCCL on device buffers),
-    /// instead of the group's host path; whether this strategy does.
-    fn reduce_on_device(&mut self, device: SharedCollectives<B::InnerBackend>) -> bool;
+    /// and 3's reduce-scatters) and ZeRO's parameter all-gathers (stage
+    /// 3's unit gathers, stages 1 and 2's gathers of the updated chunks)
+    /// on `device`, collectives over the same DP group on the tensors
+    /// themselves (NCCL on device buffers), instead of the group's host
+    /// path; whether this strategy does.
+    fn sync_on_device(&mut self, device: SharedCollectives<B::InnerBackend>) -> bool;
 
     /// The training state this rank will hold once training runs, from the
     /// layout (f32 state; what a step measures, up to the padding of the

@@ -212,8 +212,8 @@ pub struct Trainer<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> {
     pub(super) scaler: Option<LossScaler>,
     /// AdamW's state lives in host memory (`--offload optimizer`).
     pub(super) offloaded: bool,
-    /// Whether the gradient all-reduces run on device collectives
-    /// ([`Trainer::reduce_on_device`]).
+    /// Whether the gradient sync's collectives run on device collectives
+    /// ([`Trainer::sync_on_device`]).
     on_device: bool,
 }
 
@@ -418,18 +418,18 @@ where
         self
     }
 
-    /// Runs the gradient reductions (DDP and ZeRO-1's all-reduces, ZeRO-2
-    /// and 3's reduce-scatters) on the collectives that `open` creates
-    /// over the DP x CP group (NCCL on the gradients' device buffers,
-    /// [`crate::comm::nccl::device`]) instead of the group's host path;
-    /// `open` is a collective over that group. Returns whether the trainer
-    /// reduces there: not on a group of one rank (nothing to reduce, and
-    /// `open` is not called). ZeRO's parameter all-gathers stay on the
-    /// host path.
+    /// Runs the gradient sync's collectives (DDP and ZeRO-1's all-reduces,
+    /// ZeRO-2 and 3's reduce-scatters, ZeRO's parameter all-gathers) on
+    /// the collectives that `open` creates over the DP x CP group (NCCL on
+    /// the tensors' device buffers, [`crate::comm::nccl::device`]) instead
+    /// of the group's host path; `open` is a collective over that group.
+    /// Returns whether the trainer syncs there: not on a group of one rank
+    /// (nothing to sync, and `open` is not called). The TP, CP and
+    /// pipeline messages stay on their groups' host paths.
     ///
     /// # Errors
     /// What `open` returns.
-    pub fn reduce_on_device(
+    pub fn sync_on_device(
         &mut self,
         open: impl FnOnce(&dyn Communicator) -> Result<SharedCollectives<B::InnerBackend>, CommError>,
     ) -> Result<bool, CommError> {
@@ -437,13 +437,13 @@ where
         if group.world_size() == 1 {
             return Ok(false);
         }
-        self.on_device = self.sync.reduce_on_device(open(&**group)?);
+        self.on_device = self.sync.sync_on_device(open(&**group)?);
         Ok(self.on_device)
     }
 
-    /// Whether the gradient all-reduces run on device collectives
-    /// ([`Trainer::reduce_on_device`]).
-    pub fn reduces_on_device(&self) -> bool {
+    /// Whether the gradient sync's collectives run on device collectives
+    /// ([`Trainer::sync_on_device`]).
+    pub fn syncs_on_device(&self) -> bool {
         self.on_device
     }
 

@@ -1,7 +1,7 @@
-//! The two ZeRO collectives on one unit: all-gather of the owned chunks
-//! into whole parameters through host `f32` vectors, and the flat vector
-//! the reduce-scatter of whole gradients sends (on the host, or as a
-//! device tensor for NCCL on device buffers).
+//! The flat vectors of ZeRO's two collectives on one unit, on the host or
+//! as device tensors (NCCL on device buffers): the chunk a rank sends to
+//! the all-gather and the whole parameters cut out of its result, and the
+//! flat vector of whole gradients the reduce-scatter sends.
 
 use std::collections::HashMap;
 
@@ -9,7 +9,6 @@ use burn::module::ParamId;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
-use crate::comm::{CommError, Communicator};
 use crate::flat::{Piece, Unit};
 
 /// The unit's flat vector (`chunk * dp` elements, zero-padded) from the
@@ -67,16 +66,46 @@ pub(crate) fn chunk_from_pieces(
     chunk
 }
 
-/// All-gathers every rank's `chunk` of `unit` and returns each parameter
-/// whole, in its shape.
-pub(crate) fn all_gather_unit(
-    comm: &dyn Communicator,
+/// [`chunk_from_pieces`] on the device: this rank's chunk (`unit.chunk`
+/// elements, zero-padded) joined from its `pieces`' rank-1 tensors.
+pub(crate) fn chunk_tensor<B: Backend>(
     unit: &Unit,
-    chunk: &[f32],
-) -> Result<HashMap<ParamId, TensorData>, CommError> {
-    let mut flat = vec![0.0; unit.chunk * comm.world_size()];
-    comm.all_gather(chunk, &mut flat)?;
-    Ok(unit_values(unit, &flat))
+    pieces: &[Piece],
+    mut tensors: HashMap<ParamId, Tensor<B, 1>>,
+    device: &B::Device,
+) -> Tensor<B, 1> {
+    let mut order: Vec<&Piece> = pieces.iter().collect();
+    order.sort_by_key(|p| p.chunk_offset);
+    let zeros = |n: usize| Tensor::<B, 1>::zeros([n], device);
+    let mut parts = Vec::new();
+    let mut at = 0;
+    for p in order {
+        if p.chunk_offset > at {
+            parts.push(zeros(p.chunk_offset - at));
+        }
+        parts.push(tensors.remove(&p.id).expect("every piece has its values"));
+        at = p.chunk_offset + p.len();
+    }
+    if unit.chunk > at {
+        parts.push(zeros(unit.chunk - at));
+    }
+    Tensor::cat(parts, 0)
+}
+
+/// [`unit_values`] on the device: each parameter of `unit`, whole, as a
+/// rank-1 tensor with its shape, cut out of the unit's gathered flat
+/// tensor `flat` (`chunk * dp` values).
+pub(crate) fn unit_tensors<B: Backend>(
+    unit: &Unit,
+    flat: Tensor<B, 1>,
+) -> HashMap<ParamId, (Tensor<B, 1>, Vec<usize>)> {
+    unit.slots
+        .iter()
+        .map(|s| {
+            let t = flat.clone().slice(s.offset..s.offset + s.numel());
+            (s.id, (t, s.shape.clone()))
+        })
+        .collect()
 }
 
 /// Each parameter of `unit`, whole in its shape, cut out of the unit's

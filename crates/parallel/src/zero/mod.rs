@@ -61,8 +61,12 @@
 //! (the clipping factor, and whether a non-finite norm skips the step),
 //! known only once every unit is reduced.
 //!
-//! Everything moves through host `f32` vectors (the [`Communicator`]
-//! contract). With `--reduce-dtype bf16` the gradients of a
+//! The collectives move host `f32` vectors (the [`Communicator`]
+//! contract), or, on device collectives ([`GradSync::sync_on_device`]:
+//! NCCL on device buffers), the flat tensors themselves: a unit's joined
+//! gradients to the reduce-scatter, a rank's chunk joined from its pieces
+//! to the all-gather, and the whole parameters cut out of its result,
+//! never leaving the device. With `--reduce-dtype bf16` the gradients of a
 //! reduce-scatter (and stage 1's all-reduce) are rounded to bf16 before
 //! and after it, as FSDP's `reduce_dtype`; parameters are always gathered
 //! in f32 (the compute casts them per forward), and the accumulated pieces
@@ -74,6 +78,7 @@
 
 mod ahead;
 mod exchange;
+mod gathered;
 mod one_param;
 mod pieces;
 mod source;
@@ -99,15 +104,14 @@ use ferrotron_engine::precision::Precision;
 use serde::{Deserialize, Serialize};
 
 use self::ahead::Ahead;
-use self::exchange::{
-    all_gather_unit, chunk_from_pieces, flat_unit, flat_unit_tensor, unit_values,
-};
+use self::exchange::{flat_unit, flat_unit_tensor, unit_tensors, unit_values};
+use self::gathered::{start_gather, wait_unused, Gather, Values};
 use self::pieces::Pieces;
 use crate::comm::nccl::device::SharedCollectives;
 use crate::comm::tensor::host_f32;
-use crate::comm::{CommError, CommThread, Communicator, Pending, Started};
+use crate::comm::{CommError, CommThread, Communicator, Started};
 use crate::ddp::ReplicatedGrads;
-use crate::flat::tensors::{Assign, GradTensors, ParamBytes, PieceTensors, Release};
+use crate::flat::tensors::{Assign, AssignFlat, GradTensors, ParamBytes, PieceTensors, Release};
 use crate::flat::{param_infos, unit_params, FlatLayout, ParamInfo, Piece};
 use crate::grad_sync::norm::{group_sum, NormShares};
 use crate::grad_sync::{GradSync, Synced};
@@ -199,13 +203,14 @@ pub struct Zero<B: AutodiffBackend, M> {
     /// Stages 2 and 3: reduce-scatters started and not yet added, by unit,
     /// in the order they started.
     in_flight: VecDeque<(usize, Started<Tensor<B::InnerBackend, 1>>)>,
-    /// Stages 2 and 3: the collectives the reduce-scatters run on when not
-    /// on `comm`'s host path ([`GradSync::reduce_on_device`]).
+    /// The collectives stages 2 and 3's reduce-scatters and every stage's
+    /// parameter all-gathers run on when not on `comm`'s host path
+    /// ([`GradSync::sync_on_device`]).
     on_device: Option<SharedCollectives<B::InnerBackend>>,
     /// Stage 3, with overlap: the gathers started for the units acquired
     /// next, in order ([`DEFAULT_ZERO3_PREFETCH`] of them unless
     /// [`Zero::set_prefetch`] says otherwise).
-    prefetched: Mutex<Ahead<Pending<Vec<f32>>>>,
+    prefetched: Mutex<Ahead<Gather<B::InnerBackend>>>,
     device: B::Device,
     /// Stage 1: the step's whole gradients.
     replicated: ReplicatedGrads<B>,
@@ -421,25 +426,57 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
         Tensor::from_data(TensorData::new(values, [n]), &self.device)
     }
 
+    /// Starts all-gathering unit `u` from this rank's pieces `values`, on
+    /// the device collectives if the sync runs there, else on the host path.
+    fn start_unit_gather(
+        &self,
+        u: usize,
+        values: HashMap<ParamId, Values<B::InnerBackend>>,
+    ) -> Gather<B::InnerBackend> {
+        start_gather(
+            &self.thread,
+            self.on_device.as_ref(),
+            &self.layout.units()[u],
+            &self.pieces[u],
+            values,
+            &self.device,
+        )
+    }
+
+    /// Waits for unit `u`'s `gather` and puts the unit's whole parameters
+    /// into `model` (from host values, or from the gathered device tensor
+    /// without leaving the device).
+    fn assign_unit(
+        &self,
+        u: usize,
+        gather: Gather<B::InnerBackend>,
+        model: M,
+        require_grad: bool,
+    ) -> Result<M, CommError> {
+        let unit = &self.layout.units()[u];
+        Ok(match gather {
+            Started::Host(pending) => {
+                self.assign(unit_values(unit, &pending.wait()?), model, require_grad)
+            }
+            Started::Own(pending) => {
+                let values = unit_tensors(unit, pending.wait()?)
+                    .into_iter()
+                    .map(|(id, (t, shape))| (id, (Tensor::<B, 1>::from_inner(t), shape)))
+                    .collect();
+                model.map(&mut AssignFlat {
+                    values,
+                    require_grad,
+                })
+            }
+        })
+    }
+
     /// Replaces the parameters of unit `u` in `model` by placeholders.
     fn release_unit(&self, u: usize, model: M) -> M {
         model.map(&mut Release::<B> {
             ids: &self.unit_ids[u],
             device: self.device.clone(),
         })
-    }
-
-    /// Puts the whole parameters of unit `u`, all-gathered from every
-    /// rank's `chunk`, into `model`.
-    fn assign_gathered(
-        &self,
-        u: usize,
-        chunk: &[f32],
-        model: M,
-        require_grad: bool,
-    ) -> Result<M, CommError> {
-        let values = all_gather_unit(&*self.comm, &self.layout.units()[u], chunk)?;
-        Ok(self.assign(values, model, require_grad))
     }
 
     fn assign(&self, values: HashMap<ParamId, TensorData>, model: M, require_grad: bool) -> M {
@@ -452,13 +489,12 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
 
     /// Stage 3: starts all-gathering the parameters of unit `u` from this
     /// rank's pieces, on the communication thread.
-    fn start_gather(&self, u: usize) -> Pending<Vec<f32>> {
-        let values: HashMap<ParamId, Vec<f32>> = self.pieces[u]
+    fn start_gather(&self, u: usize) -> Gather<B::InnerBackend> {
+        let values = self.pieces[u]
             .iter()
-            .map(|p| (p.id, self.params.values(p.id)))
+            .map(|p| (p.id, self.params.get(p.id)))
             .collect();
-        let chunk = chunk_from_pieces(&self.layout.units()[u], &self.pieces[u], &values);
-        self.thread.start_all_gather(chunk)
+        self.start_unit_gather(u, values)
     }
 
     /// Stage 3: all-gathers the parameters of unit `u` into `model` (the
@@ -469,8 +505,8 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take(u);
-        let flat = prefetched.unwrap_or_else(|| self.start_gather(u)).wait()?;
-        Ok(self.assign_unit(u, &flat, model, require_grad))
+        let gather = prefetched.unwrap_or_else(|| self.start_gather(u));
+        self.assign_unit(u, gather, model, require_grad)
     }
 
     /// Stage 3: `model` with every parameter gathered (a collective: every
@@ -484,7 +520,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
 
     /// Starts reduce-scattering unit `u`'s flat gradient tensors `grads`
     /// (already rounded to the reduction precision) on the DP group's host
-    /// path or on the device collectives ([`GradSync::reduce_on_device`]);
+    /// path or on the device collectives ([`GradSync::sync_on_device`]);
     /// without overlap, waits for it and adds it at once.
     fn start_reduce_scatter(
         &mut self,
@@ -609,7 +645,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
     /// stage 2 uses the accumulated pieces (and `grads` is `None`). With
     /// overlap a unit's all-gather runs on the communication thread while
     /// the next unit is updated (the same values, gathered in the same
-    /// order).
+    /// order); without, each is waited for at once.
     fn update_replicated(
         &mut self,
         mut model: M,
@@ -618,42 +654,35 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
         optimizer: &mut AdamW<B::InnerBackend>,
     ) -> Result<M, CommError> {
         optimizer.begin_step();
-        let mut gathering: Option<(usize, Pending<Vec<f32>>)> = None;
+        let mut gathering: Option<(usize, Gather<B::InnerBackend>)> = None;
         for u in 0..self.pieces.len() {
-            let chunk = self.updated_chunk(u, &model, grads, lr, optimizer);
+            let updated = self.updated_pieces(u, &model, grads, lr, optimizer);
+            let started = self.start_unit_gather(u, updated);
             if !self.overlap {
-                model = self.assign_gathered(u, &chunk, model, true)?;
+                model = self.assign_unit(u, started, model, true)?;
                 continue;
             }
-            let started = (u, self.thread.start_all_gather(chunk));
-            if let Some((done, pending)) = gathering.replace(started) {
-                model = self.assign_unit(done, &pending.wait()?, model, true);
+            if let Some((done, gather)) = gathering.replace((u, started)) {
+                model = self.assign_unit(done, gather, model, true)?;
             }
         }
-        if let Some((done, pending)) = gathering {
-            model = self.assign_unit(done, &pending.wait()?, model, true);
+        if let Some((done, gather)) = gathering {
+            model = self.assign_unit(done, gather, model, true)?;
         }
         Ok(model)
     }
 
-    /// Puts unit `u`'s whole parameters, cut out of its gathered flat
-    /// vector `flat` (`chunk * dp` values), into `model`.
-    fn assign_unit(&self, u: usize, flat: &[f32], model: M, require_grad: bool) -> M {
-        let values = unit_values(&self.layout.units()[u], flat);
-        self.assign(values, model, require_grad)
-    }
-
-    /// Stages 1 and 2: this rank's chunk of unit `u` after one AdamW step
-    /// of its pieces (on the host when offloaded), with their gradients
-    /// from `grads` (stage 1) or the accumulated pieces (stage 2).
-    fn updated_chunk(
+    /// Stages 1 and 2: this rank's pieces of unit `u` after one AdamW step
+    /// (on the host when offloaded), with their gradients from `grads`
+    /// (stage 1) or the accumulated pieces (stage 2).
+    fn updated_pieces(
         &mut self,
         u: usize,
         model: &M,
         grads: Option<&GradientsParams>,
         lr: f64,
         optimizer: &mut AdamW<B::InnerBackend>,
-    ) -> Vec<f32> {
+    ) -> HashMap<ParamId, Values<B::InnerBackend>> {
         let mut params = self.piece_tensors(u, model, None);
         let mut piece_grads = grads.map(|grads| self.piece_tensors(u, model, Some(grads)));
         let mut updated = HashMap::new();
@@ -667,14 +696,14 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
                 Some(g) if self.offload => {
                     let mut values = host_f32(param);
                     optimizer.update_host(p.id, lr, &mut values, &host_f32(g), p.decay);
-                    values
+                    Values::Host(values)
                 }
-                Some(g) => host_f32(optimizer.update_flat(p.id, lr, param, g, p.decay)),
-                None => host_f32(param),
+                Some(g) => Values::Device(optimizer.update_flat(p.id, lr, param, g, p.decay)),
+                None => Values::Device(param),
             };
             updated.insert(p.id, new);
         }
-        chunk_from_pieces(&self.layout.units()[u], &self.pieces[u], &updated)
+        updated
     }
 
     /// Stage 3: one AdamW step of this rank's parameter pieces with the
@@ -743,8 +772,8 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> GradSync<B, M> for Z
             .unwrap_or_else(|e| e.into_inner())
             .drain()
             .collect();
-        for pending in unused {
-            pending.wait()?;
+        for gather in unused {
+            wait_unused(gather)?;
         }
         match self.stage {
             ZeroStage::One => self.replicated.settle(&self.thread),
@@ -846,16 +875,16 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> GradSync<B, M> for Z
         v.0 + self.params.device_bytes()
     }
 
-    fn reduce_on_device(&mut self, device: SharedCollectives<B::InnerBackend>) -> bool {
+    fn sync_on_device(&mut self, device: SharedCollectives<B::InnerBackend>) -> bool {
         assert_eq!(
             device.world_size(),
             self.layout.dp(),
             "device collectives over another group than the DP group"
         );
-        match self.stage {
-            ZeroStage::One => self.replicated.reduce_on(device),
-            _ => self.on_device = Some(device),
+        if self.stage == ZeroStage::One {
+            self.replicated.reduce_on(device.clone());
         }
+        self.on_device = Some(device);
         true
     }
 

@@ -12,6 +12,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 use ferrotron_engine::optim::AdamW;
 
+use super::gathered::Values;
 use crate::comm::tensor::{from_host, host_f32};
 
 /// This rank's f32 pieces of the parameters, by parameter.
@@ -56,6 +57,18 @@ impl<B: Backend> Pieces<B> {
         match self {
             Self::Device(p) => host_f32(p[&id].clone()),
             Self::Host(p) => p[&id].clone(),
+        }
+    }
+
+    /// Parameter `id`'s piece where it lives (a tensor on the device, or
+    /// host values when offloaded), for an all-gather.
+    ///
+    /// # Panics
+    /// If this rank holds no piece of `id` (a caller bug).
+    pub fn get(&self, id: ParamId) -> Values<B> {
+        match self {
+            Self::Device(p) => Values::Device(p[&id].clone()),
+            Self::Host(p) => Values::Host(p[&id].clone()),
         }
     }
 

@@ -35,7 +35,7 @@ pub trait TensorCollectives<B: Backend> {
 
 /// A [`TensorCollectives`] that threads share: what the gradient sync
 /// runs its all-reduces on when the job hands NCCL its device tensors
-/// (`GradSync::reduce_on_device`).
+/// (`GradSync::sync_on_device`).
 pub type SharedCollectives<B> = std::sync::Arc<dyn TensorCollectives<B> + Send + Sync>;
 
 /// `values` in `dtype`'s encoding, as 16-bit patterns (f16, bf16).

@@ -1,9 +1,12 @@
-//! NCCL's gradient reductions on the gradients' own tensors
-//! (`Trainer::reduce_on_device`, what `--comm nccl` sets up) on 2 ranks:
-//! DDP and ZeRO 1-3 over a DP group of two (all-reduces for DDP and
-//! ZeRO-1, reduce-scatters for ZeRO-2 and 3), 3 steps of llama-mini with
-//! gradient accumulation, weight decay and clipping, each with and
-//! without overlap and with `--reduce-dtype` f32 and bf16, must equal the
+//! NCCL's gradient reductions and ZeRO's parameter all-gathers on the
+//! tensors themselves (`Trainer::sync_on_device`, what `--comm nccl` sets
+//! up) on 2 ranks: DDP and ZeRO 1-3 over a DP group of two (all-reduces
+//! for DDP and ZeRO-1, reduce-scatters for ZeRO-2 and 3; the gathers of
+//! the updated chunks for ZeRO-1 and 2, ZeRO-3's unit gathers in forward,
+//! recomputation and the step's end, prefetched under overlap), 3 steps
+//! of llama-mini with gradient accumulation, weight decay and clipping,
+//! each with and without overlap and with `--reduce-dtype` f32 and bf16,
+//! must equal the
 //! same run on the DP group's host path (MPI, not overlapped) bit for
 //! bit: every step's loss and gradient norm and every final weight. The
 //! device path runs `comm::nccl::device` with the NCCL test double on
