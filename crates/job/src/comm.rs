@@ -37,23 +37,35 @@ pub enum Transport {
 }
 
 /// Resolves `--comm` for backend `kind`; `library` is the value of
-/// `FERROTRON_NCCL_LIBRARY`.
+/// `FERROTRON_NCCL_LIBRARY`; `data_parallel` says the job has more than
+/// one rank and only data parallelism (DDP or ZeRO over DP; tp, cp and pp
+/// are 1).
 ///
-/// - `auto` and `mpi`: MPI. (`auto` stays MPI on cuda and rocm too: only
-///   the gradient reductions hand NCCL their device buffers; the other
-///   collectives (ZeRO's parameter all-gathers, TP, CP and pipeline
-///   messages) move host buffers, which NCCL on a GPU must stage through
-///   device memory, two more copies across PCIe per call than MPI makes.)
-/// - `nccl`: on cuda and rocm, `library`, else the first of
-///   `LIBRARY_NAMES` that opens, which must load (its calls staged through
-///   the rank's GPU); on a CPU backend, `library` must name a library that
-///   works on host memory (the repository's test double).
+/// - `auto`: NCCL / RCCL on cuda and rocm for a data-parallel job whose
+///   library loads (`library`, else the first of `LIBRARY_NAMES` that
+///   opens); MPI otherwise. Such a job's gradient sync (the reductions
+///   and ZeRO's parameter all-gathers) hands NCCL its device tensors, and
+///   what is left on the host path is a few scalars per step. TP, CP and
+///   pipeline messages move host buffers, which NCCL on a GPU must stage
+///   through device memory, two more copies across PCIe per call than
+///   MPI makes: a job with them stays on MPI.
+/// - `mpi`: MPI.
+/// - `nccl`: on cuda and rocm, the library as for `auto`, which must
+///   load (the calls on host buffers staged through the rank's GPU); on a
+///   CPU backend, `library` must name a library that works on host memory
+///   (the repository's test double).
 pub fn resolve(
     choice: CommChoice,
     kind: BackendKind,
     library: Option<&OsStr>,
+    data_parallel: bool,
 ) -> Result<Transport, String> {
     match choice {
+        CommChoice::Auto if data_parallel && matches!(kind, BackendKind::Cuda | BackendKind::Rocm) => {
+            Ok(NcclLibrary::load_from(library)
+                .map(|lib| Transport::NcclDevice(Arc::new(lib), kind))
+                .unwrap_or(Transport::Mpi))
+        }
         CommChoice::Auto | CommChoice::Mpi => Ok(Transport::Mpi),
         CommChoice::Nccl if !kind.is_cpu() => NcclLibrary::load_from(library)
             .map(|lib| Transport::NcclDevice(Arc::new(lib), kind))
@@ -167,6 +179,16 @@ fn memory(
 }
 
 impl Transport {
+    /// What carries the collectives, for the run's log: `MPI`, or NCCL
+    /// with its library and the memory its buffers are in.
+    pub fn describe(&self) -> String {
+        match self {
+            Transport::Mpi => "MPI".into(),
+            Transport::Nccl(lib) => format!("NCCL ({}) on host memory", lib.path()),
+            Transport::NcclDevice(lib, kind) => format!("NCCL ({}) on {kind} buffers", lib.path()),
+        }
+    }
+
     /// The NCCL library of an NCCL transport, with the GPU backend whose
     /// buffers it reads (`None`: host memory); `None` for MPI.
     pub(crate) fn nccl(&self) -> Option<(&Arc<NcclLibrary>, Option<BackendKind>)> {

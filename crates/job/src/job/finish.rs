@@ -39,6 +39,9 @@ pub(super) fn describe_run<B: TrainBackend>(
         trainer.recompute(),
         trainer.planned_memory().describe()
     );
+    if job.world.world_size > 1 {
+        text += &format!("\ncollectives: {}", job.transport.describe());
+    }
     if let Some(g) = c.goldfish() {
         text += &format!(
             "\ngoldfish loss: about 1 training target in {} dropped, hashed on the {} tokens before it (validation unmasked)",

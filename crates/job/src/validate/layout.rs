@@ -21,9 +21,10 @@ use crate::config::{AttentionKernelChoice, JobConfig, Offload};
 use crate::memory::{check_memory, job_memory};
 
 /// The backend `backend.name` names, if compiled in and able to start
-/// here, and the transport of its collectives.
+/// here, and the transport of the collectives of a job on `world`.
 pub(super) fn backend(
     c: &JobConfig,
+    world: &World,
     here: Here,
     p: &mut Problems,
 ) -> Option<(BackendKind, Transport)> {
@@ -53,7 +54,9 @@ pub(super) fn backend(
         return None;
     }
     let library = std::env::var_os(LIBRARY_ENV);
-    match comm::resolve(c.parallelism.comm, kind, library.as_deref()) {
+    let par = &c.parallelism;
+    let data_parallel = world.world_size > 1 && par.tp == 1 && par.cp == 1 && par.pp == 1;
+    match comm::resolve(par.comm, kind, library.as_deref(), data_parallel) {
         Ok(t) => Some((kind, t)),
         Err(e) => {
             p.key("parallelism", "comm", e);

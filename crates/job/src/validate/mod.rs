@@ -169,7 +169,7 @@ fn validate(
     if let Some(r) = &mut resume {
         r.check(&config, world.world_size, &mut p);
     }
-    let backend = layout::backend(&config, here, &mut p);
+    let backend = layout::backend(&config, world, here, &mut p);
     let mesh = layout::mesh(&config, world, &mut p);
     let shards = match here {
         Here::Yes => model::shards(&config, resume.as_ref(), &mut p),

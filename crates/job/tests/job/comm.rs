@@ -15,7 +15,8 @@ fn message(r: Result<Transport, String>) -> String {
     }
 }
 
-/// Without a library that loads, `auto` and `mpi` are MPI everywhere.
+/// Without a library that loads, `auto` and `mpi` are MPI everywhere,
+/// for a data-parallel job or not.
 #[test]
 fn auto_and_mpi_choose_mpi_on_every_backend() {
     for kind in [
@@ -26,14 +27,19 @@ fn auto_and_mpi_choose_mpi_on_every_backend() {
     ] {
         for choice in [CommChoice::Auto, CommChoice::Mpi] {
             let lib = Some(OsStr::new("/nonexistent/libnccl.so.2"));
-            assert!(matches!(resolve(choice, kind, lib), Ok(Transport::Mpi)));
+            for data_parallel in [true, false] {
+                assert!(matches!(
+                    resolve(choice, kind, lib, data_parallel),
+                    Ok(Transport::Mpi)
+                ));
+            }
         }
     }
 }
 
 #[test]
 fn nccl_on_a_cpu_backend_needs_the_library_variable() {
-    let msg = message(resolve(CommChoice::Nccl, BackendKind::Flex, None));
+    let msg = message(resolve(CommChoice::Nccl, BackendKind::Flex, None, true));
     assert!(msg.starts_with("nccl with --backend flex:"), "{msg}");
     assert!(msg.contains(LIBRARY_ENV), "{msg}");
     assert!(!msg.contains('\n'), "{msg}");
@@ -46,20 +52,21 @@ fn nccl_with_a_library_that_does_not_open_names_the_file() {
         CommChoice::Nccl,
         BackendKind::Flex,
         Some(OsStr::new(path)),
+        true,
     ));
     assert!(msg.contains(&format!("{LIBRARY_ENV}={path}")), "{msg}");
 }
 
 /// On cuda and rocm, `nccl` takes the library that loads (its calls then
 /// staged through the GPU's memory) and names the file that does not;
-/// `auto` stays MPI whatever loads (see `comm::resolve`). The test double
-/// stands in for a library that loads (it is built with the `mpi`
-/// feature).
+/// `auto` takes it for a data-parallel job only, and stays MPI on the CPU
+/// backends and wgpu (see `comm::resolve`). The test double stands in
+/// for a library that loads (it is built with the `mpi` feature).
 #[test]
 fn nccl_on_a_gpu_backend_takes_the_library_that_loads() {
     let missing = OsStr::new("/nonexistent/ferrotron/libnccl.so.2");
     for kind in [BackendKind::Cuda, BackendKind::Rocm] {
-        let msg = message(resolve(CommChoice::Nccl, kind, Some(missing)));
+        let msg = message(resolve(CommChoice::Nccl, kind, Some(missing), true));
         assert!(
             msg.starts_with(&format!("nccl with --backend {kind}:")),
             "{msg}"
@@ -75,18 +82,30 @@ fn nccl_on_a_gpu_backend_takes_the_library_that_loads() {
     let double = ferrotron_test_support::nccl_double::library();
     let loads = Some(double.as_os_str());
     for kind in [BackendKind::Cuda, BackendKind::Rocm] {
-        let t = resolve(CommChoice::Nccl, kind, loads);
-        assert!(
-            matches!(t, Ok(Transport::NcclDevice(_, k)) if k == kind),
-            "nccl on {kind}"
-        );
+        for (choice, data_parallel) in [
+            (CommChoice::Nccl, true),
+            (CommChoice::Nccl, false),
+            (CommChoice::Auto, true),
+        ] {
+            let t = resolve(choice, kind, loads, data_parallel);
+            assert!(
+                matches!(t, Ok(Transport::NcclDevice(_, k)) if k == kind),
+                "{choice:?} on {kind}, data parallel {data_parallel}"
+            );
+        }
         assert!(matches!(
-            resolve(CommChoice::Auto, kind, loads),
+            resolve(CommChoice::Auto, kind, loads, false),
+            Ok(Transport::Mpi)
+        ));
+    }
+    for kind in [BackendKind::Flex, BackendKind::Ndarray, BackendKind::Wgpu] {
+        assert!(matches!(
+            resolve(CommChoice::Auto, kind, loads, true),
             Ok(Transport::Mpi)
         ));
     }
     assert!(matches!(
-        resolve(CommChoice::Nccl, BackendKind::Flex, loads),
+        resolve(CommChoice::Nccl, BackendKind::Flex, loads, true),
         Ok(Transport::Nccl(_))
     ));
 }
