@@ -11,11 +11,14 @@
 //! per tensor at 1e-5 in the job crate's `gradients_parallel`).
 //!
 //! Two `mpirun` launches of this binary's workers (2 ranks: 3 jobs; 4
-//! ranks: 6); the one-rank jobs run in the test's process.
+//! ranks: 6, then `bf16_curve`'s 100-step bf16 llama-mini cp2 x tp2 + SP
+//! job, compared here with its own one-rank job); the one-rank jobs run
+//! in the test's process.
 
 use ferrotron::parallel::zero::ZeroStage;
 use ferrotron::JobConfig;
 
+use crate::bf16_curve;
 use crate::equivalence::jobs::{launch, mpi_built, run_on_every_rank, runs_dir, scratch};
 use crate::equivalence::layouts::{jobs_on, layout_run, plain, run_one_rank, Layout, ModelLayouts};
 use ferrotron_test_support::runs::{check_steps, check_weights};
@@ -100,7 +103,7 @@ fn models() -> Vec<ModelLayouts> {
 }
 
 #[test]
-fn cp2_cp2_dp2_cp2_tp2_sp_and_cp2_pp2_jobs_equal_the_one_rank_job_for_the_three_minis() {
+fn cp2_cp2_dp2_cp2_tp2_sp_and_cp2_pp2_jobs_equal_the_one_rank_job_and_bf16_follows_it() {
     if !mpi_built() {
         return;
     }
@@ -110,6 +113,7 @@ fn cp2_cp2_dp2_cp2_tp2_sp_and_cp2_pp2_jobs_equal_the_one_rank_job_for_the_three_
         .iter()
         .map(|(model, extra, _)| run_one_rank(model, &runs, 2, *extra))
         .collect();
+    let bf16_single = bf16_curve::run_one_rank(&runs);
     launch(2, "context_parallel::worker_on_2_ranks", &runs);
     launch(4, "context_parallel::worker_on_4_ranks", &runs);
     for ((model, _, layouts), single) in models.iter().zip(&singles) {
@@ -120,19 +124,23 @@ fn cp2_cp2_dp2_cp2_tp2_sp_and_cp2_pp2_jobs_equal_the_one_rank_job_for_the_three_
             check_weights(&label, &out, single, MODEL_TOLERANCE, TENSOR_TOLERANCE);
         }
     }
+    bf16_curve::check(&runs, &bf16_single);
     let _ = std::fs::remove_dir_all(&runs);
 }
 
 /// Every rank of the 2-rank jobs; run only under mpirun by the test above.
 #[test]
-#[ignore = "runs under mpirun, started by cp2_cp2_dp2_cp2_tp2_sp_and_cp2_pp2_jobs_equal_the_one_rank_job_for_the_three_minis"]
+#[ignore = "runs under mpirun, started by cp2_cp2_dp2_cp2_tp2_sp_and_cp2_pp2_jobs_equal_the_one_rank_job_and_bf16_follows_it"]
 fn worker_on_2_ranks() {
     run_on_every_rank(jobs_on(2, &runs_dir(), &models()));
 }
 
 /// Every rank of the 4-rank jobs; run only under mpirun by the test above.
 #[test]
-#[ignore = "runs under mpirun, started by cp2_cp2_dp2_cp2_tp2_sp_and_cp2_pp2_jobs_equal_the_one_rank_job_for_the_three_minis"]
+#[ignore = "runs under mpirun, started by cp2_cp2_dp2_cp2_tp2_sp_and_cp2_pp2_jobs_equal_the_one_rank_job_and_bf16_follows_it"]
 fn worker_on_4_ranks() {
-    run_on_every_rank(jobs_on(4, &runs_dir(), &models()));
+    let runs = runs_dir();
+    let mut jobs = jobs_on(4, &runs, &models());
+    jobs.extend(bf16_curve::jobs_on_4_ranks(&runs));
+    run_on_every_rank(jobs);
 }

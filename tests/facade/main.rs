@@ -1,12 +1,14 @@
 //! The facade crate's tests, one binary (each test binary links all of
 //! Burn): the library used from another crate (`training`), and the
 //! multi-rank equivalence tests of data, tensor, pipeline and context
-//! parallelism and ZeRO (in f32, and in bf16 under DP), of the overlapped
+//! parallelism and ZeRO (in f32, in bf16 under DP, and over 100 bf16
+//! steps under cp2 x tp2 + SP), of the overlapped
 //! gradient reduction, of NCCL as the transport and of the goldfish loss
 //! under DP, TP and PP, which build each job's `JobConfig` in
 //! code and run it through `Job` on one rank and under `mpirun`
 //! (`equivalence` holds what they share).
 
+mod bf16_curve;
 mod context_parallel;
 mod data_parallel;
 mod equivalence;

@@ -1,11 +1,12 @@
 //! `ferrotron train --precision`: bf16 training of the three mini presets
-//! follows the fp32 loss curve (llama-mini also under cp2 x tp2 + SP with
-//! `mpirun`, skipped with a printed reason without the `mpi` feature),
-//! fp16's dynamic loss scaling skips an overflowing step, halves the scale
-//! and grows it back, and bad values are refused. That bf16 jobs under
-//! data parallelism and ZeRO 1/2/3 match the one-rank bf16 job is tested
-//! through the library (tests/facade/mixed_precision.rs). On the CPU backend bf16 and fp16 are computed for
-//! real (see crates/models/tests/models/mixed_precision.rs for the per-op
+//! follows the fp32 loss curve, fp16's dynamic loss scaling skips an
+//! overflowing step, halves the scale and grows it back, and resumes with
+//! its scaler, and bad values are refused. All on one rank: that bf16 jobs
+//! under data parallelism and ZeRO 1/2/3 match the one-rank bf16 job, and
+//! that llama-mini in bf16 under cp2 x tp2 + SP follows it over 100 steps,
+//! is tested through the library (tests/facade/mixed_precision.rs and
+//! bf16_curve.rs). On the CPU backend bf16 and fp16 are computed for real
+//! (see crates/models/tests/models/mixed_precision.rs for the per-op
 //! numerics).
 
 use std::path::{Path, PathBuf};
@@ -16,7 +17,7 @@ use crate::common;
 use crate::mpirun;
 
 use common::{corpus, scratch};
-use mpirun::{mpi_built, train, RunFlags};
+use mpirun::{train, RunFlags};
 
 /// The step records of a run's `metrics.jsonl`.
 fn steps(run: &Path) -> Vec<Value> {
@@ -42,18 +43,6 @@ fn val_losses(run: &Path) -> Vec<(u64, f64)> {
 /// 300) on the small corpus with `extra` flags into `dir/name`; panics if
 /// it fails.
 fn run(dir: &Path, name: &str, model: &str, steps: &str, extra: &[&str]) -> PathBuf {
-    run_on(1, dir, name, model, steps, extra)
-}
-
-/// [`run`] on `ranks` processes under `mpirun`.
-fn run_on(
-    ranks: usize,
-    dir: &Path,
-    name: &str,
-    model: &str,
-    steps: &str,
-    extra: &[&str],
-) -> PathBuf {
     let out = dir.join(name);
     let corpus = corpus(dir);
     let flags = RunFlags {
@@ -63,7 +52,7 @@ fn run_on(
     .args();
     let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
     args.extend_from_slice(extra);
-    let o = train(ranks, &args);
+    let o = train(1, &args);
     assert!(
         o.status.success(),
         "{name} failed:\n{}\n{}",
@@ -82,16 +71,23 @@ fn tail_loss(records: &[Value], n: usize) -> f64 {
         / n as f64
 }
 
+/// Largest relative difference of a single step's training loss between
+/// the step records `a` and `b` (relative to `b`).
+fn worst_step(a: &[Value], b: &[Value]) -> f64 {
+    let loss = |r: &Value| r["loss"].as_f64().unwrap();
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (loss(x) - loss(y)).abs() / loss(y))
+        .fold(0.0, f64::max)
+}
+
 /// 100 steps in bf16 end within 2% of the fp32 run on the same batches:
 /// the validation loss at step 100 and the mean training loss of steps
 /// 91-100. Both runs must learn (the loss falls by more than half) and
-/// differ (bf16 really computed). llama-mini in bf16 also runs under
-/// `--cp 2 --tp 2 --sp` (4 ranks under `mpirun`) and follows the one-rank
-/// bf16 run by the same two measures within the same 2% (measured: val
-/// loss 1.8e-2, last 10 steps 1.0e-2; bf16 against fp32 on one rank:
-/// 1.4e-2 and 4.0e-3). Single steps differ by up to 37% late in both
-/// pairs (printed): two 16-bit trajectories drift apart as bf16 and fp32
-/// do, so no per-step bound holds.
+/// differ (bf16 really computed). Measured for llama-mini: 1.4e-2 and
+/// 4.0e-3. Single steps differ by up to 36% late (llama-mini; the worst
+/// is printed): the two trajectories drift apart, so no per-step bound
+/// holds.
 #[test]
 fn bf16_follows_the_fp32_loss_curve_of_the_three_minis() {
     let dir = scratch("mixed-curves");
@@ -119,7 +115,8 @@ fn bf16_follows_the_fp32_loss_curve_of_the_three_minis() {
         let rel_val = (got_end - want_end).abs() / want_end;
         let rel_tail = (got_tail - want_tail).abs() / want_tail;
         eprintln!(
-            "{model}: val loss {start:.4} -> fp32 {want_end:.4}, bf16 {got_end:.4} (rel {rel_val:.2e}); last 10 steps fp32 {want_tail:.4}, bf16 {got_tail:.4} (rel {rel_tail:.2e})"
+            "{model}: val loss {start:.4} -> fp32 {want_end:.4}, bf16 {got_end:.4} (rel {rel_val:.2e}); last 10 steps fp32 {want_tail:.4}, bf16 {got_tail:.4} (rel {rel_tail:.2e}); worst single step {:.2e}",
+            worst_step(&got, &want)
         );
         assert!(want_end < 0.5 * start, "{model}: fp32 did not learn");
         assert!(
@@ -138,34 +135,6 @@ fn bf16_follows_the_fp32_loss_curve_of_the_three_minis() {
             got.iter().all(|r| r.get("loss_scale").is_none()),
             "{model}: bf16 needs no loss scale"
         );
-        if model == "llama-mini" && mpi_built() {
-            let flags = ["--precision", "bf16", "--cp", "2", "--tp", "2", "--sp"];
-            let parallel = steps(&run_on(4, &dir, "llama-cp2-tp2-sp", model, "100", &flags));
-            assert_eq!(parallel.len(), 100, "cp2 x tp2 + SP: steps");
-            let par_end = val_losses(&dir.join("llama-cp2-tp2-sp"))[1].1;
-            let rel_val = (par_end - got_end).abs() / got_end;
-            let rel_tail = (tail_loss(&parallel, 10) - got_tail).abs() / got_tail;
-            let per_step = |a: &[Value], b: &[Value]| {
-                let loss = |r: &Value| r["loss"].as_f64().unwrap();
-                a.iter()
-                    .zip(b)
-                    .map(|(x, y)| (loss(x) - loss(y)).abs() / loss(y))
-                    .fold(0.0, f64::max)
-            };
-            eprintln!(
-                "llama-mini bf16 cp2 x tp2 + SP against one rank: val loss rel {rel_val:.2e}, last 10 steps rel {rel_tail:.2e}; worst single step {:.2e} (one-rank bf16 against fp32: {:.2e})",
-                per_step(&parallel, &got),
-                per_step(&got, &want)
-            );
-            assert!(
-                rel_val <= 0.02,
-                "cp2 x tp2 + SP bf16 val loss {par_end} vs {got_end}"
-            );
-            assert!(
-                rel_tail <= 0.02,
-                "cp2 x tp2 + SP bf16 train loss: rel {rel_tail}"
-            );
-        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
