@@ -37,15 +37,15 @@ pub enum Transport {
 }
 
 /// Resolves `--comm` for backend `kind`; `library` is the value of
-/// `FERROTRON_NCCL_LIBRARY`; `data_parallel` says the job has more than
-/// one rank and only data parallelism (DDP or ZeRO over DP; tp, cp and pp
-/// are 1).
+/// `FERROTRON_NCCL_LIBRARY`; `device_layout` says the job has more than
+/// one rank and only data and tensor parallelism (cp and pp are 1).
 ///
-/// - `auto`: NCCL / RCCL on cuda and rocm for a data-parallel job whose
-///   library loads (`library`, else the first of `LIBRARY_NAMES` that
-///   opens); MPI otherwise. Such a job's gradient sync (the reductions
-///   and ZeRO's parameter all-gathers) hands NCCL its device tensors, and
-///   what is left on the host path is a few scalars per step. TP, CP and
+/// - `auto`: NCCL / RCCL on cuda and rocm for such a job whose library
+///   loads (`library`, else the first of `LIBRARY_NAMES` that opens); MPI
+///   otherwise. Such a job's gradient sync (the reductions and ZeRO's
+///   parameter all-gathers) and TP operators hand NCCL their device
+///   tensors, and what is left on the host path is small (scalars per
+///   step, sequence parallelism's partial gradients of the norms). CP and
 ///   pipeline messages move host buffers, which NCCL on a GPU must stage
 ///   through device memory, two more copies across PCIe per call than
 ///   MPI makes: a job with them stays on MPI.
@@ -58,10 +58,10 @@ pub fn resolve(
     choice: CommChoice,
     kind: BackendKind,
     library: Option<&OsStr>,
-    data_parallel: bool,
+    device_layout: bool,
 ) -> Result<Transport, String> {
     match choice {
-        CommChoice::Auto if data_parallel && matches!(kind, BackendKind::Cuda | BackendKind::Rocm) => {
+        CommChoice::Auto if device_layout && matches!(kind, BackendKind::Cuda | BackendKind::Rocm) => {
             Ok(NcclLibrary::load_from(library)
                 .map(|lib| Transport::NcclDevice(Arc::new(lib), kind))
                 .unwrap_or(Transport::Mpi))

@@ -64,7 +64,7 @@ pub fn build_part<B: TrainBackend>(
         &job.model,
         job.config.schedule.seed,
         device,
-        &model_part(job, groups)?,
+        &model_part::<B>(job, groups, device)?,
     )?)
 }
 
@@ -83,7 +83,7 @@ pub fn parallelize_fresh<B: TrainBackend>(
         return parallelize_part(part, groups, job, device);
     }
     let seed = job.config.schedule.seed;
-    let part = model_part(job, &groups)?;
+    let part = model_part::<B>(job, &groups, device)?;
     let (model, source) = Decoder::placeholder_part(&job.model, seed, device, &part)?;
     parallelize_with(model, Some(&source), groups, job, device)
 }
@@ -103,7 +103,7 @@ pub fn parallelize_to_load<B: TrainBackend>(
         return parallelize_fresh(groups, job, device);
     }
     let seed = job.config.schedule.seed;
-    let part = model_part(job, &groups)?;
+    let part = model_part::<B>(job, &groups, device)?;
     let (model, source) = Decoder::placeholder_part(&job.model, seed, device, &part)?;
     parallelize_with(model, Some(&ToBeLoaded(&source)), groups, job, device)
 }
@@ -119,7 +119,7 @@ pub fn load_hf_dir_part<B: TrainBackend>(
     groups: &ProcessGroups,
     device: &B::Device,
 ) -> anyhow::Result<Decoder<B>> {
-    let part = model_part(job, groups)?;
+    let part = model_part::<B>(job, groups, device)?;
     load_hf_part::<B>(dir, &job.model, &part, device).map_err(|e| hf_error(dir, e))
 }
 
@@ -137,7 +137,7 @@ pub fn parallelize_hf_dir<B: TrainBackend>(
         let part = load_hf_dir_part::<B>(dir, job, &groups, device)?;
         return parallelize_part(part, groups, job, device);
     }
-    let part = model_part(job, &groups)?;
+    let part = model_part::<B>(job, &groups, device)?;
     let (model, source) =
         HfPartSource::open::<B>(dir, &job.model, &part, device).map_err(|e| hf_error(dir, e))?;
     parallelize_with(model, Some(&source), groups, job, device)
@@ -149,12 +149,36 @@ fn hf_error(dir: &Path, e: HfError) -> anyhow::Error {
 }
 
 /// The part of the model this rank builds: its TP block and its stage.
-fn model_part(job: &ValidJob, groups: &ProcessGroups) -> anyhow::Result<ModelPart> {
+fn model_part<B: TrainBackend>(
+    job: &ValidJob,
+    groups: &ProcessGroups,
+    device: &B::Device,
+) -> anyhow::Result<ModelPart> {
     let layout = pipeline_config(job).layout(job.model.n_layers, groups.pp().world_size())?;
     Ok(
-        ModelPart::tensor_parallel(tp_plan(job)?, TpGroup::new(groups.tp().clone()))?
+        ModelPart::tensor_parallel(tp_plan(job)?, tp_group::<B>(job, groups, device)?)?
             .on_stage(&layout, groups.pp().rank()),
     )
+}
+
+/// This rank's TP group. Under an NCCL transport its collectives take
+/// the activations and their gradients themselves (NCCL on the device
+/// buffers, in the compute dtype): a collective over the TP group, which
+/// opens their communicator.
+fn tp_group<B: TrainBackend>(
+    job: &ValidJob,
+    groups: &ProcessGroups,
+    device: &B::Device,
+) -> anyhow::Result<TpGroup> {
+    let group = TpGroup::new(groups.tp().clone());
+    match job.transport.nccl() {
+        Some((lib, gpu)) if group.size() > 1 => {
+            let tp = &**groups.tp();
+            let collectives = device_collectives::<B::InnerBackend>(lib, gpu, device, tp)?;
+            Ok(group.with_device(collectives))
+        }
+        _ => Ok(group),
+    }
 }
 
 /// Applies the job's layout to `model` (the whole model, loaded on this
@@ -167,7 +191,7 @@ pub fn parallelize<B: TrainBackend>(
     job: &ValidJob,
     device: &B::Device,
 ) -> anyhow::Result<Parallelized<B>> {
-    let part = model.shard(&tp_plan(job)?, TpGroup::new(groups.tp().clone()))?;
+    let part = model.shard(&tp_plan(job)?, tp_group::<B>(job, &groups, device)?)?;
     parallelize_part(part, groups, job, device)
 }
 

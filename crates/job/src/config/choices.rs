@@ -36,9 +36,9 @@ impl From<PpSchedule> for ScheduleKind {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum CommChoice {
-    /// NCCL / RCCL for a data-parallel job on cuda or rocm whose library
-    /// loads (its gradient sync runs on the device tensors), MPI otherwise
-    /// (see `comm::resolve`).
+    /// NCCL / RCCL for a job of data and tensor parallelism on cuda or
+    /// rocm whose library loads (its gradient sync and TP operators run on
+    /// the device tensors), MPI otherwise (see `comm::resolve`).
     #[default]
     Auto,
     /// Open MPI on host buffers.

@@ -16,7 +16,7 @@ fn message(r: Result<Transport, String>) -> String {
 }
 
 /// Without a library that loads, `auto` and `mpi` are MPI everywhere,
-/// for a data-parallel job or not.
+/// for a job of data and tensor parallelism or not.
 #[test]
 fn auto_and_mpi_choose_mpi_on_every_backend() {
     for kind in [
@@ -27,9 +27,9 @@ fn auto_and_mpi_choose_mpi_on_every_backend() {
     ] {
         for choice in [CommChoice::Auto, CommChoice::Mpi] {
             let lib = Some(OsStr::new("/nonexistent/libnccl.so.2"));
-            for data_parallel in [true, false] {
+            for device_layout in [true, false] {
                 assert!(matches!(
-                    resolve(choice, kind, lib, data_parallel),
+                    resolve(choice, kind, lib, device_layout),
                     Ok(Transport::Mpi)
                 ));
             }
@@ -59,7 +59,7 @@ fn nccl_with_a_library_that_does_not_open_names_the_file() {
 
 /// On cuda and rocm, `nccl` takes the library that loads (its calls then
 /// staged through the GPU's memory) and names the file that does not;
-/// `auto` takes it for a data-parallel job only, and stays MPI on the CPU
+/// `auto` takes it for a job of data and tensor parallelism only, and stays MPI on the CPU
 /// backends and wgpu (see `comm::resolve`). The test double stands in
 /// for a library that loads (it is built with the `mpi` feature).
 #[test]
@@ -82,15 +82,15 @@ fn nccl_on_a_gpu_backend_takes_the_library_that_loads() {
     let double = ferrotron_test_support::nccl_double::library();
     let loads = Some(double.as_os_str());
     for kind in [BackendKind::Cuda, BackendKind::Rocm] {
-        for (choice, data_parallel) in [
+        for (choice, device_layout) in [
             (CommChoice::Nccl, true),
             (CommChoice::Nccl, false),
             (CommChoice::Auto, true),
         ] {
-            let t = resolve(choice, kind, loads, data_parallel);
+            let t = resolve(choice, kind, loads, device_layout);
             assert!(
                 matches!(t, Ok(Transport::NcclDevice(_, k)) if k == kind),
-                "{choice:?} on {kind}, data parallel {data_parallel}"
+                "{choice:?} on {kind}, device layout {device_layout}"
             );
         }
         assert!(matches!(

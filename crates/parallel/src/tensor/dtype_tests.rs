@@ -3,12 +3,16 @@
 //! gradients stay bf16 across the group (an operator that returned the
 //! communicator's f32 would silently turn the rest of the model to f32).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::{bf16, DType, FloatDType, Tensor};
+use ferrotron_engine::precision::Precision;
 
 use super::{column_input, gather_from_tp, row_output, TpGroup};
+use crate::comm::nccl::device::TensorCollectives;
+use crate::comm::tensor::from_host;
 use crate::comm::{CommError, Communicator, Incoming, Outgoing};
 
 /// Rank 0 of a group of two whose other rank holds `peer` in every
@@ -118,4 +122,109 @@ fn a_sum_over_the_group_is_rounded_once_to_bf16() {
     let gathered = host(gather_from_tp(ones_bf16(), &group));
     assert_eq!(gathered, [1.0, 1.0, PEER, PEER, 1.0, 1.0, PEER, PEER]);
     assert_eq!(bf16::from_f32(PEER).to_f32(), PEER);
+}
+
+/// Device collectives of the same twin group: the tensors' values and the
+/// other rank's `peer`, sums rounded in the wire's precision as NCCL
+/// rounds them; counts the calls.
+struct TwinDevice {
+    peer: f32,
+    calls: AtomicUsize,
+}
+
+impl TwinDevice {
+    fn values(&self, t: Tensor<Flex, 1>) -> Vec<f32> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        t.into_data().to_vec().unwrap()
+    }
+}
+
+impl TensorCollectives<Flex> for TwinDevice {
+    fn world_size(&self) -> usize {
+        2
+    }
+    fn all_reduce_sum(
+        &self,
+        t: Tensor<Flex, 1>,
+        reduce: Precision,
+    ) -> Result<Tensor<Flex, 1>, CommError> {
+        let device = t.device();
+        let mut v: Vec<f32> = self.values(t).iter().map(|x| x + self.peer).collect();
+        reduce.round_in_place(&mut v);
+        Ok(from_host(v, &device))
+    }
+    fn all_gather(
+        &self,
+        t: Tensor<Flex, 1>,
+        wire: Precision,
+    ) -> Result<Tensor<Flex, 1>, CommError> {
+        let device = t.device();
+        let mut v = self.values(t);
+        v.extend(vec![self.peer; v.len()]);
+        wire.round_in_place(&mut v);
+        Ok(from_host(v, &device))
+    }
+    fn reduce_scatter_sum(
+        &self,
+        t: Tensor<Flex, 1>,
+        reduce: Precision,
+    ) -> Result<Tensor<Flex, 1>, CommError> {
+        let device = t.device();
+        let v = self.values(t);
+        let mut mine: Vec<f32> = v[..v.len() / 2].iter().map(|x| x + self.peer).collect();
+        reduce.round_in_place(&mut mine);
+        Ok(from_host(mine, &device))
+    }
+}
+
+/// With the group's collectives on device tensors (`TpGroup::with_device`)
+/// every operator gives the host path's values and dtype, forward and
+/// backward, in bf16 and f32, and the device collectives are the ones called.
+#[test]
+fn the_device_path_gives_the_host_path_values() {
+    for dtype in [FloatDType::BF16, FloatDType::F32] {
+        for sp in [false, true] {
+            let host_group = TpGroup::new(Arc::new(Twin { peer: PEER })).with_sequence_parallel(sp);
+            let twin = Arc::new(TwinDevice {
+                peer: PEER,
+                calls: AtomicUsize::new(0),
+            });
+            let device_group = TpGroup::new(Arc::new(Twin { peer: f32::NAN }))
+                .with_sequence_parallel(sp)
+                .with_device::<Flex>(twin.clone());
+            let ops: [(&str, Op); 3] = [
+                ("column_input", column_input),
+                ("row_output", row_output),
+                ("gather_from_tp", gather_from_tp),
+            ];
+            for (name, op) in ops {
+                let run = |group: &TpGroup| {
+                    let x = Tensor::<B, 3>::from_data(
+                        [[[1.0, 0.5], [-2.0, 0.25]]],
+                        &Default::default(),
+                    )
+                    .cast(dtype)
+                    .require_grad();
+                    let y = op(x.clone(), group);
+                    let g = x.grad(&(y.clone() * y.clone()).sum().backward()).unwrap();
+                    (
+                        y.dtype(),
+                        host(y),
+                        g.dtype(),
+                        g.cast(FloatDType::F32).into_data().to_vec::<f32>().unwrap(),
+                    )
+                };
+                let before = twin.calls.load(Ordering::Relaxed);
+                assert_eq!(
+                    run(&device_group),
+                    run(&host_group),
+                    "{name} {dtype:?} (sp {sp})"
+                );
+                assert!(
+                    twin.calls.load(Ordering::Relaxed) > before,
+                    "{name} {dtype:?} (sp {sp}): not on the device"
+                );
+            }
+        }
+    }
 }

@@ -1,8 +1,12 @@
 //! The tensor-parallel group as the layers hold it.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
+use burn::tensor::backend::Backend;
+
+use crate::comm::nccl::device::SharedCollectives;
 use crate::comm::{Communicator, SingleProcess};
 
 /// The ranks that split one model's layers between them (the TP group of
@@ -12,10 +16,16 @@ use crate::comm::{Communicator, SingleProcess};
 /// With sequence parallelism the activations outside the column- and
 /// row-parallel layers (norms, residual stream) are split along the
 /// sequence over the same group.
+///
+/// The operators' collectives go through the communicator's host path,
+/// or with [`TpGroup::with_device`] on collectives over the same ranks
+/// that take the tensors themselves (NCCL on device buffers).
 #[derive(Clone)]
 pub struct TpGroup {
     comm: Arc<dyn Communicator>,
     sequence: bool,
+    /// A `SharedCollectives<B>` for the backend `B` the layers compute on.
+    device: Option<Arc<dyn Any + Send + Sync>>,
 }
 
 impl TpGroup {
@@ -24,7 +34,43 @@ impl TpGroup {
         Self {
             comm,
             sequence: false,
+            device: None,
         }
+    }
+
+    /// The group whose collectives run on `collectives` (over the same
+    /// ranks, in the same order), for the tensors of backend `B` the
+    /// layers compute on (the inner backend under autodiff).
+    pub fn with_device<B: Backend>(self, collectives: SharedCollectives<B>) -> Self {
+        assert_eq!(
+            collectives.world_size(),
+            self.size(),
+            "device collectives over another group than the TP group"
+        );
+        Self {
+            device: Some(Arc::new(collectives)),
+            ..self
+        }
+    }
+
+    /// The device collectives, if the group has them
+    /// ([`TpGroup::with_device`]).
+    ///
+    /// # Panics
+    /// If they were given for another backend than `B` (a caller bug:
+    /// the operators would otherwise fall back to the host path unseen).
+    pub(crate) fn device<B: Backend>(&self) -> Option<&SharedCollectives<B>> {
+        let device = self.device.as_ref()?;
+        Some(
+            device
+                .downcast_ref::<SharedCollectives<B>>()
+                .unwrap_or_else(|| {
+                    panic!(
+                        "{self:?}: device collectives opened for another backend than {}",
+                        std::any::type_name::<B>()
+                    )
+                }),
+        )
     }
 
     /// A group of this process alone (no tensor parallelism).

@@ -17,6 +17,7 @@
 //! [`ShardPlan`] which gradients are replicated (for the global norm) and
 //! how to join a checkpoint.
 
+mod collective;
 mod group;
 pub mod ops;
 mod partial;

@@ -23,17 +23,18 @@
 //! evaluation, generation) run the forward alone. On a group of one rank
 //! every operator is the identity and records nothing.
 //!
-//! The values travel through the communicator's tensor collectives
-//! ([`crate::comm::tensor`]), which move host `f32`. Each operator returns
-//! its input's dtype: under bf16 or fp16 compute the activations and
-//! their gradients cross the group in the compute dtype's values, as a
-//! 16-bit collective (Megatron's, in the compute dtype) carries them. A
-//! gather moves 16-bit values exactly; a sum (all-reduce,
-//! reduce-scatter) adds the ranks' 16-bit values in f32 and rounds the
-//! sum once to the compute dtype: over two ranks what a 16-bit
-//! collective gives (NCCL adds two bf16 values in f32 and rounds the
-//! sum); over more ranks a ring collective rounds each partial sum, ours
-//! rounds once. A failed collective inside a forward or
+//! The values travel through the group's collectives ([`super::collective`]):
+//! its communicator's host `f32` path, or collectives on the tensors'
+//! own buffers ([`TpGroup::with_device`]: NCCL on the GPU, sent in the
+//! compute dtype). Each operator returns its input's dtype: under bf16 or
+//! fp16 compute the activations and their gradients cross the group in
+//! the compute dtype's values, as a 16-bit collective (Megatron's, in the
+//! compute dtype) carries them. A gather moves 16-bit values exactly; a
+//! sum (all-reduce, reduce-scatter) adds the ranks' 16-bit values in f32
+//! and rounds the sum once to the compute dtype: over two ranks what a
+//! 16-bit collective gives (NCCL adds two bf16 values in f32 and rounds
+//! the sum); over more ranks a ring collective rounds each partial sum,
+//! the host path rounds once. A failed collective inside a forward or
 //! backward pass cannot be returned through Burn's operations, so it
 //! panics with the communicator's error (which names the ranks that never
 //! arrived); the other ranks then fail on their own timeout.
@@ -47,7 +48,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 
-use super::TpGroup;
+use super::{collective, TpGroup};
 
 /// Backends that can run the tensor-parallel operators (see the module
 /// doc). The defaults are the forward computations, right for a backend
@@ -158,9 +159,7 @@ pub fn row_output<B: TpOps>(x: Tensor<B, 3>, group: &TpGroup) -> Tensor<B, 3> {
 fn all_gather_seq<B: Backend>(x: Tensor<B, 3>, group: &TpGroup) -> Tensor<B, 3> {
     let [b, s, h] = x.dims();
     let (tp, dtype) = (group.size(), x.dtype());
-    let all = group
-        .comm()
-        .all_gather_tensor(x.reshape([b * s * h]))
+    let all = collective::gather(x.reshape([b * s * h]), group)
         .unwrap_or_else(|e| panic!("sequence-parallel all-gather over {group:?} failed: {e}"));
     all.reshape([tp, b, s, h])
         .swap_dims(0, 1)
@@ -178,9 +177,7 @@ fn reduce_scatter_seq<B: Backend>(x: Tensor<B, 3>, group: &TpGroup) -> Tensor<B,
         .reshape([b, tp, s, h])
         .swap_dims(0, 1)
         .reshape([tp * b * s * h]);
-    group
-        .comm()
-        .reduce_scatter_sum_tensor(blocks)
+    collective::sum_scatter(blocks, group)
         .unwrap_or_else(|e| panic!("sequence-parallel reduce-scatter over {group:?} failed: {e}"))
         .reshape([b, s, h])
         .cast(dtype)
@@ -188,11 +185,11 @@ fn reduce_scatter_seq<B: Backend>(x: Tensor<B, 3>, group: &TpGroup) -> Tensor<B,
 
 /// `x` summed element-wise over `group`.
 fn all_reduce<B: Backend, const D: usize>(x: Tensor<B, D>, group: &TpGroup) -> Tensor<B, D> {
-    let dtype = x.dtype();
-    group
-        .comm()
-        .all_reduce_sum_tensor(x)
+    let (shape, dtype) = (x.shape(), x.dtype());
+    let n = shape.num_elements();
+    collective::sum(x.reshape([n]), group)
         .unwrap_or_else(|e| panic!("tensor-parallel all-reduce over {group:?} failed: {e}"))
+        .reshape(shape)
         .cast(dtype)
 }
 
@@ -203,9 +200,7 @@ fn all_gather_last<B: Backend, const D: usize>(x: Tensor<B, D>, group: &TpGroup)
     let rows = x.shape().num_elements() / n.max(1);
     let (tp, dtype) = (group.size(), x.dtype());
     let flat = x.reshape([rows * n]);
-    let all = group
-        .comm()
-        .all_gather_tensor(flat)
+    let all = collective::gather(flat, group)
         .unwrap_or_else(|e| panic!("tensor-parallel all-gather over {group:?} failed: {e}"));
     let mut out = dims;
     out[D - 1] = n * tp;

@@ -75,8 +75,10 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Sum<'_, B> {
         let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) else {
             return;
         };
-        match self.partial.group.comm().all_reduce_sum_tensor(g) {
-            Ok(sum) => self.grads.register(param.id, sum),
+        let shape = g.shape();
+        let n = shape.num_elements();
+        match super::collective::sum(g.reshape([n]), &self.partial.group) {
+            Ok(sum) => self.grads.register(param.id, sum.reshape::<D, _>(shape)),
             Err(e) => self.error = Some(e),
         }
     }

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use burn::module::ParamId;
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
+use ferrotron_engine::precision::Precision;
 
 use super::exchange::{chunk_from_pieces, chunk_tensor};
 use crate::comm::nccl::device::SharedCollectives;
@@ -67,7 +68,8 @@ pub(super) fn start_gather<B: Backend>(
                 .collect();
             let chunk = chunk_tensor(unit, pieces, tensors, device);
             let collectives = collectives.clone();
-            Started::Own(thread.start_own(move || collectives.all_gather(chunk)))
+            // f32 master weights, gathered as themselves.
+            Started::Own(thread.start_own(move || collectives.all_gather(chunk, Precision::Fp32)))
         }
         None => {
             let host = values

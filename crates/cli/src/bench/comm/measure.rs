@@ -136,7 +136,7 @@ fn device_path<B: Backend>(
 ) -> Result<Tensor<B, 1>, CommError> {
     match op {
         "all_reduce" => c.all_reduce_sum(t, reduce),
-        "all_gather" => c.all_gather(t),
+        "all_gather" => c.all_gather(t, reduce),
         _ => c.reduce_scatter_sum(t, reduce),
     }
 }

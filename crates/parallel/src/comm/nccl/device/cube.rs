@@ -147,10 +147,11 @@ where
     fn all_gather(
         &self,
         t: Tensor<Cube<R, F, I, BT>, 1>,
+        wire: Precision,
     ) -> Result<Tensor<Cube<R, F, I, BT>, 1>, CommError> {
         let n = t.dims()[0];
         let all = n * self.comm.world_size();
-        self.collective(t, NcclDataType::F32, all, |c, s, r, d| {
+        self.collective(t, wire_dtype(wire), all, |c, s, r, d| {
             // SAFETY: as in `all_reduce_sum`, `r` holding `n x world_size`.
             unsafe { c.all_gather(s, r, n, d) }
         })

@@ -13,17 +13,19 @@ use crate::comm::tensor::{from_host, host_f32};
 use crate::comm::CommError;
 use burn::tensor::Tensor;
 
-/// Collectives on a backend's tensors that never leave the device: the
-/// reductions send the values in the reduction precision's dtype
-/// ([`super::wire`]) and return `f32`.
+/// Collectives on a backend's tensors that never leave the device: each
+/// sends the values in the dtype of a precision ([`super::wire`]: the
+/// reduction's, or the gathered values') and returns `f32`.
 pub trait TensorCollectives<B: Backend> {
     /// Ranks in the communicator.
     fn world_size(&self) -> usize;
     /// `t` `[n]` summed over the ranks, reduced in `reduce`.
     fn all_reduce_sum(&self, t: Tensor<B, 1>, reduce: Precision)
         -> Result<Tensor<B, 1>, CommError>;
-    /// Every rank's `t` `[n]` in rank order, `[n x world_size]`.
-    fn all_gather(&self, t: Tensor<B, 1>) -> Result<Tensor<B, 1>, CommError>;
+    /// Every rank's `t` `[n]` in rank order, `[n x world_size]`, sent in
+    /// `wire` (exact for values that `wire` represents: 16-bit
+    /// activations sent as themselves).
+    fn all_gather(&self, t: Tensor<B, 1>, wire: Precision) -> Result<Tensor<B, 1>, CommError>;
     /// `t` `[n x world_size]` summed over the ranks, reduced in `reduce`;
     /// this rank's block `[n]`.
     fn reduce_scatter_sum(
@@ -81,12 +83,18 @@ impl<B: Backend> TensorCollectives<B> for DeviceComm {
         Ok(from_host(widen(&bits, dtype), &device))
     }
 
-    fn all_gather(&self, t: Tensor<B, 1>) -> Result<Tensor<B, 1>, CommError> {
-        let device = t.device();
+    fn all_gather(&self, t: Tensor<B, 1>, wire: Precision) -> Result<Tensor<B, 1>, CommError> {
+        let (device, dtype) = (t.device(), wire_dtype(wire));
         let send = host_f32(t);
-        let mut recv = vec![0.0; send.len() * DeviceComm::world_size(self)];
-        self.host_all_gather(&send, &mut recv, NcclDataType::F32)?;
-        Ok(from_host(recv, &device))
+        let all = send.len() * DeviceComm::world_size(self);
+        if dtype == NcclDataType::F32 {
+            let mut recv = vec![0.0; all];
+            self.host_all_gather(&send, &mut recv, dtype)?;
+            return Ok(from_host(recv, &device));
+        }
+        let mut recv = vec![0u16; all];
+        self.host_all_gather(&narrow(&send, dtype), &mut recv, dtype)?;
+        Ok(from_host(widen(&recv, dtype), &device))
     }
 
     fn reduce_scatter_sum(
