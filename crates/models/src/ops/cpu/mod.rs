@@ -4,18 +4,14 @@
 //! pass over memory once per operation.
 
 mod activation;
-mod attention;
-mod buffers;
-mod gemm;
+pub(super) mod buffers;
+pub(super) mod gemm;
 mod linear_cross_entropy;
-mod math;
+pub(super) mod math;
 mod norm;
 mod rope;
 
 pub use activation::{gelu_tanh, gelu_tanh_backward, swiglu, swiglu_backward};
-pub use attention::{
-    attention_backward, attention_backward_lse, attention_forward, attention_forward_lse,
-};
 pub use buffers::{all_f32, dense};
 pub use linear_cross_entropy::linear_cross_entropy_blocks;
 pub use norm::{layer_norm, norm_backward, rms_norm, RowStats};
