@@ -174,7 +174,7 @@ impl OpsChoice {
         self.kernels
     }
 
-    /// The attention core ([`super::attention`]); the position context of
+    /// The attention core ([`super::attention()`]); the position context of
     /// a pass holds the bias in the form this takes (see
     /// `layers::position`). Decoding with a KV cache runs the reference in
     /// place of FlashAttention ([`OpsChoice::decoding`]), and selective
