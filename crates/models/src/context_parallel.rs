@@ -18,20 +18,20 @@ use ferrotron_parallel::comm::{Communicator, SingleProcess};
 use ferrotron_parallel::context::{ring_mean, BlockAttention, ChunkLayout, RingAttention};
 use ferrotron_parallel::tensor::{TpGroup, TpOps};
 
-use crate::ops::{KernelBackend, OpImpl};
+use crate::ops::{AttentionImpl, KernelBackend};
 
 /// The kernel of each ring block for query heads of `head_dim` with ALiBi
 /// `slopes` (one per head this rank computes; `None` without ALiBi), on
 /// `device`: the backend's fused attention when the model's attention is
-/// [`OpImpl::Fused`] and the backend has it
+/// [`AttentionImpl::Fused`] and the backend has it
 /// ([`KernelBackend::ring_block_attention`]), else the host attention core.
 pub fn block_kernel<B: KernelBackend>(
-    attention: OpImpl,
+    attention: AttentionImpl,
     device: &B::Device,
     head_dim: usize,
     slopes: Option<Vec<f32>>,
 ) -> Arc<dyn BlockAttention + Send> {
-    if attention == OpImpl::Fused {
+    if attention.is_fused() {
         if let Some(kernel) = B::ring_block_attention(device, head_dim, slopes.clone()) {
             return kernel;
         }

@@ -18,7 +18,7 @@ use crate::context_parallel::{block_kernel, ContextParallel};
 use crate::init::{Init, PartSource};
 use crate::layers::position::{Heads, PositionContext};
 use crate::layers::{Attention, LayerKv, Mlp, Norm};
-use crate::ops::{KernelBackend, OpImpl, OpsChoice};
+use crate::ops::{KernelBackend, OpsChoice};
 use crate::part::{ModelPart, PartError};
 use crate::tensor_parallel::check_tp;
 
@@ -253,7 +253,7 @@ impl<B: KernelBackend> Decoder<B> {
     /// computes the ring's blocks) unless the model runs the fused kernels
     /// on a GPU backend (whose attention computes them).
     pub fn with_context_parallel(self, ring: Arc<dyn Communicator>) -> Result<Self, ConfigError> {
-        let fused = self.ops.attention_impl() == OpImpl::Fused && B::has_fused_kernels();
+        let fused = self.ops.attention_impl().is_fused() && B::has_fused_kernels();
         if ring.world_size() > 1 && !cfg!(feature = "flex") && !fused {
             return Err(ConfigError {
                 field: "cp",
@@ -326,11 +326,9 @@ impl<B: KernelBackend> Decoder<B> {
         } else {
             self.ops
         };
+        let ops = ops.recomputed_attention(self.recompute_attention);
         let heads = self.heads();
-        let mut pos =
-            PositionContext::new(&c.position, &heads, c.head_dim(), start, len, &ops, device);
-        pos.attn_bias = pos.attn_bias.recomputed(self.recompute_attention);
-        pos
+        PositionContext::new(&c.position, &heads, c.head_dim(), start, len, &ops, device)
     }
 
     /// The attention heads this rank computes.
@@ -352,8 +350,7 @@ impl<B: KernelBackend> Decoder<B> {
         let kernel = block_kernel::<B>(self.ops.attention_impl(), device, c.head_dim(), slopes);
         let ring = self.cp.ring(seq, kernel);
         let at = self.cp.positions(seq);
-        let rope = self.ops.rope_impl();
-        PositionContext::ring(&c.position, c.head_dim(), &at, ring, rope, device)
+        PositionContext::ring(&c.position, c.head_dim(), &at, ring, &self.ops, device)
     }
 
     /// Logits `[batch, seq, vocab]`, f32, for token ids `[batch, seq]` (under

@@ -1,6 +1,6 @@
 //! Causal self-attention with grouped-query heads, RoPE or ALiBi, and a KV
-//! cache. The attention itself is `ops::attention` (fused or reference, as
-//! the position context says).
+//! cache. The attention itself is `ops::attention`, by the implementation
+//! the position context names, on its bias.
 
 use burn::module::Module;
 use burn::tensor::backend::Backend;
@@ -117,7 +117,7 @@ impl<B: KernelBackend> Attention<B> {
             }
             *cache = Some((k.clone(), v.clone()));
         }
-        let out = attention(q, k, v, &pos.attn_bias);
+        let out = attention(pos.attention, q, k, v, &pos.attn_bias);
         let out = out.swap_dims(1, 2).reshape([b, t, self.n_heads * hd]);
         self.o.forward_row_parallel(out, &self.tp)
     }

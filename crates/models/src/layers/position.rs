@@ -12,7 +12,7 @@ use burn::tensor::{Tensor, TensorData};
 use ferrotron_parallel::context::RingAttention;
 
 use crate::config::Position;
-use crate::ops::{AttentionBias, KernelBackend, OpImpl, OpsChoice, Rope};
+use crate::ops::{AttentionBias, AttentionImpl, KernelBackend, OpImpl, OpsChoice, Rope};
 use crate::rope_scaling::inv_freq;
 
 /// The attention heads a rank computes: `range` of the model's `total`
@@ -45,7 +45,10 @@ impl Heads {
 pub struct PositionContext<B: KernelBackend> {
     /// RoPE for queries and keys (Llama).
     pub rope: Option<Rope<B>>,
-    /// Causal mask and ALiBi.
+    /// The implementation of this pass's attention (the model's, with
+    /// FlashAttention's replaced by the reference when decoding).
+    pub attention: AttentionImpl,
+    /// Causal mask and ALiBi, in the form `attention` takes.
     pub attn_bias: AttentionBias<B>,
 }
 
@@ -53,9 +56,10 @@ impl<B: KernelBackend> PositionContext<B> {
     /// Builds the context of `heads` for `len` new queries after `start`
     /// cached positions, RoPE and the attention bias each in the form of
     /// its operation's implementation in `ops`
-    /// ([`OpsChoice::rope_impl`], [`OpsChoice::attention_impl`]): the fused
-    /// kernels' form (when `start` is 0), which holds no `[len, keys]`
-    /// matrix; the host-buffer form; or the reference's tables and matrix.
+    /// ([`OpsChoice::rope_impl`], [`OpsChoice::attention_impl`]; when
+    /// `start` is not 0, [`OpsChoice::decoding`]'s): the fused kernels'
+    /// form, which holds no `[len, keys]` matrix; the host-buffer form; or
+    /// the reference's tables and matrix.
     pub fn new(
         position: &Position,
         heads: &Heads,
@@ -65,15 +69,13 @@ impl<B: KernelBackend> PositionContext<B> {
         ops: &OpsChoice,
         device: &B::Device,
     ) -> Self {
-        let form = |op| match op {
-            OpImpl::Fused if start > 0 => OpImpl::Reference,
-            other => other,
-        };
+        // The fused kernels attend from position 0 and take no cache.
+        let ops = if start > 0 { ops.decoding() } else { *ops };
         let rope = match position {
             Position::Rope { theta, scaling } => {
                 let freqs = inv_freq(*theta, scaling.as_ref(), head_dim);
                 let at: Vec<usize> = (start..start + len).collect();
-                Some(match form(ops.rope_impl()) {
+                Some(match ops.rope_impl() {
                     OpImpl::Fused => {
                         let n = freqs.len();
                         Rope::Fused {
@@ -92,44 +94,44 @@ impl<B: KernelBackend> PositionContext<B> {
             }
             _ => None,
         };
-        let matrix = || bias_matrix(position, heads, start, len, device);
-        let attn_bias = match form(ops.attention_impl()) {
-            OpImpl::Fused => {
-                let slopes = (*position == Position::Alibi).then(|| {
-                    let slopes = heads.alibi_slopes();
-                    let n = slopes.len();
-                    Tensor::from_data(TensorData::new(slopes, [n]), device)
-                });
-                AttentionBias::Fused {
-                    slopes,
-                    matrix_units: ops.attention_matrix_units(),
-                }
-            }
-            OpImpl::Cpu => AttentionBias::Host(matrix()),
-            OpImpl::Reference => AttentionBias::Matrix(matrix()),
+        let attention = ops.attention_impl();
+        let attn_bias = if attention.takes_matrix() {
+            AttentionBias::Matrix(bias_matrix(position, heads, start, len, device))
+        } else {
+            let alibi_slopes = (*position == Position::Alibi).then(|| {
+                let slopes = heads.alibi_slopes();
+                let n = slopes.len();
+                Tensor::from_data(TensorData::new(slopes, [n]), device)
+            });
+            AttentionBias::Causal { alibi_slopes }
         };
-        Self { rope, attn_bias }
+        Self {
+            rope,
+            attention,
+            attn_bias,
+        }
     }
 
     /// The context of this rank's tokens under context parallelism: its
     /// chunks of the sequences, at the global `positions` (RoPE's tables
     /// at those positions), attending around `ring`, whose block kernel
     /// applies the causal mask and ALiBi of the same global positions;
-    /// RoPE's tables run as `rope_op` says ([`OpImpl::Cpu`]: the host form,
-    /// otherwise the reference).
+    /// RoPE's tables run as `ops` says ([`OpImpl::Cpu`]: the host form,
+    /// otherwise the reference), and `ring`'s block kernel is the one
+    /// `ops`'s attention chose.
     pub fn ring(
         position: &Position,
         head_dim: usize,
         positions: &[usize],
         ring: RingAttention,
-        rope_op: OpImpl,
+        ops: &OpsChoice,
         device: &B::Device,
     ) -> Self {
         let rope = match position {
             Position::Rope { theta, scaling } => {
                 let freqs = inv_freq(*theta, scaling.as_ref(), head_dim);
                 let (cos, sin) = rope_tables(&freqs, positions, device);
-                Some(match rope_op {
+                Some(match ops.rope_impl() {
                     OpImpl::Cpu => Rope::Host(cos, sin),
                     OpImpl::Fused | OpImpl::Reference => Rope::Tables(cos, sin),
                 })
@@ -138,6 +140,7 @@ impl<B: KernelBackend> PositionContext<B> {
         };
         Self {
             rope,
+            attention: ops.attention_impl(),
             attn_bias: AttentionBias::Ring(ring),
         }
     }

@@ -6,39 +6,14 @@
 
 use std::sync::Arc;
 
-use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
-use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::Autodiff;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use ferrotron_kernels::attention::AttentionOptions;
 use ferrotron_parallel::context::BlockAttention;
 
+use super::attention::recompute::Core;
 use super::fused::{FusedKernels, KernelBackend};
-
-#[derive(Debug)]
-struct AttentionBackward;
-
-impl<B: FusedKernels> Backward<B, 3> for AttentionBackward {
-    /// `q`, `k`, `v`, slopes, options, output, log-sum-exp.
-    type State = (
-        FloatTensor<B>,
-        FloatTensor<B>,
-        FloatTensor<B>,
-        Option<FloatTensor<B>>,
-        AttentionOptions,
-        FloatTensor<B>,
-        FloatTensor<B>,
-    );
-
-    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let d_out = grads.consume::<B>(&ops.node);
-        let (q, k, v, slopes, options, out, lse) = ops.state;
-        let values = B::attention_backward(q, k, v, slopes, options, out, lse, d_out);
-        register!(B, grads, ops.parents, values);
-    }
-}
 
 impl<B: FusedKernels, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
     fn has_fused_kernels() -> bool {
@@ -59,7 +34,7 @@ impl<B: FusedKernels, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
         v: FloatTensor<Self>,
         bias: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        super::recompute::attention_node::<B, C>(q, k, v, bias, super::recompute::Core::Reference)
+        super::attention::recompute::node::<B, C>(q, k, v, bias, Core::Reference)
     }
 
     fn chunked_linear_cross_entropy(
@@ -77,37 +52,7 @@ impl<B: FusedKernels, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
         slopes: Option<FloatTensor<Self>>,
         options: AttentionOptions,
     ) -> FloatTensor<Self> {
-        // The slopes are constants of the model, never trained.
-        let slopes = slopes.map(|s| s.primitive);
-        let nodes = [q.node.clone(), k.node.clone(), v.node.clone()];
-        match AttentionBackward
-            .prepare::<C>(nodes)
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let (out, lse) = B::attention_forward(
-                    q.primitive.clone(),
-                    k.primitive.clone(),
-                    v.primitive.clone(),
-                    slopes.clone(),
-                    options,
-                );
-                let state = (
-                    q.primitive,
-                    k.primitive,
-                    v.primitive,
-                    slopes,
-                    options,
-                    out.clone(),
-                    lse,
-                );
-                prep.finish(state, out)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(
-                B::attention_forward(q.primitive, k.primitive, v.primitive, slopes, options).0,
-            ),
-        }
+        super::attention::cube::node::<B, C>(q, k, v, slopes, options)
     }
 
     fn fused_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {

@@ -7,6 +7,7 @@
 use burn::tensor::{Int, Tensor};
 use ferrotron_engine::precision::Precision;
 
+use super::attention::AttentionImpl;
 use super::fused::KernelBackend;
 use super::{gelu, layer_norm, resolve_kernels};
 use super::{rms_norm, swiglu};
@@ -73,12 +74,13 @@ impl From<Kernels> for OpImpl {
 }
 
 /// The implementation of every hot operation of a model, one resolved
-/// [`OpImpl`] per operation and the head's [`HeadLoss`]; each operation's
-/// method (and each layer) reads its own field only.
+/// [`OpImpl`] per operation (attention: an [`AttentionImpl`]) and the
+/// head's [`HeadLoss`]; each operation's method (and each layer) reads its
+/// own field only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OpsChoice {
     kernels: Kernels,
-    attention: OpImpl,
+    attention: AttentionImpl,
     rope: OpImpl,
     rms_norm: OpImpl,
     layer_norm: OpImpl,
@@ -86,9 +88,6 @@ pub struct OpsChoice {
     gelu: OpImpl,
     cross_entropy: OpImpl,
     head_loss: HeadLoss,
-    /// The fused attention on the matrix units where they run it
-    /// (`DecoderConfig::attention_matrix_units`).
-    attention_matrix_units: bool,
 }
 
 impl From<Kernels> for OpsChoice {
@@ -98,7 +97,7 @@ impl From<Kernels> for OpsChoice {
         let op = OpImpl::from(kernels);
         Self {
             kernels,
-            attention: op,
+            attention: op.into(),
             rope: op,
             rms_norm: op,
             layer_norm: op,
@@ -106,7 +105,6 @@ impl From<Kernels> for OpsChoice {
             gelu: OpImpl::Reference,
             cross_entropy: op,
             head_loss: HeadLoss::Logits,
-            attention_matrix_units: false,
         }
     }
 }
@@ -119,13 +117,14 @@ impl OpsChoice {
 
     /// What a model of `config` runs on backend `B`:
     ///
-    /// - [`OpImpl::Fused`] for attention, RoPE, the norms, SwiGLU and the
+    /// - [`OpImpl::Fused`] for attention (on the matrix units when
+    ///   `config.attention_matrix_units`), RoPE, the norms, SwiGLU and the
     ///   logits' cross-entropy where [`resolve_kernels`] gives
     ///   [`Kernels::Fused`] (the CubeCL backends), GELU's reference, and
     ///   the head and loss chunked in every precision;
     /// - where `config.kernels` is absent and the backend has no fused
     ///   kernels (the CPU backends): attention as the backend's host-buffer
-    ///   core ([`OpImpl::Cpu`]) where it has one (flex; f32 only, other
+    ///   core ([`AttentionImpl::Host`]) where it has one (flex; f32 only, other
     ///   dtypes run the reference); and when the model computes in f32,
     ///   GELU, SwiGLU, the norms and RoPE as the backend's CPU operations
     ///   ([`KernelBackend::cpu_gelu_tanh`] and the others: Ferrotron's own
@@ -148,10 +147,12 @@ impl OpsChoice {
         };
         Ok(Self {
             kernels,
-            attention: if cpu && B::has_host_attention() {
-                OpImpl::Cpu
-            } else {
-                by_kernels
+            attention: match by_kernels {
+                _ if cpu && B::has_host_attention() => AttentionImpl::Host,
+                OpImpl::Fused => AttentionImpl::Fused {
+                    matrix_units: config.attention_matrix_units,
+                },
+                other => other.into(),
             },
             rope: elementwise,
             rms_norm: elementwise,
@@ -163,7 +164,6 @@ impl OpsChoice {
             },
             cross_entropy: by_kernels,
             head_loss: HeadLoss::choose(config, kernels, B::has_fused_kernels()),
-            attention_matrix_units: config.attention_matrix_units,
         })
     }
 
@@ -174,21 +174,14 @@ impl OpsChoice {
         self.kernels
     }
 
-    /// The attention core: [`OpImpl::Fused`] is FlashAttention
-    /// ([`AttentionBias::Fused`](super::AttentionBias::Fused)),
-    /// [`OpImpl::Cpu`] the backend's host-buffer node
-    /// ([`AttentionBias::Host`](super::AttentionBias::Host)); the position
-    /// context of a pass takes the form this names (see
-    /// `layers::position`). Decoding with a KV cache runs the reference
-    /// in place of the fused form.
-    pub fn attention_impl(&self) -> OpImpl {
+    /// The attention core ([`super::attention()`]); the position context of
+    /// a pass holds the bias in the form this takes (see
+    /// `layers::position`). Decoding with a KV cache runs the reference in
+    /// place of FlashAttention ([`OpsChoice::decoding`]), and selective
+    /// recomputation turns the reference into its recomputing node
+    /// ([`OpsChoice::recomputed_attention`]).
+    pub fn attention_impl(&self) -> AttentionImpl {
         self.attention
-    }
-
-    /// Whether the fused attention asks for the matrix units
-    /// ([`AttentionOptions::matrix_units`](ferrotron_kernels::attention::AttentionOptions::matrix_units)).
-    pub fn attention_matrix_units(&self) -> bool {
-        self.attention_matrix_units
     }
 
     /// RoPE ([`super::rope`], through the position context's
@@ -232,13 +225,26 @@ impl OpsChoice {
     /// and RoPE run their reference in place of the fused kernels (whose
     /// positions start at 0 and which take no cached keys).
     pub fn decoding(self) -> Self {
-        let unfused = |op| match op {
+        let rope = match self.rope {
             OpImpl::Fused => OpImpl::Reference,
             other => other,
         };
+        let attention = match self.attention {
+            AttentionImpl::Fused { .. } => AttentionImpl::Reference,
+            other => other,
+        };
         Self {
-            attention: unfused(self.attention),
-            rope: unfused(self.rope),
+            attention,
+            rope,
+            ..self
+        }
+    }
+
+    /// The same choice with the reference attention recomputed in backward
+    /// when `on` (selective recomputation, [`AttentionImpl::recomputed`]).
+    pub fn recomputed_attention(self, on: bool) -> Self {
+        Self {
+            attention: self.attention.recomputed(on),
             ..self
         }
     }

@@ -23,16 +23,13 @@ use burn_cubecl::element::BoolElement;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime};
-use ferrotron_kernels::attention::{
-    attention_backward_typed, attention_forward_typed, AttentionInputs, AttentionOptions,
-    AttentionShape,
-};
+use ferrotron_kernels::attention::AttentionOptions;
 use ferrotron_kernels::dtype::FloatDtype;
 use ferrotron_parallel::context::BlockAttention;
 
+use super::attention::ring::cube::CubeBlockAttention;
 use super::fused::{FusedKernels, KernelBackend};
 use super::linear_cross_entropy::GradPrimitives;
-use super::ring_attention_cube::CubeBlockAttention;
 
 /// The CubeCL backends the fused kernels serve: `f32` floats, `i32` ints.
 type Cube<R, BT> = CubeBackend<R, f32, i32, BT>;
@@ -72,12 +69,16 @@ pub(super) fn empty_like<R: CubeRuntime>(like: &CubeTensor<R>, shape: Shape) -> 
 }
 
 /// The contiguous `f32` tensor of `shape` held by `handle`.
-fn wrap<R: CubeRuntime>(like: &CubeTensor<R>, shape: Shape, handle: Handle) -> CubeTensor<R> {
+pub(super) fn wrap<R: CubeRuntime>(
+    like: &CubeTensor<R>,
+    shape: Shape,
+    handle: Handle,
+) -> CubeTensor<R> {
     wrap_as(like, shape, handle, DType::F32)
 }
 
 /// The contiguous tensor of `shape` and `dtype` held by `handle`.
-fn wrap_as<R: CubeRuntime>(
+pub(super) fn wrap_as<R: CubeRuntime>(
     like: &CubeTensor<R>,
     shape: Shape,
     handle: Handle,
@@ -113,52 +114,6 @@ pub(super) fn rows_hidden<R: CubeRuntime>(x: &CubeTensor<R>) -> (usize, usize) {
     (shape.num_elements() / hidden, hidden)
 }
 
-/// The operands of both attention launchers, made contiguous: `q`
-/// `[b, n_heads, s, d]`, `k` and `v` `[b, n_kv, s, d]`, ALiBi `slopes`
-/// `[n_heads]`.
-struct AttentionOperands<R: CubeRuntime> {
-    q: CubeTensor<R>,
-    k: CubeTensor<R>,
-    v: CubeTensor<R>,
-    slopes: Option<CubeTensor<R>>,
-}
-
-impl<R: CubeRuntime> AttentionOperands<R> {
-    fn new(
-        q: CubeTensor<R>,
-        k: CubeTensor<R>,
-        v: CubeTensor<R>,
-        slopes: Option<CubeTensor<R>>,
-    ) -> Self {
-        Self {
-            q: contiguous(q),
-            k: contiguous(k),
-            v: contiguous(v),
-            slopes: slopes.map(contiguous),
-        }
-    }
-
-    fn shape(&self) -> AttentionShape {
-        let (qs, ks) = (self.q.shape(), self.k.shape());
-        AttentionShape {
-            batch: qs[0],
-            n_heads: qs[1],
-            n_kv_heads: ks[1],
-            seq: qs[2],
-            head_dim: qs[3],
-        }
-    }
-
-    fn inputs(&self) -> AttentionInputs<'_> {
-        AttentionInputs {
-            q: &self.q.handle,
-            k: &self.k.handle,
-            v: &self.v.handle,
-            alibi_slopes: self.slopes.as_ref().map(|s| &s.handle),
-        }
-    }
-}
-
 /// `t` cast to `dtype` (a copy unless it holds `dtype` already).
 pub(super) fn cast_to<R: CubeRuntime>(t: CubeTensor<R>, dtype: DType) -> CubeTensor<R> {
     if t.dtype == dtype {
@@ -187,21 +142,7 @@ impl<R: CubeRuntime, BT: BoolElement> FusedKernels for Cube<R, BT> {
         slopes: Option<FloatTensor<Self>>,
         options: AttentionOptions,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let Some(dtype) = kernel_dtype(&q) else {
-            let back = q.dtype;
-            let [q, k, v] = [q, k, v].map(in_f32);
-            let (out, lse) = Self::attention_forward(q, k, v, slopes, options);
-            return (cast_to(out, back), lse);
-        };
-        let operands = AttentionOperands::new(q, k, v, slopes);
-        let (q, shape) = (&operands.q, operands.shape());
-        let result = launched(
-            "attention forward",
-            attention_forward_typed(&q.client, dtype, shape, options, operands.inputs()),
-        );
-        let lse_shape = Shape::new([shape.batch, shape.n_heads, shape.seq]);
-        let lse = wrap(q, lse_shape, result.lse);
-        (wrap_as(q, q.shape(), result.out, q.dtype), lse)
+        super::attention::cube::forward(q, k, v, slopes, options)
     }
 
     fn attention_backward(
@@ -214,33 +155,7 @@ impl<R: CubeRuntime, BT: BoolElement> FusedKernels for Cube<R, BT> {
         lse: FloatTensor<Self>,
         d_out: FloatTensor<Self>,
     ) -> [FloatTensor<Self>; 3] {
-        let Some(dtype) = kernel_dtype(&q) else {
-            let back = q.dtype;
-            let [q, k, v, out, d_out] = [q, k, v, out, d_out].map(in_f32);
-            let grads = Self::attention_backward(q, k, v, slopes, options, out, lse, d_out);
-            return grads.map(|g| cast_to(g, back));
-        };
-        let operands = AttentionOperands::new(q, k, v, slopes);
-        let (out, lse, d_out) = (contiguous(out), contiguous(lse), contiguous(d_out));
-        let q = &operands.q;
-        let grads = launched(
-            "attention backward",
-            attention_backward_typed(
-                &q.client,
-                dtype,
-                operands.shape(),
-                options,
-                operands.inputs(),
-                &out.handle,
-                &lse.handle,
-                &d_out.handle,
-            ),
-        );
-        [
-            wrap_as(q, q.shape(), grads.dq, q.dtype),
-            wrap_as(q, operands.k.shape(), grads.dk, q.dtype),
-            wrap_as(q, operands.v.shape(), grads.dv, q.dtype),
-        ]
+        super::attention::cube::backward(q, k, v, slopes, options, out, lse, d_out)
     }
 
     fn swiglu_forward(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {

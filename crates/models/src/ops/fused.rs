@@ -6,47 +6,13 @@ use std::sync::Arc;
 
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{Tensor, TensorPrimitive};
 use ferrotron_kernels::attention::AttentionOptions;
 use ferrotron_parallel::context::{BlockAttention, CpOps};
 use ferrotron_parallel::tensor::TpOps;
 
-use super::attention::{attention_reference, attention_reference_backward};
-#[cfg(feature = "flex")]
-use super::cpu::all_f32;
+use super::attention::recompute::Core;
+use super::attention::reference::{attention_reference_backward_on, attention_reference_on};
 use super::linear_cross_entropy::GradPrimitives;
-use super::recompute::Core;
-
-/// The reference attention core ([`attention_reference`]) on primitives
-/// (shapes of [`KernelBackend::attention_core`]).
-pub(super) fn attention_reference_on<B: Backend>(
-    q: FloatTensor<B>,
-    k: FloatTensor<B>,
-    v: FloatTensor<B>,
-    bias: FloatTensor<B>,
-) -> FloatTensor<B> {
-    attention_reference(t::<B, 4>(q), t(k), t(v), &t(bias))
-        .into_primitive()
-        .tensor()
-}
-
-/// The reference core's gradients ([`attention_reference_backward`]) on
-/// primitives.
-pub(super) fn attention_reference_backward_on<B: Backend>(
-    q: FloatTensor<B>,
-    k: FloatTensor<B>,
-    v: FloatTensor<B>,
-    bias: FloatTensor<B>,
-    d_out: FloatTensor<B>,
-) -> [FloatTensor<B>; 3] {
-    attention_reference_backward(t::<B, 4>(q), t(k), t(v), &t(bias), t(d_out))
-        .map(|g| g.into_primitive().tensor())
-}
-
-/// A float primitive as a tensor of rank `D`.
-fn t<B: Backend, const D: usize>(p: FloatTensor<B>) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(p))
-}
 
 /// The fused kernels on a backend's own tensors, without autodiff. Every
 /// forward returns what its backward needs. Attention, SwiGLU and RoPE
@@ -179,9 +145,9 @@ pub trait KernelBackend: Backend + TpOps + CpOps {
     }
 
     /// Whether [`KernelBackend::attention_core`] is a host-buffer operation
-    /// of `ops::cpu` (flex): a model then runs every layer's attention
-    /// through [`KernelBackend::host_attention`], which keeps only its
-    /// inputs, as FlashAttention does on GPUs.
+    /// (flex's `ops::attention::cpu`): a model then runs every layer's
+    /// attention through [`KernelBackend::host_attention`], which keeps
+    /// only its inputs, as FlashAttention does on GPUs.
     fn has_host_attention() -> bool {
         false
     }
@@ -203,7 +169,7 @@ pub trait KernelBackend: Backend + TpOps + CpOps {
     /// `[batch, n_heads, len, head_dim]`, `k`, `v` `[batch, n_kv_heads,
     /// keys, head_dim]` and `bias` `[1, 1 or n_heads, len, keys]`, without
     /// autodiff: [`super::attention_reference`] by default, flex's
-    /// `ops::cpu::attention_forward` in f32.
+    /// host-buffer core in f32 (`ops::attention::cpu`).
     fn attention_core(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -216,7 +182,7 @@ pub trait KernelBackend: Backend + TpOps + CpOps {
     /// The gradients `[dq, dk, dv]` of [`KernelBackend::attention_core`]
     /// for `d_out` (the output's shape), the probabilities recomputed:
     /// [`super::attention_reference_backward`] by default, flex's
-    /// `ops::cpu::attention_backward` in f32.
+    /// host-buffer backward in f32 (`ops::attention::cpu`).
     fn attention_core_backward(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -232,7 +198,7 @@ pub trait KernelBackend: Backend + TpOps + CpOps {
     /// only its inputs and recomputes the scores and softmax in backward
     /// (selective recomputation). Without autodiff this default is the
     /// reference itself; the autodiff backends override it
-    /// (`ops::recompute`).
+    /// (`ops::attention::recompute`).
     fn recomputed_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -245,7 +211,7 @@ pub trait KernelBackend: Backend + TpOps + CpOps {
     /// [`KernelBackend::attention_core`] as one autodiff node whose
     /// backward is [`KernelBackend::attention_core_backward`] (it keeps only
     /// its inputs). Without autodiff this default is the core itself; flex's
-    /// autodiff backend overrides it (`ops::recompute`).
+    /// autodiff backend overrides it (`ops::attention::recompute`).
     fn host_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -428,10 +394,7 @@ impl KernelBackend for burn::backend::Flex {
         v: FloatTensor<Self>,
         bias: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        if all_f32(&[&q, &k, &v, &bias]) {
-            return super::cpu::attention_forward(q, k, v, bias);
-        }
-        attention_reference_on::<Self>(q, k, v, bias)
+        super::attention::cpu::forward(q, k, v, bias)
     }
 
     fn attention_core_backward(
@@ -441,10 +404,7 @@ impl KernelBackend for burn::backend::Flex {
         bias: FloatTensor<Self>,
         d_out: FloatTensor<Self>,
     ) -> [FloatTensor<Self>; 3] {
-        if all_f32(&[&q, &k, &v, &bias, &d_out]) {
-            return super::cpu::attention_backward(q, k, v, bias, d_out);
-        }
-        attention_reference_backward_on::<Self>(q, k, v, bias, d_out)
+        super::attention::cpu::backward(q, k, v, bias, d_out)
     }
 
     fn linear_cross_entropy_parts(
@@ -504,7 +464,7 @@ impl<C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy> Kerne
         v: FloatTensor<Self>,
         bias: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        super::recompute::attention_node::<burn::backend::Flex, C>(q, k, v, bias, Core::Reference)
+        super::attention::recompute::node::<burn::backend::Flex, C>(q, k, v, bias, Core::Reference)
     }
 
     fn host_attention(
@@ -513,7 +473,7 @@ impl<C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy> Kerne
         v: FloatTensor<Self>,
         bias: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        super::recompute::attention_node::<burn::backend::Flex, C>(q, k, v, bias, Core::Host)
+        super::attention::recompute::node::<burn::backend::Flex, C>(q, k, v, bias, Core::Host)
     }
 
     fn chunked_linear_cross_entropy(
@@ -573,7 +533,7 @@ impl<C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy> Kerne
         v: FloatTensor<Self>,
         bias: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        super::recompute::attention_node::<burn::backend::NdArray, C>(
+        super::attention::recompute::node::<burn::backend::NdArray, C>(
             q,
             k,
             v,

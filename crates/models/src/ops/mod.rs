@@ -5,25 +5,29 @@
 //!
 //! Each operation is a function of this module (`attention`, `swiglu`,
 //! `rms_norm`, `layer_norm`, `rope`, `cross_entropy`) that runs the
-//! implementation an [`OpImpl`] names: the plain Burn reference (its body
-//! beside it), the fused CubeCL kernels, or Ferrotron's CPU operation on
-//! the backend's host buffers (`cpu`, one autodiff node each). The layers
-//! reach them through one resolved value, [`OpsChoice`], which holds one
-//! [`OpImpl`] per operation and how the head and the loss run
+//! implementation an [`OpImpl`] (attention: an [`AttentionImpl`]) names:
+//! the plain Burn reference (its body beside it), the fused CubeCL
+//! kernels, or Ferrotron's CPU operation on the backend's host buffers
+//! (one autodiff node each). The layers reach them through one resolved
+//! value, [`OpsChoice`], which holds one implementation per operation and
+//! how the head and the loss run
 //! ([`HeadLoss`]): as one operation over blocks of rows, which never forms
 //! the whole logits (`linear_cross_entropy/`: on the CPU backends in f32,
 //! with the fused cross-entropy kernel on the CubeCL backends in every
 //! precision), or over the whole logits.
-//! Attention and RoPE take their implementation through the form of their
-//! position context ([`AttentionBias`], [`Rope`]), which
+//! Attention takes its positional data ([`AttentionBias`]: a bias matrix,
+//! or the causal form with ALiBi slopes for FlashAttention) and RoPE its
+//! tables ([`Rope`]) in the form their implementation takes, which
 //! `layers::position` builds from the same choice.
 //!
-//! SwiGLU, the norms, RoPE, GELU, cross-entropy and the head keep every
-//! implementation in their own folder (`swiglu/`, `norm/`, `rope/`,
-//! `gelu/`, `cross_entropy/`, `linear_cross_entropy/`: the dispatch in
-//! `mod.rs`, `reference.rs`, `cube.rs` with the kernel launches and
-//! autodiff node, `cpu.rs` with flex's node); the backend traits delegate
-//! to them in one line per method. Attention is not yet one folder.
+//! Every operation keeps its implementations in its own folder
+//! (`attention/`, `swiglu/`, `norm/`, `rope/`, `gelu/`, `cross_entropy/`,
+//! `linear_cross_entropy/`: the dispatch in `mod.rs`, `reference.rs`,
+//! `cube.rs` with the kernel launches and autodiff node, `cpu.rs` with
+//! flex's node and `cpu_kernel.rs` with its host-buffer kernel; attention
+//! also `recompute.rs` and the ring's block kernels in `ring/`); the
+//! backend traits delegate to them in one line per method. `cpu/` holds
+//! what the CPU kernels share (buffers, GEMM, vectorised math).
 //!
 //! The fused path goes through [`KernelBackend`]: the CubeCL backend
 //! launches the kernels, and the autodiff backend wraps them in nodes
@@ -59,14 +63,15 @@ mod fused;
 mod gelu;
 mod linear_cross_entropy;
 mod norm;
-mod recompute;
-#[cfg(feature = "flex")]
-mod ring_attention;
-mod ring_attention_cube;
 mod rope;
 mod swiglu;
 
-pub use attention::{attention, attention_reference, attention_reference_backward, AttentionBias};
+pub use attention::ring::cube::CubeBlockAttention;
+#[cfg(feature = "flex")]
+pub use attention::ring::host::HostBlockAttention;
+pub use attention::{
+    attention, attention_reference, attention_reference_backward, AttentionBias, AttentionImpl,
+};
 #[cfg(feature = "cuda")]
 pub use backends::Cuda;
 #[cfg(feature = "rocm")]
@@ -83,9 +88,6 @@ pub use linear_cross_entropy::{
     BLOCK_BYTES,
 };
 pub use norm::{layer_norm, rms_norm};
-#[cfg(feature = "flex")]
-pub use ring_attention::HostBlockAttention;
-pub use ring_attention_cube::CubeBlockAttention;
 pub use rope::{rope, rope_reference, Rope};
 pub use swiglu::swiglu;
 

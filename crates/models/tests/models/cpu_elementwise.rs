@@ -1,5 +1,5 @@
 //! Ferrotron's CPU operations for GELU-tanh, SwiGLU, RMSNorm, LayerNorm and
-//! RoPE (`ops::cpu`, one autodiff node each on flex) against Burn's
+//! RoPE (`ops/<op>/cpu.rs`, one autodiff node each on flex) against Burn's
 //! autodiff of the plain reference: outputs and every gradient on shapes
 //! whose last dimension is no multiple of 8 (the vector tails) and on one
 //! large enough to split over threads, a strided input, finite differences

@@ -116,8 +116,8 @@ fn attention_bias_hides_exactly_the_future_keys_and_adds_alibi() {
     )
     .attn_bias
     {
-        AttentionBias::Matrix(m) | AttentionBias::Recomputed(m) | AttentionBias::Host(m) => m,
-        AttentionBias::Fused { .. } | AttentionBias::Ring(_) => {
+        AttentionBias::Matrix(m) => m,
+        AttentionBias::Causal { .. } | AttentionBias::Ring(_) => {
             panic!("the reference context holds a bias matrix")
         }
     };

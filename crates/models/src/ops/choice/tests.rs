@@ -23,7 +23,7 @@ fn expect(
 ) -> OpsChoice {
     OpsChoice {
         kernels,
-        attention,
+        attention: attention.into(),
         rope: elementwise,
         rms_norm: elementwise,
         layer_norm: elementwise,
@@ -35,7 +35,6 @@ fn expect(
         },
         cross_entropy,
         head_loss,
-        attention_matrix_units: false,
     }
 }
 
@@ -95,7 +94,7 @@ fn cubecl_backends_run_the_fused_kernels_in_every_precision() {
             assert_eq!(got, want, "{kernels:?} {precision:?}");
             // Decoding with a KV cache: attention and RoPE by the reference.
             let decoding = OpsChoice {
-                attention: Reference,
+                attention: AttentionImpl::Reference,
                 rope: Reference,
                 ..want
             };
@@ -107,7 +106,8 @@ fn cubecl_backends_run_the_fused_kernels_in_every_precision() {
             ..config(None, precision)
         };
         let got = OpsChoice::resolve::<Wgpu>(&matrix_units).unwrap();
-        assert!(got.attention_matrix_units(), "{precision:?}");
+        let on_units = AttentionImpl::Fused { matrix_units: true };
+        assert_eq!(got.attention_impl(), on_units, "{precision:?}");
         let reference = config(Some(Kernels::Reference), precision);
         let got = OpsChoice::resolve::<Wgpu>(&reference).unwrap();
         let want = expect(Kernels::Reference, [Reference; 3], HeadLoss::Logits);

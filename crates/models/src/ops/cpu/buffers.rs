@@ -86,3 +86,12 @@ pub fn seq_major(values: &[f32], dims: [usize; 4]) -> FlexTensor {
     }
     seq_major_view(out, dims)
 }
+
+/// Panics unless `a` and `b` have the same shape.
+pub fn same_shape(a: &FlexTensor, b: &FlexTensor, what: &str) {
+    assert_eq!(
+        a.layout().shape(),
+        b.layout().shape(),
+        "{what}: operands of different shapes"
+    );
+}

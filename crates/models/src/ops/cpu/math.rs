@@ -47,7 +47,7 @@ pub(super) fn exp(x: f32) -> f32 {
 /// below, about `4.7e-39` instead of a smaller number (the clamp of
 /// [`exp`]), so `x * sigmoid(x)` still tends to 0.
 #[inline(always)]
-pub(super) fn sigmoid(x: f32) -> f32 {
+pub(in crate::ops) fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + exp(-x))
 }
 
@@ -158,7 +158,7 @@ macro_rules! simd_dispatch {
         $(#[$doc])*
         $vis fn $name($($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
-            if super::math::has_avx2_fma() {
+            if $crate::ops::cpu::math::has_avx2_fma() {
                 /// The body compiled for AVX2 + FMA.
                 ///
                 /// # Safety
@@ -174,11 +174,11 @@ macro_rules! simd_dispatch {
         }
     };
 }
-pub(super) use simd_dispatch;
+pub(in crate::ops) use simd_dispatch;
 
 /// Whether this CPU runs the AVX2 + FMA builds.
 #[cfg(target_arch = "x86_64")]
-pub(super) fn has_avx2_fma() -> bool {
+pub(in crate::ops) fn has_avx2_fma() -> bool {
     std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
 }
 

@@ -1,22 +1,14 @@
-//! Ferrotron's fused operations for the CPU (Burn's flex backend): plain
+//! What Ferrotron's CPU operations on Burn's flex backend share: plain
 //! Rust over the tensors' host buffers, vectorised for the CPU found at
 //! run time, where a chain of Burn tensor operations would allocate and
-//! pass over memory once per operation.
+//! pass over memory once per operation. Each operation's kernel lies in
+//! its own folder (`ops/<op>/cpu_kernel.rs`: attention, GELU, SwiGLU, the
+//! norms, RoPE, the chunked head), with flex's autodiff node beside it
+//! (`ops/<op>/cpu.rs`); here are the buffers' helpers (`buffers`), the
+//! threaded GEMM (`gemm`) and the vectorised row math (`math`).
 
-mod activation;
-mod attention;
-mod buffers;
-mod gemm;
-mod linear_cross_entropy;
-mod math;
-mod norm;
-mod rope;
+pub(super) mod buffers;
+pub(super) mod gemm;
+pub(super) mod math;
 
-pub use activation::{gelu_tanh, gelu_tanh_backward, swiglu, swiglu_backward};
-pub use attention::{
-    attention_backward, attention_backward_lse, attention_forward, attention_forward_lse,
-};
 pub use buffers::{all_f32, dense};
-pub use linear_cross_entropy::linear_cross_entropy_blocks;
-pub use norm::{layer_norm, norm_backward, rms_norm, RowStats};
-pub use rope::{rope, rope_backward};

@@ -1,4 +1,4 @@
-//! GELU-tanh as Ferrotron's CPU operation on flex (`ops::cpu::gelu_tanh`,
+//! GELU-tanh as Ferrotron's CPU operation on flex (`cpu_kernel::gelu_tanh`,
 //! one pass each way over the host buffers): the forward alone on `Flex`
 //! ([`forward`]), and on `Autodiff<Flex, C>` one graph node keeping the
 //! dense input whose backward is the one-pass backward ([`node`]), in
@@ -13,8 +13,9 @@ use burn::backend::flex::FlexTensor;
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::ops::FloatTensor;
 
+use super::cpu_kernel;
 use super::reference::gelu_reference_on;
-use crate::ops::cpu::{self, all_f32, dense};
+use crate::ops::cpu::{all_f32, dense};
 
 /// The autodiff backend over flex.
 type Ad<C> = Autodiff<Flex, C>;
@@ -24,7 +25,7 @@ pub(in crate::ops) fn forward(x: FlexTensor) -> FlexTensor {
     if !all_f32(&[&x]) {
         return gelu_reference_on::<Flex>(x);
     }
-    cpu::gelu_tanh(&dense(x))
+    cpu_kernel::gelu_tanh(&dense(x))
 }
 
 #[derive(Debug)]
@@ -36,7 +37,7 @@ impl Backward<Flex, 1> for GeluBackward {
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let d_y = dense(grads.consume::<Flex>(&ops.node));
-        let d_x = cpu::gelu_tanh_backward(&ops.state, d_y);
+        let d_x = cpu_kernel::gelu_tanh_backward(&ops.state, d_y);
         register!(Flex, grads, ops.parents, [d_x]);
     }
 }
@@ -53,9 +54,9 @@ pub(in crate::ops) fn node<C: CheckpointStrategy>(x: FloatTensor<Ad<C>>) -> Floa
         .stateful()
     {
         OpsKind::Tracked(prep) => {
-            let y = cpu::gelu_tanh(&x_dense);
+            let y = cpu_kernel::gelu_tanh(&x_dense);
             prep.finish(x_dense, y)
         }
-        OpsKind::UnTracked(prep) => prep.finish(cpu::gelu_tanh(&x_dense)),
+        OpsKind::UnTracked(prep) => prep.finish(cpu_kernel::gelu_tanh(&x_dense)),
     }
 }

@@ -3,7 +3,7 @@
 //! [`OpImpl`] names.
 //!
 //! - `reference`: the plain Burn body (every backend, every dtype).
-//! - `cpu`: flex's one-pass host-buffer operation (`ops::cpu::gelu_tanh`)
+//! - `cpu`: flex's one-pass host-buffer operation (`cpu_kernel::gelu_tanh`)
 //!   as one autodiff node ([`KernelBackend::cpu_gelu_tanh`], flex
 //!   feature).
 //!
@@ -11,6 +11,8 @@
 
 #[cfg(feature = "flex")]
 pub(super) mod cpu;
+#[cfg(feature = "flex")]
+pub(super) mod cpu_kernel;
 pub(super) mod reference;
 
 use burn::tensor::{Tensor, TensorPrimitive};

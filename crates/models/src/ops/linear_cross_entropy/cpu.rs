@@ -1,5 +1,5 @@
 //! The head's blocks as Ferrotron's CPU operation on flex
-//! (`ops::cpu::linear_cross_entropy_blocks`: one GEMM per block into a
+//! (`cpu_kernel::linear_cross_entropy_blocks`: one GEMM per block into a
 //! reused buffer, the loss and the logits' gradient in place), what flex's
 //! [`KernelBackend::linear_cross_entropy_parts`] runs; inputs that are not
 //! f32 take Burn's blocks.
@@ -9,9 +9,10 @@
 use burn::backend::flex::FlexTensor;
 use burn::backend::Flex;
 
+use super::cpu_kernel;
 use super::reference::blocks_on;
 use super::{block_rows, GradPrimitives};
-use crate::ops::cpu::{self, all_f32};
+use crate::ops::cpu::all_f32;
 
 /// The loss (f32 `[1]`) of `x` `[rows, hidden]` times `weight` `[hidden,
 /// vocab]` against `targets` `[rows]` and, with `grads`, the gradients of
@@ -25,7 +26,8 @@ pub(in crate::ops) fn parts(
 ) -> (FlexTensor, Option<GradPrimitives<Flex>>) {
     let block = block_rows(weight.layout().shape().dims::<2>()[1]);
     if all_f32(&[&x, &weight]) {
-        let (loss, grads) = cpu::linear_cross_entropy_blocks(x, weight, targets, block, grads);
+        let (loss, grads) =
+            cpu_kernel::linear_cross_entropy_blocks(x, weight, targets, block, grads);
         (loss, grads.map(|(d_x, d_w)| (d_x, d_w, 1.0)))
     } else {
         blocks_on::<Flex>(x, weight, targets, grads)

@@ -24,10 +24,12 @@
 //! - `cube`: the blocks on the CubeCL backends with the fused
 //!   cross-entropy kernel ([`linear_cross_entropy_cube_blocks`]).
 //! - `cpu`: the blocks as flex's host-buffer operation
-//!   (`ops::cpu::linear_cross_entropy_blocks`, f32; flex feature).
+//!   (`cpu_kernel::linear_cross_entropy_blocks`, f32; flex feature).
 
 #[cfg(feature = "flex")]
 pub(super) mod cpu;
+#[cfg(feature = "flex")]
+pub(super) mod cpu_kernel;
 pub(super) mod cube;
 pub(super) mod node;
 pub(super) mod reference;

@@ -1,5 +1,5 @@
 //! RMSNorm and LayerNorm as Ferrotron's CPU operations on flex
-//! (`ops::cpu::rms_norm`, `layer_norm` and `norm_backward`, one pass each
+//! (`cpu_kernel::rms_norm`, `layer_norm` and `norm_backward`, one pass each
 //! way over the host buffers): the forwards alone on `Flex`
 //! ([`rms_forward`], [`layer_forward`]), and on `Autodiff<Flex, C>` one
 //! graph node each keeping the dense input, the weight and each row's
@@ -14,8 +14,9 @@ use burn::backend::flex::FlexTensor;
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::ops::FloatTensor;
 
+use super::cpu_kernel::{self, RowStats};
 use super::reference::{layer_norm_reference_on, rms_norm_reference_on};
-use crate::ops::cpu::{self, all_f32, dense, RowStats};
+use crate::ops::cpu::{all_f32, dense};
 
 /// The autodiff backend over flex.
 type Ad<C> = Autodiff<Flex, C>;
@@ -25,7 +26,7 @@ pub(in crate::ops) fn rms_forward(x: FlexTensor, weight: FlexTensor, eps: f64) -
     if !all_f32(&[&x, &weight]) {
         return rms_norm_reference_on::<Flex>(x, weight, eps);
     }
-    cpu::rms_norm(&dense(x), &dense(weight), eps as f32).0
+    cpu_kernel::rms_norm(&dense(x), &dense(weight), eps as f32).0
 }
 
 /// LayerNorm on flex without autodiff.
@@ -38,7 +39,7 @@ pub(in crate::ops) fn layer_forward(
     if !all_f32(&[&x, &weight, &bias]) {
         return layer_norm_reference_on::<Flex>(x, weight, bias, eps);
     }
-    cpu::layer_norm(&dense(x), &dense(weight), &dense(bias), eps as f32).0
+    cpu_kernel::layer_norm(&dense(x), &dense(weight), &dense(bias), eps as f32).0
 }
 
 #[derive(Debug)]
@@ -51,7 +52,7 @@ impl Backward<Flex, 2> for RmsNormBackward {
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
         let d_y = dense(grads.consume::<Flex>(&ops.node));
         let (x, weight, stats) = ops.state;
-        let [d_x, d_w, _] = cpu::norm_backward(&x, &weight, &stats, d_y);
+        let [d_x, d_w, _] = cpu_kernel::norm_backward(&x, &weight, &stats, d_y);
         register!(Flex, grads, ops.parents, [d_x, d_w]);
     }
 }
@@ -73,10 +74,10 @@ pub(in crate::ops) fn rms_node<C: CheckpointStrategy>(
         .stateful()
     {
         OpsKind::Tracked(prep) => {
-            let (y, stats) = cpu::rms_norm(&xs, &w, eps as f32);
+            let (y, stats) = cpu_kernel::rms_norm(&xs, &w, eps as f32);
             prep.finish((xs, w, stats), y)
         }
-        OpsKind::UnTracked(prep) => prep.finish(cpu::rms_norm(&xs, &w, eps as f32).0),
+        OpsKind::UnTracked(prep) => prep.finish(cpu_kernel::rms_norm(&xs, &w, eps as f32).0),
     }
 }
 
@@ -90,7 +91,7 @@ impl Backward<Flex, 3> for LayerNormBackward {
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let d_y = dense(grads.consume::<Flex>(&ops.node));
         let (x, weight, stats) = ops.state;
-        let values = cpu::norm_backward(&x, &weight, &stats, d_y);
+        let values = cpu_kernel::norm_backward(&x, &weight, &stats, d_y);
         register!(Flex, grads, ops.parents, values);
     }
 }
@@ -117,9 +118,9 @@ pub(in crate::ops) fn layer_node<C: CheckpointStrategy>(
         .stateful()
     {
         OpsKind::Tracked(prep) => {
-            let (y, stats) = cpu::layer_norm(&xs, &w, &b, eps as f32);
+            let (y, stats) = cpu_kernel::layer_norm(&xs, &w, &b, eps as f32);
             prep.finish((xs, w, stats), y)
         }
-        OpsKind::UnTracked(prep) => prep.finish(cpu::layer_norm(&xs, &w, &b, eps as f32).0),
+        OpsKind::UnTracked(prep) => prep.finish(cpu_kernel::layer_norm(&xs, &w, &b, eps as f32).0),
     }
 }

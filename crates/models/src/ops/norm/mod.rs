@@ -7,7 +7,7 @@
 //!   the backend's buffers (f32), and the autodiff nodes whose backward is
 //!   the kernels' backward ([`KernelBackend::fused_rms_norm`],
 //!   [`KernelBackend::fused_layer_norm`]).
-//! - `cpu`: flex's one-pass host-buffer operations (`ops::cpu::rms_norm`,
+//! - `cpu`: flex's one-pass host-buffer operations (`cpu_kernel::rms_norm`,
 //!   `layer_norm`, `norm_backward`) as one autodiff node each
 //!   ([`KernelBackend::cpu_rms_norm`], [`KernelBackend::cpu_layer_norm`];
 //!   flex feature).
@@ -17,6 +17,8 @@
 
 #[cfg(feature = "flex")]
 pub(super) mod cpu;
+#[cfg(feature = "flex")]
+pub(super) mod cpu_kernel;
 pub(super) mod cube;
 pub(super) mod reference;
 

@@ -1,4 +1,4 @@
-//! RoPE as Ferrotron's CPU operation on flex (`ops::cpu::rope`, one pass
+//! RoPE as Ferrotron's CPU operation on flex (`cpu_kernel::rope`, one pass
 //! each way over the host buffers): the forward alone on `Flex`
 //! ([`forward`]), and on `Autodiff<Flex, C>` one graph node keeping only
 //! the tables whose backward is the one-pass backward ([`node`]). Inputs
@@ -12,8 +12,9 @@ use burn::backend::flex::FlexTensor;
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::ops::FloatTensor;
 
+use super::cpu_kernel;
 use super::reference::rope_reference_on;
-use crate::ops::cpu::{self, all_f32};
+use crate::ops::cpu::all_f32;
 
 /// The autodiff backend over flex.
 type Ad<C> = Autodiff<Flex, C>;
@@ -23,7 +24,7 @@ pub(in crate::ops) fn forward(x: FlexTensor, cos: FlexTensor, sin: FlexTensor) -
     if !all_f32(&[&x, &cos, &sin]) {
         return rope_reference_on::<Flex>(x, cos, sin);
     }
-    cpu::rope(x, cos, sin)
+    cpu_kernel::rope(x, cos, sin)
 }
 
 #[derive(Debug)]
@@ -37,7 +38,7 @@ impl Backward<Flex, 1> for RopeBackward {
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let d_y = grads.consume::<Flex>(&ops.node);
         let (cos, sin) = ops.state;
-        let d_x = cpu::rope_backward(d_y, cos, sin);
+        let d_x = cpu_kernel::rope_backward(d_y, cos, sin);
         register!(Flex, grads, ops.parents, [d_x]);
     }
 }
@@ -59,9 +60,9 @@ pub(in crate::ops) fn node<C: CheckpointStrategy>(
         .stateful()
     {
         OpsKind::Tracked(prep) => {
-            let y = cpu::rope(x.primitive, cos.clone(), sin.clone());
+            let y = cpu_kernel::rope(x.primitive, cos.clone(), sin.clone());
             prep.finish((cos, sin), y)
         }
-        OpsKind::UnTracked(prep) => prep.finish(cpu::rope(x.primitive, cos, sin)),
+        OpsKind::UnTracked(prep) => prep.finish(cpu_kernel::rope(x.primitive, cos, sin)),
     }
 }

@@ -8,7 +8,7 @@
 //!   the backend's buffers (the angles computed in the kernel from the
 //!   inverse frequencies), and the autodiff node whose backward is the
 //!   kernels' backward ([`KernelBackend::fused_rope`]).
-//! - `cpu`: flex's one-pass host-buffer operation (`ops::cpu::rope`) as
+//! - `cpu`: flex's one-pass host-buffer operation (`cpu_kernel::rope`) as
 //!   one autodiff node ([`KernelBackend::cpu_rope`], flex feature).
 //!
 //! The backend traits must be implemented in one place per backend; their
@@ -16,6 +16,8 @@
 
 #[cfg(feature = "flex")]
 pub(super) mod cpu;
+#[cfg(feature = "flex")]
+pub(super) mod cpu_kernel;
 pub(super) mod cube;
 pub(super) mod reference;
 

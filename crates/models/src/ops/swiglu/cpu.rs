@@ -1,4 +1,4 @@
-//! SwiGLU as Ferrotron's CPU operation on flex (`ops::cpu::swiglu`, one
+//! SwiGLU as Ferrotron's CPU operation on flex (`cpu_kernel::swiglu`, one
 //! pass each way over the host buffers): the forward alone on `Flex`
 //! ([`forward`]), and on `Autodiff<Flex, C>` one graph node keeping the
 //! dense inputs whose backward is the one-pass backward ([`node`]).
@@ -12,15 +12,16 @@ use burn::backend::flex::FlexTensor;
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::ops::FloatTensor;
 
+use super::cpu_kernel;
 use super::reference::swiglu_reference_on;
-use crate::ops::cpu::{self, all_f32, dense};
+use crate::ops::cpu::{all_f32, dense};
 
 /// `silu(gate) * up` on flex without autodiff.
 pub(in crate::ops) fn forward(gate: FlexTensor, up: FlexTensor) -> FlexTensor {
     if !all_f32(&[&gate, &up]) {
         return swiglu_reference_on::<Flex>(gate, up);
     }
-    cpu::swiglu(&dense(gate), &dense(up))
+    cpu_kernel::swiglu(&dense(gate), &dense(up))
 }
 
 #[derive(Debug)]
@@ -33,7 +34,7 @@ impl Backward<Flex, 2> for SwigluBackward {
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
         let d_out = dense(grads.consume::<Flex>(&ops.node));
         let (gate, up) = ops.state;
-        let values = cpu::swiglu_backward(gate, up, &d_out);
+        let values = cpu_kernel::swiglu_backward(gate, up, &d_out);
         register!(Flex, grads, ops.parents, values);
     }
 }
@@ -53,9 +54,9 @@ pub(in crate::ops) fn node<C: CheckpointStrategy>(
         .stateful()
     {
         OpsKind::Tracked(prep) => {
-            let out = cpu::swiglu(&g, &u);
+            let out = cpu_kernel::swiglu(&g, &u);
             prep.finish((g, u), out)
         }
-        OpsKind::UnTracked(prep) => prep.finish(cpu::swiglu(&g, &u)),
+        OpsKind::UnTracked(prep) => prep.finish(cpu_kernel::swiglu(&g, &u)),
     }
 }

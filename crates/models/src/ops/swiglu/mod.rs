@@ -5,7 +5,7 @@
 //! - `cube`: the CubeCL kernels of `ferrotron_kernels::swiglu` launched on
 //!   the backend's buffers, and the autodiff node whose backward is the
 //!   kernels' backward ([`KernelBackend::fused_swiglu`]).
-//! - `cpu`: flex's one-pass host-buffer operation (`ops::cpu::swiglu`) as
+//! - `cpu`: flex's one-pass host-buffer operation (`cpu_kernel::swiglu`) as
 //!   one autodiff node ([`KernelBackend::cpu_swiglu`], flex feature).
 //!
 //! The backend traits (`KernelBackend`, `FusedKernels`) must be implemented
@@ -13,6 +13,8 @@
 
 #[cfg(feature = "flex")]
 pub(super) mod cpu;
+#[cfg(feature = "flex")]
+pub(super) mod cpu_kernel;
 pub(super) mod cube;
 pub(super) mod reference;
 

@@ -14,11 +14,12 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::Autodiff;
 use burn::tensor::ops::FloatTensor;
 
-use super::fused::{attention_reference_backward_on, attention_reference_on, KernelBackend};
+use super::reference::{attention_reference_backward_on, attention_reference_on};
+use crate::ops::fused::KernelBackend;
 
 /// Which attention core a node runs, forward and backward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Core {
+pub(in crate::ops) enum Core {
     /// `attention_reference` and `attention_reference_backward`.
     Reference,
     /// [`KernelBackend::attention_core`] and
@@ -57,8 +58,8 @@ impl<B: KernelBackend> Backward<B, 3> for RecomputedAttentionBackward {
 
 /// The attention `core` of `q`, `k`, `v` with additive `bias` (a
 /// constant: no gradient flows to it) as one node of the autodiff graph
-/// (shapes of `super::attention_reference`).
-pub(super) fn attention_node<B: KernelBackend, C: CheckpointStrategy>(
+/// (shapes of [`super::attention_reference`]).
+pub(in crate::ops) fn node<B: KernelBackend, C: CheckpointStrategy>(
     q: FloatTensor<Autodiff<B, C>>,
     k: FloatTensor<Autodiff<B, C>>,
     v: FloatTensor<Autodiff<B, C>>,

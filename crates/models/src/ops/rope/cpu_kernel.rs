@@ -5,7 +5,7 @@
 //! len, d]` of the projections' `[batch, len, heads, d]` output), and the
 //! result is written in sequence-major order: `[batch, len, heads, d]` in
 //! memory, returned as the `[batch, heads, len, d]` view of it (see
-//! [`super::buffers::seq_major_view`]), so that neither the forward's
+//! `ops::cpu::buffers::seq_major_view`), so that neither the forward's
 //! head split nor the backward's head merge copies. Burn's reference makes
 //! five tensors in forward (two halves, a negation, a concatenation, two
 //! products) and as many in backward, each through flex's strided loops.
@@ -13,7 +13,7 @@
 use burn::backend::flex::FlexTensor;
 use rayon::prelude::*;
 
-use super::buffers::{dense, positive_strides, seq_major_view, TASK_ELEMENTS};
+use crate::ops::cpu::buffers::{dense, positive_strides, seq_major_view, TASK_ELEMENTS};
 
 /// Which of the two passes runs over a row.
 #[derive(Clone, Copy)]

@@ -10,8 +10,8 @@
 use burn::backend::flex::FlexTensor;
 use rayon::prelude::*;
 
-use super::buffers::{last_dim, tensor, TASK_ELEMENTS};
-use super::math::simd_dispatch;
+use crate::ops::cpu::buffers::{last_dim, tensor, TASK_ELEMENTS};
+use crate::ops::cpu::math::simd_dispatch;
 
 /// Lanes of the row reductions: one AVX2 register of f32.
 const LANES: usize = 8;

@@ -24,9 +24,9 @@
 use burn::backend::flex::FlexTensor;
 use rayon::prelude::*;
 
-use super::buffers::{dense, positive_strides, seq_major};
-use super::gemm::{matmul, MatView, Threads};
-use super::math::{
+use crate::ops::cpu::buffers::{dense, positive_strides, seq_major};
+use crate::ops::cpu::gemm::{matmul, MatView, Threads};
+use crate::ops::cpu::math::{
     exp_shifted, scale_add, softmax_backward, softmax_backward_given, softmax_scaled,
 };
 

@@ -1,4 +1,4 @@
-//! The CPU attention core (`ops::cpu::attention_forward_lse` and
+//! The CPU attention core (`cpu_kernel::attention_forward_lse` and
 //! `attention_backward_lse`) as the per-block kernel of ring attention
 //! (`ferrotron_parallel::context`): a ring step is the decoder's own
 //! attention, on a block of queries and keys at their global positions.
@@ -14,7 +14,7 @@ use burn::backend::Flex;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use ferrotron_parallel::context::{Block, BlockAttention, HeadBuf, WholeRows};
 
-use super::cpu::{attention_backward_lse, attention_forward_lse};
+use crate::ops::attention::cpu_kernel::{attention_backward_lse, attention_forward_lse};
 
 /// The host attention core over one block of a ring.
 #[derive(Clone, Debug, Default)]

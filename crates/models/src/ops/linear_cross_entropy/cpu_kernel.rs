@@ -2,7 +2,7 @@
 //! on the flex backend's host buffers, in f32: per block of rows, one GEMM
 //! writes the logits into a buffer reused by every block, one pass per row
 //! turns them into the loss and, when training, the gradient of the logits
-//! in place (`max`, `exp` summed, scaled: [`super::math::softmax_scaled`]),
+//! in place (`max`, `exp` summed, scaled: `ops::cpu::math::softmax_scaled`),
 //! and two more GEMMs form that block's `d_x` rows and add its share to
 //! `d_w` in place. Burn's tensor operations would allocate a fresh
 //! `[block, vocab]` tensor for each of the softmax's five passes and a
@@ -12,9 +12,9 @@
 use burn::backend::flex::FlexTensor;
 use rayon::prelude::*;
 
-use super::buffers::{positive_strides, tensor};
-use super::gemm::{matmul, MatView, Threads};
-use super::math::{log_sum_exp, softmax_scaled};
+use crate::ops::cpu::buffers::{positive_strides, tensor};
+use crate::ops::cpu::gemm::{matmul, MatView, Threads};
+use crate::ops::cpu::math::{log_sum_exp, softmax_scaled};
 
 /// An f32 rank-2 flex tensor and the view of its elements in its buffer
 /// (a copy first when its strides are not all positive).
