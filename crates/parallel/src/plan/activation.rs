@@ -38,7 +38,7 @@
 //! [`ActivationModel::FerrotronCpu`] counts instead what Burn 0.21's
 //! autodiff keeps on Ferrotron's default CPU path (f32): the reference ops
 //! primitive by primitive, and the CPU operations' nodes (GELU-tanh,
-//! SwiGLU, the norms: `ferrotron_models::ops::cpu`) as they are. A product
+//! SwiGLU, the norms: `ferrotron_models::ops::<op>::cpu`) as they are. A product
 //! keeps both factors, a quotient both operands, `exp`, `sqrt` and
 //! `sigmoid` their input, a matmul both inputs; sums, means, additions,
 //! scalings, reshapes, casts to the same dtype, `gather` and `select` keep
