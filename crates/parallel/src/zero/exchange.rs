@@ -33,23 +33,35 @@ pub(crate) fn flat_unit_tensor<B: Backend>(
     grads: &HashMap<ParamId, Tensor<B, 1>>,
     device: &B::Device,
 ) -> Tensor<B, 1> {
+    let parts = unit
+        .slots
+        .iter()
+        .filter_map(|s| Some((s.offset, grads.get(&s.id)?.clone())));
+    join_padded(parts, unit.chunk * dp, device)
+}
+
+/// The rank-1 tensors `parts`, each at its offset (in increasing order,
+/// not overlapping), joined into one tensor of `total` elements with
+/// zeros in the gaps.
+fn join_padded<B: Backend>(
+    parts: impl IntoIterator<Item = (usize, Tensor<B, 1>)>,
+    total: usize,
+    device: &B::Device,
+) -> Tensor<B, 1> {
     let zeros = |n: usize| Tensor::<B, 1>::zeros([n], device);
-    let mut parts = Vec::new();
+    let mut joined = Vec::new();
     let mut at = 0;
-    for s in &unit.slots {
-        if s.offset > at {
-            parts.push(zeros(s.offset - at));
+    for (offset, t) in parts {
+        if offset > at {
+            joined.push(zeros(offset - at));
         }
-        parts.push(match grads.get(&s.id) {
-            Some(g) => g.clone(),
-            None => zeros(s.numel()),
-        });
-        at = s.offset + s.numel();
+        at = offset + t.dims()[0];
+        joined.push(t);
     }
-    if unit.chunk * dp > at {
-        parts.push(zeros(unit.chunk * dp - at));
+    if total > at {
+        joined.push(zeros(total - at));
     }
-    Tensor::cat(parts, 0)
+    Tensor::cat(joined, 0)
 }
 
 /// This rank's chunk (`unit.chunk` elements, zero-padded) from the host
@@ -76,20 +88,11 @@ pub(crate) fn chunk_tensor<B: Backend>(
 ) -> Tensor<B, 1> {
     let mut order: Vec<&Piece> = pieces.iter().collect();
     order.sort_by_key(|p| p.chunk_offset);
-    let zeros = |n: usize| Tensor::<B, 1>::zeros([n], device);
-    let mut parts = Vec::new();
-    let mut at = 0;
-    for p in order {
-        if p.chunk_offset > at {
-            parts.push(zeros(p.chunk_offset - at));
-        }
-        parts.push(tensors.remove(&p.id).expect("every piece has its values"));
-        at = p.chunk_offset + p.len();
-    }
-    if unit.chunk > at {
-        parts.push(zeros(unit.chunk - at));
-    }
-    Tensor::cat(parts, 0)
+    let parts = order.into_iter().map(|p| {
+        let t = tensors.remove(&p.id).expect("every piece has its values");
+        (p.chunk_offset, t)
+    });
+    join_padded(parts, unit.chunk, device)
 }
 
 /// [`unit_values`] on the device: each parameter of `unit`, whole, as a
