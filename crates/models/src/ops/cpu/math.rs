@@ -265,6 +265,15 @@ pub fn scale_add(row: &mut [f32], scale: f32, bias: &[f32]) {
     }
 }
 
+/// Test arguments over the activations' interesting range, -10 to 10:
+/// 25 vectors of 8 lanes and a tail of 3, spread by `seed`.
+#[cfg(test)]
+pub(crate) fn test_arguments(seed: usize) -> Vec<f32> {
+    (0..8 * 25 + 3)
+        .map(|i| ((i * 7919 + seed * 31) % 2001) as f32 / 100.0 - 10.0)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

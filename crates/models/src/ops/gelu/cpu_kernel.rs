@@ -73,14 +73,7 @@ pub fn gelu_tanh_backward(x: &FlexTensor, mut d_y: FlexTensor) -> FlexTensor {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Arguments over GELU's interesting range, 8 lanes and a
-    /// tail of 3.
-    fn arguments(seed: usize) -> Vec<f32> {
-        (0..8 * 25 + 3)
-            .map(|i| ((i * 7919 + seed * 31) % 2001) as f32 / 100.0 - 10.0)
-            .collect()
-    }
+    use crate::ops::cpu::math::test_arguments as arguments;
 
     /// The portable build (what a CPU without AVX2 and FMA runs) and the
     /// dispatched one agree, and both match the f64 formulas.
