@@ -19,6 +19,8 @@ const FLOAT32: c_int = 7;
 /// `ncclBfloat16`: all-reduce, all-gather and reduce-scatter widen it to
 /// `f32` ([`crate::bf16`]).
 const BFLOAT16: c_int = 9;
+/// `ncclFloat16`: moved by sends and receives only.
+const FLOAT16: c_int = 6;
 /// `ncclSum`, the only reduction of the double.
 const SUM: c_int = 0;
 /// The NCCL version the double reports: 2.20.0 (`ncclGetVersion`'s code).
@@ -40,6 +42,16 @@ fn float_sum(dtype: c_int, op: Option<c_int>) -> Outcome {
         return Err(INVALID_ARGUMENT);
     }
     Ok(())
+}
+
+/// The bytes of `count` values of `dtype` that a send or a receive moves
+/// (f32, bf16 and f16: point-to-point calls move values as their bytes).
+fn moved_bytes(dtype: c_int, count: usize) -> Result<usize, i32> {
+    match dtype {
+        FLOAT32 => Ok(count * 4),
+        BFLOAT16 | FLOAT16 => Ok(count * 2),
+        _ => Err(INVALID_ARGUMENT),
+    }
 }
 
 /// Refuses collectives inside a group (the double runs only sends and
@@ -292,8 +304,7 @@ pub unsafe extern "C" fn ncclSend(
     _stream: *mut c_void,
 ) -> c_int {
     result::code((|| {
-        float_sum(dtype, None)?;
-        // SAFETY: the caller's contract.
+        let bytes = moved_bytes(dtype, count)?;
         // SAFETY: the caller's contract.
         let c = unsafe { self::comm(comm)? };
         if group::is_open() {
@@ -301,13 +312,13 @@ pub unsafe extern "C" fn ncclSend(
             group::defer(Deferred::Send {
                 comm: c,
                 ptr: send.cast(),
-                count,
+                bytes,
                 peer,
             });
             return Ok(());
         }
         // SAFETY: the caller's contract.
-        unsafe { c.send(send.cast(), count, peer) }
+        unsafe { c.send(send.cast(), bytes, peer) }
     })())
 }
 
@@ -326,8 +337,7 @@ pub unsafe extern "C" fn ncclRecv(
     _stream: *mut c_void,
 ) -> c_int {
     result::code((|| {
-        float_sum(dtype, None)?;
-        // SAFETY: the caller's contract.
+        let bytes = moved_bytes(dtype, count)?;
         // SAFETY: the caller's contract.
         let c = unsafe { self::comm(comm)? };
         if group::is_open() {
@@ -335,13 +345,13 @@ pub unsafe extern "C" fn ncclRecv(
             group::defer(Deferred::Recv {
                 comm: c,
                 ptr: recv.cast(),
-                count,
+                bytes,
                 peer,
             });
             return Ok(());
         }
         // SAFETY: the caller's contract.
-        unsafe { c.recv(recv.cast(), count, peer) }
+        unsafe { c.recv(recv.cast(), bytes, peer) }
     })())
 }
 

@@ -114,26 +114,27 @@ impl DoubleComm {
         Ok(())
     }
 
-    /// `ncclSend` outside a group: returns once `peer` has received it.
+    /// `ncclSend` outside a group of `bytes` bytes (any data type's
+    /// values move as their bytes): returns once `peer` has received it.
     ///
     /// # Safety
     ///
-    /// `send` valid for `count` values.
-    pub unsafe fn send(&self, send: *const f32, count: usize, peer: i32) -> Outcome {
+    /// `send` valid for `bytes` bytes.
+    pub unsafe fn send(&self, send: *const u8, bytes: usize, peer: i32) -> Outcome {
         let peer = self.peer(peer)?;
-        let input = in_slice(send, count)?;
+        let input = in_slice(send, bytes)?;
         self.comm.process_at_rank(peer).synchronous_send(input);
         Ok(())
     }
 
-    /// `ncclRecv` outside a group.
+    /// `ncclRecv` outside a group, of `bytes` bytes.
     ///
     /// # Safety
     ///
-    /// `recv` valid for `count` values.
-    pub unsafe fn recv(&self, recv: *mut f32, count: usize, peer: i32) -> Outcome {
+    /// `recv` valid for `bytes` bytes.
+    pub unsafe fn recv(&self, recv: *mut u8, bytes: usize, peer: i32) -> Outcome {
         let peer = self.peer(peer)?;
-        let out = out_slice(recv, count)?;
+        let out = out_slice(recv, bytes)?;
         self.comm.process_at_rank(peer).receive_into(out);
         Ok(())
     }
@@ -154,7 +155,7 @@ pub unsafe fn copy_in(ptr: *const f32, count: usize) -> Result<Vec<f32>, i32> {
 /// # Safety
 ///
 /// `ptr` valid for reading `count` values for `'a`.
-pub unsafe fn in_slice<'a>(ptr: *const f32, count: usize) -> Result<&'a [f32], i32> {
+pub unsafe fn in_slice<'a, T>(ptr: *const T, count: usize) -> Result<&'a [T], i32> {
     match (count, ptr.is_null()) {
         (0, _) => Ok(&[]),
         (_, true) => Err(INVALID_ARGUMENT),
@@ -168,7 +169,7 @@ pub unsafe fn in_slice<'a>(ptr: *const f32, count: usize) -> Result<&'a [f32], i
 /// # Safety
 ///
 /// `ptr` valid for writing `count` values for `'a`, not otherwise accessed meanwhile.
-pub unsafe fn out_slice<'a>(ptr: *mut f32, count: usize) -> Result<&'a mut [f32], i32> {
+pub unsafe fn out_slice<'a, T>(ptr: *mut T, count: usize) -> Result<&'a mut [T], i32> {
     match (count, ptr.is_null()) {
         (0, _) => Ok(&mut []),
         (_, true) => Err(INVALID_ARGUMENT),

@@ -10,18 +10,18 @@ use crate::result::{Outcome, INVALID_USAGE};
 
 /// A deferred `ncclSend` or `ncclRecv`.
 pub enum Deferred {
-    /// Send `count` values at `ptr` to `peer` of `comm`.
+    /// Send `bytes` bytes at `ptr` to `peer` of `comm`.
     Send {
         comm: *const DoubleComm,
-        ptr: *const f32,
-        count: usize,
+        ptr: *const u8,
+        bytes: usize,
         peer: i32,
     },
-    /// Receive `count` values from `peer` of `comm` into `ptr`.
+    /// Receive `bytes` bytes from `peer` of `comm` into `ptr`.
     Recv {
         comm: *const DoubleComm,
-        ptr: *mut f32,
-        count: usize,
+        ptr: *mut u8,
+        bytes: usize,
         peer: i32,
     },
 }
@@ -82,16 +82,16 @@ pub unsafe fn end() -> Outcome {
             Deferred::Send {
                 comm,
                 ptr,
-                count,
+                bytes,
                 peer,
-            } => (comm, peer, Buf::In(unsafe { in_slice(ptr, count) }?)),
+            } => (comm, peer, Buf::In(unsafe { in_slice(ptr, bytes) }?)),
             // SAFETY: the caller's contract.
             Deferred::Recv {
                 comm,
                 ptr,
-                count,
+                bytes,
                 peer,
-            } => (comm, peer, Buf::Out(unsafe { out_slice(ptr, count) }?)),
+            } => (comm, peer, Buf::Out(unsafe { out_slice(ptr, bytes) }?)),
         };
         // SAFETY: `comm` came from `ncclCommInitRank` and is live (NCCL contract).
         let comm = unsafe { &*comm };
@@ -118,7 +118,7 @@ pub unsafe fn end() -> Outcome {
 /// The buffer of a deferred call.
 enum Buf<'a> {
     /// What a send reads.
-    In(&'a [f32]),
+    In(&'a [u8]),
     /// What a receive writes.
-    Out(&'a mut [f32]),
+    Out(&'a mut [u8]),
 }

@@ -29,7 +29,7 @@ pub fn text(code: c_int) -> *const c_char {
     let text: &'static [u8] = match code {
         SUCCESS => b"no error\0",
         INTERNAL_ERROR => b"internal error (Ferrotron NCCL test double: MPI failed)\0",
-        INVALID_ARGUMENT => b"invalid argument (Ferrotron NCCL test double: null pointer, rank out of range, or a data type other than ncclFloat32 (and ncclBfloat16 in all-reduce, all-gather and reduce-scatter) or a reduction other than ncclSum)\0",
+        INVALID_ARGUMENT => b"invalid argument (Ferrotron NCCL test double: null pointer, rank out of range, or a data type other than ncclFloat32 (and ncclBfloat16 in all-reduce, all-gather and reduce-scatter; ncclBfloat16 and ncclFloat16 in send and receive) or a reduction other than ncclSum)\0",
         INVALID_USAGE => b"invalid usage (Ferrotron NCCL test double: MPI not initialized, a unique id not made by this double, or a collective inside ncclGroupStart/ncclGroupEnd)\0",
         _ => b"unknown result code (Ferrotron NCCL test double)\0",
     };
