@@ -9,33 +9,24 @@
 //! more, NCCL's ring rounds each partial sum.
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, FloatDType, Tensor};
-use ferrotron_engine::precision::Precision;
+use burn::tensor::{FloatDType, Tensor};
 
 use super::TpGroup;
+use crate::comm::nccl::device::wire::carried_in;
 use crate::comm::tensor::{from_host, host_f32};
 use crate::comm::CommError;
-
-/// The precision values of `dtype` cross the group in.
-fn wire(dtype: DType) -> Precision {
-    match dtype {
-        DType::BF16 => Precision::Bf16,
-        DType::F16 => Precision::Fp16,
-        _ => Precision::Fp32,
-    }
-}
 
 /// `x` `[n]` summed element-wise over `group`, in `x`'s dtype.
 pub(super) fn sum<B: Backend>(x: Tensor<B, 1>, group: &TpGroup) -> Result<Tensor<B, 1>, CommError> {
     let (dtype, device) = (x.dtype(), x.device());
     if let Some(c) = group.device::<B>() {
         return Ok(c
-            .all_reduce_sum(x.cast(FloatDType::F32), wire(dtype))?
+            .all_reduce_sum(x.cast(FloatDType::F32), carried_in(dtype))?
             .cast(dtype));
     }
     let mut values = host_f32(x);
     group.comm().all_reduce_sum(&mut values)?;
-    wire(dtype).round_in_place(&mut values);
+    carried_in(dtype).round_in_place(&mut values);
     Ok(from_host(values, &device).cast(dtype))
 }
 
@@ -48,7 +39,7 @@ pub(super) fn gather<B: Backend>(
     let dtype = x.dtype();
     if let Some(c) = group.device::<B>() {
         return Ok(c
-            .all_gather(x.cast(FloatDType::F32), wire(dtype))?
+            .all_gather(x.cast(FloatDType::F32), carried_in(dtype))?
             .cast(dtype));
     }
     Ok(group.comm().all_gather_tensor(x)?.cast(dtype))
@@ -63,12 +54,12 @@ pub(super) fn sum_scatter<B: Backend>(
     let (dtype, device) = (x.dtype(), x.device());
     if let Some(c) = group.device::<B>() {
         return Ok(c
-            .reduce_scatter_sum(x.cast(FloatDType::F32), wire(dtype))?
+            .reduce_scatter_sum(x.cast(FloatDType::F32), carried_in(dtype))?
             .cast(dtype));
     }
     let send = host_f32(x);
     let mut recv = vec![0.0; send.len() / group.size()];
     group.comm().reduce_scatter_sum(&send, &mut recv)?;
-    wire(dtype).round_in_place(&mut recv);
+    carried_in(dtype).round_in_place(&mut recv);
     Ok(from_host(recv, &device).cast(dtype))
 }

@@ -11,7 +11,7 @@ use burn::tensor::{bf16, DType, FloatDType, Tensor};
 use ferrotron_engine::precision::Precision;
 
 use super::{column_input, gather_from_tp, row_output, TpGroup};
-use crate::comm::nccl::device::TensorCollectives;
+use crate::comm::nccl::device::{Route, TensorCollectives};
 use crate::comm::tensor::from_host;
 use crate::comm::{CommError, Communicator, Incoming, Outgoing};
 
@@ -174,6 +174,17 @@ impl TensorCollectives<Flex> for TwinDevice {
         let mut mine: Vec<f32> = v[..v.len() / 2].iter().map(|x| x + self.peer).collect();
         reduce.round_in_place(&mut mine);
         Ok(from_host(mine, &device))
+    }
+    fn exchange(
+        &self,
+        _sends: Vec<(Route, Tensor<Flex, 1>)>,
+        _recvs: &[(Route, usize)],
+        _wire: Precision,
+        _device: &burn::tensor::Device<Flex>,
+    ) -> Result<Vec<Tensor<Flex, 1>>, CommError> {
+        Err(CommError::Transport(
+            "the TP operators make no point-to-point calls".into(),
+        ))
     }
 }
 

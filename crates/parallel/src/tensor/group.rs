@@ -1,12 +1,11 @@
 //! The tensor-parallel group as the layers hold it.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
 use burn::tensor::backend::Backend;
 
-use crate::comm::nccl::device::SharedCollectives;
+use crate::comm::nccl::device::{AnyCollectives, SharedCollectives};
 use crate::comm::{Communicator, SingleProcess};
 
 /// The ranks that split one model's layers between them (the TP group of
@@ -25,7 +24,7 @@ pub struct TpGroup {
     comm: Arc<dyn Communicator>,
     sequence: bool,
     /// A `SharedCollectives<B>` for the backend `B` the layers compute on.
-    device: Option<Arc<dyn Any + Send + Sync>>,
+    device: AnyCollectives,
 }
 
 impl TpGroup {
@@ -34,7 +33,7 @@ impl TpGroup {
         Self {
             comm,
             sequence: false,
-            device: None,
+            device: AnyCollectives::none(),
         }
     }
 
@@ -48,7 +47,7 @@ impl TpGroup {
             "device collectives over another group than the TP group"
         );
         Self {
-            device: Some(Arc::new(collectives)),
+            device: AnyCollectives::new(collectives),
             ..self
         }
     }
@@ -60,17 +59,7 @@ impl TpGroup {
     /// If they were given for another backend than `B` (a caller bug:
     /// the operators would otherwise fall back to the host path unseen).
     pub(crate) fn device<B: Backend>(&self) -> Option<&SharedCollectives<B>> {
-        let device = self.device.as_ref()?;
-        Some(
-            device
-                .downcast_ref::<SharedCollectives<B>>()
-                .unwrap_or_else(|| {
-                    panic!(
-                        "{self:?}: device collectives opened for another backend than {}",
-                        std::any::type_name::<B>()
-                    )
-                }),
-        )
+        self.device.get::<B>(self)
     }
 
     /// A group of this process alone (no tensor parallelism).

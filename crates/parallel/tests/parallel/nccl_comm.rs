@@ -96,10 +96,13 @@ mod worker {
 
     use burn::tensor::bf16;
     use ferrotron_engine::precision::Precision;
-    use ferrotron_parallel::comm::nccl::device::{DeviceComm, HostStreams};
+    use ferrotron_parallel::comm::nccl::device::{
+        DeviceComm, HostStreams, Route, TensorCollectives,
+    };
     use ferrotron_parallel::comm::nccl::{
         NcclComm, NcclCommunicator, NcclDataType, NcclLibrary, NcclReduceOp,
     };
+    use ferrotron_parallel::comm::tensor::{from_host, host_f32};
     use ferrotron_parallel::comm::{Communicator, MpiCommunicator, DEFAULT_TIMEOUT};
 
     /// MPI's world and the library named by `FERROTRON_NCCL_LIBRARY`.
@@ -113,6 +116,7 @@ mod worker {
         assert_eq!(lib.version().unwrap(), 22_000, "the double's version");
         grouped_exchange_and_errors(&lib, &*mpi);
         device_buffers(&lib, &*mpi);
+        device_exchange(&lib, &*mpi);
         contract_on_nccl(lib, mpi);
     }
 
@@ -189,6 +193,47 @@ mod worker {
             .unwrap_err()
             .to_string();
         assert!(err.contains("4-byte values for Bf16"), "{err}");
+    }
+
+    /// [`TensorCollectives::exchange`] on [`DeviceComm`] (host memory):
+    /// each rank sends two messages of different lengths to the next rank
+    /// around the ring, posted against their tag order, and receives the
+    /// previous rank's two, listed in the other order; each arrives whole
+    /// in its place, in f32 and with bf16 on the wire (values exact in
+    /// bf16 arrive as themselves; `1 + 2^-10` arrives as bf16's 1).
+    fn device_exchange(lib: &Arc<NcclLibrary>, host: &dyn Communicator) {
+        type B = burn::backend::Flex;
+        let c = DeviceComm::init(lib.clone(), host, Box::new(HostStreams)).unwrap();
+        let (r, w) = (c.rank(), c.world_size());
+        let (next, prev) = ((r + 1) % w, (r + w - 1) % w);
+        let device = Default::default();
+        // Message `tag` of rank `rank`: `tag + 3` values, exact in bf16.
+        let msg = |rank: usize, tag: i32| -> Vec<f32> {
+            (0..tag as usize + 3)
+                .map(|i| 1.0 + (i + 7 * rank + tag as usize) as f32 / 128.0)
+                .collect()
+        };
+        let route = |peer, tag| Route { peer, tag };
+        for wire in [Precision::Fp32, Precision::Bf16] {
+            let sends = [5, 2]
+                .map(|tag| (route(next, tag), from_host::<B>(msg(r, tag), &device)))
+                .to_vec();
+            let recvs = [2, 5].map(|tag| (route(prev, tag), msg(prev, tag).len()));
+            let got = TensorCollectives::<B>::exchange(&c, sends, &recvs, wire, &device).unwrap();
+            let got: Vec<Vec<f32>> = got.into_iter().map(host_f32).collect();
+            assert_eq!(got, [msg(prev, 2), msg(prev, 5)], "{wire} exchange");
+        }
+        let odd = 1.0 + 2f32.powi(-10);
+        let sends = vec![(route(next, 0), from_host::<B>(vec![odd], &device))];
+        let got = TensorCollectives::<B>::exchange(
+            &c,
+            sends,
+            &[(route(prev, 0), 1)],
+            Precision::Bf16,
+            &device,
+        )
+        .unwrap();
+        assert_eq!(host_f32(got[0].clone()), [1.0], "bf16 on the wire rounds");
     }
 
     fn contract_on_nccl(lib: Arc<NcclLibrary>, mpi: Arc<dyn Communicator>) {

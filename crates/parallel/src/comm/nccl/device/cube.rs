@@ -21,8 +21,9 @@ use burn_cubecl::{CubeBackend, CubeRuntime, FloatElement, IntElement};
 use ferrotron_engine::precision::Precision;
 use std::sync::Arc;
 
+use super::tensors::in_tag_order;
 use super::wire::{tensor_dtype, wire_dtype};
-use super::{DeviceComm, DevicePtr, Streams, TensorCollectives};
+use super::{DeviceComm, DevicePtr, Route, Streams, TensorCollectives};
 use crate::comm::nccl::memory::{Buf, Call, Memory};
 use crate::comm::nccl::{NcclDataType, NcclLibrary};
 use crate::comm::{CommError, Communicator};
@@ -90,12 +91,7 @@ impl<R: NcclRuntime> CubeComm<R> {
         BT: BoolElement,
     {
         let wire = tensor_dtype(dtype);
-        let t = if wire == FloatDType::F32 {
-            t
-        } else {
-            t.cast(wire)
-        };
-        let send: CubeTensor<R> = into_contiguous(t.into_primitive().tensor());
+        let (send, _) = Self::sendable(t, wire);
         let recv = self.client.empty(out * dtype.size_bytes());
         let (s, keep_send) = R::address(&self.client, &send.handle)?;
         let (r, keep_recv) = R::address(&self.client, &recv)?;
@@ -104,19 +100,54 @@ impl<R: NcclRuntime> CubeComm<R> {
             .exclusive(move || call(comm, s, r, dtype))
             .map_err(|e| cube_error("entering the device", e))??;
         drop((keep_send, keep_recv, send));
+        Ok(self.received(recv, out, wire))
+    }
+
+    /// `t` cast to the `wire` dtype and made contiguous, with its length.
+    fn sendable<F, I, BT>(
+        t: Tensor<Cube<R, F, I, BT>, 1>,
+        wire: FloatDType,
+    ) -> (CubeTensor<R>, usize)
+    where
+        F: FloatElement,
+        I: IntElement,
+        BT: BoolElement,
+    {
+        let n = t.dims()[0];
+        let t = if wire == FloatDType::F32 {
+            t
+        } else {
+            t.cast(wire)
+        };
+        (into_contiguous(t.into_primitive().tensor()), n)
+    }
+
+    /// The buffer `handle` of `n` values of `wire` that a call wrote, as
+    /// an f32 tensor `[n]`.
+    fn received<F, I, BT>(
+        &self,
+        handle: Handle,
+        n: usize,
+        wire: FloatDType,
+    ) -> Tensor<Cube<R, F, I, BT>, 1>
+    where
+        F: FloatElement,
+        I: IntElement,
+        BT: BoolElement,
+    {
         let result = CubeTensor::new_contiguous(
             self.client.clone(),
             self.device.clone(),
-            [out].into(),
-            recv,
+            [n].into(),
+            handle,
             DType::from(wire),
         );
         let result = Tensor::from_primitive(TensorPrimitive::Float(result));
-        Ok(if wire == FloatDType::F32 {
+        if wire == FloatDType::F32 {
             result
         } else {
             result.cast(FloatDType::F32)
-        })
+        }
     }
 }
 
@@ -175,6 +206,57 @@ where
             // SAFETY: as in `all_reduce_sum`, `s` holding `n x world_size`.
             unsafe { c.reduce_scatter_sum(s, r, n, d) }
         })
+    }
+
+    fn exchange(
+        &self,
+        mut sends: Vec<(Route, Tensor<Cube<R, F, I, BT>, 1>)>,
+        recvs: &[(Route, usize)],
+        wire: Precision,
+        _device: &R::Device,
+    ) -> Result<Vec<Tensor<Cube<R, F, I, BT>, 1>>, CommError> {
+        let dtype = wire_dtype(wire);
+        let wire = tensor_dtype(dtype);
+        sends.sort_by_key(|(route, _)| route.tag);
+        let order = in_tag_order(recvs);
+        let sent: Vec<(usize, CubeTensor<R>, usize)> = sends
+            .into_iter()
+            .map(|(route, t)| {
+                let (t, n) = Self::sendable(t, wire);
+                (route.peer, t, n)
+            })
+            .collect();
+        let bufs: Vec<Handle> = order
+            .iter()
+            .map(|&i| self.client.empty(recvs[i].1 * dtype.size_bytes()))
+            .collect();
+        // The resources keep the buffers' memory until the group is done.
+        let mut keep = Vec::with_capacity(sent.len() + bufs.len());
+        let mut s = Vec::with_capacity(sent.len());
+        for (peer, t, n) in &sent {
+            let (at, resource) = R::address(&self.client, &t.handle)?;
+            keep.push(resource);
+            s.push((*peer, at, *n));
+        }
+        let mut r = Vec::with_capacity(bufs.len());
+        for (&i, handle) in order.iter().zip(&bufs) {
+            let (at, resource) = R::address(&self.client, handle)?;
+            keep.push(resource);
+            r.push((recvs[i].0.peer, at, recvs[i].1));
+        }
+        let comm = &self.comm;
+        // SAFETY: every address is a buffer of this client holding its
+        // count of `dtype` values, held (`keep`, `sent`, `bufs`) until the
+        // group has completed, which it has when the call returns.
+        self.client
+            .exclusive(move || unsafe { comm.exchange(&s, &r, dtype) })
+            .map_err(|e| cube_error("entering the device", e))??;
+        drop((keep, sent));
+        let mut out = vec![None; recvs.len()];
+        for (&i, handle) in order.iter().zip(bufs) {
+            out[i] = Some(self.received(handle, recvs[i].1, wire));
+        }
+        Ok(out.into_iter().flatten().collect())
     }
 }
 

@@ -26,6 +26,7 @@
 //! wait for): with the test double it runs this whole path on a machine
 //! without a GPU.
 
+mod any;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 pub mod cube;
 #[cfg(feature = "cuda")]
@@ -35,7 +36,8 @@ mod hip;
 mod tensors;
 pub mod wire;
 
-pub use tensors::{SharedCollectives, TensorCollectives};
+pub use any::AnyCollectives;
+pub use tensors::{OpenCollectives, Route, SharedCollectives, TensorCollectives};
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
@@ -246,6 +248,49 @@ impl DeviceComm {
         })
     }
 
+    /// Posts every send of `sends` and every receive of `recvs` in one
+    /// NCCL group (`ncclGroupStart`, `ncclSend`/`ncclRecv` each, then
+    /// `ncclGroupEnd`) and returns when all have completed: two ranks that
+    /// send to each other in one exchange cannot deadlock. Each entry is
+    /// `(peer, address, count)`, values of `dtype`. NCCL has no tags: the
+    /// messages between two ranks match in the order they are posted, so
+    /// both ends list them in the same order (see
+    /// [`TensorCollectives::exchange`]).
+    ///
+    /// # Safety
+    ///
+    /// As [`DeviceComm::all_reduce_sum`], each address valid for its
+    /// `count` values of `dtype`.
+    pub unsafe fn exchange(
+        &self,
+        sends: &[(usize, DevicePtr, usize)],
+        recvs: &[(usize, DevicePtr, usize)],
+        dtype: NcclDataType,
+    ) -> Result<(), CommError> {
+        self.run(|c, stream| {
+            let lib = c.library();
+            lib.group_start()?;
+            let mut posted = Ok(());
+            for &(peer, at, count) in sends {
+                // SAFETY: the caller's contract; the group completes
+                // within `run`.
+                posted = posted.and_then(|()| unsafe {
+                    c.send(at as *const c_void, count, dtype, peer, stream)
+                });
+            }
+            for &(peer, at, count) in recvs {
+                // SAFETY: as for the sends.
+                posted = posted.and_then(|()| unsafe {
+                    c.recv(at as *mut c_void, count, dtype, peer, stream)
+                });
+            }
+            // The group is closed even when a post failed, so that NCCL's
+            // per-thread group state is clean for the next call.
+            let ended = lib.group_end();
+            posted.and(ended)
+        })
+    }
+
     /// Host memory: [`DeviceComm::all_reduce_sum`] of `values` (bf16 or
     /// f32 bit patterns as `dtype` says) in place, for communicators on
     /// [`HostStreams`].
@@ -292,6 +337,30 @@ impl DeviceComm {
         let (s, r) = (send.as_ptr() as DevicePtr, recv.as_mut_ptr() as DevicePtr);
         // SAFETY: as in `host_all_reduce_sum`, lengths checked above.
         unsafe { self.reduce_scatter_sum(s, r, recv.len(), dtype) }
+    }
+}
+
+impl DeviceComm {
+    /// Host memory: [`DeviceComm::exchange`] of `sends` (`(peer, values)`)
+    /// and `recvs` (`(peer, buffer)`, each filled with exactly its length).
+    pub fn host_exchange<T: Copy>(
+        &self,
+        sends: &[(usize, &[T])],
+        recvs: &mut [(usize, &mut [T])],
+        dtype: NcclDataType,
+    ) -> Result<(), CommError> {
+        check_elem::<T>(dtype)?;
+        let sends: Vec<_> = sends
+            .iter()
+            .map(|(peer, v)| (*peer, v.as_ptr() as DevicePtr, v.len()))
+            .collect();
+        let recvs: Vec<_> = recvs
+            .iter_mut()
+            .map(|(peer, v)| (*peer, v.as_mut_ptr() as DevicePtr, v.len()))
+            .collect();
+        // SAFETY: as in `host_all_reduce_sum`: each slice is valid for its
+        // length for the whole call, which completes before returning.
+        unsafe { self.exchange(&sends, &recvs, dtype) }
     }
 }
 

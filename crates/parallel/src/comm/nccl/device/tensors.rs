@@ -33,12 +33,52 @@ pub trait TensorCollectives<B: Backend> {
         t: Tensor<B, 1>,
         reduce: Precision,
     ) -> Result<Tensor<B, 1>, CommError>;
+    /// Sends each `(route, t)` of `sends` (`t` `[n]`) to its peer and
+    /// receives, for each `(route, n)` of `recvs`, `n` values from its
+    /// peer, all posted at once (one NCCL group: two ranks that send to
+    /// each other cannot deadlock); returns the received tensors `[n]` in
+    /// `recvs`' order. Values travel in `wire` (exact for values that
+    /// `wire` represents: 16-bit activations sent as themselves), and
+    /// are received on `device`.
+    fn exchange(
+        &self,
+        sends: Vec<(Route, Tensor<B, 1>)>,
+        recvs: &[(Route, usize)],
+        wire: Precision,
+        device: &B::Device,
+    ) -> Result<Vec<Tensor<B, 1>>, CommError>;
+}
+
+/// One message of [`TensorCollectives::exchange`]: the other rank, and
+/// the tag that orders the messages between two ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Route {
+    /// The receiving rank of a send, the sending rank of a receive.
+    pub peer: usize,
+    /// The message's tag: NCCL has no tags, and matches the messages
+    /// between two ranks in the order they are posted, so both ends post
+    /// them in tag order ([`in_tag_order`]).
+    pub tag: i32,
+}
+
+/// The positions of `messages` in the order they are posted: by tag,
+/// ties in their order.
+pub(super) fn in_tag_order<T>(messages: &[(Route, T)]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..messages.len()).collect();
+    order.sort_by_key(|&i| messages[i].0.tag);
+    order
 }
 
 /// A [`TensorCollectives`] that threads share: what the gradient sync
 /// runs its all-reduces on when the job hands NCCL its device tensors
 /// (`GradSync::sync_on_device`).
 pub type SharedCollectives<B> = std::sync::Arc<dyn TensorCollectives<B> + Send + Sync>;
+
+/// What opens [`SharedCollectives`] over the ranks of a group (a
+/// collective over that group), for a trainer that moves several of its
+/// groups' traffic onto them.
+pub type OpenCollectives<'a, B> =
+    dyn Fn(&dyn crate::comm::Communicator) -> Result<SharedCollectives<B>, CommError> + 'a;
 
 /// `values` in `dtype`'s encoding, as 16-bit patterns (f16, bf16).
 fn narrow(values: &[f32], dtype: NcclDataType) -> Vec<u16> {
@@ -114,4 +154,67 @@ impl<B: Backend> TensorCollectives<B> for DeviceComm {
         self.host_reduce_scatter_sum(&narrow(&send, dtype), &mut recv, dtype)?;
         Ok(from_host(widen(&recv, dtype), &device))
     }
+
+    fn exchange(
+        &self,
+        mut sends: Vec<(Route, Tensor<B, 1>)>,
+        recvs: &[(Route, usize)],
+        wire: Precision,
+        device: &B::Device,
+    ) -> Result<Vec<Tensor<B, 1>>, CommError> {
+        let dtype = wire_dtype(wire);
+        sends.sort_by_key(|(route, _)| route.tag);
+        let sent: Vec<(usize, Vec<f32>)> = sends
+            .into_iter()
+            .map(|(route, t)| (route.peer, host_f32(t)))
+            .collect();
+        let order = in_tag_order(recvs);
+        let wanted: Vec<(usize, usize)> = order
+            .iter()
+            .map(|&i| (recvs[i].0.peer, recvs[i].1))
+            .collect();
+        let received = if dtype == NcclDataType::F32 {
+            host_exchange(
+                self,
+                &sent,
+                &wanted,
+                dtype,
+                <[f32]>::to_vec,
+                <[f32]>::to_vec,
+            )?
+        } else {
+            let narrow = |v: &[f32]| narrow(v, dtype);
+            let widen = |v: &[u16]| widen(v, dtype);
+            host_exchange(self, &sent, &wanted, dtype, narrow, widen)?
+        };
+        let mut out: Vec<Option<Tensor<B, 1>>> = vec![None; recvs.len()];
+        for (&i, values) in order.iter().zip(received) {
+            out[i] = Some(from_host(values, device));
+        }
+        Ok(out.into_iter().flatten().collect())
+    }
+}
+
+/// [`DeviceComm::host_exchange`] of `sends` (`(peer, values)`) and
+/// `wanted` (`(peer, values)`), each already in posting order, with the
+/// values sent as `T` (`to`: from f32, `from`: back); the received values
+/// in `wanted`'s order.
+fn host_exchange<T: Copy + Default>(
+    comm: &DeviceComm,
+    sends: &[(usize, Vec<f32>)],
+    wanted: &[(usize, usize)],
+    dtype: NcclDataType,
+    to: impl Fn(&[f32]) -> Vec<T>,
+    from: impl Fn(&[T]) -> Vec<f32>,
+) -> Result<Vec<Vec<f32>>, CommError> {
+    let sent: Vec<(usize, Vec<T>)> = sends.iter().map(|(p, v)| (*p, to(v))).collect();
+    let sent: Vec<(usize, &[T])> = sent.iter().map(|(p, v)| (*p, v.as_slice())).collect();
+    let mut bufs: Vec<Vec<T>> = wanted.iter().map(|(_, n)| vec![T::default(); *n]).collect();
+    let mut recvs: Vec<(usize, &mut [T])> = wanted
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|((p, _), b)| (*p, b.as_mut_slice()))
+        .collect();
+    comm.host_exchange(&sent, &mut recvs, dtype)?;
+    Ok(bufs.iter().map(|b| from(b)).collect())
 }

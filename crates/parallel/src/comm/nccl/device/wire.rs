@@ -1,7 +1,7 @@
 //! What a collective on device buffers sends: the element type on the
 //! wire for a reduction precision (`--reduce-dtype`), and its bytes.
 
-use burn::tensor::FloatDType;
+use burn::tensor::{DType, FloatDType};
 use ferrotron_engine::precision::Precision;
 
 use super::super::types::NcclDataType;
@@ -25,6 +25,16 @@ pub fn tensor_dtype(dtype: NcclDataType) -> FloatDType {
         NcclDataType::F32 => FloatDType::F32,
         NcclDataType::Bf16 => FloatDType::BF16,
         NcclDataType::F16 => FloatDType::F16,
+    }
+}
+
+/// The precision that carries values of `dtype` as themselves: bf16 and
+/// fp16 as 16-bit values, every other dtype in f32.
+pub fn carried_in(dtype: DType) -> Precision {
+    match dtype {
+        DType::BF16 => Precision::Bf16,
+        DType::F16 => Precision::Fp16,
+        _ => Precision::Fp32,
     }
 }
 
