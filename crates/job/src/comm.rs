@@ -38,17 +38,18 @@ pub enum Transport {
 
 /// Resolves `--comm` for backend `kind`; `library` is the value of
 /// `FERROTRON_NCCL_LIBRARY`; `device_layout` says the job has more than
-/// one rank and only data and tensor parallelism (cp and pp are 1).
+/// one rank and no context parallelism (cp is 1).
 ///
 /// - `auto`: NCCL / RCCL on cuda and rocm for such a job whose library
 ///   loads (`library`, else the first of `LIBRARY_NAMES` that opens); MPI
 ///   otherwise. Such a job's gradient sync (the reductions and ZeRO's
-///   parameter all-gathers) and TP operators hand NCCL their device
-///   tensors, and what is left on the host path is small (scalars per
-///   step, sequence parallelism's partial gradients of the norms). CP and
-///   pipeline messages move host buffers, which NCCL on a GPU must stage
-///   through device memory, two more copies across PCIe per call than
-///   MPI makes: a job with them stays on MPI.
+///   parameter all-gathers), TP operators, sequence parallelism's partial
+///   gradients and pipeline messages (activations, their gradients, the
+///   tied embedding's sum) hand NCCL their device tensors; what is left
+///   on the host path is small (scalars per step). The ring of context
+///   parallelism computes on host buffers, which NCCL on a GPU must
+///   stage through device memory, two more copies across PCIe per call
+///   than MPI makes: a job with it stays on MPI.
 /// - `mpi`: MPI.
 /// - `nccl`: on cuda and rocm, the library as for `auto`, which must
 ///   load (the calls on host buffers staged through the rank's GPU); on a

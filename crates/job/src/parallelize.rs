@@ -33,6 +33,7 @@ use ferrotron_models::hf::{load_hf_part, HfError, HfPartSource};
 use ferrotron_models::ops::TrainBackend;
 use ferrotron_models::tensor_parallel::shard_plan;
 use ferrotron_models::{Decoder, ModelPart};
+use ferrotron_parallel::comm::Communicator;
 use ferrotron_parallel::groups::ProcessGroups;
 use ferrotron_parallel::pipeline::PipelineConfig;
 use ferrotron_parallel::tensor::{ShardPlan, TpGroup};
@@ -238,6 +239,7 @@ fn parallelize_with<B: TrainBackend>(
         job.mesh.tp
     );
     let part = part.with_context_parallel(groups.cp().clone())?;
+    let tp = part.tp_group().clone();
     let parallel = ParallelConfig {
         shards: tp_plan(job)?,
         recompute: job.recompute,
@@ -254,12 +256,16 @@ fn parallelize_with<B: TrainBackend>(
         Some(source) => Trainer::parallel_from_source(part, source, step, owned, groups, parallel)?,
         None => Trainer::parallel(part, step, owned, groups, parallel)?,
     };
-    // NCCL's gradient reductions and ZeRO's parameter gathers take the
-    // tensors themselves.
+    // NCCL's gradient reductions, ZeRO's parameter gathers, the pipeline's
+    // messages and SP's partial-gradient sums take the tensors themselves
+    // (the last on the TP group's communicator, which the layers opened).
     if let Some((lib, gpu)) = job.transport.nccl() {
-        trainer.sync_on_device(|group| {
+        let open = |group: &dyn Communicator| {
             device_collectives::<B::InnerBackend>(lib, gpu, device, group)
-        })?;
+        };
+        trainer.sync_on_device(open)?;
+        trainer.pipeline_on_device(&open)?;
+        trainer.partial_grads_on(tp);
     }
     if job.model.precision != Precision::Fp16 {
         return Ok(trainer);

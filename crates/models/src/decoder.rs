@@ -239,6 +239,12 @@ impl<B: KernelBackend> Decoder<B> {
         self.tp.size()
     }
 
+    /// The TP group the model computes over, as its layers hold it (with
+    /// their device collectives, if any).
+    pub fn tp_group(&self) -> &TpGroup {
+        &self.tp
+    }
+
     /// The model computing its training loss ([`LmUnits`], [`CausalLm`])
     /// over the context-parallel ring `ring` (the CP group): each rank
     /// takes its chunks of every sequence (`ferrotron_parallel::context`'s

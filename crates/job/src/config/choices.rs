@@ -36,9 +36,10 @@ impl From<PpSchedule> for ScheduleKind {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum CommChoice {
-    /// NCCL / RCCL for a job of data and tensor parallelism on cuda or
-    /// rocm whose library loads (its gradient sync and TP operators run on
-    /// the device tensors), MPI otherwise (see `comm::resolve`).
+    /// NCCL / RCCL for a job without context parallelism on cuda or rocm
+    /// whose library loads (its gradient sync, TP operators and pipeline
+    /// messages run on the device tensors), MPI otherwise (see
+    /// `comm::resolve`).
     #[default]
     Auto,
     /// Open MPI on host buffers.

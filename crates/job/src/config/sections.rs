@@ -161,8 +161,7 @@ job_sections! {
         #[arg(value_name = "N")]
         make_vocab_size_divisible_by: usize = ferrotron_parallel::tensor::DEFAULT_VOCAB_DIVISIBLE_BY, flag make_vocab_size_divisible_by: usize;
         /// Multi-rank runs: transport of every process group. auto (default) is nccl for a job
-        /// of data and tensor parallelism (cp and pp 1) on cuda and rocm when a library loads,
-        /// else mpi;
+        /// without context parallelism (cp 1) on cuda and rocm when a library loads, else mpi;
         /// nccl runs NCCL/RCCL through the run-time binding, bootstrapped over MPI: on cuda and
         /// rocm through the GPU's memory, on CPU backends with FERROTRON_NCCL_LIBRARY naming a
         /// library that works on host memory (the test double).

@@ -55,7 +55,7 @@ pub(super) fn backend(
     }
     let library = std::env::var_os(LIBRARY_ENV);
     let par = &c.parallelism;
-    let device_layout = world.world_size > 1 && par.cp == 1 && par.pp == 1;
+    let device_layout = world.world_size > 1 && par.cp == 1;
     match comm::resolve(par.comm, kind, library.as_deref(), device_layout) {
         Ok(t) => Some((kind, t)),
         Err(e) => {

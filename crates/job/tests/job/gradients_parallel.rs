@@ -10,8 +10,8 @@
 //! one-rank gradients itself (cheap at this size) and compares on every
 //! rank. The 2-rank launch also runs `offload_parallel`'s optimizer
 //! offload cases (bit-identical to the run without offload) and
-//! `device_sync_parallel`'s NCCL device collectives (bit-identical to
-//! the host path).
+//! `device_sync_parallel`'s and `pipeline_device_parallel`'s NCCL device
+//! collectives (bit-identical to the host path).
 //!
 //! Tolerance: every micro-batch's forward and backward is the same
 //! computation as on one rank except that TP adds the row-parallel
@@ -278,6 +278,9 @@ mod worker {
         if ranks == 2 {
             failures.extend(crate::offload_parallel::worker::failures(&world, &launch));
             failures.extend(crate::device_sync_parallel::worker::failures(
+                &world, &launch,
+            ));
+            failures.extend(crate::pipeline_device_parallel::worker::failures(
                 &world, &launch,
             ));
         }

@@ -8,4 +8,5 @@ mod gradients_parallel;
 mod gradients_precision;
 mod memory;
 mod offload_parallel;
+mod pipeline_device_parallel;
 mod validate;

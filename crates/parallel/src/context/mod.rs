@@ -80,9 +80,12 @@
 //!
 //! # Not done yet
 //!
-//! - the CubeCL kernels' `(output, lse)` form with global positions as the
-//!   block kernel on GPUs (today the CPU core runs on host copies there);
-//!   the CPU block's bias `[heads or 1, len_q, len_k]` is built per step (a
+//! - the ring on device buffers: the blocks, the merge and the transfers
+//!   work on host buffers ([`HeadBuf`]), so on a GPU each step's block
+//!   kernel (the model's CubeCL attention) copies its block to the device
+//!   and back, and the K/V cross the ring through host memory (which is
+//!   why `--comm auto` keeps a job with CP on MPI);
+//! - the CPU block's bias `[heads or 1, len_q, len_k]` is built per step (a
 //!   mask from positions inside the kernel would avoid it);
 //! - the all-to-all (Ulysses) kind.
 

@@ -4,16 +4,19 @@
 //! hidden states to the next over the PP group; the last stage broadcasts
 //! the loss. No schedule is needed: nothing overlaps, and each stage
 //! waits for its input before it computes, so the order cannot deadlock.
-//! The hidden states travel as host f32 holding the compute dtype's
-//! values and are cast back to it on arrival (see `executor`).
+//! The hidden states travel in the compute dtype, on the PP group's
+//! device collectives when the pipeline has them, else as host f32 (see
+//! `executor`).
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{ElementConversion, Tensor, TensorData};
+use burn::tensor::ElementConversion;
 use ferrotron_engine::data::Batch;
 use ferrotron_engine::lm::LmUnits;
 
 use super::Pipeline;
-use crate::comm::tensor::host_f32;
+use crate::comm::nccl::device::wire::carried_in;
+use crate::comm::nccl::device::Route;
+use crate::comm::tensor::{from_host, host_f32};
 use crate::comm::CommError;
 use crate::micro_batch::batch_tensors;
 
@@ -33,15 +36,28 @@ impl Pipeline {
         let (inputs, targets) = batch_tensors::<B>(batch, device);
         let context = model.block_context(batch.seq_len, device);
         let dims = model.hidden_dims(batch.batch, batch.seq_len);
+        let wire = carried_in(model.hidden_dtype().into());
         let mut loss = [0.0f32];
         for w in (stage..virtual_stages).step_by(stages) {
             let mut x = if w == 0 {
                 model.embed(inputs.clone()).0
             } else {
-                let mut values = vec![0.0; dims.iter().product()];
-                self.pp.recv(&mut values, (w - 1) % stages, w as i32)?;
-                Tensor::<B, 3>::from_data(TensorData::new(values, dims), device)
-                    .cast(model.hidden_dtype())
+                let from = Route {
+                    peer: (w - 1) % stages,
+                    tag: w as i32,
+                };
+                let n = dims.iter().product();
+                let received = match self.device::<B>() {
+                    Some(c) => c
+                        .exchange(Vec::new(), &[(from, n)], wire, device)?
+                        .remove(0),
+                    None => {
+                        let mut values = vec![0.0; n];
+                        self.pp.recv(&mut values, from.peer, from.tag)?;
+                        from_host(values, device)
+                    }
+                };
+                received.reshape(dims).cast(model.hidden_dtype())
             };
             for i in self.layout.blocks(w) {
                 x = model.block(i, x, &context);
@@ -50,7 +66,17 @@ impl Pipeline {
                 let value = model.head_loss(x, targets.clone()).into_scalar();
                 loss[0] = value.elem::<f32>();
             } else {
-                self.pp.send(&host_f32(x), (w + 1) % stages, w as i32 + 1)?;
+                let to = Route {
+                    peer: (w + 1) % stages,
+                    tag: w as i32 + 1,
+                };
+                let n = x.shape().num_elements();
+                match self.device::<B>() {
+                    Some(c) => {
+                        c.exchange(vec![(to, x.reshape([n]))], &[], wire, device)?;
+                    }
+                    None => self.pp.send(&host_f32(x), to.peer, to.tag)?,
+                }
             }
         }
         self.pp.broadcast(&mut loss, stages - 1)?;

@@ -12,27 +12,32 @@
 //! without a pipeline. The gradients of a tied embedding are kept aside
 //! and summed over the first and last stage once, after the schedule.
 //!
-//! Activations and their gradients travel as host `f32`
-//! ([`host_f32`]) holding the compute dtype's values: under bf16 or fp16
-//! a stage's output and its input's gradient are 16-bit tensors, whose
-//! values f32 holds exactly, and the receiver casts them back to the
+//! Activations and their gradients travel in the compute dtype: on the
+//! PP group's device collectives when the pipeline has them
+//! (`Pipeline::on_device`: NCCL's grouped `ncclSend`/`ncclRecv` on the
+//! tensors' own buffers, 16-bit values as themselves), else as host `f32`
+//! ([`host_f32`]) holding the compute dtype's values (f32 holds 16-bit
+//! values exactly). Either way the receiver casts them back to the
 //! model's [`LmUnits::hidden_dtype`], so the next stage computes on the
-//! very values a 16-bit send would deliver.
+//! very values the sender had.
 
 use std::collections::HashMap;
 use std::time::Instant;
 
 use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
-use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{ElementConversion, FloatDType, Tensor, TensorData};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{ElementConversion, FloatDType, Tensor};
 use ferrotron_engine::data::Batch;
 use ferrotron_engine::lm::LmUnits;
+use ferrotron_engine::precision::Precision;
 
 use super::layout::StageLayout;
 use super::placement::Placement;
 use super::schedule::{Action, Payload, PipeShape, Transfer};
-use crate::comm::tensor::host_f32;
+use crate::comm::nccl::device::wire::carried_in;
+use crate::comm::nccl::device::{AnyCollectives, Route};
+use crate::comm::tensor::{from_host, host_f32};
 use crate::comm::{CommError, Communicator, Incoming, Outgoing};
 use crate::grad_sync::GradSync;
 use crate::micro_batch::batch_tensors;
@@ -78,6 +83,9 @@ pub(crate) struct StageStep<'a> {
     pub(crate) placement: &'a Placement,
     /// The PP group (this stage is its rank).
     pub(crate) pp: &'a dyn Communicator,
+    /// Device collectives over the PP group, for the model's inner
+    /// backend (none: the group's host path).
+    pub(crate) device: &'a AnyCollectives,
     /// This stage's actions for the step.
     pub(crate) actions: &'a [Action],
 }
@@ -127,7 +135,7 @@ impl StageStep<'_> {
         let mut tied_sum: HashMap<ParamId, Tensor<B::InnerBackend, 1>> = HashMap::new();
         let mut in_flight: HashMap<(usize, usize), InFlight<B>> = HashMap::new();
         let mut inbox: HashMap<Slot, Tensor<B::InnerBackend, 3>> = HashMap::new();
-        let mut outbox: HashMap<Slot, Vec<f32>> = HashMap::new();
+        let mut outbox: HashMap<Slot, Tensor<B::InnerBackend, 1>> = HashMap::new();
         let mut loss_sum = 0.0;
         for action in self.actions {
             let t = Instant::now();
@@ -155,7 +163,7 @@ impl StageStep<'_> {
                         Output::Loss(loss)
                     } else {
                         let slot = (Payload::Activation, micro_batch, chunk);
-                        outbox.insert(slot, host_f32(x.clone().inner()));
+                        outbox.insert(slot, flat(x.clone().inner()));
                         Output::Hidden(x)
                     };
                     in_flight.insert((micro_batch, chunk), InFlight { input, output });
@@ -177,7 +185,7 @@ impl StageStep<'_> {
                         let g = leaf
                             .grad(&grads)
                             .expect("a stage's output depends on its input");
-                        outbox.insert((Payload::Gradient, micro_batch, chunk), host_f32(g));
+                        outbox.insert((Payload::Gradient, micro_batch, chunk), flat(g));
                     }
                     let mut grads =
                         partial.sum(&model, GradientsParams::from_grads(grads, &model))?;
@@ -201,7 +209,7 @@ impl StageStep<'_> {
             }
         }
         if !tied.is_empty() {
-            let grads = self.summed_tied::<B, M>(&model, tied_sum)?;
+            let grads = self.summed_tied::<B, M>(&model, tied_sum, device)?;
             sync.accumulate(&model, grads)?;
         }
         let mut loss = [loss_sum as f32];
@@ -211,76 +219,76 @@ impl StageStep<'_> {
     }
 
     /// Posts `transfers` together: sends from `outbox`, receives into
-    /// `inbox` as tensors of shape and dtype `received`.
-    fn exchange<IB: burn::tensor::backend::Backend>(
+    /// `inbox` as tensors of shape and dtype `received`; on the device
+    /// collectives when there are some, else on the PP group's host path.
+    fn exchange<IB: Backend>(
         &self,
         transfers: &[Transfer],
         (dims, dtype): ([usize; 3], FloatDType),
-        outbox: &mut HashMap<Slot, Vec<f32>>,
+        outbox: &mut HashMap<Slot, Tensor<IB, 1>>,
         inbox: &mut HashMap<Slot, Tensor<IB, 3>>,
         device: &IB::Device,
     ) -> Result<(), CommError> {
         let n: usize = dims.iter().product();
-        let mut sent = Vec::new();
+        let mut sends = Vec::new();
         let mut wanted = Vec::new();
         for t in transfers {
             let slot = (t.payload, t.micro_batch, t.chunk);
+            let route = Route {
+                peer: t.peer,
+                tag: self.tag(t),
+            };
             if t.send {
                 let values = outbox
                     .remove(&slot)
                     .expect("the schedule sends what a compute action produced");
-                sent.push((t.peer, self.tag(t), values));
+                sends.push((route, values));
             } else {
-                wanted.push((slot, t.peer, self.tag(t), vec![0.0; n]));
+                wanted.push((slot, route));
             }
         }
-        let sends: Vec<Outgoing<'_>> = sent
-            .iter()
-            .map(|(to, tag, values)| Outgoing {
-                to: *to,
-                tag: *tag,
-                values,
-            })
-            .collect();
-        let mut recvs: Vec<Incoming<'_>> = wanted
-            .iter_mut()
-            .map(|(_, from, tag, values)| Incoming {
-                from: *from,
-                tag: *tag,
-                values,
-            })
-            .collect();
-        self.pp.exchange(&sends, &mut recvs)?;
-        for (slot, _, _, values) in wanted {
-            inbox.insert(
-                slot,
-                Tensor::<IB, 3>::from_data(TensorData::new(values, dims), device).cast(dtype),
-            );
+        let recvs: Vec<(Route, usize)> = wanted.iter().map(|&(_, route)| (route, n)).collect();
+        let received = match self.device.get::<IB>(&"the pipeline") {
+            Some(c) => c.exchange(sends, &recvs, carried_in(dtype.into()), device)?,
+            None => host_exchange(self.pp, sends, &recvs, device)?,
+        };
+        for ((slot, _), values) in wanted.into_iter().zip(received) {
+            inbox.insert(slot, values.reshape(dims).cast(dtype));
         }
         Ok(())
     }
 
     /// The tied parameters' gradients summed over the first and last
-    /// stage, as gradients of `model`.
+    /// stage, as f32 gradients of `model`: on the placement's device
+    /// collectives when it has them, else on its host path.
     fn summed_tied<B: AutodiffBackend, M: AutodiffModule<B>>(
         &self,
         model: &M,
         sums: HashMap<ParamId, Tensor<B::InnerBackend, 1>>,
+        device: &B::Device,
     ) -> Result<GradientsParams, CommError> {
         // Both ends list the tied parameters in the model's visiting order.
         let tied = self.placement.tied_in_order();
-        let mut flat = Vec::new();
-        for (id, n) in &tied {
-            match sums.get(id) {
-                Some(sum) => flat.extend(host_f32(sum.clone())),
-                None => flat.extend(std::iter::repeat_n(0.0, *n)),
+        let flat: Vec<Tensor<B::InnerBackend, 1>> = tied
+            .iter()
+            .map(|(id, n)| match sums.get(id) {
+                Some(sum) => sum.clone().cast(FloatDType::F32),
+                None => Tensor::zeros([*n], device),
+            })
+            .collect();
+        let flat = Tensor::cat(flat, 0);
+        let summed = match self.placement.ends_device::<B::InnerBackend>() {
+            Some(c) => c.all_reduce_sum(flat, Precision::Fp32)?,
+            None => {
+                let mut values = host_f32(flat);
+                self.placement.sum_tied(&mut values)?;
+                from_host(values, device)
             }
-        }
-        self.placement.sum_tied(&mut flat)?;
+        };
         let mut at = 0;
         let mut values = HashMap::new();
         for (id, n) in tied {
-            values.insert(id, flat[at..at + n].to_vec());
+            values.insert(id, summed.clone().slice(at..at + n));
             at += n;
         }
         let mut put = PutTied {
@@ -290,6 +298,50 @@ impl StageStep<'_> {
         model.visit(&mut put);
         Ok(put.grads)
     }
+}
+
+/// `x` as a flat tensor `[n]`.
+fn flat<IB: Backend, const D: usize>(x: Tensor<IB, D>) -> Tensor<IB, 1> {
+    let n = x.shape().num_elements();
+    x.reshape([n])
+}
+
+/// [`TensorCollectives::exchange`] on `pp`'s host path: the values cross
+/// as host `f32`, tags as MPI's; the received tensors `[n]` f32 in
+/// `recvs`' order.
+fn host_exchange<IB: Backend>(
+    pp: &dyn Communicator,
+    sends: Vec<(Route, Tensor<IB, 1>)>,
+    recvs: &[(Route, usize)],
+    device: &IB::Device,
+) -> Result<Vec<Tensor<IB, 1>>, CommError> {
+    let sent: Vec<(Route, Vec<f32>)> = sends
+        .into_iter()
+        .map(|(route, t)| (route, host_f32(t)))
+        .collect();
+    let mut received: Vec<Vec<f32>> = recvs.iter().map(|&(_, n)| vec![0.0; n]).collect();
+    let outgoing: Vec<Outgoing<'_>> = sent
+        .iter()
+        .map(|(route, values)| Outgoing {
+            to: route.peer,
+            tag: route.tag,
+            values,
+        })
+        .collect();
+    let mut incoming: Vec<Incoming<'_>> = recvs
+        .iter()
+        .zip(received.iter_mut())
+        .map(|(&(route, _), values)| Incoming {
+            from: route.peer,
+            tag: route.tag,
+            values,
+        })
+        .collect();
+    pp.exchange(&outgoing, &mut incoming)?;
+    Ok(received
+        .into_iter()
+        .map(|values| from_host(values, device))
+        .collect())
 }
 
 /// Moves the gradients of the tied parameters out of `grads`, adding them
@@ -317,21 +369,18 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for TakeTied<'_, B> {
     }
 }
 
-/// Registers host `values` as the gradients of their parameters, in each
+/// Registers flat `values` as the gradients of their parameters, in each
 /// parameter's shape.
-struct PutTied {
-    values: HashMap<ParamId, Vec<f32>>,
+struct PutTied<IB: Backend> {
+    values: HashMap<ParamId, Tensor<IB, 1>>,
     grads: GradientsParams,
 }
 
-impl<B: AutodiffBackend> ModuleVisitor<B> for PutTied {
+impl<B: AutodiffBackend> ModuleVisitor<B> for PutTied<B::InnerBackend> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         if let Some(values) = self.values.remove(&param.id) {
             let shape: [usize; D] = param.val().dims();
-            let device = param.val().device();
-            let g =
-                Tensor::<B::InnerBackend, D>::from_data(TensorData::new(values, shape), &device);
-            self.grads.register(param.id, g);
+            self.grads.register(param.id, values.reshape(shape));
         }
     }
 }

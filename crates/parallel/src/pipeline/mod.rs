@@ -23,7 +23,7 @@ pub mod simulate;
 use std::sync::Arc;
 
 use burn::module::{AutodiffModule, ParamId};
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use ferrotron_engine::data::Batch;
 use ferrotron_engine::lm::LmUnits;
 use ferrotron_engine::metrics::PipelineTimes;
@@ -36,6 +36,7 @@ pub use simulate::{simulate, simulate_lists, SimError, Stuck, Timeline};
 
 use self::executor::{StageClock, StageStep};
 use self::placement::Placement;
+use crate::comm::nccl::device::{AnyCollectives, OpenCollectives, SharedCollectives};
 use crate::comm::{CommError, Communicator};
 use crate::grad_sync::GradSync;
 use crate::tensor::PartialGrads;
@@ -101,6 +102,8 @@ pub(crate) struct Pipeline {
     placement: Placement,
     schedule: ScheduleKind,
     pp: Arc<dyn Communicator>,
+    /// Device collectives over `pp` ([`Pipeline::on_device`]).
+    device: AnyCollectives,
     /// This stage's actions and the shape they are for: built by the first
     /// step and kept, as the schedule depends only on the shape (rebuilt
     /// only if a step brings another number of micro-batches).
@@ -109,7 +112,7 @@ pub(crate) struct Pipeline {
 
 impl Pipeline {
     /// The stage of this rank of `pp` for `model` (whole). Collective over `pp`.
-    pub(crate) fn new<B: burn::tensor::backend::Backend, M: LmUnits<B>>(
+    pub(crate) fn new<B: Backend, M: LmUnits<B>>(
         model: &M,
         config: &PipelineConfig,
         pp: Arc<dyn Communicator>,
@@ -121,8 +124,33 @@ impl Pipeline {
             placement,
             schedule: config.schedule,
             pp,
+            device: AnyCollectives::none(),
             actions: None,
         })
+    }
+
+    /// Moves the pipeline's messages onto device collectives that `open`
+    /// creates (a collective over the group it is given): the activations
+    /// and their gradients between stages, in training and evaluation,
+    /// over the PP group, and the tied parameters' gradient sum over the
+    /// first and last stage (opened on those two only, after the PP
+    /// group's). Returns whether anything moved: not on one stage.
+    pub(crate) fn on_device<IB: Backend>(
+        &mut self,
+        open: &OpenCollectives<'_, IB>,
+    ) -> Result<bool, CommError> {
+        if self.stages() == 1 {
+            return Ok(false);
+        }
+        self.device = AnyCollectives::new(open(&*self.pp)?);
+        self.placement.ends_on_device(open)?;
+        Ok(true)
+    }
+
+    /// The device collectives over the PP group, if
+    /// [`Pipeline::on_device`] opened them (for tensors of `IB`).
+    pub(super) fn device<IB: Backend>(&self) -> Option<&SharedCollectives<IB>> {
+        self.device.get::<IB>(&"the pipeline")
     }
 
     /// Stages `p`.
@@ -228,6 +256,7 @@ impl Pipeline {
             shape,
             placement: &self.placement,
             pp: &*self.pp,
+            device: &self.device,
             actions,
         }
         .run(sync, partial, model, micro_batches, weight, device)?;

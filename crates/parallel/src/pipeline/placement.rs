@@ -24,6 +24,7 @@ use burn::tensor::{Tensor, TensorData};
 use ferrotron_engine::lm::{LmUnit, LmUnits};
 
 use super::layout::StageLayout;
+use crate::comm::nccl::device::{AnyCollectives, OpenCollectives, SharedCollectives};
 use crate::comm::tensor::host_f32;
 use crate::comm::{CommError, Communicator};
 use crate::flat::tensors::{Assign, Release};
@@ -47,6 +48,8 @@ pub(crate) struct Placement {
     /// The first and the last stage (for the tied gradients; every stage
     /// has one, the middle ones a group they never use).
     ends: Arc<dyn Communicator>,
+    /// Device collectives over `ends` ([`Placement::ends_on_device`]).
+    ends_device: AnyCollectives,
 }
 
 /// The ids of the parameters a visit reaches.
@@ -102,7 +105,31 @@ impl Placement {
             order,
             pp,
             ends,
+            ends_device: AnyCollectives::none(),
         })
+    }
+
+    /// Sums the tied gradients on the device collectives that `open`
+    /// creates over the first and last stage (collective over them) from
+    /// now on, where this stage is one of them and the model ties
+    /// parameters; returns whether it does.
+    pub(crate) fn ends_on_device<IB: Backend>(
+        &mut self,
+        open: &OpenCollectives<'_, IB>,
+    ) -> Result<bool, CommError> {
+        let end = self.stage == 0 || self.stage + 1 == self.stages;
+        if self.tied.is_empty() || !end || self.stages == 1 {
+            return Ok(false);
+        }
+        self.ends_device = AnyCollectives::new(open(&*self.ends)?);
+        Ok(true)
+    }
+
+    /// The device collectives over the first and last stage, if
+    /// [`Placement::ends_on_device`] opened them (for tensors of `IB`).
+    pub(crate) fn ends_device<IB: Backend>(&self) -> Option<&SharedCollectives<IB>> {
+        self.ends_device
+            .get::<IB>(&"the first and last pipeline stage")
     }
 
     /// `model` with the parameters this stage does not hold replaced by
@@ -154,7 +181,7 @@ impl Placement {
     }
 
     /// Sums the gradients of the tied parameters, `values` flat in
-    /// visiting order, over the first and last stage.
+    /// visiting order, over the first and last stage (the host path).
     pub(crate) fn sum_tied(&self, values: &mut [f32]) -> Result<(), CommError> {
         self.ends.all_reduce_sum(values)
     }

@@ -35,6 +35,12 @@ impl PartialGrads {
         Self { ids, group }
     }
 
+    /// Sums over `group` from now on (the same ranks, with their device
+    /// collectives: `Trainer::partial_grads_on`).
+    pub(crate) fn set_group(&mut self, group: TpGroup) {
+        self.group = group;
+    }
+
     /// `grads` (of `model`'s parameters) with each partial gradient summed
     /// over the group. Collective: every rank of the group calls it for
     /// the same parameters in the same order.

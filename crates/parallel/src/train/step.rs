@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::loss_scale::{LossScaleConfig, LossScaler, ScaleOutcome};
 use super::test_faults;
-use crate::comm::nccl::device::SharedCollectives;
+use crate::comm::nccl::device::{OpenCollectives, SharedCollectives};
 use crate::comm::{CommError, Communicator};
 use crate::ddp::{bucket_elems, Ddp, DEFAULT_BUCKET_MB};
 use crate::flat::param_infos;
@@ -445,6 +445,40 @@ where
     /// ([`Trainer::sync_on_device`]).
     pub fn syncs_on_device(&self) -> bool {
         self.on_device
+    }
+
+    /// Runs the pipeline's messages on the device collectives that `open`
+    /// creates: the activations and their gradients between stages (in
+    /// training and evaluation) over the PP group, and the tied
+    /// embedding's gradient sum over the first and last stage (opened
+    /// after the PP group's, on those two stages only). Returns whether
+    /// they moved: not on one stage.
+    ///
+    /// # Errors
+    /// What `open` returns.
+    pub fn pipeline_on_device(
+        &mut self,
+        open: &OpenCollectives<'_, B::InnerBackend>,
+    ) -> Result<bool, CommError> {
+        self.pipeline.on_device(open)
+    }
+
+    /// Sums sequence parallelism's partial gradients (the norms' and the
+    /// row-parallel biases', [`PartialGrads`]) over `tp` in place of the
+    /// TP group's host path: the group the model's layers hold, with their
+    /// device collectives ([`TpGroup::with_device`]), so no second
+    /// communicator is opened.
+    ///
+    /// # Panics
+    /// If `tp` is not over as many ranks as the trainer's TP group (a
+    /// caller bug).
+    pub fn partial_grads_on(&mut self, tp: TpGroup) {
+        assert_eq!(
+            (tp.rank(), tp.size()),
+            (self.groups.tp().rank(), self.groups.tp().world_size()),
+            "{tp:?} is not the trainer's TP group"
+        );
+        self.partial.set_group(tp);
     }
 
     /// The ZeRO stage in use.
