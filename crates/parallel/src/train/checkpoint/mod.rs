@@ -219,7 +219,7 @@ impl Started {
         let name = format!("step-{step}");
         let tmp = root.join(format!(".{name}.tmp"));
         let prepared = if world.rank() == 0 {
-            fresh_dir(&tmp, &root.join(format!(".{name}.old")))
+            fresh_dir(&tmp, &root.join(format!(".{name}.old")), &root.join(&name))
         } else {
             Ok(())
         };
@@ -305,17 +305,51 @@ impl Started {
     }
 }
 
-/// Creates the empty directory `tmp`, first removing what a crash during
-/// an earlier write of the same checkpoint left: its `tmp`, and `old`,
-/// the checkpoint a replacing publish had moved aside ([`publish_steps`]),
-/// which would otherwise make this publish's rename fail on every resume.
-fn fresh_dir(tmp: &Path, old: &Path) -> Result<(), CheckpointError> {
-    for left in [tmp, old] {
-        if left.exists() {
-            fs::remove_dir_all(left).map_err(io(left))?;
+/// Creates the empty directory `tmp` for the checkpoint `dir`, first
+/// clearing what a crash during an earlier write of the same checkpoint
+/// left: its `tmp` is removed; `old`, the checkpoint a replacing publish
+/// had moved aside ([`publish_steps`]), which would otherwise make this
+/// publish's rename fail on every resume, is removed when `dir` exists
+/// (the crash came after the new one was in place), and put back as
+/// `dir` when it does not (the crash came between the two renames, and
+/// `latest` may name it: see [`resolve`]).
+fn fresh_dir(tmp: &Path, old: &Path, dir: &Path) -> Result<(), CheckpointError> {
+    if tmp.exists() {
+        fs::remove_dir_all(tmp).map_err(io(tmp))?;
+    }
+    if old.exists() {
+        if moved_aside_whole(old, dir) {
+            fs::rename(old, dir).map_err(io(old))?;
+        } else {
+            fs::remove_dir_all(old).map_err(io(old))?;
         }
     }
     fs::create_dir_all(tmp).map_err(io(tmp))
+}
+
+/// Whether `old` is the whole checkpoint `dir` that a replacing publish
+/// moved aside and a crash kept from being replaced: `dir` is missing,
+/// and `old` is a complete checkpoint (its `state.json`, written last, is
+/// there; a crash while `old` was being deleted leaves `dir` in place).
+fn moved_aside_whole(old: &Path, dir: &Path) -> bool {
+    !dir.exists() && old.join("state.json").is_file()
+}
+
+/// Removes the temporary and moved-aside directories (`.step-N.tmp`,
+/// `.step-N.old`) that crashes left in `root`; run once `latest` names a
+/// newer complete checkpoint, so nothing points at them.
+fn remove_leftovers(root: &Path) -> Result<(), CheckpointError> {
+    for entry in fs::read_dir(root).map_err(io(root))?.filter_map(|e| e.ok()) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let inner = name
+            .strip_prefix('.')
+            .and_then(|n| n.strip_suffix(".tmp").or_else(|| n.strip_suffix(".old")));
+        if inner.and_then(step_of).is_some() {
+            let path = entry.path();
+            fs::remove_dir_all(&path).map_err(io(&path))?;
+        }
+    }
+    Ok(())
 }
 
 /// The error of a failed write of a checkpoint of `needed_bytes` into
@@ -390,8 +424,10 @@ fn apply(op: Op, root: &Path, keep: usize, latest: usize) -> Result<(), Checkpoi
     }
 }
 
-/// Deletes all but the newest `keep` checkpoints of `root`, never `latest`.
+/// Deletes all but the newest `keep` checkpoints of `root`, never `latest`,
+/// and what crashes left ([`remove_leftovers`]).
 fn prune(root: &Path, keep: usize, latest: usize) -> Result<(), CheckpointError> {
+    remove_leftovers(root)?;
     let mut steps: Vec<usize> = fs::read_dir(root)
         .map_err(io(root))?
         .filter_map(|e| e.ok())
@@ -408,7 +444,10 @@ fn prune(root: &Path, keep: usize, latest: usize) -> Result<(), CheckpointError>
 
 /// The checkpoint directory `path` names: a run directory (its latest
 /// checkpoint), its `checkpoints/` directory, or a `step-N` directory.
-/// Errors name the file that is missing or wrong.
+/// When `latest` names a `step-N` that a replacing publish moved aside as
+/// `.step-N.old` and a crash kept from being replaced (between its two
+/// renames), that whole checkpoint is the one named. Errors name the file
+/// that is missing or wrong.
 pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
     let root = if path.join(LATEST).is_file() {
         path.to_path_buf()
@@ -431,7 +470,12 @@ pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
             message: format!("'{name}' is not a checkpoint name (step-N)"),
         });
     }
-    Ok(root.join(name))
+    let (dir, old) = (root.join(name), root.join(format!(".{name}.old")));
+    Ok(if moved_aside_whole(&old, &dir) {
+        old
+    } else {
+        dir
+    })
 }
 
 /// Reads `state.json` of the checkpoint directory `dir`.
@@ -685,6 +729,65 @@ mod tests {
         assert!(!old.exists(), "the checkpoint moved aside is still there");
         assert_eq!(resolve(&root).unwrap(), dir);
         assert_eq!(read_state(&dir).unwrap().step, 4);
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// The crash state between a replacing publish's two renames: `latest`
+    /// names step 4, which was moved aside as `.step-4.old`, and the new
+    /// one waits complete in `.step-4.tmp`.
+    fn interrupted_between_renames(tag: &str) -> PathBuf {
+        let root =
+            std::env::temp_dir().join(format!("ferrotron-ckpt-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(&root).unwrap();
+        for step in [3, 4] {
+            write(&root, &state(step), None, &[], 3).unwrap();
+        }
+        fs::rename(root.join("step-4"), root.join(".step-4.old")).unwrap();
+        fs::create_dir_all(root.join(".step-4.tmp")).unwrap();
+        fs::write(root.join(".step-4.tmp/state.json"), b"{}").unwrap();
+        assert_eq!(fs::read_to_string(root.join(LATEST)).unwrap(), "step-4\n");
+        root
+    }
+
+    /// Names in `root`, sorted.
+    fn names(root: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// After a crash between the two renames, `latest` still loads (the
+    /// checkpoint moved aside), and the next checkpoint, once `latest`
+    /// names it, removes the leftovers.
+    #[test]
+    fn a_publish_killed_between_its_renames_leaves_latest_loadable() {
+        let root = interrupted_between_renames("renames");
+        let dir = resolve(&root).unwrap();
+        assert_eq!(dir, root.join(".step-4.old"));
+        assert_eq!(read_state(&dir).unwrap().step, 4);
+        let next = write(&root, &state(6), None, &[], 3).unwrap();
+        assert_eq!(resolve(&root).unwrap(), next);
+        assert_eq!(names(&root), ["latest", "step-3", "step-6"]);
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// After the same crash, a run resumed from step 3 that writes step 4
+    /// again puts the moved-aside checkpoint back before replacing it, so
+    /// `latest` names a whole checkpoint at every point.
+    #[test]
+    fn rewriting_a_checkpoint_moved_aside_first_puts_it_back() {
+        let root = interrupted_between_renames("rewrite");
+        let begun = Started::begin(&root, &SingleProcess, 4).unwrap().unwrap();
+        assert_eq!(resolve(&root).unwrap(), root.join("step-4"));
+        assert_eq!(read_state(&root.join("step-4")).unwrap().step, 4);
+        fs::remove_dir_all(&begun.tmp).unwrap();
+        let dir = write(&root, &state(4), None, &[], 3).unwrap();
+        assert_eq!(dir, root.join("step-4"));
+        assert_eq!(names(&root), ["latest", "step-3", "step-4"]);
         fs::remove_dir_all(&root).unwrap();
     }
 
