@@ -4,9 +4,10 @@
 //! parallelism and ZeRO (in f32, in bf16 under DP, and over 100 bf16
 //! steps under cp2 x tp2 + SP), of the overlapped
 //! gradient reduction, of NCCL as the transport and of the goldfish loss
-//! under DP, TP and PP, which build each job's `JobConfig` in
-//! code and run it through `Job` on one rank and under `mpirun`
-//! (`equivalence` holds what they share).
+//! under DP, TP and PP, and of sharded checkpoints resumed in other
+//! layouts (`reshard`), which build each job's `JobConfig` in code and run
+//! it through `Job` on one rank and under `mpirun` (`equivalence` holds
+//! what they share).
 
 mod bf16_curve;
 mod context_parallel;
@@ -17,5 +18,6 @@ mod mixed_precision;
 mod nccl;
 mod overlap;
 mod pipeline_parallel;
+mod reshard;
 mod tensor_parallel;
 mod training;

@@ -22,7 +22,6 @@ mod overlap;
 mod pipeline_parallel;
 mod plan;
 mod recompute;
-mod reshard;
 mod resume;
 mod sigkill_ranks;
 mod tensor_parallel;
