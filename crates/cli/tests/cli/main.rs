@@ -21,6 +21,7 @@ mod nccl_training;
 mod overlap;
 mod pipeline_parallel;
 mod plan;
+mod plan_memory;
 mod recompute;
 mod resume;
 mod sigkill_ranks;
