@@ -162,22 +162,26 @@ fn resumed_job(run: &Path, to: &Layout, world: &World) -> Result<ValidJob, Vec<C
     resume.validate(&config, world)
 }
 
-/// The resumes of launch `launch` (an index into [`LAUNCHES`], or
-/// `LAUNCHES.len()` for the one-rank resumes after them), in `runs`: those
-/// of its rank count whose source ran before it or in it, and not in an
-/// earlier launch.
-/// Each is its label, target layout, source run and copy.
-fn resumes_of(launch: usize, runs: &Path) -> Vec<(String, Layout, PathBuf, PathBuf)> {
-    let cases = reshards();
+/// The launch a source job runs in: the first of its rank count (`None`
+/// for a one-rank source, the reference job run before the launches).
+fn source_launch(case: &Reshard) -> Option<usize> {
+    LAUNCHES.iter().position(|&n| n == case.from.ranks)
+}
+
+/// The launch `case`'s resume in `to` runs in: the first of `to`'s rank
+/// count at or after its source's, where `LAUNCHES.len()` stands for the
+/// test's process after the launches (one rank); `None` if there is none.
+fn resume_launch(case: &Reshard, to: &Layout) -> Option<usize> {
     let ranks = |i: usize| LAUNCHES.get(i).copied().unwrap_or(1);
-    // The launch (or none, for the one-rank sources) a source runs in.
-    let source_launch = |case: &Reshard| LAUNCHES.iter().position(|&n| n == case.from.ranks);
-    let resume_launch = |case: &Reshard, to: &Layout| {
-        (0..=LAUNCHES.len())
-            .find(|&i| ranks(i) == to.ranks && source_launch(case).is_none_or(|s| s <= i))
-    };
+    (0..=LAUNCHES.len())
+        .find(|&i| ranks(i) == to.ranks && source_launch(case).is_none_or(|s| s <= i))
+}
+
+/// The resumes of launch `launch` ([`resume_launch`]), in `runs`: each
+/// its label, target layout, source run and copy.
+fn resumes_of(launch: usize, runs: &Path) -> Vec<(String, Layout, PathBuf, PathBuf)> {
     let mut out = Vec::new();
-    for case in &cases {
+    for case in &reshards() {
         for to in &case.to {
             if resume_launch(case, to) == Some(launch) {
                 let label = format!("{} {} -> {}", case.model, case.from.name, to.name);
@@ -220,6 +224,15 @@ fn sharded_checkpoints_resume_in_other_layouts_and_rank_counts_equal_to_one_rank
     }
     let runs = scratch("reshard");
     let cases = reshards();
+    for case in &cases {
+        for to in &case.to {
+            let label = format!("{} {} -> {}", case.model, case.from.name, to.name);
+            assert!(
+                resume_launch(case, to).is_some(),
+                "{label}: no launch runs it"
+            );
+        }
+    }
     let mut singles = Vec::new();
     for case in &cases {
         if !singles.iter().any(|(m, _)| *m == case.model) {
@@ -261,11 +274,13 @@ fn worker() {
     let ranks = LAUNCHES[launch];
     let runs = runs_dir();
     let mut jobs: Vec<(String, Prepare)> = Vec::new();
-    if LAUNCHES.iter().position(|&n| n == ranks) == Some(launch) {
-        for (label, config) in jobs_on(ranks, &runs, &sources(&reshards())) {
-            let prepare = move |world: &World, _: &Arc<dyn Communicator>| config.validate(world);
-            jobs.push((label, Box::new(prepare)));
-        }
+    let first: Vec<Reshard> = reshards()
+        .into_iter()
+        .filter(|case| source_launch(case) == Some(launch))
+        .collect();
+    for (label, config) in jobs_on(ranks, &runs, &sources(&first)) {
+        let prepare = move |world: &World, _: &Arc<dyn Communicator>| config.validate(world);
+        jobs.push((label, Box::new(prepare)));
     }
     for (label, to, source, copy) in resumes_of(launch, &runs) {
         let prepare = move |world: &World, comm: &Arc<dyn Communicator>| {
