@@ -18,7 +18,8 @@
 //!
 //! Three `mpirun` launches of this binary's workers (2 ranks: 8 jobs,
 //! then `goldfish`'s 3, compared here with its own one-rank job; 4 ranks:
-//! 7; 8 ranks: 1); the one-rank jobs run in the test's process. A
+//! 7, then `hf_dir`'s tp2 x pp2 job from a Hugging Face directory,
+//! likewise; 8 ranks: 1); the one-rank jobs run in the test's process. A
 //! pp2 run resumed and sampled on one rank from the command line, and the
 //! pipelines `ferrotron train` refuses, are tested in the `cli` binary.
 
@@ -33,6 +34,7 @@ use crate::equivalence::layouts::{
     jobs_on, layout_job, layout_run, plain, run_one_rank, Layout, ModelLayouts,
 };
 use crate::goldfish;
+use crate::hf_dir;
 use crate::tensor_parallel::{MODEL_TOLERANCE as TP_MODEL, TENSOR_TOLERANCE as TP_TENSOR};
 use ferrotron_test_support::runs::{check_steps, check_weights, records, step_records};
 
@@ -182,6 +184,7 @@ fn pipelines_with_dp_tp_zero_and_goldfish_jobs_equal_the_one_rank_jobs() {
         .map(|(model, extra, _)| run_one_rank(model, &runs, 4, *extra))
         .collect();
     let goldfish_single = goldfish::run_one_rank(&runs);
+    let hf_single = hf_dir::run_one_rank(&runs);
     for single in &singles {
         let pipelined = records(single).iter().any(|r| r.get("pipeline").is_some());
         assert!(!pipelined, "one stage has no stage times");
@@ -199,6 +202,7 @@ fn pipelines_with_dp_tp_zero_and_goldfish_jobs_equal_the_one_rank_jobs() {
         }
     }
     goldfish::check(&runs, &goldfish_single);
+    hf_dir::check(&runs, &hf_single);
     let _ = std::fs::remove_dir_all(&runs);
 }
 
@@ -215,7 +219,10 @@ fn worker_on_2_ranks() {
 #[test]
 #[ignore = "runs under mpirun, started by pipelines_with_dp_tp_zero_and_goldfish_jobs_equal_the_one_rank_jobs"]
 fn worker_on_4_ranks() {
-    run_on_every_rank(jobs_on(4, &runs_dir(), &models()));
+    let runs = runs_dir();
+    let mut jobs = jobs_on(4, &runs, &models());
+    jobs.extend(hf_dir::jobs(&runs));
+    run_on_every_rank(jobs);
 }
 
 /// Every rank of the 8-rank job; run only under mpirun by the test above.

@@ -1,4 +1,4 @@
-//! Reading and comparing run directories: the records of `metrics.jsonl`
+//! Copying, reading and comparing run directories: the records of `metrics.jsonl`
 //! (step losses, gradient norms, memory by class, validation losses) and
 //! every weight of `model.safetensors`, for the tests that compare a
 //! multi-rank (or resumed, or other-backend) run with the one-rank run on
@@ -10,6 +10,21 @@ use std::path::Path;
 use safetensors::tensor::Dtype;
 use safetensors::SafeTensors;
 use serde_json::Value;
+
+/// Copies the directory tree `from` to `to` (a run, to resume the copy
+/// while the original stays as it was).
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), target).unwrap();
+        }
+    }
+}
 
 /// Every record (line) of a run's `metrics.jsonl`, in file order (a
 /// resumed run appends); panics naming the run if there is no such file.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ferrotron::job::comm::{open, Transport, MPI_BUILT};
 use ferrotron::job::config::CommChoice;
-use ferrotron::job::{PrintReport, World};
+use ferrotron::job::{ConfigError, PrintReport, ValidJob, World};
 use ferrotron::parallel::comm::nccl::{NcclCommunicator, NcclLibrary, LIBRARY_ENV};
 use ferrotron::parallel::comm::{Communicator, DEFAULT_TIMEOUT};
 use ferrotron::parallel::launch::detect;
@@ -118,17 +118,34 @@ pub fn runs_dir() -> PathBuf {
 
 /// In a worker (every rank under `mpirun`): validates each of `jobs`
 /// (label, configuration) for this launch's world and runs it through
-/// [`Job::on`], one after another, on one world communicator: MPI's, or
-/// for the jobs with `parallelism.comm = "nccl"` one NCCL communicator
-/// over it ([`nccl_over`], opened at the first such job).
+/// [`Job::on`] ([`run_prepared_on_every_rank`]).
 pub fn run_on_every_rank(jobs: Vec<(String, JobConfig)>) {
+    let jobs = jobs.into_iter().map(|(label, config)| {
+        let prepare: Prepare =
+            Box::new(move |world: &World, _: &Arc<dyn Communicator>| config.validate(world));
+        (label, prepare)
+    });
+    run_prepared_on_every_rank(jobs.collect());
+}
+
+/// How every rank of a worker validates one of its jobs, given the
+/// launch's world and MPI communicator; every rank calls it at the same
+/// point, so it may be collective (a barrier after rank 0 wrote files).
+pub type Prepare =
+    Box<dyn FnOnce(&World, &Arc<dyn Communicator>) -> Result<ValidJob, Vec<ConfigError>>>;
+
+/// In a worker (every rank under `mpirun`): prepares each of `jobs`
+/// (label, [`Prepare`]) and runs it through [`Job::on`], one after
+/// another, on one world communicator: MPI's, or for the jobs with
+/// `parallelism.comm = "nccl"` one NCCL communicator over it
+/// ([`nccl_over`], opened at the first such job).
+pub fn run_prepared_on_every_rank(jobs: Vec<(String, Prepare)>) {
     let world = detect().unwrap();
     let mpi = open(&world, Transport::Mpi, DEFAULT_TIMEOUT).unwrap();
     let mut nccl = None;
-    for (label, config) in jobs {
-        let valid = config
-            .validate(&world)
-            .unwrap_or_else(|e| panic!("{label}: the job is refused: {e:?}"));
+    for (label, prepare) in jobs {
+        let valid =
+            prepare(&world, &mpi).unwrap_or_else(|e| panic!("{label}: the job is refused: {e:?}"));
         let comm = match valid.config().parallelism.comm {
             CommChoice::Nccl => nccl.get_or_insert_with(|| nccl_over(&mpi)).clone(),
             CommChoice::Auto | CommChoice::Mpi => mpi.clone(),

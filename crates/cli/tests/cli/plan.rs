@@ -1,19 +1,15 @@
 //! `ferrotron plan` and energy in `metrics.jsonl`.
 //!
-//! - The planner against Ferrotron itself: small CPU runs (one rank,
-//!   `mpirun -np 2` with ZeRO 0, 1, 2 and 3, and `mpirun -np 4 --pp 2`
-//!   with ZeRO 0, 1 and 2) report parameter, gradient and optimizer bytes
-//!   in `metrics.jsonl`; `ferrotron plan --explain` of the same layout
-//!   must give exactly those bytes, and as the host copy of an
-//!   `--async-checkpoint` exactly the bytes rank 0 stores of a
-//!   checkpoint. (The activation peak is checked in `plan_activations.rs`.)
-//! - The command: the ranked table, `--json`, `--explain`, bad input.
+//! - The command: the ranked table, `--json`, `--explain`, bad input, and
+//!   its `today` column against what `ferrotron train` accepts. (Its
+//!   memory classes against the trainer's: `plan_memory.rs`; the
+//!   activation peak: `plan_activations.rs`.)
 //! - Energy: a run on a fake powercap tree whose counter advances writes
 //!   `energy_j` and `tokens_per_joule` per step and prints the total; a run
 //!   without a counter prints one line naming what is missing and writes
 //!   no energy.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -54,11 +50,12 @@ fn train_output(ranks: usize, args: &[String], env: &[(&str, &Path)]) -> Output 
 }
 
 const SEQ: usize = 32;
-const MICRO: usize = 2;
+/// Sequences per micro-batch of the training runs and the plans.
+pub const MICRO: usize = 2;
 const BUCKET_MB: &str = "0.05";
 
 /// The flags of a 2-step training run of `model` into `out`.
-fn train_args(model: &str, corpus: &Path, out: &Path, zero: u8) -> Vec<String> {
+pub fn train_args(model: &str, corpus: &Path, out: &Path, zero: u8) -> Vec<String> {
     [
         "--model",
         model,
@@ -93,7 +90,7 @@ fn train_args(model: &str, corpus: &Path, out: &Path, zero: u8) -> Vec<String> {
 
 /// `ferrotron plan --explain LABEL --json` for `model` on `gpus` CPU ranks
 /// with the training runs' shape.
-fn plan_explain(model: &str, gpus: usize, label: &str) -> serde_json::Value {
+pub fn plan_explain(model: &str, gpus: usize, label: &str) -> serde_json::Value {
     plan_explain_with(model, gpus, label, &[])
 }
 
@@ -110,97 +107,6 @@ fn plan_explain_with(model: &str, gpus: usize, label: &str, extra: &[&str]) -> s
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).unwrap()
-}
-
-/// Also pp2 x dp2 on 4 ranks under ZeRO 0, 1 and 2: rank 0, which writes
-/// the metrics, is the first stage, whose layout lists the other stage's
-/// tensors as one-value placeholders.
-#[test]
-fn planned_memory_classes_equal_the_measured_ones_on_one_rank_dp2_zero_0_to_3_and_pp2() {
-    let dir = scratch("plan-validate");
-    let corpus = corpus(&dir);
-    for model in ["gpt-mini", "llama-mini"] {
-        let mut runs: Vec<(usize, u8, String)> =
-            vec![(1, 0, format!("dp1-tp1-pp1-z0-mb{MICRO}-none"))];
-        if cfg!(feature = "mpi") {
-            for zero in 0..=3u8 {
-                let rc = if zero == 3 { "full" } else { "none" };
-                runs.push((2, zero, format!("dp2-tp1-pp1-z{zero}-mb{MICRO}-{rc}")));
-            }
-            for zero in 0..=2u8 {
-                runs.push((4, zero, format!("dp2-tp1-pp2-z{zero}-mb{MICRO}-none")));
-            }
-        } else {
-            skip("the dp2 and pp2 runs: ferrotron was built without the `mpi` feature");
-        }
-        for (ranks, zero, label) in runs {
-            let out: PathBuf = dir.join(format!("{model}-{label}"));
-            let plan = plan_explain(model, ranks, &label);
-            let mut args = train_args(model, &corpus, &out, zero);
-            if label.contains("-pp2-") {
-                assert_eq!(plan["memory"]["stage"], "first", "{model} {label}");
-                let split: Vec<String> = plan["stage_layers"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|n| n.to_string())
-                    .collect();
-                // The plan's 2 micro-batches per DP rank, on its split.
-                args.extend(
-                    [
-                        "--pp",
-                        "2",
-                        "--grad-accum",
-                        "2",
-                        "--pp-layers",
-                        &split.join(","),
-                    ]
-                    .map(String::from),
-                );
-            }
-            train(ranks, &args, &[]);
-            // An async checkpoint's host copy is what rank 0 stores: the
-            // tensor bytes of its file of the step-2 checkpoint.
-            let stored = tensor_bytes(&out.join("checkpoints/step-2/rank-00000.safetensors"));
-            let background = &plan["memory"]["checkpoint"]["background"];
-            println!("{model} {label} checkpoint: stored {stored}, planned {background}");
-            assert_eq!(background.as_f64(), Some(stored as f64), "{model} {label}");
-            let last = step_records(&out).pop().unwrap();
-            let state = &plan["memory"]["state"];
-            for class in ["param_bytes", "grad_bytes", "optimizer_bytes"] {
-                println!(
-                    "{model} {label} {class}: measured {}, planned {}",
-                    last[class], state[class]
-                );
-                assert_eq!(last[class], state[class], "{model} {label} {class}");
-            }
-            // MFU and HFU mean the same in both: their ratio is the
-            // hardware FLOPs (recomputation included) over the model's.
-            let ratio =
-                |v: &serde_json::Value| v["hfu"].as_f64().unwrap() / v["mfu"].as_f64().unwrap();
-            let (trained, planned) = (ratio(&last), ratio(&plan["time"]));
-            println!("{model} {label}: HFU/MFU trained {trained:.6}, planned {planned:.6}");
-            assert!(
-                (trained / planned - 1.0).abs() < 1e-9,
-                "{model} {label}: HFU/MFU {trained} vs {planned}"
-            );
-            if label.ends_with("-full") {
-                assert!(
-                    planned > 1.2,
-                    "full recomputation adds a forward: {planned}"
-                );
-            }
-        }
-    }
-    std::fs::remove_dir_all(&dir).unwrap();
-}
-
-/// Bytes of tensor data in the safetensors file `path` (the file less its
-/// 8-byte header length and the header).
-fn tensor_bytes(path: &Path) -> u64 {
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let header = u64::from_le_bytes(bytes[..8].try_into().unwrap());
-    bytes.len() as u64 - 8 - header
 }
 
 /// The `today` column against `ferrotron train`: each layout below is

@@ -62,18 +62,9 @@ pub fn step_losses(run: &Path) -> Vec<(u64, f64)> {
         .collect()
 }
 
-/// Copies the directory tree `from` to `to`.
+/// Copies the directory tree `from` to `to` ([`runs::copy_dir`]).
 pub fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let target = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &target);
-        } else {
-            std::fs::copy(e.path(), target).unwrap();
-        }
-    }
+    runs::copy_dir(from, to)
 }
 
 /// The flags of `ferrotron plan` for `model` (vocabulary `vocab`) on `gpus`
