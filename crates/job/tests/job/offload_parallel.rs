@@ -143,7 +143,12 @@ pub mod worker {
             f64::from_bits(outs[0].1) > CLIP,
             "zero {stage}: step 1's norm does not reach the clipping threshold {CLIP}"
         );
-        let weights = trainer
+        (outs, weight_bits(&trainer), (ops, in_flight))
+    }
+
+    /// The trainer's whole parameters' bits, by name.
+    pub fn weight_bits(trainer: &Trainer<B, Decoder<B>>) -> Vec<(String, Vec<u32>)> {
+        trainer
             .whole_parameters()
             .unwrap()
             .into_iter()
@@ -151,8 +156,7 @@ pub mod worker {
                 let bits = data.to_vec::<f32>().unwrap().into_iter().map(f32::to_bits);
                 (name, bits.collect())
             })
-            .collect();
-        (outs, weights, (ops, in_flight))
+            .collect()
     }
 
     /// The runs of the module doc on the 2 ranks of `world`; a line per

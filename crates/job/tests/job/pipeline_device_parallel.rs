@@ -41,6 +41,7 @@ pub mod worker {
     use ferrotron_parallel::tensor::TpGroup;
 
     use crate::gradients::{global_batch, job};
+    use crate::offload_parallel::worker::weight_bits;
 
     type B = Autodiff<Flex>;
     type Inner = Flex;
@@ -141,15 +142,7 @@ pub mod worker {
             })
             .collect();
         let eval = trainer.evaluate(&batches[..1]).unwrap().to_bits();
-        let weights = trainer
-            .whole_parameters()
-            .unwrap()
-            .into_iter()
-            .map(|(name, data)| {
-                let bits = data.to_vec::<f32>().unwrap().into_iter().map(f32::to_bits);
-                (name, bits.collect())
-            })
-            .collect();
+        let weights = weight_bits(&trainer);
         ((steps, eval, weights), opened.into_inner().unwrap())
     }
 
