@@ -91,6 +91,8 @@
 
 mod backward;
 mod block;
+mod buf;
+mod device;
 mod forward;
 mod loss;
 mod ops;
@@ -101,12 +103,15 @@ mod transport;
 
 pub use backward::{ring_backward, Kept, RingBackward};
 pub use block::{merge, Block, BlockAttention, HeadBuf, WholeRows};
+pub use buf::RingBuf;
+pub use device::{DeviceRing, OnHost};
 pub use forward::{ring_forward, RingForward};
 pub use loss::ring_mean;
 pub use ops::{CpOps, RingAttention};
 pub use pairing::Pairing;
 pub use simulate::simulate_ring;
 pub use split::{ChunkLayout, SplitError};
+pub use transport::RingTransport;
 
 #[cfg(test)]
 mod tests;

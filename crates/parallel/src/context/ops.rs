@@ -22,10 +22,11 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{DType, FloatDType, Tensor, TensorData, TensorPrimitive};
+use burn::tensor::{DType, Tensor, TensorPrimitive};
 
 use super::backward::{ring_backward, Kept};
 use super::block::{BlockAttention, HeadBuf};
+use super::device::{host, tensor};
 use super::forward::ring_forward;
 use super::split::ChunkLayout;
 use crate::comm::Communicator;
@@ -111,22 +112,6 @@ pub trait CpOps: Backend {
         let (out, _) = ring.forward(&host(q), &host(k), &host(v));
         tensor(out, &device, dtype)
     }
-}
-
-/// A tensor's values in logical order, as f32.
-fn host<B: Backend>(x: Tensor<B, 4>) -> HeadBuf {
-    let dims = x.dims();
-    let data = x
-        .cast(FloatDType::F32)
-        .into_data()
-        .into_vec::<f32>()
-        .expect("a tensor cast to f32 holds f32");
-    HeadBuf::new(dims, data)
-}
-
-/// Host values as a tensor of `dtype` on `device`.
-fn tensor<B: Backend>(x: HeadBuf, device: &B::Device, dtype: DType) -> Tensor<B, 4> {
-    Tensor::<B, 4>::from_data(TensorData::new(x.data, x.dims), device).cast(dtype)
 }
 
 fn float<B: Backend>(p: FloatTensor<B>) -> Tensor<B, 4> {
