@@ -87,15 +87,17 @@
 //! tensors, one grouped send/receive of the device collectives
 //! (`TensorCollectives::exchange`) per step, not overlapped with the
 //! step). [`RingAttention::with_device`] makes [`CpOps::ring_attention`]
-//! run this way; each block's kernel then runs through [`OnHost`].
+//! run this way; each block's kernel then runs through [`OnHost`]. The
+//! job does so under an NCCL transport (`--comm nccl`).
 //!
 //! # Not done yet
 //!
 //! - a device block kernel: on device tensors each step's block goes
 //!   through [`OnHost`], to the host and back (on a GPU the model's CubeCL
-//!   attention then uploads it again), and neither the decoder nor the job
-//!   hands the ring device collectives yet, so a job with CP runs the ring
-//!   on host buffers (which is why `--comm auto` keeps it on MPI);
+//!   attention then uploads it again), which is why `--comm auto` keeps a
+//!   job with CP on MPI (under `--comm nccl` the job hands the ring the CP
+//!   group's device collectives: `Decoder::with_ring_on_device`);
+//! - overlapping [`DeviceRing`]'s transfer with the step;
 //! - the CPU block's bias `[heads or 1, len_q, len_k]` is built per step (a
 //!   mask from positions inside the kernel would avoid it);
 //! - the all-to-all (Ulysses) kind.
