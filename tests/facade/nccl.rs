@@ -5,13 +5,16 @@
 //! 1 and 3, grad-accum 1; tp2, tp2 with sequence parallelism and pp2,
 //! grad-accum 2: pp2 sends activations and their gradients as grouped
 //! `ncclSend`/`ncclRecv` and sums the GPT mini's tied embedding over the
-//! first and last stage; the gradient sync takes the device path,
+//! first and last stage; cp2, grad-accum 2: the ring attention passes
+//! its K/V and `dk`, `dv` sums as device tensors,
+//! `RingAttention::with_device`; the gradient sync takes the device path,
 //! `Trainer::sync_on_device`, and the TP operators theirs,
 //! `TpGroup::with_device`, on the double's host memory) equal the
 //! one-rank job on the same global batch (4 sequences) after 5 steps:
 //! - every step's loss and gradient norm within 1e-5 relative;
-//! - the weights within 1e-5 of the model's largest weight (tp2:
-//!   `tensor_parallel`'s whole-model bound, 1e-4; TP reorders sums);
+//! - the weights within 1e-5 of the model's largest weight (tp2, cp2:
+//!   `tensor_parallel`'s whole-model bound, 1e-4; TP and the ring reorder
+//!   sums);
 //! - and the TP jobs equal `tensor_parallel`'s same jobs over MPI (its
 //!   `tp2` and `tp2-sp`) bit for bit: every loss, gradient norm and
 //!   weight, so the device path computes what the host path does.
@@ -51,7 +54,7 @@ fn nccl(name: &'static str, accum: usize, set: fn(&mut JobConfig)) -> Layout {
 
 /// Every layout, with its bound on the weights' largest difference
 /// relative to the one-rank job's largest weight.
-fn cases() -> [(Layout, f64); 6] {
+fn cases() -> [(Layout, f64); 7] {
     [
         (
             nccl("nccl-dp2-zero0", 1, |c| {
@@ -95,6 +98,15 @@ fn cases() -> [(Layout, f64); 6] {
                 c.parallelism.pp = 2;
             }),
             1e-5,
+        ),
+        (
+            nccl("nccl-cp2", 2, |c| {
+                c.parallelism.comm = CommChoice::Nccl;
+                c.parallelism.cp = 2;
+            }),
+            // context_parallel's whole-model bound (the TP one): the
+            // ring's partial softmax sums merge in another order.
+            1e-4,
         ),
     ]
 }

@@ -47,9 +47,10 @@ pub enum Transport {
 ///   gradients and pipeline messages (activations, their gradients, the
 ///   tied embedding's sum) hand NCCL their device tensors; what is left
 ///   on the host path is small (scalars per step). The ring of context
-///   parallelism computes on host buffers, which NCCL on a GPU must
-///   stage through device memory, two more copies across PCIe per call
-///   than MPI makes: a job with it stays on MPI.
+///   parallelism passes device tensors under NCCL, but computes each
+///   block on host buffers (`context::OnHost`: a copy to the host and
+///   back per block and step that MPI's host ring does not make): a job
+///   with it stays on MPI.
 /// - `mpi`: MPI.
 /// - `nccl`: on cuda and rocm, the library as for `auto`, which must
 ///   load (the calls on host buffers staged through the rank's GPU); on a

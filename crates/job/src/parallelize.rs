@@ -182,6 +182,26 @@ fn tp_group<B: TrainBackend>(
     }
 }
 
+/// `part`, whose ring runs on the device tensors under an NCCL transport
+/// with `parallelism.cp > 1`: a collective over the CP group, which opens
+/// its communicator (after the TP group's, before the DP x CP group's and
+/// the pipeline's, on every rank).
+fn ring_on_device<B: TrainBackend>(
+    part: Decoder<B>,
+    groups: &ProcessGroups,
+    job: &ValidJob,
+    device: &B::Device,
+) -> anyhow::Result<Decoder<B>> {
+    match job.transport.nccl() {
+        Some((lib, gpu)) if groups.cp().world_size() > 1 => {
+            let cp = &**groups.cp();
+            let collectives = device_collectives::<B::InnerBackend>(lib, gpu, device, cp)?;
+            Ok(part.with_ring_on_device(collectives))
+        }
+        _ => Ok(part),
+    }
+}
+
 /// Applies the job's layout to `model` (the whole model, loaded on this
 /// rank) over `groups`: cuts it over the TP group with the decoder's
 /// sharding plan (with sequence parallelism when `parallelism.sp`), then
@@ -238,7 +258,12 @@ fn parallelize_with<B: TrainBackend>(
         part.tp_degree(),
         job.mesh.tp
     );
-    let part = part.with_context_parallel(groups.cp().clone())?;
+    let part = ring_on_device::<B>(
+        part.with_context_parallel(groups.cp().clone())?,
+        &groups,
+        job,
+        device,
+    )?;
     let tp = part.tp_group().clone();
     let parallel = ParallelConfig {
         shards: tp_plan(job)?,

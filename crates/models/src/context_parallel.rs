@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
+use ferrotron_parallel::comm::nccl::device::{AnyCollectives, SharedCollectives};
 use ferrotron_parallel::comm::{Communicator, SingleProcess};
 use ferrotron_parallel::context::{ring_mean, BlockAttention, ChunkLayout, RingAttention};
 use ferrotron_parallel::tensor::{TpGroup, TpOps};
@@ -49,10 +50,13 @@ pub fn block_kernel<B: KernelBackend>(
 }
 
 /// The context-parallel ring a decoder computes over (a ring of one rank:
-/// no context parallelism).
+/// no context parallelism), and its device collectives if it has them.
 #[derive(Clone)]
 pub struct ContextParallel {
     comm: Arc<dyn Communicator>,
+    /// A `SharedCollectives<B>` over the ring's ranks for the backend `B`
+    /// the layers compute on, or none (the ring on host buffers).
+    device: AnyCollectives,
 }
 
 impl ContextParallel {
@@ -63,7 +67,25 @@ impl ContextParallel {
 
     /// The ring of `comm`'s ranks (the CP group), in its rank order.
     pub fn new(comm: Arc<dyn Communicator>) -> Self {
-        Self { comm }
+        Self {
+            comm,
+            device: AnyCollectives::none(),
+        }
+    }
+
+    /// The ring on the tensors of backend `B` (the inner backend under
+    /// autodiff), over `collectives` (opened over the ring's ranks, in the
+    /// same order): `RingAttention::with_device`.
+    pub fn with_device<B: Backend>(self, collectives: SharedCollectives<B>) -> Self {
+        assert_eq!(
+            collectives.world_size(),
+            self.size(),
+            "device collectives over another group than the CP ring"
+        );
+        Self {
+            device: AnyCollectives::new(collectives),
+            ..self
+        }
     }
 
     /// Ranks in the ring (the CP degree).
@@ -99,6 +121,7 @@ impl ContextParallel {
     /// by `kernel` ([`block_kernel`]).
     pub fn ring(&self, seq: usize, kernel: Arc<dyn BlockAttention + Send>) -> RingAttention {
         RingAttention::new(self.comm.clone(), self.layout(seq), kernel)
+            .with_device(self.device.clone())
     }
 
     /// The mean loss (nats per kept token, `[1]`) of the ring's sequences

@@ -7,6 +7,7 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{FloatDType, Int, Tensor, TensorData};
 use ferrotron_engine::lm::{CausalLm, LmUnit, LmUnits};
+use ferrotron_parallel::comm::nccl::device::SharedCollectives;
 use ferrotron_parallel::comm::Communicator;
 use ferrotron_parallel::tensor::{
     column_input, embedding_part, gather_from_tp, row_output, vocab_parallel_cross_entropy,
@@ -272,6 +273,18 @@ impl<B: KernelBackend> Decoder<B> {
             cp: ContextParallel::new(ring),
             ..self
         })
+    }
+
+    /// The model whose ring ([`Decoder::with_context_parallel`]) runs on
+    /// the tensors of backend `C` (the inner backend under autodiff) over
+    /// `collectives`, opened over the CP group's ranks in its order: the
+    /// K/V and the `dk`, `dv` sums cross the ring as device tensors
+    /// (`ferrotron_parallel::context::RingAttention::with_device`).
+    pub fn with_ring_on_device<C: Backend>(self, collectives: SharedCollectives<C>) -> Self {
+        Self {
+            cp: self.cp.with_device(collectives),
+            ..self
+        }
     }
 
     /// The CP degree the model computes over (1: whole sequences).

@@ -3,44 +3,53 @@
 //! come home to the rank that owns those keys.
 
 use super::block::{Block, BlockAttention, HeadBuf, WholeRows};
+use super::buf::RingBuf;
 use super::pairing::{source, Pairing};
 use super::split::ChunkLayout;
-use super::transport::{pass_on, TAG_BASE};
-use crate::comm::{CommError, Communicator};
+use super::transport::{RingTransport, TAG_BASE};
+use crate::comm::CommError;
 
 /// What the forward keeps for the backward, on one rank: its inputs and
-/// the results of [`ring_forward`](super::ring_forward).
-#[derive(Clone, Copy, Debug)]
-pub struct Kept<'a> {
+/// the results of [`ring_forward`](super::ring_forward), buffers `T`.
+#[derive(Debug)]
+pub struct Kept<'a, T = HeadBuf> {
     /// Queries `[batch, heads, local_len, head_dim]`.
-    pub q: &'a HeadBuf,
+    pub q: &'a T,
     /// Keys `[batch, kv_heads, local_len, head_dim]`.
-    pub k: &'a HeadBuf,
+    pub k: &'a T,
     /// Values, as `k`.
-    pub v: &'a HeadBuf,
+    pub v: &'a T,
     /// The whole attention's output rows, as `q`.
-    pub out: &'a HeadBuf,
+    pub out: &'a T,
     /// Their log-sum-exp, `[batch, heads, local_len, 1]`.
-    pub lse: &'a HeadBuf,
+    pub lse: &'a T,
 }
+
+impl<T> Clone for Kept<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Kept<'_, T> {}
 
 /// One rank's backward, step by step: holds its queries, the output's
 /// gradient, the whole attention's `lse` and `delta = rowsum(d_out *
 /// out)`, and the running `dq`. [`ring_backward`] drives it over a
-/// communicator.
-pub struct RingBackward<'a, A: BlockAttention + ?Sized> {
+/// transport.
+pub struct RingBackward<'a, A: BlockAttention<T> + ?Sized, T: RingBuf = HeadBuf> {
     kernel: &'a A,
     layout: ChunkLayout,
     rank: usize,
-    q: &'a HeadBuf,
-    d_out: &'a HeadBuf,
-    lse: &'a HeadBuf,
-    delta: HeadBuf,
+    q: &'a T,
+    d_out: &'a T,
+    lse: &'a T,
+    delta: T,
     positions: Vec<usize>,
-    dq: HeadBuf,
+    dq: T,
 }
 
-impl<'a, A: BlockAttention + ?Sized> RingBackward<'a, A> {
+impl<'a, A: BlockAttention<T> + ?Sized, T: RingBuf> RingBackward<'a, A, T> {
     /// The backward of rank `rank` for the output gradient `d_out`
     /// `[batch, heads, local_len, head_dim]`; `kept.k` and `kept.v` are
     /// not read (the blocks come to [`RingBackward::step`]).
@@ -48,31 +57,19 @@ impl<'a, A: BlockAttention + ?Sized> RingBackward<'a, A> {
         kernel: &'a A,
         layout: ChunkLayout,
         rank: usize,
-        kept: Kept<'a>,
-        d_out: &'a HeadBuf,
+        kept: Kept<'a, T>,
+        d_out: &'a T,
     ) -> Self {
-        let [b, h, len, d] = kept.q.dims;
-        assert_eq!(
-            len,
-            layout.local_len(),
-            "ring backward: q {:?}",
-            kept.q.dims
-        );
+        let dims = kept.q.dims();
+        let [b, h, len, _] = dims;
+        assert_eq!(len, layout.local_len(), "ring backward: q {dims:?}");
         assert!(
-            kept.out.dims == kept.q.dims && d_out.dims == kept.q.dims,
-            "ring backward: out {:?}, d_out {:?} for q {:?}",
-            kept.out.dims,
-            d_out.dims,
-            kept.q.dims
+            kept.out.dims() == dims && d_out.dims() == dims,
+            "ring backward: out {:?}, d_out {:?} for q {dims:?}",
+            kept.out.dims(),
+            d_out.dims(),
         );
-        assert_eq!(kept.lse.dims, [b, h, len, 1], "ring backward: lse");
-        let delta = kept
-            .out
-            .data
-            .chunks(d)
-            .zip(d_out.data.chunks(d))
-            .map(|(o, g)| o.iter().zip(g).map(|(a, b)| a * b).sum())
-            .collect();
+        assert_eq!(kept.lse.dims(), [b, h, len, 1], "ring backward: lse");
         Self {
             kernel,
             layout,
@@ -80,16 +77,16 @@ impl<'a, A: BlockAttention + ?Sized> RingBackward<'a, A> {
             q: kept.q,
             d_out,
             lse: kept.lse,
-            delta: HeadBuf::new([b, h, len, 1], delta),
+            delta: kept.out.row_dots(d_out),
             positions: layout.positions(rank),
-            dq: HeadBuf::filled([b, h, len, d], 0.0),
+            dq: kept.q.filled_like(dims, 0.0),
         }
     }
 
     /// This rank's share `[dk, dv]` (the shapes of `k`, `v`) of the
     /// gradients of rank `source`'s K/V `k`, `v`; its share of `dq` is
     /// added to the running one.
-    pub fn step(&mut self, source: usize, k: &HeadBuf, v: &HeadBuf) -> [HeadBuf; 2] {
+    pub fn step(&mut self, source: usize, k: &T, v: &T) -> [T; 2] {
         let c = self.layout.chunk_len();
         let pairing = Pairing::of(self.rank, source);
         let (rows, keys) = (pairing.query_rows(c), pairing.key_rows(c));
@@ -119,7 +116,7 @@ impl<'a, A: BlockAttention + ?Sized> RingBackward<'a, A> {
         let [dq, dk, dv] = self.kernel.backward(block, whole);
         self.dq.add_rows(rows, &dq);
         [(k, dk), (v, dv)].map(|(like, part)| {
-            let mut full = HeadBuf::filled(like.dims, 0.0);
+            let mut full = like.filled_like(like.dims(), 0.0);
             full.add_rows(keys.clone(), &part);
             full
         })
@@ -127,7 +124,7 @@ impl<'a, A: BlockAttention + ?Sized> RingBackward<'a, A> {
 
     /// `dq` `[batch, heads, local_len, head_dim]`, once every rank's K/V
     /// has been seen.
-    pub fn finish(self) -> HeadBuf {
+    pub fn finish(self) -> T {
         self.dq
     }
 }
@@ -137,24 +134,30 @@ impl<'a, A: BlockAttention + ?Sized> RingBackward<'a, A> {
 /// shapes of its `q`, `k`, `v`). At each step the K/V for the next step
 /// and the `dk`, `dv` gathered so far for the block of the previous step
 /// travel to the next rank while this step computes; a last transfer
-/// brings each rank its own `dk`, `dv`.
-pub fn ring_backward<A: BlockAttention + ?Sized>(
-    ring: &dyn Communicator,
+/// brings each rank its own `dk`, `dv`. `ring` as for
+/// [`ring_forward`](super::ring_forward).
+pub fn ring_backward<X, A, T>(
+    ring: &X,
     kernel: &A,
     layout: ChunkLayout,
-    kept: Kept<'_>,
-    d_out: &HeadBuf,
-) -> Result<[HeadBuf; 3], CommError> {
-    let (rank, cp) = (ring.rank(), ring.world_size());
+    kept: Kept<'_, T>,
+    d_out: &T,
+) -> Result<[T; 3], CommError>
+where
+    X: RingTransport<T> + ?Sized,
+    A: BlockAttention<T> + ?Sized,
+    T: RingBuf,
+{
+    let (rank, cp) = ring.place();
     assert_eq!(cp, layout.cp(), "a ring of {cp} ranks for {layout:?}");
     let mut state = RingBackward::new(kernel, layout, rank, kept, d_out);
     let (mut k, mut v) = (kept.k.clone(), kept.v.clone());
     // dk, dv of the block held at the previous step, summed over the
     // ranks it has visited.
-    let mut gathered: Option<[HeadBuf; 2]> = None;
+    let mut gathered: Option<[T; 2]> = None;
     for step in 0..cp {
         let more = step + 1 < cp;
-        let mut send: Vec<(i32, &HeadBuf)> = Vec::new();
+        let mut send: Vec<(i32, &T)> = Vec::new();
         if more {
             send.extend([(TAG_BASE, &k), (TAG_BASE + 1, &v)]);
         }
@@ -162,7 +165,7 @@ pub fn ring_backward<A: BlockAttention + ?Sized>(
             send.extend([(TAG_BASE + 2, dk), (TAG_BASE + 3, dv)]);
         }
         let (received, mut parts) =
-            pass_on(ring, &send, || state.step(source(rank, step, cp), &k, &v))?;
+            ring.pass_on(&send, || state.step(source(rank, step, cp), &k, &v))?;
         let mut received = received.into_iter();
         if more {
             (k, v) = (received.next().unwrap(), received.next().unwrap());
@@ -175,7 +178,7 @@ pub fn ring_backward<A: BlockAttention + ?Sized>(
     let [dk, dv] = gathered.expect("a ring has at least one step");
     let [dk, dv] = if cp > 1 {
         let send = [(TAG_BASE + 2, &dk), (TAG_BASE + 3, &dv)];
-        let (home, ()) = pass_on(ring, &send, || ())?;
+        let (home, ()) = ring.pass_on(&send, || ())?;
         let mut home = home.into_iter();
         [home.next().unwrap(), home.next().unwrap()]
     } else {

@@ -82,48 +82,66 @@ impl HeadBuf {
 /// `k` and values `v` `[batch, kv_heads, len_k, head_dim]` at `k_pos`
 /// (query head `h` reads KV head `h / (heads / kv_heads)`). Key `j` is
 /// visible to query `i` when `k_pos[j] <= q_pos[i]` (the causal mask on
-/// global positions); every query sees at least one key.
-#[derive(Clone, Copy, Debug)]
-pub struct Block<'a> {
+/// global positions); every query sees at least one key. `T` is the
+/// buffer: [`HeadBuf`] on the host, a device tensor on the device ring.
+#[derive(Debug)]
+pub struct Block<'a, T = HeadBuf> {
     /// Queries `[batch, heads, len_q, head_dim]`.
-    pub q: &'a HeadBuf,
+    pub q: &'a T,
     /// Keys `[batch, kv_heads, len_k, head_dim]`.
-    pub k: &'a HeadBuf,
+    pub k: &'a T,
     /// Values, as `k`.
-    pub v: &'a HeadBuf,
+    pub v: &'a T,
     /// Global position of each query row.
     pub q_pos: &'a [usize],
     /// Global position of each key row.
     pub k_pos: &'a [usize],
 }
 
+impl<T> Clone for Block<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Block<'_, T> {}
+
 /// What the backward of one block needs of the whole attention of its
 /// queries (over every key of the sequence, not only this block's).
-#[derive(Clone, Copy, Debug)]
-pub struct WholeRows<'a> {
+#[derive(Debug)]
+pub struct WholeRows<'a, T = HeadBuf> {
     /// Gradient of the whole output, `[batch, heads, len_q, head_dim]`.
-    pub d_out: &'a HeadBuf,
+    pub d_out: &'a T,
     /// Log-sum-exp of the whole attention's scores, `[batch, heads, len_q, 1]`.
-    pub lse: &'a HeadBuf,
+    pub lse: &'a T,
     /// `rowsum(d_out * out)` of the whole output, `[batch, heads, len_q, 1]`.
-    pub delta: &'a HeadBuf,
+    pub delta: &'a T,
 }
+
+impl<T> Clone for WholeRows<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for WholeRows<'_, T> {}
 
 /// The attention of one block, supplied by the model's kernels: scores
 /// `q k^T / sqrt(head_dim)` plus the positional bias the model uses (for
 /// ALiBi a function of the global positions), softmax over the visible
-/// keys, times `v`.
-pub trait BlockAttention: Sync {
+/// keys, times `v`. `T` is the buffer the block comes in and the results
+/// go out in (f32).
+pub trait BlockAttention<T = HeadBuf>: Sync {
     /// The output `[batch, heads, len_q, head_dim]` and the log-sum-exp
     /// (natural log) of each query's biased scores over this block's
     /// visible keys `[batch, heads, len_q, 1]`.
-    fn forward(&self, block: Block<'_>) -> (HeadBuf, HeadBuf);
+    fn forward(&self, block: Block<'_, T>) -> (T, T);
 
     /// This block's share `[dq, dk, dv]` (the shapes of `q`, `k`, `v`) of
     /// the gradients of the whole attention: probabilities
     /// `exp(score - whole.lse)`, the softmax's gradient taken with
     /// `whole.delta`.
-    fn backward(&self, block: Block<'_>, whole: WholeRows<'_>) -> [HeadBuf; 3];
+    fn backward(&self, block: Block<'_, T>, whole: WholeRows<'_, T>) -> [T; 3];
 }
 
 /// Folds a block's output `part` `[batch, heads, rows.len(), d]` and

@@ -78,19 +78,35 @@
 //! applies; the overflow check is the global gradient norm, summed over
 //! DP x CP (see `Trainer::with_loss_scaling`).
 //!
+//! # On device tensors ([`RingBuf`], [`RingTransport`], [`DeviceRing`])
+//!
+//! The steps are generic over the buffer ([`RingBuf`]: [`HeadBuf`] on the
+//! host, an f32 `Tensor<B, 4>` on the device, whose slices, sums and
+//! merge are Burn operations) and over the transport ([`RingTransport`]:
+//! any communicator for host buffers, as above; [`DeviceRing`] for
+//! tensors, one grouped send/receive of the device collectives
+//! (`TensorCollectives::exchange`) per step, not overlapped with the
+//! step). [`RingAttention::with_device`] makes [`CpOps::ring_attention`]
+//! run this way; each block's kernel then runs through [`OnHost`]. The
+//! job does so under an NCCL transport (`--comm nccl`).
+//!
 //! # Not done yet
 //!
-//! - the ring on device buffers: the blocks, the merge and the transfers
-//!   work on host buffers ([`HeadBuf`]), so on a GPU each step's block
-//!   kernel (the model's CubeCL attention) copies its block to the device
-//!   and back, and the K/V cross the ring through host memory (which is
-//!   why `--comm auto` keeps a job with CP on MPI);
+//! - a device block kernel: on device tensors each step's block goes
+//!   through [`OnHost`], to the host and back (on a GPU the model's CubeCL
+//!   attention then uploads it again), which is why `--comm auto` keeps a
+//!   job with CP on MPI (under `--comm nccl` the job hands the ring the CP
+//!   group's device collectives: `Decoder::with_ring_on_device`);
+//! - overlapping [`DeviceRing`]'s transfer with the step;
 //! - the CPU block's bias `[heads or 1, len_q, len_k]` is built per step (a
 //!   mask from positions inside the kernel would avoid it);
 //! - the all-to-all (Ulysses) kind.
 
+mod attention;
 mod backward;
 mod block;
+mod buf;
+mod device;
 mod forward;
 mod loss;
 mod ops;
@@ -99,14 +115,18 @@ pub mod simulate;
 pub mod split;
 mod transport;
 
+pub use attention::RingAttention;
 pub use backward::{ring_backward, Kept, RingBackward};
 pub use block::{merge, Block, BlockAttention, HeadBuf, WholeRows};
+pub use buf::RingBuf;
+pub use device::{DeviceRing, OnHost};
 pub use forward::{ring_forward, RingForward};
 pub use loss::ring_mean;
-pub use ops::{CpOps, RingAttention};
+pub use ops::CpOps;
 pub use pairing::Pairing;
 pub use simulate::simulate_ring;
 pub use split::{ChunkLayout, SplitError};
+pub use transport::RingTransport;
 
 #[cfg(test)]
 mod tests;

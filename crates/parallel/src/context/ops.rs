@@ -3,17 +3,18 @@
 //! parallelism).
 //!
 //! The forward copies this rank's `q`, `k`, `v` to host buffers (f32),
-//! runs [`ring_forward`] over the context-parallel group and keeps the
-//! inputs, the output and the log-sum-exp; the backward runs
-//! [`ring_backward`] from them and the output's gradient, and hands `dq`,
-//! `dk`, `dv` to the graph in the inputs' dtype. Without autodiff
+//! runs [`ring_forward`](super::ring_forward) over the context-parallel
+//! group and keeps the inputs, the output and the log-sum-exp; the
+//! backward runs [`ring_backward`](super::ring_backward) from them and the
+//! output's gradient, and hands `dq`, `dk`, `dv` to the graph in the
+//! inputs' dtype. With device collectives
+//! ([`RingAttention::with_device`]) the same runs on the tensors cast to
+//! f32 ([`super::DeviceRing`]), each block's kernel through
+//! [`super::OnHost`]. Without autodiff
 //! (evaluation) the forward runs alone. Every rank of the ring must call
 //! it at the same point, forward and backward; a failed transfer cannot be
 //! returned through Burn's operations, so it panics with the
 //! communicator's error (which names the ranks that never arrived).
-
-use std::fmt;
-use std::sync::Arc;
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -22,79 +23,17 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{DType, FloatDType, Tensor, TensorData, TensorPrimitive};
+use burn::tensor::{DType, FloatDType, Tensor, TensorPrimitive};
 
-use super::backward::{ring_backward, Kept};
-use super::block::{BlockAttention, HeadBuf};
-use super::forward::ring_forward;
-use super::split::ChunkLayout;
-use crate::comm::Communicator;
-
-/// The ring one attention layer runs over: the context-parallel group,
-/// how its sequences are split, and the per-block attention kernel (the
-/// model's, with its positional bias).
-#[derive(Clone)]
-pub struct RingAttention {
-    ring: Arc<dyn Communicator>,
-    layout: ChunkLayout,
-    kernel: Arc<dyn BlockAttention + Send>,
-}
-
-impl RingAttention {
-    /// Attention over `ring` (the CP group, `layout.cp()` ranks) of
-    /// sequences split by `layout`, each block computed by `kernel`.
-    pub fn new(
-        ring: Arc<dyn Communicator>,
-        layout: ChunkLayout,
-        kernel: Arc<dyn BlockAttention + Send>,
-    ) -> Self {
-        assert_eq!(
-            ring.world_size(),
-            layout.cp(),
-            "a ring of {} ranks for {layout:?}",
-            ring.world_size()
-        );
-        Self {
-            ring,
-            layout,
-            kernel,
-        }
-    }
-
-    /// How the sequences are split over the ring.
-    pub fn layout(&self) -> ChunkLayout {
-        self.layout
-    }
-
-    /// [`ring_forward`] of host buffers: output `[batch, heads, local_len,
-    /// head_dim]` and log-sum-exp `[batch, heads, local_len, 1]`.
-    fn forward(&self, q: &HeadBuf, k: &HeadBuf, v: &HeadBuf) -> (HeadBuf, HeadBuf) {
-        ring_forward(&*self.ring, &*self.kernel, self.layout, q, k, v)
-            .unwrap_or_else(|e| panic!("ring attention forward over {self:?} failed: {e}"))
-    }
-
-    /// [`ring_backward`] of host buffers: `[dq, dk, dv]`.
-    fn backward(&self, kept: Kept<'_>, d_out: &HeadBuf) -> [HeadBuf; 3] {
-        ring_backward(&*self.ring, &*self.kernel, self.layout, kept, d_out)
-            .unwrap_or_else(|e| panic!("ring attention backward over {self:?} failed: {e}"))
-    }
-}
-
-impl fmt::Debug for RingAttention {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "RingAttention(rank {} of {}, seq {})",
-            self.ring.rank(),
-            self.layout.cp(),
-            self.layout.seq()
-        )
-    }
-}
+use super::attention::RingAttention;
+use super::backward::Kept;
+use super::block::HeadBuf;
+use super::device::{host, tensor};
 
 /// Backends that can run ring attention (see the module doc). The default
 /// is the forward alone, right without autodiff; the autodiff backend
-/// records one graph node whose backward is [`ring_backward`].
+/// records one graph node whose backward is
+/// [`ring_backward`](super::ring_backward).
 pub trait CpOps: Backend {
     /// Attention of this rank's queries `q` `[batch, heads, local_len,
     /// head_dim]` over the keys and values of the whole sequences, this
@@ -108,57 +47,74 @@ pub trait CpOps: Backend {
         ring: &RingAttention,
     ) -> Tensor<Self, 4> {
         let (device, dtype) = (q.device(), q.dtype());
+        if let Some(collectives) = ring.collectives::<Self>() {
+            let [q, k, v] = [q, k, v].map(|x| x.cast(FloatDType::F32));
+            let (out, _) = ring.forward_on(collectives, [&q, &k, &v]);
+            return out.cast(dtype);
+        }
         let (out, _) = ring.forward(&host(q), &host(k), &host(v));
         tensor(out, &device, dtype)
     }
-}
-
-/// A tensor's values in logical order, as f32.
-fn host<B: Backend>(x: Tensor<B, 4>) -> HeadBuf {
-    let dims = x.dims();
-    let data = x
-        .cast(FloatDType::F32)
-        .into_data()
-        .into_vec::<f32>()
-        .expect("a tensor cast to f32 holds f32");
-    HeadBuf::new(dims, data)
-}
-
-/// Host values as a tensor of `dtype` on `device`.
-fn tensor<B: Backend>(x: HeadBuf, device: &B::Device, dtype: DType) -> Tensor<B, 4> {
-    Tensor::<B, 4>::from_data(TensorData::new(x.data, x.dims), device).cast(dtype)
 }
 
 fn float<B: Backend>(p: FloatTensor<B>) -> Tensor<B, 4> {
     Tensor::from_primitive(TensorPrimitive::Float(p))
 }
 
-/// What the backward needs: the ring, `[q, k, v, out, lse]` on the host,
-/// and the inputs' dtype.
-type Saved = (RingAttention, [HeadBuf; 5], DType);
+/// What the forward keeps, `[q, k, v, out, lse]`: on the host, or (with
+/// device collectives) as f32 device tensors.
+#[derive(Clone, Debug)]
+enum Held<B: Backend> {
+    Host(Box<[HeadBuf; 5]>),
+    Device([Tensor<B, 4>; 5]),
+}
 
-/// Backward of [`CpOps::ring_attention`]: [`ring_backward`].
+/// What the backward needs: the ring, what the forward kept, and the
+/// inputs' dtype.
+type Saved<B> = (RingAttention, Held<B>, DType);
+
+/// Backward of [`CpOps::ring_attention`]: [`ring_backward`](super::ring_backward).
 #[derive(Debug)]
 struct RingAttentionBackward;
 
 impl<B: Backend> Backward<B, 3> for RingAttentionBackward {
-    type State = Saved;
+    type State = Saved<B>;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let d_out = float::<B>(grads.consume::<B>(&ops.node));
         let device = d_out.device();
-        let (ring, [q, k, v, out, lse], dtype) = ops.state;
-        let kept = Kept {
-            q: &q,
-            k: &k,
-            v: &v,
-            out: &out,
-            lse: &lse,
+        let (ring, held, dtype) = ops.state;
+        let values: [Tensor<B, 4>; 3] = match held {
+            Held::Host(kept) => {
+                let [q, k, v, out, lse] = *kept;
+                let kept = Kept {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    out: &out,
+                    lse: &lse,
+                };
+                let values = ring.backward(kept, &host(d_out));
+                values.map(|value| tensor::<B>(value, &device, dtype))
+            }
+            Held::Device([q, k, v, out, lse]) => {
+                let collectives = ring
+                    .collectives::<B>()
+                    .expect("a ring whose forward ran on device collectives has them");
+                let kept = Kept {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    out: &out,
+                    lse: &lse,
+                };
+                let d_out = d_out.cast(FloatDType::F32);
+                let values = ring.backward_on(collectives, kept, &d_out);
+                values.map(|value| value.cast(dtype))
+            }
         };
-        let values = ring.backward(kept, &host(d_out));
         for (parent, value) in ops.parents.into_iter().zip(values) {
             if let Some(node) = parent {
-                let value = tensor::<B>(value, &device, dtype);
                 grads.register::<B>(node.id, value.into_primitive().tensor());
             }
         }
@@ -176,19 +132,27 @@ impl<B: Backend, C: CheckpointStrategy> CpOps for Autodiff<B, C> {
         let nodes = [q.node.clone(), k.node.clone(), v.node.clone()];
         let q = float::<B>(q.primitive);
         let (device, dtype) = (q.device(), q.dtype());
-        let [q, k, v] = [q, float(k.primitive), float(v.primitive)].map(host);
-        let (out, lse) = ring.forward(&q, &k, &v);
-        let result = tensor::<B>(out.clone(), &device, dtype)
-            .into_primitive()
-            .tensor();
+        let [q, k, v] = [q, float(k.primitive), float(v.primitive)];
+        let (result, held) = match ring.collectives::<B>() {
+            Some(collectives) => {
+                let [q, k, v] = [q, k, v].map(|x| x.cast(FloatDType::F32));
+                let (out, lse) = ring.forward_on(collectives, [&q, &k, &v]);
+                (out.clone().cast(dtype), Held::Device([q, k, v, out, lse]))
+            }
+            None => {
+                let [q, k, v] = [q, k, v].map(host);
+                let (out, lse) = ring.forward(&q, &k, &v);
+                let result = tensor::<B>(out.clone(), &device, dtype);
+                (result, Held::Host(Box::new([q, k, v, out, lse])))
+            }
+        };
+        let result = result.into_primitive().tensor();
         let result = match RingAttentionBackward
             .prepare::<C>(nodes)
             .compute_bound()
             .stateful()
         {
-            OpsKind::Tracked(prep) => {
-                prep.finish((ring.clone(), [q, k, v, out, lse], dtype), result)
-            }
+            OpsKind::Tracked(prep) => prep.finish((ring.clone(), held, dtype), result),
             OpsKind::UnTracked(prep) => prep.finish(result),
         };
         Tensor::from_primitive(TensorPrimitive::Float(result))

@@ -7,6 +7,8 @@
 use super::*;
 use crate::comm::SingleProcess;
 
+mod device_ring;
+
 /// Plain attention in f64: causal on global positions, grouped-query
 /// heads, and ALiBi's `slope_h * (k_pos - q_pos)` when `slopes` is set.
 struct Plain {
