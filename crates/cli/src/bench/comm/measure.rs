@@ -22,7 +22,7 @@ use burn::tensor::{Distribution, Tensor};
 use ferrotron_engine::backend::BackendKind;
 use ferrotron_engine::precision::Precision;
 use ferrotron_parallel::comm::nccl::device::wire::wire_bytes;
-use ferrotron_parallel::comm::nccl::device::TensorCollectives;
+use ferrotron_parallel::comm::nccl::device::{Route, TensorCollectives};
 use ferrotron_parallel::comm::nccl::NcclLibrary;
 use ferrotron_parallel::comm::tensor::{from_host, host_f32};
 use ferrotron_parallel::comm::{CommError, Communicator, SingleProcess};
@@ -34,7 +34,7 @@ use crate::error::usage;
 /// One operation's result.
 #[derive(Serialize)]
 pub struct Row {
-    /// `all_reduce`, `all_gather` or `reduce_scatter`.
+    /// `all_reduce`, `all_gather`, `reduce_scatter` or `send_recv`.
     pub op: &'static str,
     /// The dtype on the wire (`fp32`, `bf16`).
     pub wire: &'static str,
@@ -48,13 +48,15 @@ pub struct Row {
     pub equal: bool,
 }
 
-/// The operations measured: (name, reduction precision).
-const OPS: [(&str, Precision); 5] = [
+/// The operations measured: (name, reduction or wire precision).
+const OPS: [(&str, Precision); 7] = [
     ("all_reduce", Precision::Fp32),
     ("all_reduce", Precision::Bf16),
     ("all_gather", Precision::Fp32),
     ("reduce_scatter", Precision::Fp32),
     ("reduce_scatter", Precision::Bf16),
+    ("send_recv", Precision::Fp32),
+    ("send_recv", Precision::Bf16),
 ];
 
 /// The rows of `a` on backend `kind`, with the library `lib`.
@@ -104,7 +106,8 @@ pub fn on_backend(
 
 /// The host copy path of `op` on `t`, as the trainer runs it: the values
 /// to the host, rounded to `reduce` before and after the collective on
-/// host `f32` (here one rank's, [`SingleProcess`]), and back.
+/// host `f32` (here one rank's, [`SingleProcess`]), and back. One rank's
+/// `send_recv` to itself is the copies and the rounding alone.
 fn host_path<B: Backend>(
     op: &str,
     reduce: Precision,
@@ -121,6 +124,7 @@ fn host_path<B: Backend>(
             out = values;
         }
         "all_gather" => host.all_gather(&values, &mut out)?,
+        "send_recv" => out = values,
         _ => host.reduce_scatter_sum(&values, &mut out)?,
     }
     reduce.round_in_place(&mut out);
@@ -137,8 +141,35 @@ fn device_path<B: Backend>(
     match op {
         "all_reduce" => c.all_reduce_sum(t, reduce),
         "all_gather" => c.all_gather(t, reduce),
+        "send_recv" => send_recv_to_self(c, reduce, t),
         _ => c.reduce_scatter_sum(t, reduce),
     }
+}
+
+/// `t` `[n]` sent by this rank to itself as two messages in one
+/// [`TensorCollectives::exchange`] (the first third, tag 0, and the rest,
+/// tag 1, both posted against tag order) with `wire` on the wire, and put
+/// back together.
+fn send_recv_to_self<B: Backend>(
+    c: &dyn TensorCollectives<B>,
+    wire: Precision,
+    t: Tensor<B, 1>,
+) -> Result<Tensor<B, 1>, CommError> {
+    let device = t.device();
+    let n = t.dims()[0];
+    let third = n / 3;
+    let (first, rest) = (Route { peer: 0, tag: 0 }, Route { peer: 0, tag: 1 });
+    let sends = vec![
+        (rest, t.clone().slice(third..n)),
+        (first, t.slice(0..third)),
+    ];
+    let got = c.exchange(sends, &[(rest, n - third), (first, third)], wire, &device)?;
+    let [rest, first]: [Tensor<B, 1>; 2] =
+        got.try_into().map_err(|got: Vec<_>| CommError::BadLength {
+            op: "send_recv",
+            detail: format!("{} messages came back, not 2", got.len()),
+        })?;
+    Ok(Tensor::cat(vec![first, rest], 0))
 }
 
 /// Median seconds of `reps` runs of `f` after `warmup` untimed ones, each

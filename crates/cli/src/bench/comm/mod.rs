@@ -5,7 +5,8 @@
 //! host to device), on the same random values.
 //!
 //! Per operation (all-reduce and reduce-scatter in f32 and with bf16 on
-//! the wire, all-gather in f32) it checks that both paths give the same
+//! the wire, all-gather in f32, and a grouped send and receive of two
+//! messages to itself in f32 and bf16, the pipeline's exchange) it checks that both paths give the same
 //! values bit for bit, and times each: `--warmup` untimed runs, then the
 //! median of `--reps`, each ended by a device sync. One rank: NCCL copies
 //! on the device, so the times compare the device path's overhead (binding

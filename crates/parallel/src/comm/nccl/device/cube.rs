@@ -114,7 +114,7 @@ impl<R: NcclRuntime> CubeComm<R> {
         BT: BoolElement,
     {
         let n = t.dims()[0];
-        let t = if wire == FloatDType::F32 {
+        let t = if t.dtype() == DType::from(wire) {
             t
         } else {
             t.cast(wire)
