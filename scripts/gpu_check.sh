@@ -25,7 +25,11 @@
 #            A and B (SHAPES="c d a b", PRECISIONS="bf16 fp32" and
 #            STEP_TIMEOUT=240 seconds per ferrotron phase override); each
 #            16-bit ferrotron run again with --attention-kernel
-#            matrix-units (phase ferrotron-SHAPE-PRECISION-mu).
+#            matrix-units (phase ferrotron-SHAPE-PRECISION-mu); last, one
+#            step of the first shape and precision under Nsight Compute
+#            (phase profile-SHAPE-PRECISION, PROFILE_TIMEOUT=180 seconds:
+#            GPU time per kernel, the CSV rows in
+#            step/profile-SHAPE-PRECISION.csv), where ncu is on the PATH.
 #   kernels  `bench kernels` attention at head dim 128, seq 1024-8192: the
 #            row and tiled kernels (attention, attention_tiled), then the
 #            cmma forward with the fragment backward on the matrix units

@@ -82,6 +82,26 @@ group_step() {
             fi
         done
     done
+    # One step of the first shape in the first precision under Nsight
+    # Compute (after its runs filled the caches): GPU time per kernel, the
+    # CSV rows in GROUP_DIR/profile-SHAPE-PRECISION.csv.
+    read -r i _ <<<"${SHAPES:-c d a b}"
+    read -r p _ <<<"${PRECISIONS:-bf16 fp32}"
+    local name="profile-$i-$p"
+    if [ "$device" = cpu ]; then
+        skip_phase "$name" "the dry run has no GPU to profile"
+    elif ! command -v ncu >/dev/null; then
+        skip_phase "$name" "ncu (Nsight Compute) is not on the PATH"
+    else
+        s="shape_$i"
+        s="${!s}"
+        # shellcheck disable=SC2086 # $s is a list of flags
+        run_phase "$name" "${PROFILE_TIMEOUT:-180}" ncu --metrics gpu__time_duration.sum \
+            --clock-control none --print-summary per-kernel --csv "$F" bench train $s \
+            --precision "$p" --backends "$backend" --warmup 0 --steps 1 "${peak[@]}"
+        [ -f "$GROUP_DIR/$name.log" ] &&
+            sed -n 's/^[0-9:]* \("\)/\1/p' "$GROUP_DIR/$name.log" >"$GROUP_DIR/$name.csv"
+    fi
 }
 
 # bench kernels attention at head dim 128 (seq 8192 apart: a failure there
