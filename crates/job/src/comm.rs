@@ -38,19 +38,21 @@ pub enum Transport {
 
 /// Resolves `--comm` for backend `kind`; `library` is the value of
 /// `FERROTRON_NCCL_LIBRARY`; `device_layout` says the job has more than
-/// one rank and no context parallelism (cp is 1).
+/// one rank and, if it has context parallelism, the fused kernels (whose
+/// attention computes the ring's blocks on device tensors).
 ///
 /// - `auto`: NCCL / RCCL on cuda and rocm for such a job whose library
 ///   loads (`library`, else the first of `LIBRARY_NAMES` that opens); MPI
 ///   otherwise. Such a job's gradient sync (the reductions and ZeRO's
 ///   parameter all-gathers), TP operators, sequence parallelism's partial
-///   gradients and pipeline messages (activations, their gradients, the
-///   tied embedding's sum) hand NCCL their device tensors; what is left
-///   on the host path is small (scalars per step). The ring of context
-///   parallelism passes device tensors under NCCL, but computes each
-///   block on host buffers (`context::OnHost`: a copy to the host and
-///   back per block and step that MPI's host ring does not make): a job
-///   with it stays on MPI.
+///   gradients, pipeline messages (activations, their gradients, the
+///   tied embedding's sum) and CP ring (keys, values, their gradients'
+///   partial sums, and each block's attention) hand NCCL their device
+///   tensors; what is left on the host path is small (scalars per step).
+///   A CP job on the reference kernels stays on MPI: its ring would
+///   compute each block on host buffers (`context::OnHost`, a copy to
+///   the host and back per block and step that MPI's host ring does not
+///   make).
 /// - `mpi`: MPI.
 /// - `nccl`: on cuda and rocm, the library as for `auto`, which must
 ///   load (the calls on host buffers staged through the rank's GPU); on a

@@ -7,7 +7,8 @@
 //! The per-block attention ([`block_kernel`]) is the model's fused
 //! attention in its `(output, lse)` form on the GPU backends
 //! (`ops::CubeBlockAttention`), the CPU attention core
-//! (`ops::HostBlockAttention`) elsewhere.
+//! (`ops::HostBlockAttention`) elsewhere; on device collectives the GPU
+//! backends' blocks stay on the device ([`device_block_kernel`]).
 
 use std::fmt;
 use std::sync::Arc;
@@ -16,7 +17,9 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
 use ferrotron_parallel::comm::nccl::device::{AnyCollectives, SharedCollectives};
 use ferrotron_parallel::comm::{Communicator, SingleProcess};
-use ferrotron_parallel::context::{ring_mean, BlockAttention, ChunkLayout, RingAttention};
+use ferrotron_parallel::context::{
+    ring_mean, AnyBlockKernel, BlockAttention, ChunkLayout, RingAttention,
+};
 use ferrotron_parallel::tensor::{TpGroup, TpOps};
 
 use crate::ops::{AttentionImpl, KernelBackend};
@@ -46,6 +49,25 @@ pub fn block_kernel<B: KernelBackend>(
             "Decoder::with_context_parallel refuses a build without the flex feature \
              unless the backend's fused attention computes the ring's blocks"
         )
+    }
+}
+
+/// The kernel of each ring block on the backend's own device tensors,
+/// for a ring on device collectives (arguments as [`block_kernel`]): the
+/// fused attention where the model's attention is
+/// [`AttentionImpl::Fused`] and the backend has one on its tensors
+/// ([`KernelBackend::ring_block_attention_on_device`]), else none (the
+/// ring copies each block to the host for [`block_kernel`]'s).
+pub fn device_block_kernel<B: KernelBackend>(
+    attention: AttentionImpl,
+    device: &B::Device,
+    head_dim: usize,
+    slopes: Option<Vec<f32>>,
+) -> AnyBlockKernel {
+    if attention.is_fused() {
+        B::ring_block_attention_on_device(device, head_dim, slopes)
+    } else {
+        AnyBlockKernel::none()
     }
 }
 
@@ -117,11 +139,24 @@ impl ContextParallel {
         ids.select(1, at)
     }
 
+    /// Whether the ring runs on device collectives
+    /// ([`ContextParallel::with_device`]).
+    pub fn on_device(&self) -> bool {
+        self.device.is_some()
+    }
+
     /// The ring attention of `seq`-token sequences, each block computed
-    /// by `kernel` ([`block_kernel`]).
-    pub fn ring(&self, seq: usize, kernel: Arc<dyn BlockAttention + Send>) -> RingAttention {
+    /// by `kernel` ([`block_kernel`]), or on device collectives by
+    /// `device_kernel` where there is one ([`device_block_kernel`]).
+    pub fn ring(
+        &self,
+        seq: usize,
+        kernel: Arc<dyn BlockAttention + Send>,
+        device_kernel: AnyBlockKernel,
+    ) -> RingAttention {
         RingAttention::new(self.comm.clone(), self.layout(seq), kernel)
             .with_device(self.device.clone())
+            .with_device_kernel(device_kernel)
     }
 
     /// The mean loss (nats per kept token, `[1]`) of the ring's sequences

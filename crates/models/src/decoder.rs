@@ -9,13 +9,14 @@ use burn::tensor::{FloatDType, Int, Tensor, TensorData};
 use ferrotron_engine::lm::{CausalLm, LmUnit, LmUnits};
 use ferrotron_parallel::comm::nccl::device::SharedCollectives;
 use ferrotron_parallel::comm::Communicator;
+use ferrotron_parallel::context::AnyBlockKernel;
 use ferrotron_parallel::tensor::{
     column_input, embedding_part, gather_from_tp, row_output, vocab_parallel_cross_entropy,
     ShardError, TpGroup, VocabShard,
 };
 
 use crate::config::{ConfigError, DecoderConfig, Kernels, Position};
-use crate::context_parallel::{block_kernel, ContextParallel};
+use crate::context_parallel::{block_kernel, device_block_kernel, ContextParallel};
 use crate::init::{Init, PartSource};
 use crate::layers::position::{Heads, PositionContext};
 use crate::layers::{Attention, LayerKv, Mlp, Norm};
@@ -279,7 +280,9 @@ impl<B: KernelBackend> Decoder<B> {
     /// the tensors of backend `C` (the inner backend under autodiff) over
     /// `collectives`, opened over the CP group's ranks in its order: the
     /// K/V and the `dk`, `dv` sums cross the ring as device tensors
-    /// (`ferrotron_parallel::context::RingAttention::with_device`).
+    /// (`ferrotron_parallel::context::RingAttention::with_device`), and
+    /// on the fused kernels of the GPU backends each block's attention
+    /// runs on them too ([`crate::context_parallel::device_block_kernel`]).
     pub fn with_ring_on_device<C: Backend>(self, collectives: SharedCollectives<C>) -> Self {
         Self {
             cp: self.cp.with_device(collectives),
@@ -366,8 +369,14 @@ impl<B: KernelBackend> Decoder<B> {
     fn ring_positions(&self, seq: usize, device: &B::Device) -> PositionContext<B> {
         let c = &self.config;
         let slopes = (c.position == Position::Alibi).then(|| self.heads().alibi_slopes());
-        let kernel = block_kernel::<B>(self.ops.attention_impl(), device, c.head_dim(), slopes);
-        let ring = self.cp.ring(seq, kernel);
+        let attention = self.ops.attention_impl();
+        let on_device = if self.cp.on_device() {
+            device_block_kernel::<B>(attention, device, c.head_dim(), slopes.clone())
+        } else {
+            AnyBlockKernel::none()
+        };
+        let kernel = block_kernel::<B>(attention, device, c.head_dim(), slopes);
+        let ring = self.cp.ring(seq, kernel, on_device);
         let at = self.cp.positions(seq);
         PositionContext::ring(&c.position, c.head_dim(), &at, ring, &self.ops, device)
     }

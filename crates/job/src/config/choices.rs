@@ -36,10 +36,10 @@ impl From<PpSchedule> for ScheduleKind {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum CommChoice {
-    /// NCCL / RCCL for a job without context parallelism on cuda or rocm
-    /// whose library loads (its gradient sync, TP operators and pipeline
-    /// messages run on the device tensors), MPI otherwise (see
-    /// `comm::resolve`).
+    /// NCCL / RCCL on cuda or rocm whose library loads (the gradient sync,
+    /// TP operators, pipeline messages and CP ring run on the device
+    /// tensors), for a job with context parallelism only on the fused
+    /// kernels; MPI otherwise (see `comm::resolve`).
     #[default]
     Auto,
     /// Open MPI on host buffers.

@@ -160,8 +160,8 @@ job_sections! {
         /// padding is never predicted and is dropped from checkpoints).
         #[arg(value_name = "N")]
         make_vocab_size_divisible_by: usize = ferrotron_parallel::tensor::DEFAULT_VOCAB_DIVISIBLE_BY, flag make_vocab_size_divisible_by: usize;
-        /// Multi-rank runs: transport of every process group. auto (default) is nccl for a job
-        /// without context parallelism (cp 1) on cuda and rocm when a library loads, else mpi;
+        /// Multi-rank runs: transport of every process group. auto (default) is nccl on cuda and
+        /// rocm when a library loads (with cp > 1, only on the fused kernels), else mpi;
         /// nccl runs NCCL/RCCL through the run-time binding, bootstrapped over MPI: on cuda and
         /// rocm through the GPU's memory, on CPU backends with FERROTRON_NCCL_LIBRARY naming a
         /// library that works on host memory (the test double).

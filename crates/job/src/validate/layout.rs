@@ -55,7 +55,10 @@ pub(super) fn backend(
     }
     let library = std::env::var_os(LIBRARY_ENV);
     let par = &c.parallelism;
-    let device_layout = world.world_size > 1 && par.cp == 1;
+    // Under CP only the fused attention computes the ring's blocks on the
+    // device (`comm::resolve`).
+    let ring_on_device = par.cp == 1 || c.backend.kernels != Some(Kernels::Reference);
+    let device_layout = world.world_size > 1 && ring_on_device;
     match comm::resolve(par.comm, kind, library.as_deref(), device_layout) {
         Ok(t) => Some((kind, t)),
         Err(e) => {

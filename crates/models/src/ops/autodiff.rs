@@ -10,7 +10,7 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::Autodiff;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use ferrotron_kernels::attention::AttentionOptions;
-use ferrotron_parallel::context::BlockAttention;
+use ferrotron_parallel::context::{AnyBlockKernel, BlockAttention};
 
 use super::attention::recompute::Core;
 use super::fused::{FusedKernels, KernelBackend};
@@ -26,6 +26,14 @@ impl<B: FusedKernels, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
         slopes: Option<Vec<f32>>,
     ) -> Option<Arc<dyn BlockAttention + Send>> {
         B::ring_block_attention(device, head_dim, slopes)
+    }
+
+    fn ring_block_attention_on_device(
+        device: &Self::Device,
+        head_dim: usize,
+        slopes: Option<Vec<f32>>,
+    ) -> AnyBlockKernel {
+        B::ring_block_attention_on_device(device, head_dim, slopes)
     }
 
     fn recomputed_attention(

@@ -25,7 +25,7 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime};
 use ferrotron_kernels::attention::AttentionOptions;
 use ferrotron_kernels::dtype::FloatDtype;
-use ferrotron_parallel::context::BlockAttention;
+use ferrotron_parallel::context::{AnyBlockKernel, BlockAttention};
 
 use super::attention::ring::cube::CubeBlockAttention;
 use super::fused::{FusedKernels, KernelBackend};
@@ -255,6 +255,16 @@ impl<R: CubeRuntime, BT: BoolElement> KernelBackend for Cube<R, BT> {
         slopes: Option<Vec<f32>>,
     ) -> Option<Arc<dyn BlockAttention + Send>> {
         Some(Arc::new(CubeBlockAttention::<R>::new(
+            device, head_dim, slopes,
+        )))
+    }
+
+    fn ring_block_attention_on_device(
+        device: &Self::Device,
+        head_dim: usize,
+        slopes: Option<Vec<f32>>,
+    ) -> AnyBlockKernel {
+        AnyBlockKernel::new::<Self>(Arc::new(CubeBlockAttention::<R>::new(
             device, head_dim, slopes,
         )))
     }

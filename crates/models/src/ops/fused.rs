@@ -7,7 +7,7 @@ use std::sync::Arc;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use ferrotron_kernels::attention::AttentionOptions;
-use ferrotron_parallel::context::{BlockAttention, CpOps};
+use ferrotron_parallel::context::{AnyBlockKernel, BlockAttention, CpOps};
 use ferrotron_parallel::tensor::TpOps;
 
 use super::attention::recompute::Core;
@@ -163,6 +163,20 @@ pub trait KernelBackend: Backend + TpOps + CpOps {
         _slopes: Option<Vec<f32>>,
     ) -> Option<Arc<dyn BlockAttention + Send>> {
         None
+    }
+
+    /// The per-block kernel of ring attention on this backend's own f32
+    /// device tensors, for a ring on device collectives, with the
+    /// arguments of [`KernelBackend::ring_block_attention`]: the fused
+    /// attention on the CubeCL backends, none elsewhere (each block then
+    /// goes to the host for the host kernel). Under autodiff, the inner
+    /// backend's, whose tensors the ring's steps are handed.
+    fn ring_block_attention_on_device(
+        _device: &Self::Device,
+        _head_dim: usize,
+        _slopes: Option<Vec<f32>>,
+    ) -> AnyBlockKernel {
+        AnyBlockKernel::none()
     }
 
     /// The attention core `softmax(q k^T / sqrt(head_dim) + bias) v` of `q`

@@ -209,6 +209,38 @@ fn simulated_rings_on_the_fused_kernels_equal_the_one_rank_attention() {
     }
 }
 
+/// The same rings on the device's own tensors (`CubeBlockAttention` as a
+/// block kernel of `Tensor<B, 4>`, what a ring on device collectives
+/// runs): each piece sliced from the block on the device, the pieces
+/// merged and their gradients summed by Burn operations, ALiBi's shift
+/// added on the device; against the one-rank attention.
+#[test]
+fn simulated_rings_on_device_tensors_equal_the_one_rank_attention() {
+    use burn_cubecl::CubeBackend;
+    use burn_wgpu::WgpuRuntime;
+    use ferrotron_kernels::wgpu_setup::default_device;
+    use ferrotron_models::ops::CubeBlockAttention;
+    use ferrotron_parallel::context::simulate_ring_on;
+
+    type Gpu = CubeBackend<WgpuRuntime, f32, i32, u32>;
+    let c = CASES[1];
+    let whole = inputs(c, 2);
+    let want = one_rank(c, &whole);
+    let device = default_device();
+    let kernel = CubeBlockAttention::<WgpuRuntime>::new(&device, c.head_dim, slopes(c));
+    let load = |x: HeadBuf| Tensor::<Gpu, 4>::from_data(TensorData::new(x.data, x.dims), &device);
+    let read = |t: Tensor<Gpu, 4>| {
+        let dims = t.dims();
+        HeadBuf::new(dims, t.into_data().into_vec::<f32>().unwrap())
+    };
+    for cp in [2, 4] {
+        let got = simulate_ring_on(&kernel, cp, whole.each_ref(), load, read).unwrap();
+        for ((g, w), name) in got.iter().zip(&want).zip(NAMES) {
+            assert_close(g, w, &format!("fused on device {c:?} cp {cp}: {name}"));
+        }
+    }
+}
+
 #[test]
 fn mpi_ring_attention_on_4_ranks_equals_the_one_rank_attention() {
     if !cfg!(feature = "mpi") {
@@ -261,13 +293,7 @@ mod worker {
                 let [q, k, v, d_out] = whole.each_ref().map(|x| rank_part(layout, x, rank));
                 let kernel = HostBlockAttention::new(slopes(c));
                 let (out, lse) = ring_forward(ring.as_ref(), &kernel, layout, &q, &k, &v).unwrap();
-                let kept = Kept {
-                    q: &q,
-                    k: &k,
-                    v: &v,
-                    out: &out,
-                    lse: &lse,
-                };
+                let kept = Kept::of([&q, &k, &v, &out, &lse]);
                 let [dq, dk, dv] =
                     ring_backward(ring.as_ref(), &kernel, layout, kept, &d_out).unwrap();
                 for ((g, w), name) in [out, lse, dq, dk, dv].iter().zip(&want).zip(NAMES) {

@@ -10,6 +10,7 @@ use burn::tensor::Tensor;
 use super::backward::{ring_backward, Kept};
 use super::block::{BlockAttention, HeadBuf};
 use super::device::{DeviceRing, OnHost};
+use super::device_kernel::AnyBlockKernel;
 use super::forward::ring_forward;
 use super::split::ChunkLayout;
 use crate::comm::nccl::device::{AnyCollectives, SharedCollectives};
@@ -19,7 +20,8 @@ use crate::comm::Communicator;
 /// how its sequences are split, the per-block attention kernel (the
 /// model's, with its positional bias) and, optionally, the group's device
 /// collectives (then the K/V, the merge and the `dk`, `dv` sums stay on
-/// the device).
+/// the device, and the blocks too where the model has a kernel on the
+/// device's tensors).
 #[derive(Clone)]
 pub struct RingAttention {
     ring: Arc<dyn Communicator>,
@@ -28,6 +30,8 @@ pub struct RingAttention {
     /// A `SharedCollectives<B>` over the ring's ranks, for the backend `B`
     /// the layers compute on (the inner backend under autodiff).
     device: AnyCollectives,
+    /// The block kernel on `B`'s tensors, or none ([`OnHost`] of `kernel`).
+    device_kernel: AnyBlockKernel,
 }
 
 impl RingAttention {
@@ -50,6 +54,7 @@ impl RingAttention {
             layout,
             kernel,
             device: AnyCollectives::none(),
+            device_kernel: AnyBlockKernel::none(),
         }
     }
 
@@ -59,6 +64,16 @@ impl RingAttention {
     pub fn with_device(self, collectives: AnyCollectives) -> Self {
         Self {
             device: collectives,
+            ..self
+        }
+    }
+
+    /// On device tensors, each block computed by `kernel` (a
+    /// `DeviceBlockKernel<B>` for the backend of the ring's collectives)
+    /// instead of the host kernel on copies; none: the copies.
+    pub fn with_device_kernel(self, kernel: AnyBlockKernel) -> Self {
+        Self {
+            device_kernel: kernel,
             ..self
         }
     }
@@ -107,16 +122,12 @@ impl RingAttention {
         collectives: &SharedCollectives<B>,
         [q, k, v]: [&Tensor<B, 4>; 3],
     ) -> (Tensor<B, 4>, Tensor<B, 4>) {
-        let kernel = OnHost(&*self.kernel);
-        ring_forward(
-            &self.device_ring(collectives),
-            &kernel,
-            self.layout,
-            q,
-            k,
-            v,
-        )
-        .unwrap_or_else(|e| panic!("ring attention forward over {self:?} failed: {e}"))
+        let ring = self.device_ring(collectives);
+        let done = match self.device_kernel.get::<B>(self) {
+            Some(kernel) => ring_forward(&ring, &**kernel, self.layout, q, k, v),
+            None => ring_forward(&ring, &OnHost(&*self.kernel), self.layout, q, k, v),
+        };
+        done.unwrap_or_else(|e| panic!("ring attention forward over {self:?} failed: {e}"))
     }
 
     /// [`ring_backward`] of f32 device tensors over `collectives`: `[dq,
@@ -127,10 +138,12 @@ impl RingAttention {
         kept: Kept<'_, Tensor<B, 4>>,
         d_out: &Tensor<B, 4>,
     ) -> [Tensor<B, 4>; 3] {
-        let kernel = OnHost(&*self.kernel);
         let ring = self.device_ring(collectives);
-        ring_backward(&ring, &kernel, self.layout, kept, d_out)
-            .unwrap_or_else(|e| panic!("ring attention backward over {self:?} failed: {e}"))
+        let done = match self.device_kernel.get::<B>(self) {
+            Some(kernel) => ring_backward(&ring, &**kernel, self.layout, kept, d_out),
+            None => ring_backward(&ring, &OnHost(&*self.kernel), self.layout, kept, d_out),
+        };
+        done.unwrap_or_else(|e| panic!("ring attention backward over {self:?} failed: {e}"))
     }
 }
 

@@ -25,6 +25,14 @@ pub struct Kept<'a, T = HeadBuf> {
     pub lse: &'a T,
 }
 
+impl<'a, T> Kept<'a, T> {
+    /// The kept buffers, in the order of the fields: `q`, `k`, `v`, `out`,
+    /// `lse`.
+    pub fn of([q, k, v, out, lse]: [&'a T; 5]) -> Self {
+        Kept { q, k, v, out, lse }
+    }
+}
+
 impl<T> Clone for Kept<'_, T> {
     fn clone(&self) -> Self {
         *self

@@ -87,16 +87,15 @@
 //! tensors, one grouped send/receive of the device collectives
 //! (`TensorCollectives::exchange`) per step, not overlapped with the
 //! step). [`RingAttention::with_device`] makes [`CpOps::ring_attention`]
-//! run this way; each block's kernel then runs through [`OnHost`]. The
-//! job does so under an NCCL transport (`--comm nccl`).
+//! run this way; each block's kernel is then the model's kernel on the
+//! device's tensors where it has one ([`RingAttention::with_device_kernel`],
+//! an [`AnyBlockKernel`]: the fused CubeCL attention on the GPU backends),
+//! else the host kernel through [`OnHost`]. The job does so under an NCCL
+//! transport (`--comm nccl`, and `auto` on the fused kernels of cuda and
+//! rocm).
 //!
 //! # Not done yet
 //!
-//! - a device block kernel: on device tensors each step's block goes
-//!   through [`OnHost`], to the host and back (on a GPU the model's CubeCL
-//!   attention then uploads it again), which is why `--comm auto` keeps a
-//!   job with CP on MPI (under `--comm nccl` the job hands the ring the CP
-//!   group's device collectives: `Decoder::with_ring_on_device`);
 //! - overlapping [`DeviceRing`]'s transfer with the step;
 //! - the CPU block's bias `[heads or 1, len_q, len_k]` is built per step (a
 //!   mask from positions inside the kernel would avoid it);
@@ -107,6 +106,7 @@ mod backward;
 mod block;
 mod buf;
 mod device;
+mod device_kernel;
 mod forward;
 mod loss;
 mod ops;
@@ -120,11 +120,12 @@ pub use backward::{ring_backward, Kept, RingBackward};
 pub use block::{merge, Block, BlockAttention, HeadBuf, WholeRows};
 pub use buf::RingBuf;
 pub use device::{DeviceRing, OnHost};
+pub use device_kernel::{AnyBlockKernel, DeviceBlockKernel};
 pub use forward::{ring_forward, RingForward};
 pub use loss::ring_mean;
 pub use ops::CpOps;
 pub use pairing::Pairing;
-pub use simulate::simulate_ring;
+pub use simulate::{simulate_ring, simulate_ring_on};
 pub use split::{ChunkLayout, SplitError};
 pub use transport::RingTransport;
 

@@ -86,30 +86,15 @@ impl<B: Backend> Backward<B, 3> for RingAttentionBackward {
         let (ring, held, dtype) = ops.state;
         let values: [Tensor<B, 4>; 3] = match held {
             Held::Host(kept) => {
-                let [q, k, v, out, lse] = *kept;
-                let kept = Kept {
-                    q: &q,
-                    k: &k,
-                    v: &v,
-                    out: &out,
-                    lse: &lse,
-                };
-                let values = ring.backward(kept, &host(d_out));
+                let values = ring.backward(Kept::of(kept.each_ref()), &host(d_out));
                 values.map(|value| tensor::<B>(value, &device, dtype))
             }
-            Held::Device([q, k, v, out, lse]) => {
+            Held::Device(kept) => {
                 let collectives = ring
                     .collectives::<B>()
                     .expect("a ring whose forward ran on device collectives has them");
-                let kept = Kept {
-                    q: &q,
-                    k: &k,
-                    v: &v,
-                    out: &out,
-                    lse: &lse,
-                };
                 let d_out = d_out.cast(FloatDType::F32);
-                let values = ring.backward_on(collectives, kept, &d_out);
+                let values = ring.backward_on(collectives, Kept::of(kept.each_ref()), &d_out);
                 values.map(|value| value.cast(dtype))
             }
         };

@@ -10,6 +10,7 @@
 
 use super::backward::{Kept, RingBackward};
 use super::block::{BlockAttention, HeadBuf};
+use super::buf::RingBuf;
 use super::forward::RingForward;
 use super::pairing::source;
 use super::split::{ChunkLayout, SplitError};
@@ -37,9 +38,25 @@ pub fn simulate_ring<A: BlockAttention + ?Sized>(
     cp: usize,
     whole: [&HeadBuf; 4],
 ) -> Result<[HeadBuf; 5], SplitError> {
+    simulate_ring_on(kernel, cp, whole, |x| x, |x| x)
+}
+
+/// [`simulate_ring`] on buffers `T` (a backend's device tensors): each
+/// rank's parts are split on the host and put in a `T` by `load`, and the
+/// results read back by `read`.
+///
+/// # Errors
+/// As [`simulate_ring`].
+pub fn simulate_ring_on<T: RingBuf, A: BlockAttention<T> + ?Sized>(
+    kernel: &A,
+    cp: usize,
+    whole: [&HeadBuf; 4],
+    load: impl Fn(HeadBuf) -> T,
+    read: impl Fn(T) -> HeadBuf,
+) -> Result<[HeadBuf; 5], SplitError> {
     let layout = ChunkLayout::new(whole[0].dims[2], cp)?;
-    let [qs, ks, vs, gs]: [Vec<HeadBuf>; 4] =
-        whole.map(|x| (0..cp).map(|r| rank_part(layout, x, r)).collect());
+    let [qs, ks, vs, gs]: [Vec<T>; 4] =
+        whole.map(|x| (0..cp).map(|r| load(rank_part(layout, x, r))).collect());
     let mut outs = Vec::new();
     for (r, q) in qs.iter().enumerate() {
         let mut state = RingForward::new(kernel, layout, r, q);
@@ -49,17 +66,11 @@ pub fn simulate_ring<A: BlockAttention + ?Sized>(
         }
         outs.push(state.finish());
     }
-    let mut dks: Vec<HeadBuf> = ks.iter().map(|x| HeadBuf::filled(x.dims, 0.0)).collect();
+    let mut dks: Vec<T> = ks.iter().map(|x| x.filled_like(x.dims(), 0.0)).collect();
     let mut dvs = dks.clone();
     let mut dqs = Vec::new();
     for (r, (out, lse)) in outs.iter().enumerate() {
-        let kept = Kept {
-            q: &qs[r],
-            k: &ks[r],
-            v: &vs[r],
-            out,
-            lse,
-        };
+        let kept = Kept::of([&qs[r], &ks[r], &vs[r], out, lse]);
         let mut state = RingBackward::new(kernel, layout, r, kept, &gs[r]);
         for t in 0..cp {
             let s = source(r, t, cp);
@@ -69,11 +80,12 @@ pub fn simulate_ring<A: BlockAttention + ?Sized>(
         }
         dqs.push(state.finish());
     }
-    let join = |parts: Vec<HeadBuf>| {
+    let join = |parts: Vec<T>| {
+        let parts: Vec<HeadBuf> = parts.into_iter().map(&read).collect();
         let [b, h, _, w] = parts[0].dims;
         let data: Vec<Vec<f32>> = parts.into_iter().map(|p| p.data).collect();
         HeadBuf::new([b, h, layout.seq(), w], layout.unsplit(&data, w))
     };
-    let (out, lse): (Vec<HeadBuf>, Vec<HeadBuf>) = outs.into_iter().unzip();
+    let (out, lse): (Vec<T>, Vec<T>) = outs.into_iter().unzip();
     Ok([join(out), join(lse), join(dqs), join(dks), join(dvs)])
 }

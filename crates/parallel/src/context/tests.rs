@@ -132,13 +132,7 @@ fn whole(kernel: &Plain, q: &HeadBuf, k: &HeadBuf, v: &HeadBuf, d_out: &HeadBuf)
         kernel,
         ChunkLayout::new(q.dims[2], 1).unwrap(),
         0,
-        Kept {
-            q,
-            k,
-            v,
-            out: &out,
-            lse: &lse,
-        },
+        Kept::of([q, k, v, &out, &lse]),
         d_out,
     );
     let [dk, dv] = state.step(0, k, v);
@@ -195,13 +189,7 @@ fn drivers_on_one_rank_equal_the_whole_attention() {
     let want = whole(&kernel, &q, &k, &v, &g);
     let layout = ChunkLayout::new(12, 1).unwrap();
     let (out, lse) = ring_forward(&SingleProcess, &kernel, layout, &q, &k, &v).unwrap();
-    let kept = Kept {
-        q: &q,
-        k: &k,
-        v: &v,
-        out: &out,
-        lse: &lse,
-    };
+    let kept = Kept::of([&q, &k, &v, &out, &lse]);
     let [dq, dk, dv] = ring_backward(&SingleProcess, &kernel, layout, kept, &g).unwrap();
     for ((g, w), name) in [out, lse, dq, dk, dv]
         .iter()

@@ -4,6 +4,7 @@
 //! log-sum-exp and gradients of every rank.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use burn::backend::{Autodiff, Flex};
@@ -195,13 +196,7 @@ fn device_rings_equal_the_host_ring() {
                         let ring = DeviceRing::new(&local, rank);
                         let kernel = OnHost(kernel);
                         let (out, lse) = ring_forward(&ring, &kernel, layout, &q, &k, &v).unwrap();
-                        let kept = Kept {
-                            q: &q,
-                            k: &k,
-                            v: &v,
-                            out: &out,
-                            lse: &lse,
-                        };
+                        let kept = Kept::of([&q, &k, &v, &out, &lse]);
                         let [dq, dk, dv] = ring_backward(&ring, &kernel, layout, kept, &g).unwrap();
                         [out, lse, dq, dk, dv].map(host)
                     })
@@ -229,8 +224,10 @@ fn device_rings_equal_the_host_ring() {
 /// (`RingAttention::with_device`) equals its host path over the same ring
 /// (the mailboxes as a communicator), output and `q`, `k`, `v` gradients,
 /// for rings of 2 and 4 ranks, within `1e-5` of each result's largest
-/// magnitude, as above. Each rank runs the host path, then the device
-/// path, on its own mailboxes.
+/// magnitude, as above; and so does the device path with a device block
+/// kernel (`RingAttention::with_device_kernel`), which computes every
+/// block of both passes. Each rank runs the host path, then the device
+/// paths, each on its own mailboxes.
 #[test]
 fn ring_attention_on_device_collectives_equals_its_host_path() {
     let (seq, d) = (16, 4);
@@ -240,41 +237,88 @@ fn ring_attention_on_device_collectives_equals_its_host_path() {
     let g = values([1, 4, seq, d], 24);
     for cp in [2, 4] {
         let layout = ChunkLayout::new(seq, cp).unwrap();
-        let boxes = [(); 2].map(|()| Arc::new(Mailboxes::default()));
-        let got: Vec<[[HeadBuf; 4]; 2]> = std::thread::scope(|s| {
+        let boxes = [(); 3].map(|()| Arc::new(Mailboxes::default()));
+        let got: Vec<([[HeadBuf; 4]; 3], [usize; 2])> = std::thread::scope(|s| {
             let ranks: Vec<_> = (0..cp)
                 .map(|rank| {
                     let (boxes, whole) = (&boxes, [&q, &k, &v, &g]);
                     s.spawn(move || {
                         let parts = whole.map(|x| rank_part(layout, x, rank));
-                        [false, true].map(|on_device| {
+                        let counted = Arc::new(Counted::default());
+                        let paths = [0, 1, 2].map(|path| {
                             let local = Arc::new(Local {
                                 rank,
                                 size: cp,
-                                boxes: boxes[on_device as usize].clone(),
+                                boxes: boxes[path].clone(),
                             });
                             let kernel = Arc::new(Plain { slopes: None });
                             let ring = RingAttention::new(local.clone(), layout, kernel);
-                            let ring = match on_device {
-                                true => ring.with_device(AnyCollectives::new::<Flex>(local)),
-                                false => ring,
+                            let ring = match path {
+                                0 => ring,
+                                _ => ring.with_device(AnyCollectives::new::<Flex>(local)),
+                            };
+                            let ring = match path {
+                                2 => ring.with_device_kernel(AnyBlockKernel::new::<Flex>(
+                                    counted.clone(),
+                                )),
+                                _ => ring,
                             };
                             attend(&ring, &parts)
-                        })
+                        });
+                        (paths, counted.calls())
                     })
                 })
                 .collect();
             ranks.into_iter().map(|r| r.join().unwrap()).collect()
         });
-        for (rank, [host_path, device_path]) in got.iter().enumerate() {
-            for ((got, want), name) in device_path
-                .iter()
-                .zip(host_path)
-                .zip(["out", "dq", "dk", "dv"])
-            {
-                assert_close(got, want, &format!("cp {cp}, rank {rank}: {name}"));
+        for (rank, ([host_path, device_paths @ ..], calls)) in got.iter().enumerate() {
+            // One block per ring step, forward and backward.
+            assert_eq!(
+                *calls,
+                [cp, cp],
+                "cp {cp}, rank {rank}: device kernel calls"
+            );
+            for (path, device_path) in ["device", "device kernel"].iter().zip(device_paths) {
+                for ((got, want), name) in device_path
+                    .iter()
+                    .zip(host_path)
+                    .zip(["out", "dq", "dk", "dv"])
+                {
+                    assert_close(got, want, &format!("cp {cp}, rank {rank}, {path}: {name}"));
+                }
             }
         }
+    }
+}
+
+/// A device block kernel on Flex's tensors: the test's kernel through
+/// [`OnHost`], counting its forward and backward calls.
+#[derive(Default)]
+struct Counted {
+    forward: AtomicUsize,
+    backward: AtomicUsize,
+}
+
+impl Counted {
+    /// `[forward, backward]` calls so far.
+    fn calls(&self) -> [usize; 2] {
+        [&self.forward, &self.backward].map(|n| n.load(Ordering::SeqCst))
+    }
+}
+
+impl BlockAttention<Tensor<Flex, 4>> for Counted {
+    fn forward(&self, block: Block<'_, Tensor<Flex, 4>>) -> (Tensor<Flex, 4>, Tensor<Flex, 4>) {
+        self.forward.fetch_add(1, Ordering::SeqCst);
+        OnHost(&Plain { slopes: None }).forward(block)
+    }
+
+    fn backward(
+        &self,
+        block: Block<'_, Tensor<Flex, 4>>,
+        whole: WholeRows<'_, Tensor<Flex, 4>>,
+    ) -> [Tensor<Flex, 4>; 3] {
+        self.backward.fetch_add(1, Ordering::SeqCst);
+        OnHost(&Plain { slopes: None }).backward(block, whole)
     }
 }
 

@@ -31,11 +31,11 @@ use ferrotron_parallel::context::{merge, Block, BlockAttention, HeadBuf, WholeRo
 
 /// The fused attention kernels over one block of a ring, on one device.
 pub struct CubeBlockAttention<R: Runtime> {
-    client: ComputeClient<R>,
+    pub(super) client: ComputeClient<R>,
     /// ALiBi slope of each query head of the block (`None`: no ALiBi).
-    slopes: Option<Vec<f32>>,
-    forward: AttentionKernel,
-    backward: AttentionBackwardKernel,
+    pub(super) slopes: Option<Vec<f32>>,
+    pub(super) forward: AttentionKernel,
+    pub(super) backward: AttentionBackwardKernel,
 }
 
 impl<R: Runtime> CubeBlockAttention<R> {
@@ -66,7 +66,7 @@ impl<R: Runtime> CubeBlockAttention<R> {
     }
 
     /// The ALiBi slopes on the device, once per block.
-    fn slopes_on_device(&self) -> Option<Handle> {
+    pub(super) fn slopes_on_device(&self) -> Option<Handle> {
         self.slopes
             .as_ref()
             .map(|s| self.client.create_from_slice(f32::as_bytes(s)))
@@ -80,7 +80,7 @@ impl<R: Runtime> CubeBlockAttention<R> {
     }
 
     /// The slope of query head `head`, 0 without ALiBi.
-    fn slope(&self, head: usize) -> f32 {
+    pub(super) fn slope(&self, head: usize) -> f32 {
         self.slopes.as_ref().map_or(0.0, |s| s[head])
     }
 
@@ -99,17 +99,17 @@ impl<R: Runtime> CubeBlockAttention<R> {
 /// One `c x c` piece of a block: local query rows, local key rows, their
 /// first global positions, and whether the mask is the causal diagonal.
 #[derive(Clone, Debug)]
-struct Pair {
-    q_rows: Range<usize>,
-    k_rows: Range<usize>,
-    q_start: usize,
-    k_start: usize,
-    causal: bool,
+pub(super) struct Pair {
+    pub(super) q_rows: Range<usize>,
+    pub(super) k_rows: Range<usize>,
+    pub(super) q_start: usize,
+    pub(super) k_start: usize,
+    pub(super) causal: bool,
 }
 
 impl Pair {
     /// The launch's mask; the softmax scale is the model's `1 / sqrt(head_dim)`.
-    fn options(&self) -> AttentionOptions {
+    pub(super) fn options(&self) -> AttentionOptions {
         AttentionOptions {
             causal: self.causal,
             scale: None,
@@ -119,16 +119,16 @@ impl Pair {
     }
 }
 
-/// The device copies of a block's pieces of rows, each uploaded at its
-/// first use: a piece meets several pieces of the other side.
-struct PieceUploads {
+/// The device copies of a block's pieces of rows, each made at its first
+/// use: a piece meets several pieces of the other side.
+pub(super) struct PieceUploads {
     len: usize,
     pieces: Vec<Option<Vec<Handle>>>,
 }
 
 impl PieceUploads {
     /// For `rows` rows cut into pieces of `len`.
-    fn new(rows: usize, len: usize) -> Self {
+    pub(super) fn new(rows: usize, len: usize) -> Self {
         Self {
             len,
             pieces: vec![None; rows / len],
@@ -136,7 +136,11 @@ impl PieceUploads {
     }
 
     /// The piece at `rows`, uploaded by `upload` the first time.
-    fn get(&mut self, rows: &Range<usize>, upload: impl FnOnce() -> Vec<Handle>) -> &[Handle] {
+    pub(super) fn get(
+        &mut self,
+        rows: &Range<usize>,
+        upload: impl FnOnce() -> Vec<Handle>,
+    ) -> &[Handle] {
         self.pieces[rows.start / self.len].get_or_insert_with(upload)
     }
 }
@@ -168,17 +172,18 @@ fn pieces(runs: &[Range<usize>], len: usize) -> impl Iterator<Item = Range<usize
         .flat_map(move |r| r.clone().step_by(len).map(move |s| s..s + len))
 }
 
-/// The pieces of `block` that attend to anything, with their masks.
-/// Panics when a piece's keys overlap its queries only in part: the
-/// ring's blocks are whole chunks aligned to their length, which never
-/// do.
-fn pairs(block: &Block<'_>) -> (usize, Vec<Pair>) {
-    let (q_runs, k_runs) = (runs(block.q_pos), runs(block.k_pos));
+/// The pieces of a block of queries at global positions `q_pos` and keys
+/// at `k_pos` that attend to anything, with their masks, and the pieces'
+/// length. Panics when a piece's keys overlap its queries only in part:
+/// the ring's blocks are whole chunks aligned to their length, which
+/// never do.
+pub(super) fn pairs(q_pos: &[usize], k_pos: &[usize]) -> (usize, Vec<Pair>) {
+    let (q_runs, k_runs) = (runs(q_pos), runs(k_pos));
     let len = q_runs.iter().chain(&k_runs).fold(0, |g, r| gcd(g, r.len()));
     let mut pairs = Vec::new();
     for q_rows in pieces(&q_runs, len) {
         for k_rows in pieces(&k_runs, len) {
-            let (q_start, k_start) = (block.q_pos[q_rows.start], block.k_pos[k_rows.start]);
+            let (q_start, k_start) = (q_pos[q_rows.start], k_pos[k_rows.start]);
             let causal = if k_start == q_start {
                 true
             } else if k_start + len <= q_start {
@@ -203,8 +208,11 @@ fn pairs(block: &Block<'_>) -> (usize, Vec<Pair>) {
     (len, pairs)
 }
 
-/// The launch inputs of a piece's operands ([`CubeBlockAttention::operands`]).
-fn inputs<'a>([q, k, v]: &'a [Handle; 3], slopes: &'a Option<Handle>) -> AttentionInputs<'a> {
+/// The launch inputs of a piece's `[q, k, v]` buffers and the ALiBi slopes.
+pub(super) fn inputs<'a>(
+    [q, k, v]: &'a [Handle; 3],
+    slopes: &'a Option<Handle>,
+) -> AttentionInputs<'a> {
     AttentionInputs {
         q,
         k,
@@ -213,13 +221,14 @@ fn inputs<'a>([q, k, v]: &'a [Handle; 3], slopes: &'a Option<Handle>) -> Attenti
     }
 }
 
-/// The launch shape of a `len x len` piece of `block`.
-fn shape(block: &Block<'_>, len: usize) -> AttentionShape {
-    let [batch, n_heads, _, head_dim] = block.q.dims;
+/// The launch shape of a `len x len` piece of a block of queries `q_dims`
+/// `[batch, heads, rows, head_dim]` and `kv_heads` key heads.
+pub(super) fn shape(q_dims: [usize; 4], kv_heads: usize, len: usize) -> AttentionShape {
+    let [batch, n_heads, _, head_dim] = q_dims;
     AttentionShape {
         batch,
         n_heads,
-        n_kv_heads: block.k.dims[1],
+        n_kv_heads: kv_heads,
         seq: len,
         head_dim,
     }
@@ -228,8 +237,8 @@ fn shape(block: &Block<'_>, len: usize) -> AttentionShape {
 impl<R: Runtime> BlockAttention for CubeBlockAttention<R> {
     fn forward(&self, block: Block<'_>) -> (HeadBuf, HeadBuf) {
         let [b, h, len_q, d] = block.q.dims;
-        let (len, pairs) = pairs(&block);
-        let shape = shape(&block, len);
+        let (len, pairs) = pairs(block.q_pos, block.k_pos);
+        let shape = shape(block.q.dims, block.k.dims[1], len);
         let mut out = HeadBuf::filled([b, h, len_q, d], 0.0);
         let mut lse = HeadBuf::filled([b, h, len_q, 1], f32::NEG_INFINITY);
         let slopes = self.slopes_on_device();
@@ -261,8 +270,8 @@ impl<R: Runtime> BlockAttention for CubeBlockAttention<R> {
 
     fn backward(&self, block: Block<'_>, whole: WholeRows<'_>) -> [HeadBuf; 3] {
         let [b, h, _, d] = block.q.dims;
-        let (len, pairs) = pairs(&block);
-        let shape = shape(&block, len);
+        let (len, pairs) = pairs(block.q_pos, block.k_pos);
+        let shape = shape(block.q.dims, block.k.dims[1], len);
         let mut dq = HeadBuf::filled(block.q.dims, 0.0);
         let mut dk = HeadBuf::filled(block.k.dims, 0.0);
         let mut dv = HeadBuf::filled(block.v.dims, 0.0);
@@ -314,16 +323,7 @@ mod tests {
     type Piece = (Range<usize>, Range<usize>, bool);
 
     fn block_pairs(q_pos: &[usize], k_pos: &[usize]) -> (usize, Vec<Piece>) {
-        let q = HeadBuf::filled([1, 1, q_pos.len(), 1], 0.0);
-        let k = HeadBuf::filled([1, 1, k_pos.len(), 1], 0.0);
-        let block = Block {
-            q: &q,
-            k: &k,
-            v: &k,
-            q_pos,
-            k_pos,
-        };
-        let (len, pairs) = pairs(&block);
+        let (len, pairs) = pairs(q_pos, k_pos);
         (
             len,
             pairs
