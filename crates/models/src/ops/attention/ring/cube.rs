@@ -24,7 +24,8 @@ use burn_cubecl::cubecl::prelude::*;
 use burn_cubecl::cubecl::server::Handle;
 use ferrotron_kernels::attention::{
     attention_backward_from_delta, attention_forward_with, AttentionBackwardKernel,
-    AttentionInputs, AttentionKernel, AttentionOptions, AttentionShape,
+    AttentionForward, AttentionGradients, AttentionInputs, AttentionKernel, AttentionOptions,
+    AttentionShape,
 };
 use ferrotron_kernels::FloatDtype;
 use ferrotron_parallel::context::{merge, Block, BlockAttention, HeadBuf, WholeRows};
@@ -77,6 +78,51 @@ impl<R: Runtime> CubeBlockAttention<R> {
         bufs.iter()
             .map(|b| self.upload(&b.rows(rows.clone())))
             .collect()
+    }
+
+    /// The forward kernel on one piece `pair` of f32 buffers `qkv` (`[q,
+    /// k, v]`, the launch's `shape`) with ALiBi `slopes`.
+    pub(super) fn launch_forward(
+        &self,
+        shape: AttentionShape,
+        pair: &Pair,
+        qkv: &[Handle; 3],
+        slopes: &Option<Handle>,
+    ) -> AttentionForward {
+        attention_forward_with(
+            &self.client,
+            self.forward,
+            FloatDtype::F32,
+            shape,
+            pair.options(),
+            inputs(qkv, slopes),
+        )
+        .unwrap_or_else(|e| panic!("ring block attention forward: {e}"))
+    }
+
+    /// The backward kernel on one piece, as [`Self::launch_forward`], from
+    /// the piece's rows `[lse, delta, d_out]` of the whole attention (`lse`
+    /// already without the piece's ALiBi shift).
+    pub(super) fn launch_backward(
+        &self,
+        shape: AttentionShape,
+        pair: &Pair,
+        qkv: &[Handle; 3],
+        slopes: &Option<Handle>,
+        [lse, delta, d_out]: [&Handle; 3],
+    ) -> AttentionGradients {
+        attention_backward_from_delta(
+            &self.client,
+            self.backward,
+            FloatDtype::F32,
+            shape,
+            pair.options(),
+            inputs(qkv, slopes),
+            lse,
+            delta,
+            d_out,
+        )
+        .unwrap_or_else(|e| panic!("ring block attention backward: {e}"))
     }
 
     /// The slope of query head `head`, 0 without ALiBi.
@@ -209,10 +255,7 @@ pub(super) fn pairs(q_pos: &[usize], k_pos: &[usize]) -> (usize, Vec<Pair>) {
 }
 
 /// The launch inputs of a piece's `[q, k, v]` buffers and the ALiBi slopes.
-pub(super) fn inputs<'a>(
-    [q, k, v]: &'a [Handle; 3],
-    slopes: &'a Option<Handle>,
-) -> AttentionInputs<'a> {
+fn inputs<'a>([q, k, v]: &'a [Handle; 3], slopes: &'a Option<Handle>) -> AttentionInputs<'a> {
     AttentionInputs {
         q,
         k,
@@ -251,15 +294,7 @@ impl<R: Runtime> BlockAttention for CubeBlockAttention<R> {
                 self.upload_rows(&[block.k, block.v], &pair.k_rows)
             });
             let qkv = [q, kv[0].clone(), kv[1].clone()];
-            let result = attention_forward_with(
-                &self.client,
-                self.forward,
-                FloatDtype::F32,
-                shape,
-                pair.options(),
-                inputs(&qkv, &slopes),
-            )
-            .unwrap_or_else(|e| panic!("ring block attention forward: {e}"));
+            let result = self.launch_forward(shape, &pair, &qkv, &slopes);
             let part = self.download(result.out, [b, h, len, d]);
             let mut part_lse = self.download(result.lse, [b, h, len, 1]);
             self.shift_lse(&mut part_lse, &pair, 1.0);
@@ -292,18 +327,7 @@ impl<R: Runtime> BlockAttention for CubeBlockAttention<R> {
             let mut lse = whole.lse.rows(pair.q_rows.clone());
             self.shift_lse(&mut lse, &pair, -1.0);
             let lse = self.upload(&lse);
-            let grads = attention_backward_from_delta(
-                &self.client,
-                self.backward,
-                FloatDtype::F32,
-                shape,
-                pair.options(),
-                inputs(&qkv, &slopes),
-                &lse,
-                &delta,
-                &d_out,
-            )
-            .unwrap_or_else(|e| panic!("ring block attention backward: {e}"));
+            let grads = self.launch_backward(shape, &pair, &qkv, &slopes, [&lse, &delta, &d_out]);
             dq.add_rows(pair.q_rows, &self.download(grads.dq, [b, h, len, d]));
             dk.add_rows(
                 pair.k_rows.clone(),

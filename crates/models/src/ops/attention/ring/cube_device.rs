@@ -15,11 +15,9 @@ use burn_cubecl::cubecl::server::Handle;
 use burn_cubecl::element::BoolElement;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime};
-use ferrotron_kernels::attention::{attention_backward_from_delta, attention_forward_with};
-use ferrotron_kernels::FloatDtype;
 use ferrotron_parallel::context::{Block, BlockAttention, RingBuf, WholeRows};
 
-use super::cube::{inputs, pairs, shape, CubeBlockAttention, Pair, PieceUploads};
+use super::cube::{pairs, shape, CubeBlockAttention, Pair, PieceUploads};
 use crate::ops::cube::contiguous;
 
 /// The f32 rows `[batch, heads, len, width]` of a CubeCL backend.
@@ -89,15 +87,7 @@ impl<R: CubeRuntime, BT: BoolElement> BlockAttention<Rows<R, BT>> for CubeBlockA
                 Self::pieces(&[block.k, block.v], &pair.k_rows)
             });
             let qkv = [q, kv[0].clone(), kv[1].clone()];
-            let result = attention_forward_with(
-                &self.client,
-                self.forward,
-                FloatDtype::F32,
-                shape,
-                pair.options(),
-                inputs(&qkv, &slopes),
-            )
-            .unwrap_or_else(|e| panic!("ring block attention forward: {e}"));
+            let result = self.launch_forward(shape, &pair, &qkv, &slopes);
             let part = self.rows_of(result.out, [b, h, len, d], block.q);
             let part_lse = self.rows_of(result.lse, [b, h, len, 1], block.q);
             let part_lse = self.shift(part_lse, &pair, 1.0);
@@ -132,18 +122,7 @@ impl<R: CubeRuntime, BT: BoolElement> BlockAttention<Rows<R, BT>> for CubeBlockA
             let qkv = [q, kv[0].clone(), kv[1].clone()];
             let lse = self.shift(whole.lse.rows(pair.q_rows.clone()), &pair, -1.0);
             let lse = contiguous(lse.into_primitive().tensor()).handle;
-            let grads = attention_backward_from_delta(
-                &self.client,
-                self.backward,
-                FloatDtype::F32,
-                shape,
-                pair.options(),
-                inputs(&qkv, &slopes),
-                &lse,
-                &delta,
-                &d_out,
-            )
-            .unwrap_or_else(|e| panic!("ring block attention backward: {e}"));
+            let grads = self.launch_backward(shape, &pair, &qkv, &slopes, [&lse, &delta, &d_out]);
             let kv_dims = [b, kv_heads, len, d];
             dq.add_rows(
                 pair.q_rows,
