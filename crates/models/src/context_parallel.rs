@@ -105,7 +105,7 @@ impl ContextParallel {
             "device collectives over another group than the CP ring"
         );
         Self {
-            device: AnyCollectives::new(collectives),
+            device: AnyCollectives::new::<B>(collectives),
             ..self
         }
     }

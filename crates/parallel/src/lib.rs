@@ -28,6 +28,7 @@ pub mod groups;
 pub mod launch;
 pub mod mesh;
 pub mod micro_batch;
+pub mod per_backend;
 pub mod pipeline;
 pub mod plan;
 pub mod recompute;

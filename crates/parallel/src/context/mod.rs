@@ -120,7 +120,7 @@ pub use backward::{ring_backward, Kept, RingBackward};
 pub use block::{merge, Block, BlockAttention, HeadBuf, WholeRows};
 pub use buf::RingBuf;
 pub use device::{DeviceRing, OnHost};
-pub use device_kernel::{AnyBlockKernel, DeviceBlockKernel};
+pub use device_kernel::{AnyBlockKernel, BlockKernels, DeviceBlockKernel};
 pub use forward::{ring_forward, RingForward};
 pub use loss::ring_mean;
 pub use ops::CpOps;

@@ -142,7 +142,7 @@ impl Pipeline {
         if self.stages() == 1 {
             return Ok(false);
         }
-        self.device = AnyCollectives::new(open(&*self.pp)?);
+        self.device = AnyCollectives::new::<IB>(open(&*self.pp)?);
         self.placement.ends_on_device(open)?;
         Ok(true)
     }

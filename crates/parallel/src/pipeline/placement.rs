@@ -121,7 +121,7 @@ impl Placement {
         if self.tied.is_empty() || !end || self.stages == 1 {
             return Ok(false);
         }
-        self.ends_device = AnyCollectives::new(open(&*self.ends)?);
+        self.ends_device = AnyCollectives::new::<IB>(open(&*self.ends)?);
         Ok(true)
     }
 

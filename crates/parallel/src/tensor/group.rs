@@ -47,7 +47,7 @@ impl TpGroup {
             "device collectives over another group than the TP group"
         );
         Self {
-            device: AnyCollectives::new(collectives),
+            device: AnyCollectives::new::<B>(collectives),
             ..self
         }
     }

@@ -2,49 +2,16 @@
 //! generic over the backend (a TP group inside every layer, the pipeline),
 //! and taken back for the backend whose tensors it is handed.
 
-use std::any::Any;
-use std::sync::Arc;
-
-use burn::tensor::backend::Backend;
-
 use super::SharedCollectives;
+use crate::per_backend::{Family, PerBackend};
+
+/// The [`Family`] of [`SharedCollectives`].
+pub struct Collectives;
+
+impl Family for Collectives {
+    type Of<B: burn::tensor::backend::Backend> = SharedCollectives<B>;
+    const WHAT: &'static str = "device collectives opened";
+}
 
 /// A [`SharedCollectives`] of some backend, or none (the host path).
-#[derive(Clone, Default)]
-pub struct AnyCollectives(Option<Arc<dyn Any + Send + Sync>>);
-
-impl AnyCollectives {
-    /// No device collectives: the owner's communicator's host path.
-    pub fn none() -> Self {
-        Self(None)
-    }
-
-    /// `collectives`, for the tensors of backend `B`.
-    pub fn new<B: Backend>(collectives: SharedCollectives<B>) -> Self {
-        Self(Some(Arc::new(collectives)))
-    }
-
-    /// Whether there are any.
-    pub fn is_some(&self) -> bool {
-        self.0.is_some()
-    }
-
-    /// The collectives, if there are any, for the tensors of `B`.
-    ///
-    /// # Panics
-    /// If they were given for another backend than `B`, naming `owner`
-    /// (a caller bug: the owner would otherwise fall back to the host
-    /// path unseen).
-    pub fn get<B: Backend>(&self, owner: &dyn std::fmt::Debug) -> Option<&SharedCollectives<B>> {
-        let any = self.0.as_ref()?;
-        Some(
-            any.downcast_ref::<SharedCollectives<B>>()
-                .unwrap_or_else(|| {
-                    panic!(
-                        "{owner:?}: device collectives opened for another backend than {}",
-                        std::any::type_name::<B>()
-                    )
-                }),
-        )
-    }
-}
+pub type AnyCollectives = PerBackend<Collectives>;

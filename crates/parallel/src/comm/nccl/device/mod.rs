@@ -36,7 +36,7 @@ mod hip;
 mod tensors;
 pub mod wire;
 
-pub use any::AnyCollectives;
+pub use any::{AnyCollectives, Collectives};
 pub use tensors::{OpenCollectives, Route, SharedCollectives, TensorCollectives};
 
 use std::ffi::c_void;
