@@ -6,9 +6,13 @@
 //! computes in f32 (see [`dtype`]).
 
 pub mod attention;
+pub mod bias;
 mod check;
+mod column_sums;
 pub mod cross_entropy;
 pub mod dtype;
+mod elementwise;
+pub mod gelu;
 pub mod kernel_cache;
 pub mod norm;
 mod reduce;

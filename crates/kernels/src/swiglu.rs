@@ -7,11 +7,9 @@
 
 use crate::check::{self, ShapeError};
 use crate::dtype::{load_vector, store_vector, with_storage, FloatDtype};
+use crate::elementwise::geometry;
 use cubecl::prelude::*;
 use cubecl::server::Handle;
-
-/// Units per cube of the elementwise kernels.
-const CUBE_DIM: u32 = 256;
 
 #[cube]
 fn sigmoid<N: Size>(g: Vector<f32, N>) -> Vector<f32, N> {
@@ -56,14 +54,6 @@ fn swiglu_backward_kernel<F: Float, N: Size>(
     }
 }
 
-/// Largest vector width (4, 2 or 1 elements) that divides `len`.
-fn vector_size(len: usize) -> usize {
-    [4, 2, 1]
-        .into_iter()
-        .find(|v| len.is_multiple_of(*v))
-        .unwrap_or(1)
-}
-
 /// Computes `out[i] = silu(gate[i]) * up[i]` for `i < len`, on f32
 /// buffers: [`swiglu_forward_typed`] with [`FloatDtype::F32`].
 pub fn swiglu_forward<R: Runtime>(
@@ -96,19 +86,17 @@ pub fn swiglu_forward_typed<R: Runtime>(
     check::elems(OP, "gate", gate, len, size)?;
     check::elems(OP, "up", up, len, size)?;
     check::elems(OP, "out", out, len, size)?;
-    let vec = vector_size(len);
-    let units = len / vec;
-    let cube_dim = CubeDim::new_1d(CUBE_DIM);
+    let at = geometry(client, len);
     with_storage!(dtype, F, round_bf16, {
         // SAFETY: the three buffers hold `len` elements of `F` (checked
         // above); the array length is given in scalars, so the kernel sees
-        // `units` vectors of `vec` and guards `ABSOLUTE_POS < units`.
+        // `len / vector` vectors and guards its index against that.
         unsafe {
             swiglu_forward_kernel::launch_unchecked::<F, R>(
                 client,
-                cubecl::calculate_cube_count_elemwise(client, units, cube_dim),
-                cube_dim,
-                vec,
+                at.cube_count,
+                at.cube_dim,
+                at.vector,
                 ArrayArg::from_raw_parts(gate.clone(), len),
                 ArrayArg::from_raw_parts(up.clone(), len),
                 ArrayArg::from_raw_parts(out.clone(), len),
@@ -160,18 +148,16 @@ pub fn swiglu_backward_typed<R: Runtime>(
     check::elems(OP, "d_out", d_out, len, size)?;
     check::elems(OP, "d_gate", d_gate, len, size)?;
     check::elems(OP, "d_up", d_up, len, size)?;
-    let vec = vector_size(len);
-    let units = len / vec;
-    let cube_dim = CubeDim::new_1d(CUBE_DIM);
+    let at = geometry(client, len);
     with_storage!(dtype, F, round_bf16, {
         // SAFETY: as in `swiglu_forward_typed`, every buffer holds `len`
         // elements of `F` and the kernel guards its vector index.
         unsafe {
             swiglu_backward_kernel::launch_unchecked::<F, R>(
                 client,
-                cubecl::calculate_cube_count_elemwise(client, units, cube_dim),
-                cube_dim,
-                vec,
+                at.cube_count,
+                at.cube_dim,
+                at.vector,
                 ArrayArg::from_raw_parts(gate.clone(), len),
                 ArrayArg::from_raw_parts(up.clone(), len),
                 ArrayArg::from_raw_parts(d_out.clone(), len),

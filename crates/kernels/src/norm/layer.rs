@@ -2,9 +2,9 @@
 //! last axis of `x: [rows, hidden]`, with the biased variance
 //! (`var = mean((x - mean)^2)`, as PyTorch), `weight, bias: [hidden]`.
 
-use super::params::{self, lane_sum, ParamChunks, PARAM_ROW_LANES, PARAM_TILE_COLS};
 use super::{check_buffers, row_cubes};
 use crate::check::ShapeError;
+use crate::column_sums::{self as params, lane_sum, ParamChunks, PARAM_ROW_LANES, PARAM_TILE_COLS};
 use crate::dtype::{load, store, with_storage, FloatDtype};
 use crate::reduce::{row_sum, NORM_ROWS_PER_CUBE, NORM_UNITS_PER_ROW};
 use cubecl::prelude::*;
@@ -119,7 +119,7 @@ fn layer_norm_backward_dx_kernel<F: Float>(
     }
 }
 
-/// The first pass of `d_weight` and `d_bias` (see the `norm::params`
+/// The first pass of `d_weight` and `d_bias` (see the `column_sums`
 /// module): for the chunk `CUBE_POS_Y` of `chunk_rows` rows and the column
 /// tile `CUBE_POS_X`, `partials_w[chunk * hidden + col]` = sum over the
 /// chunk's rows of `dy * (x - mean) * rstd` and `partials_b[...]` that of
@@ -293,7 +293,7 @@ pub fn layer_norm_backward<R: Runtime>(
 /// `weight`, `mean` and `rstd`, writes `dx: [rows, hidden]` and
 /// `d_weight, d_bias: [hidden]` (summed over rows in two passes through
 /// two f32 workspaces `[chunks, hidden]` allocated here, in an order fixed
-/// by the shapes: see the `norm::params` module).
+/// by the shapes: see the `column_sums` module).
 ///
 /// Every buffer holds `dtype` except `mean` and `rstd` (f32, as the forward
 /// wrote them). Sums in f32; the gradients are rounded once to `dtype`. The

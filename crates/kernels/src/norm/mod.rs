@@ -6,10 +6,9 @@
 //! atomics, so results are bitwise reproducible). The forward saves per-row
 //! statistics for the backward; the backward computes `dx` per row and the
 //! parameter gradients in two passes over chunks of rows and tiles of
-//! columns, in an order fixed by the shapes (`params.rs`).
+//! columns, in an order fixed by the shapes (`crate::column_sums`).
 
 pub mod layer;
-mod params;
 pub mod rms;
 
 use crate::check::{self, ShapeError};

@@ -1,9 +1,9 @@
 //! RMSNorm as in Llama: `y = x / sqrt(mean(x^2) + eps) * weight`, over the
 //! last axis of `x: [rows, hidden]`, with `weight: [hidden]`.
 
-use super::params::{self, lane_sum, ParamChunks, PARAM_ROW_LANES, PARAM_TILE_COLS};
 use super::{check_buffers, row_cubes};
 use crate::check::ShapeError;
+use crate::column_sums::{self as params, lane_sum, ParamChunks, PARAM_ROW_LANES, PARAM_TILE_COLS};
 use crate::dtype::{load, store, with_storage, FloatDtype};
 use crate::reduce::{row_sum, NORM_ROWS_PER_CUBE, NORM_UNITS_PER_ROW};
 use cubecl::prelude::*;
@@ -101,7 +101,7 @@ fn rms_norm_backward_dx_kernel<F: Float>(
     }
 }
 
-/// The first pass of `d_weight` (see the `norm::params` module): for the
+/// The first pass of `d_weight` (see the `column_sums` module): for the
 /// chunk `CUBE_POS_Y` of `chunk_rows` rows and the column tile
 /// `CUBE_POS_X`, `partials[chunk * hidden + col]` = sum over the chunk's
 /// rows of `dy * x * rstd`.
@@ -250,7 +250,7 @@ pub fn rms_norm_backward<R: Runtime>(
 /// `weight` and `rstd`, writes `dx: [rows, hidden]` and
 /// `d_weight: [hidden]` (summed over rows in two passes through an f32
 /// workspace `[chunks, hidden]` allocated here, in an order fixed by the
-/// shapes: see the `norm::params` module).
+/// shapes: see the `column_sums` module).
 ///
 /// Every buffer holds `dtype` except `rstd` (f32, as the forward wrote
 /// it). Sums in f32; `dx` and `d_weight` are rounded once to `dtype`. `dx`

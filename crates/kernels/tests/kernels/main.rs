@@ -8,7 +8,9 @@ mod common;
 
 mod attention;
 mod attention_backward;
+mod bias;
 mod cross_entropy;
+mod gelu;
 mod norm;
 mod rope;
 mod swiglu;

@@ -1,6 +1,7 @@
-//! The two passes that sum the norms' parameter gradients (`d_weight`,
-//! LayerNorm's `d_bias`: `[hidden]`, each a sum over the `rows` of a
-//! `[rows, hidden]` product).
+//! The two passes that sum a gradient over rows into one value per column:
+//! the norms' parameter gradients (`d_weight`, LayerNorm's `d_bias`:
+//! `[hidden]`, each a sum over the `rows` of a `[rows, hidden]` product)
+//! and a linear layer's bias gradient (`crate::bias`).
 //!
 //! One unit per column looping over every row gives only `hidden / 256`
 //! cubes (3 for GPT-2 small), so the rows are cut into chunks as well:
@@ -20,11 +21,11 @@ use cubecl::prelude::*;
 use cubecl::server::Handle;
 
 /// Columns per cube of a partials kernel (one warp wide on NVIDIA).
-pub(super) const PARAM_TILE_COLS: u32 = 32;
+pub(crate) const PARAM_TILE_COLS: u32 = 32;
 
 /// Row lanes per cube of a partials kernel: a power of two, as
 /// [`lane_sum`] requires.
-pub(super) const PARAM_ROW_LANES: u32 = 8;
+pub(crate) const PARAM_ROW_LANES: u32 = 8;
 
 /// The number of cubes a partials launch aims at: a few per multiprocessor
 /// of a large GPU (132 on an H100).
@@ -49,7 +50,7 @@ const FINISH_CUBE_DIM: u32 = 256;
 /// `[8192, 768]`: 24 tiles, 22 chunks of 373 rows, 528 cubes; a 1B Llama's
 /// `[8192, 2048]`: 64 tiles, 8 chunks of 1024 rows, 512 cubes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct ParamChunks {
+pub(crate) struct ParamChunks {
     pub col_tiles: usize,
     pub chunks: usize,
     pub chunk_rows: usize,
@@ -94,7 +95,7 @@ impl ParamChunks {
 /// be a power of two. Every unit of the cube must call this (it
 /// synchronises).
 #[cube]
-pub(super) fn lane_sum(scratch: &mut SharedMemory<f32>, value: f32) -> f32 {
+pub(crate) fn lane_sum(scratch: &mut SharedMemory<f32>, value: f32) -> f32 {
     let width = CUBE_DIM_X as usize;
     let at = UNIT_POS_Y as usize * width + UNIT_POS_X as usize;
     scratch[at] = value;
@@ -139,7 +140,7 @@ fn param_grad_finish_kernel<F: Float>(
 /// # Safety
 /// `partials` must hold `cut.chunks * hidden` f32 and `out` `hidden`
 /// elements of `F`.
-pub(super) unsafe fn finish<F: Float + CubeElement, R: Runtime>(
+pub(crate) unsafe fn finish<F: Float + CubeElement, R: Runtime>(
     client: &ComputeClient<R>,
     cut: &ParamChunks,
     partials: &Handle,
