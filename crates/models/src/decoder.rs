@@ -205,7 +205,7 @@ impl<B: KernelBackend> Decoder<B> {
                 let name = |sub: &str| format!("layers.{i}.{sub}");
                 Ok(Block {
                     attn_norm: Norm::new(&init, &name("attn_norm"), norm_of, ops)?,
-                    attn: Attention::new(&init, &name("attn"), c, out_std)?,
+                    attn: Attention::new(&init, &name("attn"), c, out_std, ops)?,
                     mlp_norm: Norm::new(&init, &name("mlp_norm"), norm_of, ops)?,
                     mlp: Mlp::new(&init, &name("mlp"), c, out_std, ops)?,
                 })

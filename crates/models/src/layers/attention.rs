@@ -12,7 +12,7 @@ use super::position::PositionContext;
 use super::Linear;
 use crate::config::DecoderConfig;
 use crate::init::Init;
-use crate::ops::{attention, rope, KernelBackend};
+use crate::ops::{attention, rope, KernelBackend, OpsChoice};
 
 /// Cached keys and values of one layer, each `[batch, n_kv_heads, keys, head_dim]`.
 pub type LayerKv<B> = (Tensor<B, 4>, Tensor<B, 4>);
@@ -57,11 +57,12 @@ impl<B: Backend> Attention<B> {
         name: &str,
         c: &DecoderConfig,
         out_std: f64,
+        ops: OpsChoice,
     ) -> Result<Self, ShardError> {
         let h = c.hidden_size;
         let kv = c.n_kv_heads * c.head_dim();
         let linear = |proj: &str, shape, std| {
-            Linear::new(init, &format!("{name}.{proj}"), shape, c.bias, std)
+            Linear::new(init, &format!("{name}.{proj}"), shape, c.bias, std, ops)
         };
         Ok(Self {
             q: linear("q", [h, h], c.init_std)?,

@@ -45,8 +45,9 @@ impl<B: Backend> Mlp<B> {
         ops: impl Into<OpsChoice>,
     ) -> Result<Self, ShardError> {
         let (h, f) = (c.hidden_size, c.ffn_size);
+        let ops = ops.into();
         let linear = |proj: &str, shape, std| {
-            Linear::new(init, &format!("{name}.{proj}"), shape, c.bias, std)
+            Linear::new(init, &format!("{name}.{proj}"), shape, c.bias, std, ops)
         };
         Ok(Self {
             gate: (c.mlp == MlpKind::Swiglu)
@@ -54,7 +55,7 @@ impl<B: Backend> Mlp<B> {
                 .transpose()?,
             up: linear("up", [h, f], c.init_std)?,
             down: linear("down", [f, h], out_std)?,
-            ops: ops.into(),
+            ops,
             tp: TpGroup::single(),
         })
     }

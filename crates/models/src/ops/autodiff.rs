@@ -63,6 +63,14 @@ impl<B: FusedKernels, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
         super::attention::cube::node::<B, C>(q, k, v, slopes, options)
     }
 
+    fn fused_bias_add(y: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self> {
+        super::bias::cube::node::<B, C>(y, bias)
+    }
+
+    fn fused_gelu_tanh(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        super::gelu::cube::node::<B, C>(x)
+    }
+
     fn fused_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
         super::swiglu::cube::node::<B, C>(gate, up)
     }

@@ -9,7 +9,7 @@ use ferrotron_engine::precision::Precision;
 
 use super::attention::AttentionImpl;
 use super::fused::KernelBackend;
-use super::{gelu, layer_norm, resolve_kernels};
+use super::{bias, gelu, layer_norm, resolve_kernels};
 use super::{rms_norm, swiglu};
 
 use crate::config::{ConfigError, DecoderConfig, Kernels};
@@ -47,9 +47,9 @@ impl HeadLoss {
 }
 
 /// Which implementation of one operation runs. An operation with no
-/// implementation of the kind named runs its reference (GELU has no CubeCL
-/// kernel, cross-entropy no CPU operation of its own: the head's CPU form
-/// is [`HeadLoss::Chunked`]).
+/// implementation of the kind named runs its reference (cross-entropy has
+/// no CPU operation of its own: the head's CPU form is
+/// [`HeadLoss::Chunked`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OpImpl {
     /// The plain Burn operations (every backend, every dtype).
@@ -86,13 +86,13 @@ pub struct OpsChoice {
     layer_norm: OpImpl,
     swiglu: OpImpl,
     gelu: OpImpl,
+    bias: OpImpl,
     cross_entropy: OpImpl,
     head_loss: HeadLoss,
 }
 
 impl From<Kernels> for OpsChoice {
-    /// `kernels` for every operation that has that implementation (GELU
-    /// runs its reference), the head through the whole logits.
+    /// `kernels` for every operation, the head through the whole logits.
     fn from(kernels: Kernels) -> Self {
         let op = OpImpl::from(kernels);
         Self {
@@ -102,7 +102,8 @@ impl From<Kernels> for OpsChoice {
             rms_norm: op,
             layer_norm: op,
             swiglu: op,
-            gelu: OpImpl::Reference,
+            gelu: op,
+            bias: op,
             cross_entropy: op,
             head_loss: HeadLoss::Logits,
         }
@@ -118,10 +119,11 @@ impl OpsChoice {
     /// What a model of `config` runs on backend `B`:
     ///
     /// - [`OpImpl::Fused`] for attention (on the matrix units when
-    ///   `config.attention_matrix_units`), RoPE, the norms, SwiGLU and the
-    ///   logits' cross-entropy where [`resolve_kernels`] gives
-    ///   [`Kernels::Fused`] (the CubeCL backends), GELU's reference, and
-    ///   the head and loss chunked in every precision;
+    ///   `config.attention_matrix_units`), RoPE, the norms, GELU, SwiGLU,
+    ///   the linear layers' bias add and the logits' cross-entropy where
+    ///   [`resolve_kernels`] gives
+    ///   [`Kernels::Fused`] (the CubeCL backends), and the head and loss
+    ///   chunked in every precision;
     /// - where `config.kernels` is absent and the backend has no fused
     ///   kernels (the CPU backends): attention as the backend's host-buffer
     ///   core ([`AttentionImpl::Host`]) where it has one (flex; f32 only, other
@@ -158,10 +160,8 @@ impl OpsChoice {
             rms_norm: elementwise,
             layer_norm: elementwise,
             swiglu: elementwise,
-            gelu: match elementwise {
-                OpImpl::Cpu => OpImpl::Cpu,
-                OpImpl::Fused | OpImpl::Reference => OpImpl::Reference,
-            },
+            gelu: elementwise,
+            bias: by_kernels,
             cross_entropy: by_kernels,
             head_loss: HeadLoss::choose(config, kernels, B::has_fused_kernels()),
         })
@@ -210,6 +210,11 @@ impl OpsChoice {
         self.gelu
     }
 
+    /// The linear layers' bias add ([`OpsChoice::bias_add`]).
+    pub fn bias_impl(&self) -> OpImpl {
+        self.bias
+    }
+
     /// The cross-entropy of whole logits ([`super::cross_entropy`]: the
     /// head's [`HeadLoss::Logits`] and evaluation).
     pub fn cross_entropy_impl(&self) -> OpImpl {
@@ -253,6 +258,12 @@ impl OpsChoice {
     /// [`super::gelu_tanh_reference`]).
     pub fn gelu_tanh<B: KernelBackend>(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         gelu::gelu_tanh(self.gelu, x)
+    }
+
+    /// `y + bias` over the rows of `y` `[rows, n]` (compute dtype) with a
+    /// linear layer's bias `[n]` (f32), in `y`'s dtype (see `ops/bias/`).
+    pub fn bias_add<B: KernelBackend>(&self, y: Tensor<B, 2>, bias: Tensor<B, 1>) -> Tensor<B, 2> {
+        bias::bias_add(self.bias, y, bias)
     }
 
     /// `silu(gate) * up` of `[batch, seq, n]` tensors (see

@@ -4,7 +4,7 @@
 //!
 //! The kernels read and write contiguous row-major buffers (`i32`
 //! targets), so inputs are made contiguous first (a copy only when they are
-//! strided views). Attention, SwiGLU and RoPE run in their inputs' dtype
+//! strided views). Attention, GELU, SwiGLU and RoPE run in their inputs' dtype
 //! (f32, f16 or bf16: the kernels' typed launchers, f32 inside, one
 //! rounding per output), or in f32 between casts where the runtime lacks
 //! the 16-bit type (bf16 on wgpu); the norms take f32 (the decoder
@@ -158,6 +158,22 @@ impl<R: CubeRuntime, BT: BoolElement> FusedKernels for Cube<R, BT> {
         super::attention::cube::backward(q, k, v, slopes, options, out, lse, d_out)
     }
 
+    fn bias_add(y: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self> {
+        super::bias::cube::forward(y, bias)
+    }
+
+    fn bias_grad(d_y: FloatTensor<Self>, dtype: DType) -> FloatTensor<Self> {
+        super::bias::cube::grad(d_y, dtype)
+    }
+
+    fn gelu_tanh_forward(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        super::gelu::cube::forward(x)
+    }
+
+    fn gelu_tanh_backward(x: FloatTensor<Self>, d_y: FloatTensor<Self>) -> FloatTensor<Self> {
+        super::gelu::cube::backward(x, d_y)
+    }
+
     fn swiglu_forward(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
         super::swiglu::cube::forward(gate, up)
     }
@@ -277,6 +293,14 @@ impl<R: CubeRuntime, BT: BoolElement> KernelBackend for Cube<R, BT> {
         options: AttentionOptions,
     ) -> FloatTensor<Self> {
         Self::attention_forward(q, k, v, slopes, options).0
+    }
+
+    fn fused_bias_add(y: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::bias_add(y, bias)
+    }
+
+    fn fused_gelu_tanh(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::gelu_tanh_forward(x)
     }
 
     fn fused_swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::DType;
 use ferrotron_kernels::attention::AttentionOptions;
 use ferrotron_parallel::context::{AnyBlockKernel, BlockAttention, CpOps};
 use ferrotron_parallel::tensor::TpOps;
@@ -15,8 +16,8 @@ use super::attention::reference::{attention_reference_backward_on, attention_ref
 use super::linear_cross_entropy::GradPrimitives;
 
 /// The fused kernels on a backend's own tensors, without autodiff. Every
-/// forward returns what its backward needs. Attention, SwiGLU and RoPE
-/// take f32, f16 or bf16 activations (every activation and gradient of
+/// forward returns what its backward needs. Attention, GELU, SwiGLU and
+/// RoPE take f32, f16 or bf16 activations (every activation and gradient of
 /// one call in one dtype; the results in it too); the log-sum-exp, norm
 /// statistics, RoPE's `inv_freq`, ALiBi's slopes and every tensor of the
 /// norms are `f32`, and the cross-entropy's logits
@@ -49,6 +50,23 @@ pub trait FusedKernels: KernelBackend {
         lse: FloatTensor<Self>,
         d_out: FloatTensor<Self>,
     ) -> [FloatTensor<Self>; 3];
+
+    /// `y + bias` over the rows of `y` `[rows, n]` (the compute dtype) with
+    /// the bias `[n]` read in f32; in `y`'s dtype, one rounding. May reuse
+    /// `y`'s buffer.
+    fn bias_add(y: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self>;
+
+    /// The bias gradient of [`FusedKernels::bias_add`]: `d_y` `[rows, n]`
+    /// summed over the rows in f32, returned in `dtype` (the bias's).
+    fn bias_grad(d_y: FloatTensor<Self>, dtype: DType) -> FloatTensor<Self>;
+
+    /// GELU-tanh ([`super::gelu_tanh_reference`]), elementwise over any
+    /// shape.
+    fn gelu_tanh_forward(x: FloatTensor<Self>) -> FloatTensor<Self>;
+
+    /// The gradient of [`FusedKernels::gelu_tanh_forward`]'s input `x` for
+    /// the output gradient `d_y` (same shape).
+    fn gelu_tanh_backward(x: FloatTensor<Self>, d_y: FloatTensor<Self>) -> FloatTensor<Self>;
 
     /// `silu(gate) * up`, elementwise over equal shapes.
     fn swiglu_forward(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self>;
@@ -334,6 +352,16 @@ pub trait KernelBackend: Backend + TpOps + CpOps {
         _slopes: Option<FloatTensor<Self>>,
         _options: AttentionOptions,
     ) -> FloatTensor<Self> {
+        no_fused_kernels::<Self>()
+    }
+
+    /// Fused bias add (see [`FusedKernels::bias_add`]).
+    fn fused_bias_add(_y: FloatTensor<Self>, _bias: FloatTensor<Self>) -> FloatTensor<Self> {
+        no_fused_kernels::<Self>()
+    }
+
+    /// Fused GELU-tanh.
+    fn fused_gelu_tanh(_x: FloatTensor<Self>) -> FloatTensor<Self> {
         no_fused_kernels::<Self>()
     }
 

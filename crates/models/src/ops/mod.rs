@@ -21,8 +21,8 @@
 //! `layers::position` builds from the same choice.
 //!
 //! Every operation keeps its implementations in its own folder
-//! (`attention/`, `swiglu/`, `norm/`, `rope/`, `gelu/`, `cross_entropy/`,
-//! `linear_cross_entropy/`: the dispatch in `mod.rs`, `reference.rs`,
+//! (`attention/`, `swiglu/`, `norm/`, `rope/`, `gelu/`, `bias/`,
+//! `cross_entropy/`, `linear_cross_entropy/`: the dispatch in `mod.rs`, `reference.rs`,
 //! `cube.rs` with the kernel launches and autodiff node, `cpu.rs` with
 //! flex's node and `cpu_kernel.rs` with its host-buffer kernel; attention
 //! also `recompute.rs` and the ring's block kernels in `ring/`); the
@@ -54,6 +54,7 @@ macro_rules! register {
 mod attention;
 mod autodiff;
 mod backends;
+mod bias;
 mod choice;
 #[cfg(feature = "flex")]
 mod cpu;

@@ -20,7 +20,7 @@ use burn_wgpu::{CubeBackend, WgpuRuntime};
 use ferrotron_engine::lm::{CausalLm, LmUnits};
 use ferrotron_engine::precision::Precision;
 use ferrotron_kernels::wgpu_setup::default_device;
-use ferrotron_models::ops::{HeadLoss, TrainBackend};
+use ferrotron_models::ops::{HeadLoss, OpImpl, TrainBackend};
 use ferrotron_models::presets::preset;
 use ferrotron_models::{Decoder, DecoderConfig, Kernels, KvCache, Position, RopeScaling};
 
@@ -322,8 +322,11 @@ fn the_default_is_fused_on_cubecl_and_reference_on_the_cpu() {
     let gpu = Decoder::<Gpu>::new(&config, 0, &default_device()).unwrap();
     assert_eq!(gpu.kernels(), Kernels::Fused);
     assert_eq!(gpu.ops().head_loss(), HeadLoss::Chunked);
+    assert_eq!(gpu.ops().gelu_impl(), OpImpl::Fused);
+    assert_eq!(gpu.ops().bias_impl(), OpImpl::Fused);
     let cpu = Decoder::<Cpu>::new(&config, 0, &Default::default()).unwrap();
     assert_eq!(cpu.kernels(), Kernels::Reference);
+    assert_eq!(cpu.ops().bias_impl(), OpImpl::Reference);
     let reference =
         Decoder::<Gpu>::new(&tiny("gpt-mini", Kernels::Reference), 0, &default_device());
     assert_eq!(reference.unwrap().ops().head_loss(), HeadLoss::Logits);

@@ -56,10 +56,11 @@ fn within_bf16_ulps(what: &str, got: &[f32], want: &[f32], ulps: f32) {
 fn bf16_linear_is_the_rounded_product_of_rounded_operands() {
     let (m, k, n) = (6, 48, 5);
     let (x, w, b) = (values(m * k, 1), values(k * n, 2), values(n, 3));
-    let layer = Linear::<B> {
-        weight: Param::from_tensor(tensor(w.clone(), [k, n])),
-        bias: Some(Param::from_tensor(tensor(b.clone(), [n]))),
-    };
+    let layer = Linear::<B>::from_params(
+        Param::from_tensor(tensor(w.clone(), [k, n])),
+        Some(Param::from_tensor(tensor(b.clone(), [n]))),
+        Kernels::Reference,
+    );
     let x_low = tensor(x.clone(), [2, 3, k]).cast(FloatDType::BF16);
     let got = read(layer.forward(x_low), DType::BF16);
     // Reference: bf16 operands, an exact (f64) sum, rounded to bf16, plus

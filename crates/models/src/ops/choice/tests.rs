@@ -14,11 +14,11 @@ fn config(kernels: Option<Kernels>, precision: Precision) -> DecoderConfig {
     }
 }
 
-/// Every operation `elementwise` (the norms, SwiGLU, RoPE; GELU on the CPU
-/// only), attention `attention`, cross-entropy `cross_entropy`.
+/// Every operation `elementwise` (the norms, GELU, SwiGLU, RoPE), attention
+/// `attention`, cross-entropy and the bias add `by_kernels`.
 fn expect(
     kernels: Kernels,
-    [attention, elementwise, cross_entropy]: [OpImpl; 3],
+    [attention, elementwise, by_kernels]: [OpImpl; 3],
     head_loss: HeadLoss,
 ) -> OpsChoice {
     OpsChoice {
@@ -28,12 +28,9 @@ fn expect(
         rms_norm: elementwise,
         layer_norm: elementwise,
         swiglu: elementwise,
-        gelu: if elementwise == OpImpl::Cpu {
-            OpImpl::Cpu
-        } else {
-            OpImpl::Reference
-        },
-        cross_entropy,
+        gelu: elementwise,
+        bias: by_kernels,
+        cross_entropy: by_kernels,
         head_loss,
     }
 }
