@@ -12,7 +12,9 @@
 #            torch, the binaries' sizes; train-cold: `ferrotron train
 #            --model gpt-mini --backend cuda --precision bf16 --steps 3` with
 #            empty CubeCL caches; train-warm: the same again, caches filled;
-#            kernel-tests: each BIN_DIR/kernels-* binary on CUDA device 0;
+#            curve-bf16, curve-fp32: gpt-mini for CURVE_STEPS (100) steps in
+#            bf16, then fp32 (the summary compares their last ten losses and
+#            final validation losses); kernel-tests: each BIN_DIR/kernels-* binary on CUDA device 0;
 #            comm-device: `bench comm --backend cuda`, one rank's NCCL
 #            all-reduce, all-gather and reduce-scatter (f32, and bf16 on
 #            the wire) on device buffers against the host copy path: equal

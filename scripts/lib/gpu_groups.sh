@@ -6,7 +6,8 @@
 # TORCH_PYTHON, GROUP_DIR.
 # shellcheck disable=SC2154 # set by gpu_check.sh
 
-# env, train-cold, train-warm, kernel tests, NCCL on device buffers.
+# env, train-cold, train-warm, the bf16 and fp32 loss curves, kernel
+# tests, NCCL on device buffers.
 group_train() {
     run_phase env 60 bash "$here/lib/gpu_env.sh" "$bin" "$bin_given"
     if [ "$DRY" = 1 ]; then
@@ -23,6 +24,17 @@ group_train() {
     fi
     run_phase train-cold 240 "$F" "${train[@]}" --out "$GROUP_DIR/train-cold"
     run_phase train-warm 150 "$F" "${train[@]}" --out "$GROUP_DIR/train-warm"
+    # The loss curve: gpt-mini for CURVE_STEPS (100) steps in bf16, then in
+    # fp32, same seed and data (issue 31: bf16 within 2% of fp32).
+    local curve=(train --model gpt-mini --backend "$backend" --steps "${CURVE_STEPS:-100}" --seed 1
+        --sample-tokens 0)
+    [ "$DRY" = 1 ] && curve=(train --model gpt-mini --backend "$backend" --steps 4 --seed 1
+        --sample-tokens 0 --micro-batch 2 --seq-len 32 --eval-batches 1)
+    local p
+    for p in bf16 fp32; do
+        rm -rf "$GROUP_DIR/curve-$p"
+        run_phase "curve-$p" 180 "$F" "${curve[@]}" --precision "$p" --out "$GROUP_DIR/curve-$p"
+    done
     local t any=0
     for t in "$bin"/kernels-*; do
         [ -x "$t" ] || continue

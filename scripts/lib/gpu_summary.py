@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The summary table of scripts/gpu_check.sh, from what its groups left in
 OUT_DIR: each phase's status (GROUP/phases.tsv), the gpt-mini runs'
-metrics.jsonl, `bench train` and bench_torch.py JSON (tokens/s, and
+metrics.jsonl (and bf16's loss curve against fp32's), `bench train` and bench_torch.py JSON (tokens/s, and
 Ferrotron over PyTorch on the same shape and precision), the attention rows
 of `bench kernels` JSON (ms, TFLOP/s) and compute-sanitizer's error
 summaries. Prints plain-text tables; reads nothing else.
@@ -53,20 +53,53 @@ def phases(out):
     table("phases", ["group", "phase", "status", "exit", "s", "note"], rows)
 
 
+def records(path):
+    """The records of a metrics.jsonl, or None where it is missing or bad."""
+    try:
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
+        return None
+
+
 def train_runs(out):
     rows = []
     for name in ["train-cold", "train-warm"]:
-        path = os.path.join(out, "train", name, "metrics.jsonl")
-        try:
-            with open(path) as f:
-                records = [json.loads(line) for line in f if line.strip()]
-        except (OSError, ValueError):
+        rs = records(os.path.join(out, "train", name, "metrics.jsonl"))
+        if rs is None:
             rows.append([name, 0, None, None])
             continue
-        steps = [r for r in records if "loss" in r]
+        steps = [r for r in rs if "loss" in r]
         losses = " ".join(f"{r['loss']:.4f}" for r in steps)
         rows.append([name, len(steps), losses, fmt(steps[-1].get("tokens_per_s") if steps else None, 0)])
     table("gpt-mini bf16 (metrics.jsonl)", ["run", "steps", "losses", "last tokens/s"], rows)
+
+
+def curves(out):
+    """gpt-mini's bf16 run against its fp32 run: the mean of the last ten
+    training losses and the last validation loss of each, and bf16's
+    relative difference from fp32 for both."""
+    rows, ends = [], {}
+    for p in ["bf16", "fp32"]:
+        rs = records(os.path.join(out, "train", f"curve-{p}", "metrics.jsonl"))
+        if rs is None:
+            rows.append([p, 0, None, None])
+            continue
+        losses = [r["loss"] for r in rs if "loss" in r]
+        vals = [r["val_loss"] for r in rs if "val_loss" in r]
+        last = losses[-10:]
+        mean = sum(last) / len(last) if last else None
+        val = vals[-1] if vals else None
+        ends[p] = (mean, val)
+        rows.append([p, len(losses), fmt(mean, 4), fmt(val, 4)])
+    diff = [None, None]
+    for i in range(2):
+        pair = [ends.get(p, (None, None))[i] for p in ["bf16", "fp32"]]
+        if None not in pair:
+            diff[i] = fmt(100 * (pair[0] / pair[1] - 1), 2) + " %"
+    if diff != [None, None]:
+        rows.append(["bf16 against fp32", None] + diff)
+    table("gpt-mini loss curve (metrics.jsonl)", ["run", "steps", "last-10 mean loss", "last val_loss"], rows)
 
 
 def bench_train(out):
@@ -129,6 +162,7 @@ def main():
     print(f"######## summary of {out}")
     phases(out)
     train_runs(out)
+    curves(out)
     bench_train(out)
     bench_kernels(out)
     sanitizer(out)

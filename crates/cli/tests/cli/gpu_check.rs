@@ -43,6 +43,8 @@ fn expected_phases() -> Vec<(String, &'static str)> {
         ("watchdog-check", "ok"),
         ("train-cold", "ok"),
         ("train-warm", "ok"),
+        ("curve-bf16", "ok"),
+        ("curve-fp32", "ok"),
         ("kernel-tests", "skipped"),
         (
             "comm-device",
@@ -146,6 +148,12 @@ fn the_dry_run_runs_every_group_and_prints_the_summary_last() {
     }
     assert!(summary.contains("bench train (tokens/s"), "{summary}");
     assert!(summary.contains("gpt-mini bf16"), "{summary}");
+    // Both curves ran their 4 steps, and bf16 is set against fp32.
+    let against = summary
+        .lines()
+        .find(|l| l.trim_start().starts_with("bf16 against fp32"))
+        .unwrap_or_else(|| panic!("no curve comparison: {summary}"));
+    assert_eq!(against.matches(" %").count(), 2, "{against}");
 
     // Every log line is timestamped; the quiet phase got a watchdog report.
     let watchdog = std::fs::read_to_string(out.join("train/watchdog-check.log")).unwrap();
@@ -239,7 +247,7 @@ fn a_short_lease_runs_only_the_phases_it_names() {
     };
     assert_eq!(status("env").0, "ok", "{stdout}");
     assert_eq!(status("ferrotron-c-bf16").0, "ok", "{stdout}");
-    let mut unnamed = vec!["train-cold", "train-warm"];
+    let mut unnamed = vec!["train-cold", "train-warm", "curve-bf16"];
     if cfg!(feature = "kernels-bench") {
         unnamed.push("kernels-cmma");
     }
