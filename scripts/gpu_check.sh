@@ -38,7 +38,9 @@
 #            (attention_cmma_bf16); then
 #            compute-sanitizer memcheck and racecheck on a cmma run (fused
 #            forward + backward and the reference) at seq 1024 and 2048,
-#            where compute-sanitizer is on the PATH.
+#            where compute-sanitizer is on the PATH: only the attention
+#            kernels where it has --kernel-name, racecheck's hazard table
+#            RACECHECK_HAZARDS (default 1000000) entries.
 # One lease: three commands, one per group, e.g. (BIN_DIR carried):
 #   scripts/gpu_check.sh --pack "$OUT" target/gpu-bin /tmp/gpu-check train
 #   scripts/gpu_check.sh --pack "$OUT" target/gpu-bin /tmp/gpu-check step
