@@ -44,11 +44,14 @@ pub(crate) fn tiled_backward_shared_bytes(outer: usize, inner: usize, head_dim: 
 ///
 /// 1. the units load the tile's `q`, `d_out`, log-sum-exp and `delta` rows
 ///    into shared memory together;
-/// 2. each unit computes its share of the `queries x keys` pairs: `s = scale
-///    * q.k + bias`, `dp = d_out.v`, `p = exp(s - lse)`, `ds = p * (dp -
-///    delta)`, both 0 where masked (causal, rows and keys past `seq`);
+/// 2. each unit computes its share of the `queries x keys` pairs (all of
+///    one key, see [`pair_dots`]): `s = scale * q.k + bias`, `dp =
+///    d_out.v`, `p = exp(s - lse)`, `ds = p * (dp - delta)`, both 0 where
+///    masked (causal, rows and keys past `seq`);
 /// 3. each unit adds to its dV elements `sum_r p[r, c] d_out[r, :]` and to
-///    its dK elements `sum_r ds[r, c] q[r, :]`.
+///    its dK elements `sum_r ds[r, c] q[r, :]` (where `head_dim` divides
+///    [`BACKWARD_UNITS`], all of a unit's elements are in one column, whose
+///    `d_out` and `q` values it reads once per row).
 ///
 /// Finally `dk = scale * dk`. Every value is f32 in shared memory and
 /// registers whatever the storage type `F`; each gradient is rounded to `F`
@@ -107,6 +110,8 @@ pub(crate) fn attention_backward_kv_tiled_kernel<F: Float>(
     let mut ds_tile = SharedMemory::<f32>::new(comptime!(queries * (keys + 1)));
     let mut lse_tile = SharedMemory::<f32>::new(queries);
     let mut delta_tile = SharedMemory::<f32>::new(queries);
+    let mut qk = Array::<f32>::new(pairs_per_unit);
+    let mut dp = Array::<f32>::new(pairs_per_unit);
 
     // Key rows past `seq` load a copy of the last row and are never written.
     let mut dk_acc = Array::<f32>::new(per_key);
@@ -162,25 +167,32 @@ pub(crate) fn attention_backward_kv_tiled_kernel<F: Float>(
             }
             sync_cube();
 
+            pair_dots(
+                &q_tile,
+                &do_tile,
+                &k_tile,
+                &v_tile,
+                unit,
+                &mut qk,
+                &mut dp,
+                head_dim,
+                keys,
+                pairs_per_unit,
+            );
+            #[unroll]
             for i in 0..pairs_per_unit {
                 let e = unit + i * BACKWARD_UNITS;
                 if e < pairs {
                     let r = e / keys;
                     let c = e % keys;
-                    let mut qk = 0.0f32;
-                    let mut dp = 0.0f32;
-                    for d in 0..head_dim {
-                        qk += q_tile[r * stride + d] * k_tile[c * stride + d];
-                        dp += do_tile[r * stride + d] * v_tile[c * stride + d];
-                    }
                     let query = first_query + r;
                     let key = first_key + c;
-                    let mut score = qk * scale;
+                    let mut score = qk[i] * scale;
                     if alibi {
                         score += alibi_bias(slope, query, key);
                     }
                     let p = f32::exp(score - lse_tile[r]);
-                    let ds = p * (dp - delta_tile[r]);
+                    let ds = p * (dp[i] - delta_tile[r]);
                     let seen = visible(query, key, seq, causal);
                     p_tile[r * p_stride + c] = select(seen, p, 0.0f32);
                     ds_tile[r * p_stride + c] = select(seen, ds, 0.0f32);
@@ -188,19 +200,39 @@ pub(crate) fn attention_backward_kv_tiled_kernel<F: Float>(
             }
             sync_cube();
 
-            for i in 0..per_key {
-                let e = unit + i * BACKWARD_UNITS;
-                if e < key_elems {
-                    let c = e / head_dim;
-                    let d = e % head_dim;
-                    let mut grad_v = dv_acc[i];
-                    let mut grad_k = dk_acc[i];
-                    for r in 0..queries {
-                        grad_v += p_tile[r * p_stride + c] * do_tile[r * stride + d];
-                        grad_k += ds_tile[r * p_stride + c] * q_tile[r * stride + d];
+            if comptime!(BACKWARD_UNITS.is_multiple_of(head_dim)) {
+                // Every element of a unit is in column `unit % head_dim`:
+                // each query row's `d_out` and `q` value is read once for
+                // all of them.
+                let d = unit % head_dim;
+                for r in 0..queries {
+                    let o = do_tile[r * stride + d];
+                    let x = q_tile[r * stride + d];
+                    #[unroll]
+                    for i in 0..per_key {
+                        let e = unit + i * BACKWARD_UNITS;
+                        if e < key_elems {
+                            let c = e / head_dim;
+                            dv_acc[i] += p_tile[r * p_stride + c] * o;
+                            dk_acc[i] += ds_tile[r * p_stride + c] * x;
+                        }
                     }
-                    dv_acc[i] = grad_v;
-                    dk_acc[i] = grad_k;
+                }
+            } else {
+                for i in 0..per_key {
+                    let e = unit + i * BACKWARD_UNITS;
+                    if e < key_elems {
+                        let c = e / head_dim;
+                        let d = e % head_dim;
+                        let mut grad_v = dv_acc[i];
+                        let mut grad_k = dk_acc[i];
+                        for r in 0..queries {
+                            grad_v += p_tile[r * p_stride + c] * do_tile[r * stride + d];
+                            grad_k += ds_tile[r * p_stride + c] * q_tile[r * stride + d];
+                        }
+                        dv_acc[i] = grad_v;
+                        dk_acc[i] = grad_k;
+                    }
                 }
             }
             first_query += queries;
@@ -216,6 +248,68 @@ pub(crate) fn attention_backward_kv_tiled_kernel<F: Float>(
                 dk[at] = store::<F>(dk_acc[i] * scale, round_bf16);
                 dv[at] = store::<F>(dv_acc[i], round_bf16);
             }
+        }
+    }
+}
+
+/// The dot products of the query-key pairs `unit` owns in one step of a
+/// tiled backward kernel: pair `e = unit + i * BACKWARD_UNITS` of the `rows
+/// x keys` step (row `e / keys`, key `e % keys`) gets `qk[i] = q[row] .
+/// k[key]` and `dp[i] = d_out[row] . v[key]`, summed over `d` in order.
+/// Every tile pair of [`BACKWARD_TILES`] has `keys` dividing
+/// [`BACKWARD_UNITS`] and a multiple of it as pairs, so a unit's pairs all
+/// have key `unit % keys`: its `k` and `v` values are read from shared
+/// memory once per column for all of them, and the sums stay in
+/// registers. Tiles as the kernels stage them (rows of `head_dim` padded
+/// by one).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn pair_dots(
+    q_tile: &SharedMemory<f32>,
+    do_tile: &SharedMemory<f32>,
+    k_tile: &SharedMemory<f32>,
+    v_tile: &SharedMemory<f32>,
+    unit: usize,
+    qk: &mut Array<f32>,
+    dp: &mut Array<f32>,
+    #[comptime] head_dim: usize,
+    #[comptime] keys: usize,
+    #[comptime] pairs_per_unit: usize,
+) {
+    let stride = comptime!(head_dim + 1);
+    let c = unit % keys;
+    #[unroll]
+    for i in 0..pairs_per_unit {
+        qk[i] = 0.0f32;
+        dp[i] = 0.0f32;
+    }
+    for d in 0..head_dim {
+        let kc = k_tile[c * stride + d];
+        let vc = v_tile[c * stride + d];
+        #[unroll]
+        for i in 0..pairs_per_unit {
+            let r = (unit + i * BACKWARD_UNITS) / keys;
+            qk[i] += q_tile[r * stride + d] * kc;
+            dp[i] += do_tile[r * stride + d] * vc;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{BACKWARD_TILES, BACKWARD_UNITS};
+
+    #[test]
+    fn every_unit_owns_pairs_of_one_key() {
+        // `pair_dots` relies on it in both kernels: the dK/dV kernel's keys
+        // are the outer tile, the dQ kernel's the inner.
+        for (outer, inner) in BACKWARD_TILES {
+            assert!(BACKWARD_UNITS.is_multiple_of(outer), "{outer}");
+            assert!(BACKWARD_UNITS.is_multiple_of(inner), "{inner}");
+            assert!(
+                (outer * inner).is_multiple_of(BACKWARD_UNITS),
+                "{outer} x {inner}"
+            );
         }
     }
 }

@@ -6,7 +6,7 @@ use cubecl::prelude::*;
 
 use crate::dtype::{load, store};
 
-use super::tiled_backward_kv::BACKWARD_UNITS;
+use super::tiled_backward_kv::{pair_dots, BACKWARD_UNITS};
 use super::tiles::{alibi_bias, visible};
 
 /// One cube per `queries` query rows of one `(batch, head)`,
@@ -18,10 +18,13 @@ use super::tiles::{alibi_bias, visible};
 ///
 /// 1. the units load the tile's `k` and `v` rows into shared memory
 ///    together;
-/// 2. each unit computes its share of the `queries x keys` pairs: `p =
-///    exp(scale * q.k + bias - lse)`, `ds = p * (d_out.v - delta)`, 0 where
-///    masked (causal, rows and keys past `seq`);
-/// 3. each unit adds to its dQ elements `sum_c ds[r, c] k[c, :]`.
+/// 2. each unit computes its share of the `queries x keys` pairs (all of
+///    one key, see [`pair_dots`]): `p = exp(scale * q.k + bias - lse)`,
+///    `ds = p * (d_out.v - delta)`, 0 where masked (causal, rows and keys
+///    past `seq`);
+/// 3. each unit adds to its dQ elements `sum_c ds[r, c] k[c, :]` (where
+///    `head_dim` divides [`BACKWARD_UNITS`], all of a unit's elements are
+///    in one column, whose `k` value it reads once per key row).
 ///
 /// Finally `dq = scale * dq`, rounded to `F` once; every value before that
 /// is f32.
@@ -77,6 +80,8 @@ pub(crate) fn attention_backward_q_tiled_kernel<F: Float>(
     let mut ds_tile = SharedMemory::<f32>::new(comptime!(queries * (keys + 1)));
     let mut lse_tile = SharedMemory::<f32>::new(queries);
     let mut delta_tile = SharedMemory::<f32>::new(queries);
+    let mut qk = Array::<f32>::new(pairs_per_unit);
+    let mut dp = Array::<f32>::new(pairs_per_unit);
 
     let mut slope = 0.0f32;
     if alibi {
@@ -124,39 +129,62 @@ pub(crate) fn attention_backward_q_tiled_kernel<F: Float>(
         }
         sync_cube();
 
+        pair_dots(
+            &q_tile,
+            &do_tile,
+            &k_tile,
+            &v_tile,
+            unit,
+            &mut qk,
+            &mut dp,
+            head_dim,
+            keys,
+            pairs_per_unit,
+        );
+        #[unroll]
         for i in 0..pairs_per_unit {
             let e = unit + i * BACKWARD_UNITS;
             if e < pairs {
                 let r = e / keys;
                 let c = e % keys;
-                let mut qk = 0.0f32;
-                let mut dp = 0.0f32;
-                for d in 0..head_dim {
-                    qk += q_tile[r * stride + d] * k_tile[c * stride + d];
-                    dp += do_tile[r * stride + d] * v_tile[c * stride + d];
-                }
                 let query = first_query + r;
                 let key = first_key + c;
-                let mut score = qk * scale;
+                let mut score = qk[i] * scale;
                 if alibi {
                     score += alibi_bias(slope, query, key);
                 }
-                let ds = f32::exp(score - lse_tile[r]) * (dp - delta_tile[r]);
+                let ds = f32::exp(score - lse_tile[r]) * (dp[i] - delta_tile[r]);
                 ds_tile[r * s_stride + c] = select(visible(query, key, seq, causal), ds, 0.0f32);
             }
         }
         sync_cube();
 
-        for i in 0..per_query {
-            let e = unit + i * BACKWARD_UNITS;
-            if e < query_elems {
-                let r = e / head_dim;
-                let d = e % head_dim;
-                let mut grad = dq_acc[i];
-                for c in 0..keys {
-                    grad += ds_tile[r * s_stride + c] * k_tile[c * stride + d];
+        if comptime!(BACKWARD_UNITS.is_multiple_of(head_dim)) {
+            // Every element of a unit is in column `unit % head_dim`: each
+            // key row's `k` value is read once for all of them.
+            let d = unit % head_dim;
+            for c in 0..keys {
+                let x = k_tile[c * stride + d];
+                #[unroll]
+                for i in 0..per_query {
+                    let e = unit + i * BACKWARD_UNITS;
+                    if e < query_elems {
+                        dq_acc[i] += ds_tile[(e / head_dim) * s_stride + c] * x;
+                    }
                 }
-                dq_acc[i] = grad;
+            }
+        } else {
+            for i in 0..per_query {
+                let e = unit + i * BACKWARD_UNITS;
+                if e < query_elems {
+                    let r = e / head_dim;
+                    let d = e % head_dim;
+                    let mut grad = dq_acc[i];
+                    for c in 0..keys {
+                        grad += ds_tile[r * s_stride + c] * k_tile[c * stride + d];
+                    }
+                    dq_acc[i] = grad;
+                }
             }
         }
         first_key += keys;

@@ -1,7 +1,7 @@
 //! The tiled FlashAttention-2 backward (dK/dV and dQ kernels with tiles in
 //! shared memory) against the f64 reference: causal and not, GQA groups of
-//! 1, 2 and 4, ALiBi, ragged sequence lengths, head dimensions 32, 64 and
-//! 128, every tile pair that fits the device; and the launcher's refusals.
+//! 1, 2 and 4, ALiBi, ragged sequence lengths, head dimensions 32, 48, 64
+//! and 128, every tile pair that fits the device; and the launcher's refusals.
 //! The fragment backward (the same algorithm with its products in 16 x 16
 //! x 16 fragments) on plain units in f32 and f16 here, and on the matrix
 //! units where the device has them (the `test-cuda` build).
@@ -77,7 +77,7 @@ fn tiled_backward_matches_reference() {
     // GQA groups 1, 2 and 4; causal and not; ALiBi; sequences below one
     // tile, ragged (not a multiple of any tile) and a multiple of every
     // tile; head dimensions 32, 64 and 128 (each with its chosen tile
-    // pair).
+    // pair), and 48.
     let cases = [
         case(1, 4, 4, 100, 32, true, true),
         case(2, 4, 2, 77, 64, false, true),
@@ -85,6 +85,9 @@ fn tiled_backward_matches_reference() {
         case(1, 4, 1, 256, 64, true, false),
         case(1, 2, 2, 9, 128, false, false),
         case(1, 4, 1, 45, 32, true, true),
+        // A head dimension that does not divide the 128 units of a cube
+        // (each unit's elements span several columns).
+        case(1, 2, 2, 37, 48, true, false),
     ];
     for (seed, c) in cases.into_iter().enumerate() {
         check_case_with(
