@@ -102,6 +102,7 @@ pub(crate) fn attention_forward_tiled_kernel<F: Float>(
 
     // Rows past `seq` load a copy of the last row and are never written.
     let mut acc = Array::<f32>::new(per_unit);
+    let mut dots = Array::<f32>::new(scores_per_unit);
     for i in 0..per_unit {
         let e = unit + i * TILED_UNITS;
         if e < tile_elems {
@@ -140,15 +141,29 @@ pub(crate) fn attention_forward_tiled_kernel<F: Float>(
         // Masked scores are `NEG_LARGE`. Key 0 (in the first tile) is
         // visible to every row below `seq`, so each such row's running
         // maximum is a real score after the first tile.
+        // Every tile size divides the units and its score count is a
+        // multiple of them, so a unit's scores all have key `unit % tile`,
+        // whose values it reads once per column for all of them.
+        let key_col = unit % tile;
+        #[unroll]
+        for i in 0..scores_per_unit {
+            dots[i] = 0.0f32;
+        }
+        for d in 0..head_dim {
+            let kc = kv_tile[key_col * kv_stride + d];
+            #[unroll]
+            for i in 0..scores_per_unit {
+                let r = (unit + i * TILED_UNITS) / tile;
+                dots[i] += q_tile[r * head_dim + d] * kc;
+            }
+        }
+        #[unroll]
         for i in 0..scores_per_unit {
             let e = unit + i * TILED_UNITS;
             if e < tile_scores {
                 let r = e / tile;
                 let c = e % tile;
-                let mut dot = 0.0f32;
-                for d in 0..head_dim {
-                    dot += q_tile[r * head_dim + d] * kv_tile[c * kv_stride + d];
-                }
+                let mut dot = dots[i];
                 let query = first_query + r;
                 let key = first_key + c;
                 if alibi {
@@ -194,16 +209,39 @@ pub(crate) fn attention_forward_tiled_kernel<F: Float>(
         }
         sync_cube();
 
-        for i in 0..per_unit {
-            let e = unit + i * TILED_UNITS;
-            if e < tile_elems {
-                let r = e / head_dim;
-                let d = e % head_dim;
-                let mut value = acc[i] * row_rescale[r];
-                for c in 0..tile {
-                    value += scores[r * s_stride + c] * kv_tile[c * kv_stride + d];
+        if comptime!(TILED_UNITS.is_multiple_of(head_dim)) {
+            // Every accumulator of a unit is in column `unit % head_dim`:
+            // each value row is read once for all of them.
+            let d = unit % head_dim;
+            #[unroll]
+            for i in 0..per_unit {
+                let e = unit + i * TILED_UNITS;
+                if e < tile_elems {
+                    acc[i] *= row_rescale[e / head_dim];
                 }
-                acc[i] = value;
+            }
+            for c in 0..tile {
+                let x = kv_tile[c * kv_stride + d];
+                #[unroll]
+                for i in 0..per_unit {
+                    let e = unit + i * TILED_UNITS;
+                    if e < tile_elems {
+                        acc[i] += scores[(e / head_dim) * s_stride + c] * x;
+                    }
+                }
+            }
+        } else {
+            for i in 0..per_unit {
+                let e = unit + i * TILED_UNITS;
+                if e < tile_elems {
+                    let r = e / head_dim;
+                    let d = e % head_dim;
+                    let mut value = acc[i] * row_rescale[r];
+                    for c in 0..tile {
+                        value += scores[r * s_stride + c] * kv_tile[c * kv_stride + d];
+                    }
+                    acc[i] = value;
+                }
             }
         }
         first_key += tile;
@@ -225,6 +263,20 @@ pub(crate) fn attention_forward_tiled_kernel<F: Float>(
         let query = first_query + unit;
         if query < seq {
             lse[bh * seq + query] = row_max[unit] + f32::ln(row_sum[unit]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{TILED_UNITS, TILE_SIZES};
+
+    #[test]
+    fn every_unit_scores_one_key_of_each_tile() {
+        // The score loop of the kernel relies on it.
+        for tile in TILE_SIZES {
+            assert!(TILED_UNITS.is_multiple_of(tile), "{tile}");
+            assert!((tile * tile).is_multiple_of(TILED_UNITS), "{tile}");
         }
     }
 }
