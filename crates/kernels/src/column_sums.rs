@@ -87,6 +87,32 @@ impl ParamChunks {
     }
 }
 
+/// Where one unit of a partials kernel works: the chunk (`CUBE_POS_Y`), the
+/// column it sums (`CUBE_POS_X * CUBE_DIM_X + UNIT_POS_X`, possibly past
+/// the last one) and the chunk's rows `start..end`, of which it takes
+/// `start + UNIT_POS_Y`, then every `CUBE_DIM_Y`-th.
+#[derive(CubeType)]
+pub(crate) struct ChunkColumn {
+    pub chunk: usize,
+    pub col: usize,
+    pub start: usize,
+    pub end: usize,
+}
+
+/// The [`ChunkColumn`] of this unit for `rows` rows in chunks of
+/// `chunk_rows`.
+#[cube]
+pub(crate) fn chunk_column(rows: u32, chunk_rows: u32) -> ChunkColumn {
+    let chunk = CUBE_POS_Y as usize;
+    let start = chunk * chunk_rows as usize;
+    ChunkColumn {
+        chunk,
+        col: CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize,
+        start,
+        end: min(start + chunk_rows as usize, rows as usize),
+    }
+}
+
 /// Sums `value` over the row lanes (`UNIT_POS_Y`) of the units that share
 /// `UNIT_POS_X`, through a fixed tree; the lane-0 unit of each column gets
 /// the total (the others get a partial sum).

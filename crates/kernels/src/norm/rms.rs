@@ -3,7 +3,9 @@
 
 use super::{check_buffers, row_cubes};
 use crate::check::ShapeError;
-use crate::column_sums::{self as params, lane_sum, ParamChunks, PARAM_ROW_LANES, PARAM_TILE_COLS};
+use crate::column_sums::{
+    self as params, chunk_column, lane_sum, ParamChunks, PARAM_ROW_LANES, PARAM_TILE_COLS,
+};
 use crate::dtype::{load, store, with_storage, FloatDtype};
 use crate::reduce::{row_sum, NORM_ROWS_PER_CUBE, NORM_UNITS_PER_ROW};
 use cubecl::prelude::*;
@@ -118,16 +120,14 @@ fn rms_norm_weight_partials_kernel<F: Float>(
     #[comptime] round_bf16: bool,
 ) {
     let hidden = hidden as usize;
-    let col = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
-    let chunk = CUBE_POS_Y as usize;
-    let start = chunk * chunk_rows as usize;
-    let end = min(start + chunk_rows as usize, rows as usize);
+    let at = chunk_column(rows, chunk_rows);
+    let (chunk, col) = (at.chunk, at.col);
     let mut scratch = SharedMemory::<f32>::new((PARAM_TILE_COLS * PARAM_ROW_LANES) as usize);
 
     let mut acc = 0.0f32;
     if col < hidden {
-        let mut row = start + UNIT_POS_Y as usize;
-        while row < end {
+        let mut row = at.start + UNIT_POS_Y as usize;
+        while row < at.end {
             let i = row * hidden + col;
             acc += load::<F>(dy[i], round_bf16) * load::<F>(x[i], round_bf16) * rstd[row];
             row += CUBE_DIM_Y as usize;
