@@ -8,6 +8,12 @@
 //! step's scalars rounded to f32 as Burn rounds a scalar operand
 //! ([`AdamWScalars::from_f64`]). Loads and stores are vectorized by 4 or 2
 //! elements when the length allows.
+//!
+//! So the results are Burn's bit for bit where the device compiler keeps
+//! every multiply and add apart (lavapipe does); NVRTC and HIP's compiler
+//! contract `a * b + c` into one FMA by default, which rounds once where
+//! Burn's separate kernels round twice, so there the moments and the
+//! parameter may differ from Burn's in their last bits.
 
 use crate::check::{self, ShapeError};
 use cubecl::prelude::*;

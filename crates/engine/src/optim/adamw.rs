@@ -50,8 +50,10 @@ struct HostMoments {
 
 /// A backend's one-pass AdamW update (a fused kernel): given the rank-1
 /// f32 parameter `p`, its gradient `g` and moments `m`, `v` (all of one
-/// length) and the step's scalars, returns the updated `[p, m, v]`, equal
-/// to what [`AdamW::update_flat`]'s tensor operations give for them. It
+/// length) and the step's scalars, returns the updated `[p, m, v]`
+/// through the f32 operations of [`AdamW::update_flat`]'s tensor
+/// operations in their order (the same bits where the device compiler
+/// fuses no multiply-add into an FMA, as on lavapipe; CUDA's may). It
 /// may write the buffers of `p`, `m` and `v` in place where nothing else
 /// holds them. Installed with [`AdamW::use_fused`]; the CubeCL backends
 /// supply theirs (`ferrotron_models::ops::KernelBackend::fused_adamw`).
@@ -219,7 +221,8 @@ impl<B: Backend> AdamW<B> {
     ///
     /// Runs the fused update of [`AdamW::use_fused`] where one is
     /// installed and all four tensors are f32, else flex's host pass in
-    /// f32, else Burn's tensor operations; all three give the same values.
+    /// f32, else Burn's tensor operations; all three run the same f32
+    /// operations per element.
     pub fn update_flat(
         &mut self,
         id: ParamId,
