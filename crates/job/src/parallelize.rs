@@ -30,7 +30,7 @@ use std::path::Path;
 use ferrotron_engine::optim::{AdamWConfig, LrSchedule};
 use ferrotron_engine::precision::Precision;
 use ferrotron_models::hf::{load_hf_part, HfError, HfPartSource};
-use ferrotron_models::ops::TrainBackend;
+use ferrotron_models::ops::{KernelBackend, TrainBackend};
 use ferrotron_models::tensor_parallel::shard_plan;
 use ferrotron_models::{Decoder, ModelPart};
 use ferrotron_parallel::comm::Communicator;
@@ -230,8 +230,9 @@ pub fn parallelize<B: TrainBackend>(
 ///    under `parallelism.overlap_grad_reduce` (ZeRO-3 gathering
 ///    `parallelism.zero3_prefetch` blocks ahead);
 ///
-/// then the optimizer (AdamW with the job's schedule and clipping) and,
-/// under fp16, dynamic loss scaling.
+/// then the optimizer (AdamW with the job's schedule and clipping; on the
+/// CubeCL backends its one-kernel update, `KernelBackend::fused_adamw`)
+/// and, under fp16, dynamic loss scaling.
 pub fn parallelize_part<B: TrainBackend>(
     part: Decoder<B>,
     groups: ProcessGroups,
@@ -281,6 +282,8 @@ fn parallelize_with<B: TrainBackend>(
         Some(source) => Trainer::parallel_from_source(part, source, step, owned, groups, parallel)?,
         None => Trainer::parallel(part, step, owned, groups, parallel)?,
     };
+    // One AdamW kernel per parameter on the CubeCL backends.
+    trainer.use_fused_adamw(<B::InnerBackend as KernelBackend>::fused_adamw());
     // NCCL's gradient reductions, ZeRO's parameter gathers, the pipeline's
     // messages and SP's partial-gradient sums take the tensors themselves
     // (the last on the TP group's communicator, which the layers opened).

@@ -1,6 +1,6 @@
-//! Launch geometry of the element-wise kernels (SwiGLU, GELU): one unit per
-//! vector of 4, 2 or 1 elements over a contiguous buffer, 256 units per
-//! cube.
+//! Launch geometry of the element-wise kernels (SwiGLU, GELU, the bias add,
+//! AdamW): one unit per vector of 4, 2 or 1 elements over a contiguous
+//! buffer, 256 units per cube.
 
 use cubecl::prelude::*;
 

@@ -5,6 +5,7 @@
 //! Each kernel reads and writes f32, f16 or bf16 ([`FloatDtype`]) and
 //! computes in f32 (see [`dtype`]).
 
+pub mod adamw;
 pub mod attention;
 pub mod bias;
 mod check;

@@ -8,6 +8,8 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::Tensor;
 use serde::{Deserialize, Serialize};
 
+use super::adamw_host::AdamWCoefficients;
+
 /// AdamW hyper-parameters (the learning rate comes per step from the schedule).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AdamWConfig {
@@ -46,6 +48,23 @@ struct HostMoments {
     v: Vec<f32>,
 }
 
+/// A backend's one-pass AdamW update (a fused kernel): given the rank-1
+/// f32 parameter `p`, its gradient `g` and moments `m`, `v` (all of one
+/// length) and the step's scalars, returns the updated `[p, m, v]`
+/// through the f32 operations of [`AdamW::update_flat`]'s tensor
+/// operations in their order (the same bits where the device compiler
+/// fuses no multiply-add into an FMA, as on lavapipe; CUDA's may). It
+/// may write the buffers of `p`, `m` and `v` in place where nothing else
+/// holds them. Installed with [`AdamW::use_fused`]; the CubeCL backends
+/// supply theirs (`ferrotron_models::ops::KernelBackend::fused_adamw`).
+pub type FusedAdamW<B> = fn(
+    p: Tensor<B, 1>,
+    g: Tensor<B, 1>,
+    m: Tensor<B, 1>,
+    v: Tensor<B, 1>,
+    coefficients: AdamWCoefficients,
+) -> [Tensor<B, 1>; 3];
+
 /// AdamW optimizer state: the step count and the moments of every parameter.
 ///
 /// `B` is the inner (non-autodiff) backend the moments live on; the
@@ -57,6 +76,10 @@ pub struct AdamW<B: Backend> {
     moments: HashMap<ParamId, Moments<B>>,
     /// Moments of the parameters updated on the host.
     host: HashMap<ParamId, HostMoments>,
+    /// The backend's one-pass update, where installed.
+    fused: Option<FusedAdamW<B>>,
+    /// Parameter updates that ran `fused`.
+    fused_updates: u64,
 }
 
 impl<B: Backend> AdamW<B> {
@@ -67,7 +90,24 @@ impl<B: Backend> AdamW<B> {
             step: 0,
             moments: HashMap::new(),
             host: HashMap::new(),
+            fused: None,
+            fused_updates: 0,
         }
+    }
+
+    /// Runs [`AdamW::update_flat`] through `update` (a backend's fused
+    /// kernel, see [`FusedAdamW`]) for f32 parameters and moments; `None`
+    /// restores the default (flex's host pass in f32, Burn's tensor
+    /// operations elsewhere).
+    pub fn use_fused(&mut self, update: Option<FusedAdamW<B>>) {
+        self.fused = update;
+    }
+
+    /// Parameter updates (whole parameters or shards) that ran the fused
+    /// update of [`AdamW::use_fused`] so far: a trainer can show that its
+    /// steps take that path.
+    pub fn fused_updates(&self) -> u64 {
+        self.fused_updates
     }
 
     /// Optimizer steps taken so far.
@@ -124,9 +164,9 @@ impl<B: Backend> AdamW<B> {
 
     /// The scalars of this step's update with learning rate `lr`, with
     /// weight decay if `decay`.
-    fn coefficients(&self, lr: f64, decay: bool) -> super::adamw_host::Coefficients {
+    fn coefficients(&self, lr: f64, decay: bool) -> AdamWCoefficients {
         let (c, t) = (self.config, self.step as i32);
-        super::adamw_host::Coefficients {
+        AdamWCoefficients {
             beta1: c.beta1,
             beta2: c.beta2,
             bias2_sqrt: (1.0 - c.beta2.powi(t)).sqrt(),
@@ -178,6 +218,11 @@ impl<B: Backend> AdamW<B> {
     /// parameter or a contiguous shard of it, always the same range for the
     /// same `id`), given its gradient `grad` of the same length. `decay`
     /// says whether weight decay applies (matrices and embeddings).
+    ///
+    /// Runs the fused update of [`AdamW::use_fused`] where one is
+    /// installed and all four tensors are f32, else flex's host pass in
+    /// f32, else Burn's tensor operations; all three run the same f32
+    /// operations per element.
     pub fn update_flat(
         &mut self,
         id: ParamId,
@@ -191,6 +236,15 @@ impl<B: Backend> AdamW<B> {
             m: g.zeros_like(),
             v: g.zeros_like(),
         });
+        let f32s = [&p, &g, &state.m, &state.v]
+            .iter()
+            .all(|t| t.dtype() == burn::tensor::DType::F32);
+        if let Some(fused) = self.fused.filter(|_| f32s) {
+            let [p, m, v] = fused(p, g, state.m, state.v, self.coefficients(lr, decay));
+            self.moments.insert(id, Moments { m, v });
+            self.fused_updates += 1;
+            return p;
+        }
         #[cfg(feature = "flex")]
         if super::adamw_host::applies([&p, &g, &state.m, &state.v]) {
             let coefficients = self.coefficients(lr, decay);
@@ -202,8 +256,9 @@ impl<B: Backend> AdamW<B> {
     }
 
     /// [`AdamW::update_flat`] as Burn tensor operations (every backend but
-    /// flex in f32, which runs `adamw_host`'s one pass), given the
-    /// parameter's moments before the update.
+    /// flex in f32, which runs `adamw_host`'s one pass, and a backend with
+    /// a fused update installed), given the parameter's moments before the
+    /// update.
     fn update_tensors(
         &mut self,
         id: ParamId,

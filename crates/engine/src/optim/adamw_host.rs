@@ -25,9 +25,11 @@ use rayon::prelude::*;
 /// buffers).
 const TASK_ELEMENTS: usize = 1 << 16;
 
-/// The scalars of one update, as the tensor path applies them.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Coefficients {
+/// The scalars of one AdamW update of one parameter at step `t` (from 1),
+/// in f64, as the tensor path applies them (each Burn scalar operation
+/// rounds its scalar to the tensor's f32 once).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWCoefficients {
     /// `beta1`.
     pub beta1: f64,
     /// `beta2`.
@@ -86,7 +88,7 @@ fn update_block(c: &Block, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32
     }
 }
 
-/// [`Coefficients`] in f32, as flex's scalar operations take them.
+/// [`AdamWCoefficients`] in f32, as flex's scalar operations take them.
 struct Block {
     beta1: f32,
     one_minus_beta1: f32,
@@ -98,8 +100,8 @@ struct Block {
     decay: Option<f32>,
 }
 
-impl From<Coefficients> for Block {
-    fn from(c: Coefficients) -> Self {
+impl From<AdamWCoefficients> for Block {
+    fn from(c: AdamWCoefficients) -> Self {
         Self {
             beta1: c.beta1 as f32,
             one_minus_beta1: (1.0 - c.beta1) as f32,
@@ -123,7 +125,7 @@ pub(super) fn update_slices(
     g: &[f32],
     m: &mut [f32],
     v: &mut [f32],
-    c: Coefficients,
+    c: AdamWCoefficients,
 ) {
     let n = p.len();
     assert!(
@@ -155,7 +157,7 @@ pub(super) fn update<B: Backend>(
     p: Tensor<B, 1>,
     g: Tensor<B, 1>,
     moments: (Tensor<B, 1>, Tensor<B, 1>),
-    c: Coefficients,
+    c: AdamWCoefficients,
 ) -> [Tensor<B, 1>; 3] {
     let (mut p, g) = (host(p), host(g));
     let (mut m, mut v) = (host(moments.0), host(moments.1));

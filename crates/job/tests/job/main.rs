@@ -3,6 +3,7 @@
 mod comm;
 mod config;
 mod device_sync_parallel;
+mod fused_adamw;
 mod gradients;
 mod gradients_parallel;
 mod gradients_precision;

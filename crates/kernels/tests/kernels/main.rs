@@ -6,6 +6,7 @@
 mod attention_support;
 mod common;
 
+mod adamw;
 mod attention;
 mod attention_backward;
 mod bias;

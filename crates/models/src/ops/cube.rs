@@ -23,6 +23,7 @@ use burn_cubecl::element::BoolElement;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime};
+use ferrotron_engine::optim::FusedAdamW;
 use ferrotron_kernels::attention::AttentionOptions;
 use ferrotron_kernels::dtype::FloatDtype;
 use ferrotron_parallel::context::{AnyBlockKernel, BlockAttention};
@@ -333,5 +334,9 @@ impl<R: CubeRuntime, BT: BoolElement> KernelBackend for Cube<R, BT> {
         targets: IntTensor<Self>,
     ) -> FloatTensor<Self> {
         Self::cross_entropy(logits, targets).0
+    }
+
+    fn fused_adamw() -> Option<FusedAdamW<Self>> {
+        Some(super::adamw::update::<R, BT>)
     }
 }

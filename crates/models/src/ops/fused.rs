@@ -7,6 +7,7 @@ use std::sync::Arc;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::DType;
+use ferrotron_engine::optim::FusedAdamW;
 use ferrotron_kernels::attention::AttentionOptions;
 use ferrotron_parallel::context::{AnyBlockKernel, BlockAttention, CpOps};
 use ferrotron_parallel::tensor::TpOps;
@@ -400,6 +401,16 @@ pub trait KernelBackend: Backend + TpOps + CpOps {
         _targets: IntTensor<Self>,
     ) -> FloatTensor<Self> {
         no_fused_kernels::<Self>()
+    }
+
+    /// AdamW's one-pass update on this backend's own f32 tensors (one
+    /// kernel per parameter: `ops::adamw` on the CubeCL backends), which
+    /// the job installs in its trainer; `None` elsewhere (flex has its
+    /// host pass in the optimizer itself, other backends Burn's tensor
+    /// operations). Under autodiff the optimizer runs on the inner
+    /// backend, whose hook counts.
+    fn fused_adamw() -> Option<FusedAdamW<Self>> {
+        None
     }
 }
 

@@ -51,6 +51,7 @@ macro_rules! register {
     };
 }
 
+mod adamw;
 mod attention;
 mod autodiff;
 mod backends;

@@ -10,6 +10,7 @@ static ALLOCATOR: common::thread_heap::ThreadCounting = common::thread_heap::Thr
 
 mod cpu_elementwise;
 mod decoder_behaviour;
+mod fused_adamw;
 mod fused_kernels;
 mod hf_parity;
 mod hf_slice;

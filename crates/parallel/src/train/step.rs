@@ -9,7 +9,7 @@ use burn::tensor::TensorData;
 use ferrotron_engine::data::Batch;
 use ferrotron_engine::lm::{CausalLm, LmUnit, LmUnits};
 use ferrotron_engine::metrics::{GradCommTimes, MemoryBytes, PipelineTimes};
-use ferrotron_engine::optim::{clip_factor, AdamW, AdamWConfig, LrSchedule};
+use ferrotron_engine::optim::{clip_factor, AdamW, AdamWConfig, FusedAdamW, LrSchedule};
 use ferrotron_engine::params::{named_tensors, param_names};
 use ferrotron_engine::precision::Precision;
 use serde::{Deserialize, Serialize};
@@ -445,6 +445,21 @@ where
     /// ([`Trainer::sync_on_device`]).
     pub fn syncs_on_device(&self) -> bool {
         self.on_device
+    }
+
+    /// Updates the parameters (DDP's replicas and ZeRO's shards alike)
+    /// with `update`, the backend's one-pass AdamW kernel
+    /// ([`AdamW::use_fused`]); `None` keeps Burn's tensor operations (or
+    /// flex's host pass). The optimizer state offloaded to host memory is
+    /// updated on the host either way.
+    pub fn use_fused_adamw(&mut self, update: Option<FusedAdamW<B::InnerBackend>>) {
+        self.optimizer.use_fused(update);
+    }
+
+    /// Parameter updates that ran the fused AdamW kernel so far
+    /// ([`Trainer::use_fused_adamw`], [`AdamW::fused_updates`]).
+    pub fn fused_adamw_updates(&self) -> u64 {
+        self.optimizer.fused_updates()
     }
 
     /// Runs the pipeline's messages on the device collectives that `open`
