@@ -7,16 +7,15 @@
 //! crates/models/tests/models/fused_adamw.rs; that training on wgpu follows
 //! the CPU run is crates/cli/tests/cli/wgpu_training.rs.
 
+#[cfg(not(feature = "wgpu"))]
 use ferrotron_test_support::skip::skip;
 
 #[test]
 fn a_job_on_wgpu_updates_every_parameter_with_the_adamw_kernel() {
-    if !cfg!(feature = "wgpu") {
-        skip("ferrotron-job was built without the `wgpu` feature (scripts/test --mpi builds it)");
-        return;
-    }
     #[cfg(feature = "wgpu")]
     on_wgpu::one_step_per_layout();
+    #[cfg(not(feature = "wgpu"))]
+    skip("ferrotron-job was built without the `wgpu` feature (scripts/test --mpi builds it)");
 }
 
 #[cfg(feature = "wgpu")]
