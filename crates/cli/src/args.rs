@@ -301,7 +301,7 @@ pub struct KernelsBenchArgs {
     #[arg(long, default_value_t = 64)]
     pub head_dim: usize,
     /// Only this kernel: attention (the row and the tiled forward kernel),
-    /// attention_tiled, attention_cmma_bf16 (the cmma kernel, run only when named),
+    /// attention_tiled, attention_cmma_bf16 (the fragment kernels on matrix units, run only when named),
     /// swiglu, rms_norm, layer_norm, rope or cross_entropy.
     #[arg(long, value_name = "KERNEL")]
     pub only: Option<String>,

@@ -116,8 +116,8 @@ pub struct DecoderConfig {
     pub precision: Precision,
     /// Run the fused attention's products on the matrix units (tensor
     /// cores) where the device has them for the compute dtype and head
-    /// dimension (`backend.attention_kernel = matrix-units`: the cmma
-    /// forward and the fragment backward); elsewhere, and by default, the
+    /// dimension (`backend.attention_kernel = matrix-units`: the fragment
+    /// forward and backward); elsewhere, and by default, the
     /// tiled kernels on plain units. Not part of the architecture, so
     /// never written out.
     #[serde(default, skip_serializing)]

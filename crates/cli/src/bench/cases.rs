@@ -65,13 +65,13 @@ pub enum AttentionPath {
     Row,
     /// The tiled forward and backward kernels (FlashAttention-2 tiles), f32.
     Tiled,
-    /// The tiled forward and the fragment backward on matrix units
-    /// (tensor cores), bf16: inputs, outputs and gradients bf16 (the
+    /// The fragment forward and backward on matrix units (tensor cores),
+    /// bf16: inputs, outputs and gradients bf16 (the
     /// kernels run 16-bit types only).
     CmmaBf16,
 }
 
-/// Name of the cmma attention kernel's rows, and the `--only` value that
+/// Name of the rows of the attention on the matrix units, and the `--only` value that
 /// adds them to the sweep.
 pub const CMMA_KERNEL: &str = "attention_cmma_bf16";
 
@@ -203,7 +203,7 @@ impl fmt::Display for Case {
 }
 
 /// The sweep: attention (the row and the tiled kernel, and with `cmma`
-/// the cmma kernel too) at every sequence length from `min_seq` to
+/// the fragment kernels on the matrix units too) at every sequence length from `min_seq` to
 /// `max_seq`, then one shape of each other op; attention and RoPE with
 /// `head_dim` values per head; `quick` shrinks everything to a smoke test
 /// (attention at 64 and 128 tokens, whatever the bounds).

@@ -113,8 +113,8 @@ fn ones<R: Runtime>(client: &ComputeClient<R>, n: usize) -> Handle {
 /// The kernels of `path`: the forward kernel, the backward kernels and the
 /// storage type. The row forward with the row backward (f32); the tiled
 /// forward (f32) at the largest tile that fits the device with the
-/// backward the launcher chooses (tiled where it fits); the cmma forward
-/// (bf16) with the fragment backward on the matrix units at the largest
+/// backward the launcher chooses (tiled where it fits); the fragment
+/// forward (bf16) and backward on the matrix units, each at the largest
 /// tiles that fit, else the backward the launcher chooses. `None` when the
 /// device cannot run the forward.
 pub fn attention_kernels<R: Runtime>(
@@ -134,13 +134,14 @@ pub fn attention_kernels<R: Runtime>(
             AttentionKernel::Row => None,
             kernel => Some((kernel, chosen_backward, FloatDtype::F32)),
         },
-        // `cmma_runs` implies that the matrix units run bf16.
-        AttentionPath::CmmaBf16 => AttentionKernel::cmma_runs(client, head_dim, FloatDtype::Bf16)
-            .then(|| {
+        // The forward on the matrix units implies that they run bf16.
+        AttentionPath::CmmaBf16 => {
+            AttentionKernel::on_matrix_units(client, head_dim, FloatDtype::Bf16).map(|forward| {
                 let backward = AttentionBackwardKernel::fragment_for(max_shared, head_dim, true)
                     .unwrap_or(chosen_backward);
-                (AttentionKernel::Cmma, backward, FloatDtype::Bf16)
-            }),
+                (forward, backward, FloatDtype::Bf16)
+            })
+        }
     }
 }
 

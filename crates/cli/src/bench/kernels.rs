@@ -36,7 +36,7 @@ pub fn run(args: KernelsBenchArgs) -> Result<()> {
             args.head_dim
         )));
     }
-    // The cmma kernel only when asked for by name (README, "Kernels on a
+    // The matrix-unit kernels only when asked for by name (README, "Kernels on a
     // GPU": a sweep stalled after it on an H100).
     let cmma = args.only.as_deref() == Some(CMMA_KERNEL);
     let cases: Vec<Case> = sweep(args.quick, args.min_seq, args.max_seq, args.head_dim, cmma)

@@ -121,9 +121,9 @@ fn legend(warmup: usize, reps: usize) -> String {
          forward and backward kernels (one row per unit), `attention_tiled` the tiled ones \
          (FlashAttention-2 tiles in shared memory; the backward's tiles as \
          AttentionBackwardKernel::choose picks them, the row backward where none fit), \
-         `attention_cmma_bf16` the tiled forward on matrix units (tensor cores) with bf16 inputs, \
-         outputs and gradients (where the device has them) and the fragment backward on the \
-         matrix units (its largest tiles that fit), all against the same f32 reference; fwd ms = the fused forward alone, bwd ms = each run's forward \
+         `attention_cmma_bf16` the fragment forward and backward on matrix units (tensor cores) \
+         with bf16 inputs, outputs and gradients (where the device has them; each at its \
+         largest tiles that fit), all against the same f32 reference; fwd ms = the fused forward alone, bwd ms = each run's forward \
          + backward minus its forward (medians); TFLOP/s by the \
          FlashAttention-2 count (forward 4 * batch * heads * seq^2 * head_dim / 2 under the \
          causal mask, backward 2.5 forwards)."

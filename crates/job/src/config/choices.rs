@@ -82,8 +82,8 @@ pub enum AttentionKernelChoice {
     Auto,
     /// Both products on the matrix units (tensor cores) where the device
     /// has them for the compute dtype (16-bit) and a head dimension that is
-    /// a multiple of 16 up to 128: the cmma forward and the fragment
-    /// backward; elsewhere as `auto`. Opt-in until the GPU battery's race
+    /// a multiple of 16 up to 128: the fragment forward and backward;
+    /// elsewhere as `auto`. Opt-in until the GPU battery's race
     /// check has run on it.
     MatrixUnits,
 }

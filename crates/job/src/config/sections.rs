@@ -239,7 +239,7 @@ job_sections! {
         /// Ferrotron's CPU operations on flex.
         kernels: Option<Kernels> = None, flag kernels: Kernels;
         /// The fused attention's kernels: auto (FlashAttention-2 tiles on plain units) or
-        /// matrix-units (cmma forward and fragment backward on tensor cores, in 16 bits at head
+        /// matrix-units (fragment forward and backward on tensor cores, in 16 bits at head
         /// dimensions that are multiples of 16 up to 128; elsewhere as auto). Needs fused kernels.
         attention_kernel: AttentionKernelChoice = AttentionKernelChoice::Auto,
             flag attention_kernel: AttentionKernelChoice;

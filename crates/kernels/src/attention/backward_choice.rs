@@ -5,18 +5,11 @@
 
 use cubecl::prelude::*;
 
-use super::choice::matrix_units_run;
-use super::cmma_forward::{CMMA_MAX_HEAD_DIM, FRAGMENT};
-use super::fragment::fragment_backward_shared_bytes;
+use super::choice::{fragment_head_dim, matrix_units_run};
+use super::fragment::{fragment_backward_shared_bytes, FRAGMENT, FRAGMENT_TILES};
 use super::shape::{AttentionError, AttentionOptions, AttentionShape};
 use super::tiled_backward_kv::{tiled_backward_shared_bytes, BACKWARD_TILES};
 use crate::dtype::FloatDtype;
-
-/// Tiles `(planes, inner)` the fragment backward kernels are compiled for,
-/// largest first: a cube of `planes` planes owns `16 * planes` rows and
-/// walks the other side `inner` rows at a time.
-pub const FRAGMENT_BACKWARD_TILES: [(usize, usize); 5] =
-    [(4, 64), (4, 32), (2, 32), (2, 16), (1, 16)];
 
 /// The dK/dV and dQ kernels of a backward launch. Both pairs compute the
 /// same gradients from the same `lse` (either forward kernel's).
@@ -43,7 +36,7 @@ pub enum AttentionBackwardKernel {
     /// `planes` planes of 32 units owns `16 * planes` rows (key rows in the
     /// dK/dV kernel, query rows in the dQ kernel) and walks the other side
     /// `inner` rows at a time; `(planes, inner)` is one of
-    /// [`FRAGMENT_BACKWARD_TILES`], `head_dim` a multiple of 16 up to 128.
+    /// [`FRAGMENT_TILES`], `head_dim` a multiple of 16 up to 128.
     /// The operands are the 16-bit type of a 16-bit storage type (the
     /// probabilities and their gradient rounded to it before their
     /// products, as FlashAttention-2 does), else f32. With `matrix_units`
@@ -111,7 +104,7 @@ impl AttentionBackwardKernel {
     }
 
     /// The fragment kernels with the largest of
-    /// [`FRAGMENT_BACKWARD_TILES`] whose shared memory fits a device with
+    /// [`FRAGMENT_TILES`] whose shared memory fits a device with
     /// `max_shared_bytes` per cube at `head_dim`, with the products on the
     /// matrix units or not; `None` where none fits or `head_dim` is not a
     /// multiple of 16 up to 128.
@@ -120,7 +113,7 @@ impl AttentionBackwardKernel {
         head_dim: usize,
         matrix_units: bool,
     ) -> Option<AttentionBackwardKernel> {
-        FRAGMENT_BACKWARD_TILES
+        FRAGMENT_TILES
             .into_iter()
             .map(|(planes, inner)| AttentionBackwardKernel::Fragment {
                 planes,
@@ -134,7 +127,7 @@ impl AttentionBackwardKernel {
 
     /// Whether `client`'s device runs the fragment kernels' products on its
     /// matrix units in `dtype`: a 16-bit type with 16x16x16 `cmma` and f32
-    /// accumulators on 32-unit planes (the cmma forward's condition).
+    /// accumulators on 32-unit planes (the fragment forward's condition).
     pub fn matrix_units_run<R: Runtime>(client: &ComputeClient<R>, dtype: FloatDtype) -> bool {
         matrix_units_run(client, dtype)
     }
@@ -189,7 +182,7 @@ impl AttentionBackwardKernel {
 
     /// Fails when these kernels cannot run `shape` on a device with
     /// `max_shared_bytes` of shared memory per cube: tiles not in
-    /// [`BACKWARD_TILES`] (tiled) or [`FRAGMENT_BACKWARD_TILES`] and a head
+    /// [`BACKWARD_TILES`] (tiled) or [`FRAGMENT_TILES`] and a head
     /// dimension not a multiple of 16 up to 128 (fragment), or more shared
     /// memory than the device has. (Whether the matrix units run is
     /// checked by the launcher, which has the type.)
@@ -208,10 +201,9 @@ impl AttentionBackwardKernel {
             }
             AttentionBackwardKernel::Fragment { planes, inner, .. } => {
                 let outer = planes * FRAGMENT;
-                if !FRAGMENT_BACKWARD_TILES.contains(&(planes, inner))
-                    || !fragment_head_dim(shape.head_dim)
+                if !FRAGMENT_TILES.contains(&(planes, inner)) || !fragment_head_dim(shape.head_dim)
                 {
-                    return Err(AttentionError::UnsupportedFragmentBackward {
+                    return Err(AttentionError::UnsupportedFragment {
                         outer,
                         inner,
                         head_dim: shape.head_dim,
@@ -231,13 +223,6 @@ impl AttentionBackwardKernel {
         }
         Ok(())
     }
-}
-
-/// Whether the fragment kernels run `head_dim`: whole 16-column blocks,
-/// and at most 128 (each unit keeps `head_dim / 2` accumulators of dK and
-/// of dV in registers).
-fn fragment_head_dim(head_dim: usize) -> bool {
-    head_dim.is_multiple_of(FRAGMENT) && head_dim <= CMMA_MAX_HEAD_DIM
 }
 
 #[cfg(test)]
@@ -343,7 +328,7 @@ mod tests {
         };
         assert_eq!(
             kernel(3, 16).check(&shape(64), 1 << 20),
-            Err(AttentionError::UnsupportedFragmentBackward {
+            Err(AttentionError::UnsupportedFragment {
                 outer: 48,
                 inner: 16,
                 head_dim: 64
@@ -351,7 +336,7 @@ mod tests {
         );
         assert_eq!(
             kernel(1, 16).check(&shape(40), 1 << 20),
-            Err(AttentionError::UnsupportedFragmentBackward {
+            Err(AttentionError::UnsupportedFragment {
                 outer: 16,
                 inner: 16,
                 head_dim: 40

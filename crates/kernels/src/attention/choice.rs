@@ -1,18 +1,22 @@
 //! Which forward kernel runs: the one place that chooses between the row
-//! kernel and the tiled kernel, and says where the tiled kernel on matrix
-//! units (cmma) can run.
+//! kernel and the tiled kernel, and that describes the fragment kernel
+//! (the tiled algorithm in 16 x 16 x 16 fragments, on the matrix units
+//! where they run), which runs when asked for.
 
 use cubecl::ir::features::MmaConfig;
 use cubecl::ir::{ElemType, FloatKind};
 use cubecl::prelude::*;
 
-use super::cmma_forward::{cmma_shared_bytes, CMMA_MAX_HEAD_DIM, CMMA_PLANE_SIZE, FRAGMENT};
+use super::fragment::{
+    fragment_forward_shared_bytes, CMMA_MAX_HEAD_DIM, CMMA_PLANE_SIZE, FRAGMENT, FRAGMENT_TILES,
+};
 use super::shape::{AttentionError, AttentionOptions, AttentionShape};
 use super::tiled_forward::{tiled_shared_bytes, TILE_SIZES};
+use super::tiles::ROWS_PER_CUBE;
 use crate::dtype::FloatDtype;
 
-/// The attention forward kernel of a launch. Both write the same output and
-/// log-sum-exp, which the one backward consumes.
+/// The attention forward kernel of a launch. All write the same output and
+/// log-sum-exp, which every backward consumes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionKernel {
     /// One query row per unit, keys read from global memory, no shared
@@ -26,12 +30,27 @@ pub enum AttentionKernel {
         /// Query rows per cube and keys per tile.
         tile: usize,
     },
-    /// FlashAttention-2 tiles with both products on the matrix units
-    /// (`cmma_forward.rs`, tensor cores on CUDA): 16-bit storage (f16,
-    /// bf16, bf16-in-f32) only, `head_dim` a multiple of 16 up to 128, on a
-    /// device with 32-unit planes and 16x16x16 `cmma` for the type with f32
-    /// accumulators.
-    Cmma,
+    /// FlashAttention-2 tiles with both products in 16 x 16 x 16 fragments
+    /// (`fragment_forward.rs`): a cube of `planes` planes of 32 units owns
+    /// `16 * planes` query rows and walks the keys `keys` at a time;
+    /// `(planes, keys)` is one of [`FRAGMENT_TILES`], `head_dim` a multiple
+    /// of 16 up to 128. The operands are the 16-bit type of a 16-bit
+    /// storage type (the probabilities rounded to it before the second
+    /// product, as FlashAttention-2 does), else f32. With `matrix_units`
+    /// the products run on the matrix units (`cmma`, tensor cores on CUDA;
+    /// 16-bit types only, where [`Self::matrix_units_run`]); without, on
+    /// plain units on any device with the shared memory (how the tests
+    /// check the kernel on lavapipe). Not chosen by [`Self::choose`]: it
+    /// runs when asked for ([`Self::for_call`] with `matrix_units`, or by
+    /// name).
+    Fragment {
+        /// Planes per cube (16 query rows each).
+        planes: usize,
+        /// Keys per step, a multiple of 16.
+        keys: usize,
+        /// Products on the matrix units or on plain units.
+        matrix_units: bool,
+    },
 }
 
 impl AttentionKernel {
@@ -41,11 +60,10 @@ impl AttentionKernel {
     /// `max_shared_memory_size`, else the row kernel. Every shape and
     /// storage type takes the tiled kernel where it fits: it is the kernel
     /// of FlashAttention-2 for all sequence lengths, and both kernels give
-    /// the same results within f32 rounding. [`AttentionKernel::Cmma`] is
-    /// never chosen here: it is correct where tested (an H100 and an
-    /// H200), but its compute-sanitizer race check has not run, so it runs
-    /// only when a caller asks for it ([`AttentionKernel::for_call`] with
-    /// `matrix_units`, or by name).
+    /// the same results within f32 rounding. The fragment kernel on the
+    /// matrix units is never chosen here: its compute-sanitizer race check
+    /// has not concluded, so it runs only when a caller asks for it
+    /// ([`AttentionKernel::for_call`] with `matrix_units`, or by name).
     pub fn choose<R: Runtime>(client: &ComputeClient<R>, head_dim: usize) -> AttentionKernel {
         Self::for_shared_memory(
             client.properties().hardware.max_shared_memory_size,
@@ -54,35 +72,64 @@ impl AttentionKernel {
     }
 
     /// The kernel [`super::attention_forward_typed`] runs for a call of
-    /// `dtype` at `head_dim` with `options` on `client`'s device:
-    /// [`AttentionKernel::Cmma`] where `options.matrix_units` asks for it
-    /// and [`AttentionKernel::cmma_runs`], else [`AttentionKernel::choose`]'s.
+    /// `dtype` at `head_dim` with `options` on `client`'s device: the
+    /// fragment kernel on the matrix units ([`Self::on_matrix_units`])
+    /// where `options.matrix_units` asks for it and it runs, else
+    /// [`AttentionKernel::choose`]'s.
     pub fn for_call<R: Runtime>(
         client: &ComputeClient<R>,
         head_dim: usize,
         dtype: FloatDtype,
         options: AttentionOptions,
     ) -> AttentionKernel {
-        if options.matrix_units && Self::cmma_runs(client, head_dim, dtype) {
-            return AttentionKernel::Cmma;
-        }
-        Self::choose(client, head_dim)
+        options
+            .matrix_units
+            .then(|| Self::on_matrix_units(client, head_dim, dtype))
+            .flatten()
+            .unwrap_or_else(|| Self::choose(client, head_dim))
     }
 
-    /// Whether [`AttentionKernel::Cmma`] can run `head_dim` and `dtype` on
-    /// `client`'s device: 16-bit storage, `head_dim` a multiple of 16 up to
-    /// 128, 32-unit planes, 16x16x16 `cmma` with the type's operands and
-    /// f32 accumulators, and the shared memory of
-    /// [`AttentionKernel::shared_bytes`].
-    pub fn cmma_runs<R: Runtime>(
+    /// The fragment kernel on `client`'s matrix units for `head_dim` and
+    /// `dtype`, at the largest of [`FRAGMENT_TILES`] whose shared memory
+    /// fits the device; `None` where the matrix units do not run `dtype`
+    /// ([`Self::matrix_units_run`]) or no tile fits.
+    pub fn on_matrix_units<R: Runtime>(
         client: &ComputeClient<R>,
         head_dim: usize,
         dtype: FloatDtype,
-    ) -> bool {
-        head_dim.is_multiple_of(FRAGMENT)
-            && head_dim <= CMMA_MAX_HEAD_DIM
-            && cmma_shared_bytes(head_dim) <= client.properties().hardware.max_shared_memory_size
-            && matrix_units_run(client, dtype)
+    ) -> Option<AttentionKernel> {
+        let max_shared = client.properties().hardware.max_shared_memory_size;
+        matrix_units_run(client, dtype)
+            .then(|| Self::fragment_for(max_shared, head_dim, true))
+            .flatten()
+    }
+
+    /// Whether `client`'s device runs the fragment kernels' products on its
+    /// matrix units in `dtype`: a 16-bit type with 16x16x16 `cmma` and f32
+    /// accumulators on 32-unit planes.
+    pub fn matrix_units_run<R: Runtime>(client: &ComputeClient<R>, dtype: FloatDtype) -> bool {
+        matrix_units_run(client, dtype)
+    }
+
+    /// The fragment kernel with the largest of [`FRAGMENT_TILES`] whose
+    /// shared memory fits a device with `max_shared_bytes` per cube at
+    /// `head_dim`, with the products on the matrix units or not; `None`
+    /// where none fits or `head_dim` is not a multiple of 16 up to 128.
+    pub fn fragment_for(
+        max_shared_bytes: usize,
+        head_dim: usize,
+        matrix_units: bool,
+    ) -> Option<AttentionKernel> {
+        FRAGMENT_TILES
+            .into_iter()
+            .map(|(planes, keys)| AttentionKernel::Fragment {
+                planes,
+                keys,
+                matrix_units,
+            })
+            .find(|kernel| {
+                fragment_head_dim(head_dim) && kernel.shared_bytes(head_dim) <= max_shared_bytes
+            })
     }
 
     /// [`AttentionKernel::choose`] for a device with `max_shared_bytes` of
@@ -95,56 +142,111 @@ impl AttentionKernel {
     }
 
     /// Shared memory of one cube, bytes, for `head_dim` (0 for the row
-    /// kernel).
+    /// kernel); for the fragment kernel on plain units, with f32 operands
+    /// whatever the type (an upper bound for 16-bit types).
     pub fn shared_bytes(self, head_dim: usize) -> usize {
         match self {
             AttentionKernel::Row => 0,
             AttentionKernel::Tiled { tile } => tiled_shared_bytes(tile, head_dim),
-            AttentionKernel::Cmma => cmma_shared_bytes(head_dim),
+            AttentionKernel::Fragment {
+                planes,
+                keys,
+                matrix_units,
+            } => {
+                let operand_bytes = if matrix_units { 2 } else { 4 };
+                fragment_forward_shared_bytes(planes, keys, head_dim, operand_bytes)
+            }
         }
     }
 
-    /// Short name: `row`, `tiled{tile}` (e.g. `tiled32`) or `cmma`.
+    /// Query rows a cube owns.
+    pub(crate) fn rows_per_cube(self) -> usize {
+        match self {
+            AttentionKernel::Row => ROWS_PER_CUBE,
+            AttentionKernel::Tiled { tile } => tile,
+            AttentionKernel::Fragment { planes, .. } => planes * FRAGMENT,
+        }
+    }
+
+    /// Short name: `row`, `tiled{tile}` (e.g. `tiled32`), or
+    /// `fragment{rows}x{keys}` with `-cmma` on the matrix units and
+    /// `-plain` on plain units (e.g. `fragment64x64-cmma`).
     pub fn name(self) -> String {
         match self {
             AttentionKernel::Row => "row".to_string(),
             AttentionKernel::Tiled { tile } => format!("tiled{tile}"),
-            AttentionKernel::Cmma => "cmma".to_string(),
+            AttentionKernel::Fragment {
+                planes,
+                keys,
+                matrix_units,
+            } => {
+                let units = if matrix_units { "cmma" } else { "plain" };
+                format!("fragment{}x{keys}-{units}", planes * FRAGMENT)
+            }
         }
     }
 
     /// Fails when this kernel cannot run `shape` on a device with
     /// `max_shared_bytes` of shared memory per cube: a tile size not in
-    /// [`TILE_SIZES`], or more shared memory than the device has.
+    /// [`TILE_SIZES`] (tiled), tiles not in [`FRAGMENT_TILES`] or a head
+    /// dimension not a multiple of 16 up to 128 (fragment), or more shared
+    /// memory than the device has. (Whether the matrix units run is
+    /// checked by the launcher, which has the type.)
     pub(crate) fn check(
         self,
         shape: &AttentionShape,
         max_shared_bytes: usize,
     ) -> Result<(), AttentionError> {
-        // The cmma kernel's limits, its shared memory among them, are
-        // checked by `cmma_runs`, which needs the client.
-        let AttentionKernel::Tiled { tile } = self else {
-            return Ok(());
-        };
-        if !TILE_SIZES.contains(&tile) {
-            return Err(AttentionError::UnsupportedTile { tile });
-        }
         let needed = self.shared_bytes(shape.head_dim);
-        if needed > max_shared_bytes {
-            return Err(AttentionError::SharedMemory {
-                tile,
-                needed,
-                max: max_shared_bytes,
-            });
+        match self {
+            AttentionKernel::Row => Ok(()),
+            AttentionKernel::Tiled { tile } => {
+                if !TILE_SIZES.contains(&tile) {
+                    return Err(AttentionError::UnsupportedTile { tile });
+                }
+                if needed > max_shared_bytes {
+                    return Err(AttentionError::SharedMemory {
+                        tile,
+                        needed,
+                        max: max_shared_bytes,
+                    });
+                }
+                Ok(())
+            }
+            AttentionKernel::Fragment { planes, keys, .. } => {
+                let outer = planes * FRAGMENT;
+                if !FRAGMENT_TILES.contains(&(planes, keys)) || !fragment_head_dim(shape.head_dim) {
+                    return Err(AttentionError::UnsupportedFragment {
+                        outer,
+                        inner: keys,
+                        head_dim: shape.head_dim,
+                    });
+                }
+                if needed > max_shared_bytes {
+                    return Err(AttentionError::ForwardSharedMemory {
+                        outer,
+                        inner: keys,
+                        needed,
+                        max: max_shared_bytes,
+                    });
+                }
+                Ok(())
+            }
         }
-        Ok(())
     }
+}
+
+/// Whether the fragment kernels run `head_dim`: whole 16-column blocks,
+/// and at most [`CMMA_MAX_HEAD_DIM`] (each unit keeps `head_dim / 2`
+/// accumulators of each output or gradient in registers).
+pub(crate) fn fragment_head_dim(head_dim: usize) -> bool {
+    head_dim.is_multiple_of(FRAGMENT) && head_dim <= CMMA_MAX_HEAD_DIM
 }
 
 /// Whether `client`'s device multiplies `dtype`'s 16-bit operand type
 /// ([`cmma_operand`]) in 16x16x16 `cmma` fragments with f32 accumulators,
-/// on 32-unit planes: what the cmma forward and the fragment backward on
-/// the matrix units need besides their shapes and shared memory.
+/// on 32-unit planes: what the fragment kernels on the matrix units need
+/// besides their shapes and shared memory.
 pub(crate) fn matrix_units_run<R: Runtime>(client: &ComputeClient<R>, dtype: FloatDtype) -> bool {
     let Some(operand) = cmma_operand(dtype) else {
         return false;
@@ -164,8 +266,8 @@ pub(crate) fn matrix_units_run<R: Runtime>(client: &ComputeClient<R>, dtype: Flo
         && client.features().matmul.cmma.contains(&config)
 }
 
-/// The 16-bit operand type of the cmma kernel for storage `dtype` (which
-/// it holds exactly); `None` for f32.
+/// The 16-bit operand type of the fragment kernels on the matrix units for
+/// storage `dtype` (which it holds exactly); `None` for f32.
 fn cmma_operand(dtype: FloatDtype) -> Option<ElemType> {
     match dtype {
         FloatDtype::F32 => None,
@@ -180,8 +282,8 @@ mod tests {
 
     #[test]
     fn the_largest_tile_that_fits_is_chosen() {
-        // 32 x 128: (4096 + 4128 + 1056 + 96) f32 = 37,504 bytes.
-        assert_eq!(tiled_shared_bytes(32, 128), 37_504);
+        // 32 x 128: (4096 + 4128 + 1056 + 96 + 256) f32 = 38,528 bytes.
+        assert_eq!(tiled_shared_bytes(32, 128), 38_528);
         assert_eq!(
             AttentionKernel::for_shared_memory(48 * 1024, 128),
             AttentionKernel::Tiled { tile: 32 }
@@ -219,7 +321,7 @@ mod tests {
             AttentionKernel::Tiled { tile: 32 }.check(&shape, 32 * 1024),
             Err(AttentionError::SharedMemory {
                 tile: 32,
-                needed: 37_504,
+                needed: 38_528,
                 max: 32 * 1024
             })
         );
@@ -227,5 +329,90 @@ mod tests {
             AttentionKernel::Tiled { tile: 8 }.check(&shape, 1 << 20),
             Err(AttentionError::UnsupportedTile { tile: 8 })
         );
+    }
+
+    #[test]
+    fn the_largest_fragment_tiles_that_fit_are_chosen() {
+        // 4 planes x 64 keys at head_dim 128 in 16 bits: query and key
+        // tiles 2 * 16,384, f32 scores 16,384, probabilities 8,192, four
+        // blocks 4,096, row statistics 3 * 256, partials 2 * 512.
+        assert_eq!(fragment_forward_shared_bytes(4, 64, 128, 2), 63_232);
+        let fragment = |planes, keys, matrix_units| {
+            Some(AttentionKernel::Fragment {
+                planes,
+                keys,
+                matrix_units,
+            })
+        };
+        // An H100 (227 KiB per cube) and an A100 (164 KiB) take the largest.
+        for max in [227 * 1024, 164 * 1024] {
+            assert_eq!(
+                AttentionKernel::fragment_for(max, 128, true),
+                fragment(4, 64, true)
+            );
+        }
+        // lavapipe (32 KiB), f32 operands: 32 x 32 at 32 and 64, 32 x 16
+        // at 128.
+        let lavapipe = 32 * 1024;
+        for head_dim in [32, 64] {
+            assert_eq!(
+                AttentionKernel::fragment_for(lavapipe, head_dim, false),
+                fragment(2, 32, false)
+            );
+        }
+        assert_eq!(
+            AttentionKernel::fragment_for(lavapipe, 128, false),
+            fragment(2, 16, false)
+        );
+        for head_dim in [72, 256] {
+            assert_eq!(AttentionKernel::fragment_for(1 << 20, head_dim, true), None);
+        }
+        assert_eq!(fragment(4, 64, true).unwrap().name(), "fragment64x64-cmma");
+        assert_eq!(
+            fragment(2, 16, false).unwrap().name(),
+            "fragment32x16-plain"
+        );
+    }
+
+    #[test]
+    fn fragment_tiles_and_head_dims_it_does_not_run_are_refused() {
+        let shape = |head_dim| AttentionShape {
+            batch: 1,
+            n_heads: 1,
+            n_kv_heads: 1,
+            seq: 8,
+            head_dim,
+        };
+        let kernel = |planes, keys| AttentionKernel::Fragment {
+            planes,
+            keys,
+            matrix_units: false,
+        };
+        assert_eq!(
+            kernel(3, 16).check(&shape(64), 1 << 20),
+            Err(AttentionError::UnsupportedFragment {
+                outer: 48,
+                inner: 16,
+                head_dim: 64
+            })
+        );
+        assert_eq!(
+            kernel(1, 16).check(&shape(40), 1 << 20),
+            Err(AttentionError::UnsupportedFragment {
+                outer: 16,
+                inner: 16,
+                head_dim: 40
+            })
+        );
+        assert_eq!(
+            kernel(4, 64).check(&shape(128), 32 * 1024),
+            Err(AttentionError::ForwardSharedMemory {
+                outer: 64,
+                inner: 64,
+                needed: fragment_forward_shared_bytes(4, 64, 128, 4),
+                max: 32 * 1024
+            })
+        );
+        assert_eq!(kernel(2, 32).check(&shape(64), 32 * 1024), Ok(()));
     }
 }

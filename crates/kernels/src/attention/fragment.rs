@@ -13,7 +13,48 @@ use cubecl::prelude::*;
 
 use crate::dtype::load;
 
-use super::cmma_forward::{CMMA_PLANE_SIZE, FRAGMENT};
+/// Units per plane the fragment kernels are written for (NVIDIA's warp;
+/// on devices with other plane sizes only the plain form runs, whose
+/// barriers are cube barriers).
+pub(crate) const CMMA_PLANE_SIZE: usize = 32;
+
+/// Side of the square `cmma` fragments (m = n = k = 16).
+pub(crate) const FRAGMENT: usize = 16;
+
+/// Largest head dimension of the fragment kernels (each unit keeps up to
+/// `head_dim / 2` accumulators of one gradient or output in registers).
+pub(crate) const CMMA_MAX_HEAD_DIM: usize = 128;
+
+/// Tiles `(planes, inner)` the fragment kernels are compiled for, largest
+/// first: a cube of `planes` planes owns `16 * planes` rows (query rows in
+/// the forward and the dQ kernel, key rows in the dK/dV kernel) and walks
+/// the other side `inner` rows at a time.
+pub const FRAGMENT_TILES: [(usize, usize); 5] = [(4, 64), (4, 32), (2, 32), (2, 16), (1, 16)];
+
+/// Runs `$body` with the type alias `$m` set to the operand type of the
+/// fragment kernels for `$dtype`: the 16-bit type itself for f16 and bf16;
+/// for bf16 carried in f32, bf16 on the matrix units and f32 on plain
+/// units (WGSL has no bf16); f32 for f32 (plain units only: the matrix
+/// units are never reached for f32).
+macro_rules! with_fragment_operand {
+    ($dtype:expr, $matrix_units:expr, $m:ident, $body:expr) => {
+        match ($dtype, $matrix_units) {
+            (FloatDtype::F16, _) => {
+                type $m = half::f16;
+                $body
+            }
+            (FloatDtype::Bf16, _) | (FloatDtype::Bf16InF32, true) => {
+                type $m = half::bf16;
+                $body
+            }
+            (FloatDtype::F32, _) | (FloatDtype::Bf16InF32, false) => {
+                type $m = f32;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_fragment_operand;
 
 /// Entries of one 16 x 16 fragment each unit of a plane computes in the
 /// plain form (`16 * 16 / 32`); also each unit's share of an accumulator
@@ -124,6 +165,50 @@ pub(crate) fn fragment_product<M: Float>(
     }
 }
 
+/// The barrier between a plane's [`fragment_product`] into a 16 x 16
+/// block and its units' reads of their [`PER_LANE`] entries of it (and
+/// between those reads and the next product into the block). On the
+/// matrix units the block is stored by the plane together, so a plane
+/// barrier (the device's planes are 32 units wide there); on plain units
+/// each unit reads back only the entries it computed, so none.
+#[cube]
+pub(crate) fn sync_block(#[comptime] matrix_units: bool) {
+    if matrix_units {
+        sync_plane();
+    }
+}
+
+/// Stages `elems / head_dim` rows from `first_row` of `src` (`[.., seq,
+/// head_dim]`, the rows of one head from `base`) into `tile` as `M`, rows
+/// past `seq` as zeros; each of the cube's `units` units takes every
+/// `units`-th value.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn stage_rows<F: Float, M: Float>(
+    src: &Array<F>,
+    tile: &mut SharedMemory<M>,
+    base: usize,
+    first_row: usize,
+    seq: usize,
+    unit: usize,
+    #[comptime] elems: usize,
+    #[comptime] units: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] round_bf16: bool,
+) {
+    for i in 0..comptime!(elems.div_ceil(units)) {
+        let e = unit + i * units;
+        if e < elems {
+            let row = first_row + e / head_dim;
+            let mut x = 0.0f32;
+            if row < seq {
+                x = load::<F>(src[base + row * head_dim + e % head_dim], round_bf16);
+            }
+            tile[e] = M::cast_from(x);
+        }
+    }
+}
+
 /// Stages `elems / head_dim` rows from `first_row` of `a` and of `b` (each
 /// `[.., seq, head_dim]`, the rows of one head from `base`) into `a_tile`
 /// and `b_tile` as `M`, rows past `seq` as zeros; each of the cube's
@@ -144,21 +229,12 @@ pub(crate) fn stage_row_pair<F: Float, M: Float>(
     #[comptime] head_dim: usize,
     #[comptime] round_bf16: bool,
 ) {
-    for i in 0..comptime!(elems.div_ceil(units)) {
-        let e = unit + i * units;
-        if e < elems {
-            let row = first_row + e / head_dim;
-            let mut ax = 0.0f32;
-            let mut bx = 0.0f32;
-            if row < seq {
-                let at = base + row * head_dim + e % head_dim;
-                ax = load::<F>(a[at], round_bf16);
-                bx = load::<F>(b[at], round_bf16);
-            }
-            a_tile[e] = M::cast_from(ax);
-            b_tile[e] = M::cast_from(bx);
-        }
-    }
+    stage_rows::<F, M>(
+        a, a_tile, base, first_row, seq, unit, elems, units, head_dim, round_bf16,
+    );
+    stage_rows::<F, M>(
+        b, b_tile, base, first_row, seq, unit, elems, units, head_dim, round_bf16,
+    );
 }
 
 /// Shared memory of one cube of the fragment backward with `planes` planes
@@ -185,4 +261,28 @@ pub(crate) fn fragment_backward_shared_bytes(
     let kv = common + 2 * pad(outer * inner * operand_bytes) + 2 * block + 2 * pad(inner * 4);
     let q = common + pad(outer * inner * operand_bytes) + block + 2 * pad(outer * 4);
     kv.max(q)
+}
+
+/// Shared memory of one cube of the fragment forward with `planes` planes
+/// (`16 * planes` query rows) and `keys` keys per step, for `head_dim` and
+/// operands of `operand_bytes` bytes, in bytes: the query tile and one
+/// key/value tile as operands, the f32 scores and the operand
+/// probabilities of a step (`rows x keys` each), one f32 16 x 16 block per
+/// plane, three f32 statistics per row and two f32 partials per unit (two
+/// units per row). Each array is padded to 128 bytes, as allocated.
+pub(crate) fn fragment_forward_shared_bytes(
+    planes: usize,
+    keys: usize,
+    head_dim: usize,
+    operand_bytes: usize,
+) -> usize {
+    let pad = |bytes: usize| bytes.next_multiple_of(128);
+    let rows = planes * FRAGMENT;
+    pad(rows * head_dim * operand_bytes)
+        + pad(keys * head_dim * operand_bytes)
+        + pad(rows * keys * 4)
+        + pad(rows * keys * operand_bytes)
+        + pad(planes * FRAGMENT * FRAGMENT * 4)
+        + 3 * pad(rows * 4)
+        + 2 * pad(2 * rows * 4)
 }

@@ -6,9 +6,10 @@ use cubecl::prelude::*;
 
 use crate::dtype::store;
 
-use super::cmma_forward::{CMMA_PLANE_SIZE, FRAGMENT};
-use super::fragment::{fragment_product, stage_row_pair, PER_LANE};
-use super::tiles::{alibi_bias, visible};
+use super::fragment::{
+    fragment_product, stage_row_pair, sync_block, CMMA_PLANE_SIZE, FRAGMENT, PER_LANE,
+};
+use super::tiles::{pair_score, visible};
 
 /// One cube per `16 * planes` key rows of one `(batch, kv_head)`, `planes`
 /// planes of 32 units; plane `p` owns key rows `16 p .. 16 p + 16` of the
@@ -36,9 +37,10 @@ use super::tiles::{alibi_bias, visible};
 ///
 /// Cube grid: `x` = tile of `16 * planes` key rows, `y` = `batch *
 /// n_kv_heads + kv_head`; cube dim `(32, planes)`. Layouts as
-/// [`super::backward_kv::attention_backward_kv_kernel`]'s. Every barrier is
-/// a cube barrier, so the plain form runs on devices whose planes are not
-/// 32 units wide.
+/// [`super::backward_kv::attention_backward_kv_kernel`]'s. The gradient
+/// blocks are guarded by [`sync_block`] (none on plain units), every other
+/// barrier is a cube barrier, so the plain form runs on devices whose
+/// planes are not 32 units wide.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention_backward_kv_fragment_kernel<F: Float, M: Float>(
@@ -211,10 +213,7 @@ pub(crate) fn attention_backward_kv_fragment_kernel<F: Float, M: Float>(
                 let r = e % queries;
                 let query = first_query + r;
                 let key = first_key + c;
-                let mut score = s_tile[e] * scale;
-                if alibi {
-                    score += alibi_bias(slope, query, key);
-                }
+                let score = pair_score(s_tile[e], scale, slope, query, key, alibi);
                 let p = f32::exp(score - lse_tile[r]);
                 let ds = p * (dp_tile[e] - delta_tile[r]);
                 let seen = visible(query, key, seq, causal);
@@ -255,7 +254,7 @@ pub(crate) fn attention_backward_kv_fragment_kernel<F: Float, M: Float>(
                     false,
                     matrix_units,
                 );
-                sync_cube();
+                sync_block(matrix_units);
                 #[unroll(matrix_units)]
                 for j in 0..PER_LANE {
                     let e = plane_block + lane + j * CMMA_PLANE_SIZE;
@@ -263,7 +262,7 @@ pub(crate) fn attention_backward_kv_fragment_kernel<F: Float, M: Float>(
                     dk_acc[db * PER_LANE + j] += dk_block[e];
                 }
                 // Every unit has read the blocks before the next are stored.
-                sync_cube();
+                sync_block(matrix_units);
             }
             first_query += queries;
         }

@@ -6,9 +6,10 @@ use cubecl::prelude::*;
 
 use crate::dtype::store;
 
-use super::cmma_forward::{CMMA_PLANE_SIZE, FRAGMENT};
-use super::fragment::{fragment_product, stage_row_pair, PER_LANE};
-use super::tiles::{alibi_bias, visible};
+use super::fragment::{
+    fragment_product, stage_row_pair, sync_block, CMMA_PLANE_SIZE, FRAGMENT, PER_LANE,
+};
+use super::tiles::{pair_score, visible};
 
 /// One cube per `16 * planes` query rows of one `(batch, head)`, `planes`
 /// planes of 32 units; plane `p` owns query rows `16 p .. 16 p + 16` of the
@@ -27,7 +28,8 @@ use super::tiles::{alibi_bias, visible};
 ///
 /// Finally `dq = scale * dq`, rounded to `F` once. As in
 /// [`super::fragment_backward_kv::attention_backward_kv_fragment_kernel`],
-/// everything but the `M` operands is f32 and every barrier a cube barrier.
+/// everything but the `M` operands is f32 and every barrier but
+/// [`sync_block`] a cube barrier.
 ///
 /// Cube grid: `x` = tile of `16 * planes` query rows, `y` = `batch *
 /// n_heads + head`; cube dim `(32, planes)`. Layouts as
@@ -190,10 +192,7 @@ pub(crate) fn attention_backward_q_fragment_kernel<F: Float, M: Float>(
             let c = e % keys;
             let query = first_query + r;
             let key = first_key + c;
-            let mut score = s_tile[e] * scale;
-            if alibi {
-                score += alibi_bias(slope, query, key);
-            }
+            let score = pair_score(s_tile[e], scale, slope, query, key, alibi);
             let p = f32::exp(score - lse_tile[r]);
             let ds = p * (dp_tile[e] - delta_tile[r]);
             ds_tile[e] = M::cast_from(select(visible(query, key, seq, causal), ds, 0.0f32));
@@ -218,13 +217,13 @@ pub(crate) fn attention_backward_q_fragment_kernel<F: Float, M: Float>(
                 false,
                 matrix_units,
             );
-            sync_cube();
+            sync_block(matrix_units);
             #[unroll(matrix_units)]
             for j in 0..PER_LANE {
                 dq_acc[db * PER_LANE + j] += dq_block[plane_block + lane + j * CMMA_PLANE_SIZE];
             }
             // Every unit has read the block before the next is stored.
-            sync_cube();
+            sync_block(matrix_units);
         }
         first_key += keys;
     }

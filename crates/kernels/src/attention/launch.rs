@@ -6,38 +6,22 @@
 //! one-value stand-in when there are no ALiBi slopes; the backward pass adds
 //! `delta` (`[batch, n_heads, seq]`). Every buffer is
 //! therefore `O(batch * heads * seq * head_dim)` or `O(batch * heads * seq)`;
-//! no `[seq, seq]` score matrix exists at any point. Only the tiled kernels
-//! use shared memory (their tiles, [`AttentionKernel::shared_bytes`] and
+//! no `[seq, seq]` score matrix exists at any point. Only the tiled and
+//! fragment kernels use shared memory (their tiles,
+//! [`AttentionKernel::shared_bytes`] and
 //! [`super::AttentionBackwardKernel::shared_bytes`] per cube).
 
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
 use super::choice::AttentionKernel;
-use super::cmma_forward::{attention_forward_cmma_kernel, CMMA_PLANES, CMMA_PLANE_SIZE, CMMA_ROWS};
 use super::forward::attention_forward_kernel;
+use super::fragment::{with_fragment_operand, CMMA_PLANE_SIZE};
+use super::fragment_forward::attention_forward_fragment_kernel;
 use super::shape::{AttentionError, AttentionInputs, AttentionOptions, AttentionShape};
 use super::tiled_forward::{attention_forward_tiled_kernel, TILED_UNITS};
 use super::tiles::ROWS_PER_CUBE;
 use crate::dtype::{with_storage, FloatDtype};
-
-/// Runs `$body` with the type alias `$m` set to the 16-bit operand type of
-/// the cmma kernel for `$dtype` (f16 for f16; bf16 for bf16 and
-/// bf16-in-f32). Only reached for 16-bit types (`cmma_runs` refuses f32).
-macro_rules! with_operand {
-    ($dtype:expr, $m:ident, $body:expr) => {
-        match $dtype {
-            FloatDtype::F16 => {
-                type $m = half::f16;
-                $body
-            }
-            _ => {
-                type $m = half::bf16;
-                $body
-            }
-        }
-    };
-}
 
 /// Result of [`attention_forward_typed`].
 #[derive(Debug)]
@@ -89,12 +73,12 @@ pub fn attention_forward_typed<R: Runtime>(
 }
 
 /// [`attention_forward_typed`] with the forward kernel named by the caller
-/// (the tests and `ferrotron bench kernels` run both). Both kernels write
-/// the same outputs; [`super::attention_backward_typed`] takes either's.
+/// (the tests and `ferrotron bench kernels` run each). All kernels write
+/// the same outputs; [`super::attention_backward_typed`] takes any's.
 ///
-/// Errors as [`attention_forward_typed`], and when `kernel` is tiled with a
-/// tile size it is not compiled for or more shared memory than the device
-/// has.
+/// Errors as [`attention_forward_typed`], and when `kernel` has tiles it
+/// is not compiled for or needs more shared memory than the device has,
+/// or is the fragment kernel on matrix units that do not run `dtype`.
 pub fn attention_forward_with<R: Runtime>(
     client: &ComputeClient<R>,
     kernel: AttentionKernel,
@@ -107,19 +91,17 @@ pub fn attention_forward_with<R: Runtime>(
     shape.validate()?;
     inputs.check(&shape, dtype)?;
     kernel.check(&shape, client.properties().hardware.max_shared_memory_size)?;
-    if kernel == AttentionKernel::Cmma && !AttentionKernel::cmma_runs(client, shape.head_dim, dtype)
+    if let AttentionKernel::Fragment {
+        matrix_units: true, ..
+    } = kernel
     {
-        return Err(AttentionError::CmmaUnsupported {
-            head_dim: shape.head_dim,
-            dtype: dtype.name(),
-        });
+        if !AttentionKernel::matrix_units_run(client, dtype) {
+            return Err(AttentionError::MatrixUnitsUnsupported {
+                dtype: dtype.name(),
+            });
+        }
     }
-    let rows_per_cube = match kernel {
-        AttentionKernel::Row => ROWS_PER_CUBE,
-        AttentionKernel::Tiled { tile } => tile,
-        AttentionKernel::Cmma => CMMA_ROWS,
-    };
-    let query_tiles = grid_axis(client, shape.seq.div_ceil(rows_per_cube), 0)?;
+    let query_tiles = grid_axis(client, shape.seq.div_ceil(kernel.rows_per_cube()), 0)?;
     let heads = grid_axis(client, shape.batch * shape.n_heads, 1)?;
     let cube_count = CubeCount::Static(query_tiles, heads, 1);
 
@@ -180,12 +162,17 @@ pub fn attention_forward_with<R: Runtime>(
             },
             // SAFETY: as for the tiled kernel: sizes checked above, rows
             // and keys past `seq` staged as zeros and never written; the
-            // device runs the kernel (`cmma_runs`, checked above).
-            AttentionKernel::Cmma => with_operand!(dtype, M, unsafe {
-                attention_forward_cmma_kernel::launch_unchecked::<F, M, R>(
+            // shared memory fits the device and the matrix units, when
+            // used, run the operand type (checked above).
+            AttentionKernel::Fragment {
+                planes,
+                keys,
+                matrix_units,
+            } => with_fragment_operand!(dtype, matrix_units, M, unsafe {
+                attention_forward_fragment_kernel::launch_unchecked::<F, M, R>(
                     client,
                     cube_count,
-                    CubeDim::new_2d(CMMA_PLANE_SIZE as u32, CMMA_PLANES as u32),
+                    CubeDim::new_2d(CMMA_PLANE_SIZE as u32, planes as u32),
                     array(inputs.q, shape.q_elems()),
                     array(inputs.k, shape.kv_elems()),
                     array(inputs.v, shape.kv_elems()),
@@ -197,9 +184,12 @@ pub fn attention_forward_with<R: Runtime>(
                     shape.group() as u32,
                     scale,
                     shape.head_dim,
+                    planes,
+                    keys,
                     options.causal,
                     alibi,
                     round_bf16,
+                    matrix_units,
                 );
             }),
         }

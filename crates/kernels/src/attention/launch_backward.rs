@@ -9,8 +9,8 @@ use cubecl::server::Handle;
 use super::backward_choice::AttentionBackwardKernel;
 use super::backward_kv::attention_backward_kv_kernel;
 use super::backward_q::attention_backward_q_kernel;
-use super::cmma_forward::CMMA_PLANE_SIZE;
 use super::delta::attention_delta_kernel;
+use super::fragment::{with_fragment_operand, CMMA_PLANE_SIZE};
 use super::fragment_backward_kv::attention_backward_kv_fragment_kernel;
 use super::fragment_backward_q::attention_backward_q_fragment_kernel;
 use super::launch::{array, check_dtype, grid_axis, slopes_arg};
@@ -21,30 +21,6 @@ use super::tiled_backward_kv::{attention_backward_kv_tiled_kernel, BACKWARD_UNIT
 use super::tiled_backward_q::attention_backward_q_tiled_kernel;
 use super::tiles::ROWS_PER_CUBE;
 use crate::dtype::{with_storage, FloatDtype};
-
-/// Runs `$body` with the type alias `$m` set to the operand type of the
-/// fragment kernels for `$dtype`: the 16-bit type itself for f16 and bf16;
-/// for bf16 carried in f32, bf16 on the matrix units and f32 on plain
-/// units (WGSL has no bf16); f32 for f32 (plain units only: the matrix
-/// units are never reached for f32).
-macro_rules! with_fragment_operand {
-    ($dtype:expr, $matrix_units:expr, $m:ident, $body:expr) => {
-        match ($dtype, $matrix_units) {
-            (FloatDtype::F16, _) => {
-                type $m = half::f16;
-                $body
-            }
-            (FloatDtype::Bf16, _) | (FloatDtype::Bf16InF32, true) => {
-                type $m = half::bf16;
-                $body
-            }
-            (FloatDtype::F32, _) | (FloatDtype::Bf16InF32, false) => {
-                type $m = f32;
-                $body
-            }
-        }
-    };
-}
 
 /// Result of [`attention_backward_typed`], in the launch's [`FloatDtype`].
 #[derive(Debug)]

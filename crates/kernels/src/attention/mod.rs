@@ -8,9 +8,10 @@
 //!   query rows against key/value tiles staged in shared memory) wherever
 //!   its shared memory fits the device, else the row kernel (one query row
 //!   per unit, keys read from global memory, no shared memory). A third,
-//!   the cmma kernel (the tiled kernel with both products on the matrix
-//!   units, 16-bit types), runs when a caller names it
-//!   ([`attention_forward_with`]).
+//!   the fragment kernel (the tiled algorithm with both products in
+//!   16x16x16 fragments: on the matrix units with 16-bit operands where
+//!   the device has them, or on plain units), runs when a caller asks for
+//!   it ([`attention_forward_with`], or `matrix_units` in the options).
 //! - Backward ([`attention_backward`]): `delta = rowsum(dO * O)`, then dK/dV
 //!   (iterating over query rows) and dQ (iterating over key rows), both
 //!   recomputing the probabilities from the log-sum-exp; two passes instead
@@ -39,12 +40,12 @@ mod backward_choice;
 mod backward_kv;
 mod backward_q;
 mod choice;
-mod cmma_forward;
 mod delta;
 mod forward;
 mod fragment;
 mod fragment_backward_kv;
 mod fragment_backward_q;
+mod fragment_forward;
 mod launch;
 mod launch_backward;
 mod shape;
@@ -53,8 +54,9 @@ mod tiled_backward_q;
 mod tiled_forward;
 mod tiles;
 
-pub use backward_choice::{AttentionBackwardKernel, FRAGMENT_BACKWARD_TILES};
+pub use backward_choice::AttentionBackwardKernel;
 pub use choice::AttentionKernel;
+pub use fragment::FRAGMENT_TILES;
 pub use launch::{
     attention_forward, attention_forward_typed, attention_forward_with, AttentionForward,
 };

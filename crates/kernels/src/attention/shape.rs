@@ -92,9 +92,10 @@ pub struct AttentionOptions {
     /// `1 / sqrt(head_dim)`.
     pub scale: Option<f32>,
     /// Run the products on the matrix units (tensor cores) where the
-    /// device runs them for the call's type and head dimension: the cmma
-    /// forward ([`super::AttentionKernel::Cmma`]) and the fragment
-    /// backward on them ([`super::AttentionBackwardKernel::Fragment`]).
+    /// device runs them for the call's type and head dimension: the
+    /// fragment forward and backward on them
+    /// ([`super::AttentionKernel::Fragment`],
+    /// [`super::AttentionBackwardKernel::Fragment`]).
     /// Elsewhere, and when `false`, the kernels `choose` picks run (tiled,
     /// on plain units).
     pub matrix_units: bool,
@@ -171,15 +172,6 @@ pub enum AttentionError {
         /// Bytes of the handle.
         actual_bytes: u64,
     },
-    /// The cmma forward on a shape, type or device it does not run
-    /// ([`super::AttentionKernel::cmma_runs`]).
-    #[error("attention: the cmma kernel does not run head_dim {head_dim} in {dtype} on this device (16-bit types, head_dim a multiple of 16 up to 128, 32-unit planes with 16x16x16 cmma)")]
-    CmmaUnsupported {
-        /// Head dimension of the launch.
-        head_dim: usize,
-        /// Storage type of the launch.
-        dtype: &'static str,
-    },
     /// A tiled forward with a tile size it is not compiled for.
     #[error("attention: tile {tile} is not a tile size of the tiled kernel (16 or 32)")]
     UnsupportedTile {
@@ -204,10 +196,10 @@ pub enum AttentionError {
         /// Requested rows of the other side per step.
         inner: usize,
     },
-    /// A fragment backward with tiles it is not compiled for, or a head
-    /// dimension it does not run.
-    #[error("attention: the fragment backward runs tiles of 64 x 64, 64 x 32, 32 x 32, 32 x 16 or 16 x 16 and head_dim a multiple of 16 up to 128, not {outer} x {inner} at head_dim {head_dim}")]
-    UnsupportedFragmentBackward {
+    /// A fragment kernel (forward or backward) with tiles it is not
+    /// compiled for, or a head dimension it does not run.
+    #[error("attention: the fragment kernels run tiles of 64 x 64, 64 x 32, 32 x 32, 32 x 16 or 16 x 16 and head_dim a multiple of 16 up to 128, not {outer} x {inner} at head_dim {head_dim}")]
+    UnsupportedFragment {
         /// Requested rows per cube (16 per plane).
         outer: usize,
         /// Requested rows of the other side per step.
@@ -215,12 +207,25 @@ pub enum AttentionError {
         /// Head dimension of the launch.
         head_dim: usize,
     },
-    /// The fragment backward on the matrix units on a type or device
-    /// without them ([`super::AttentionBackwardKernel::matrix_units_run`]).
-    #[error("attention: the fragment backward does not run on the matrix units in {dtype} on this device (16-bit types, 32-unit planes with 16x16x16 cmma)")]
+    /// A fragment kernel on the matrix units on a type or device without
+    /// them ([`super::AttentionKernel::matrix_units_run`]).
+    #[error("attention: the fragment kernels do not run on the matrix units in {dtype} on this device (16-bit types, 32-unit planes with 16x16x16 cmma)")]
     MatrixUnitsUnsupported {
         /// Storage type of the launch.
         dtype: &'static str,
+    },
+    /// A fragment forward whose cube needs more shared memory than the
+    /// device has.
+    #[error("attention: the fragment forward with tiles {outer} x {inner} needs {needed} bytes of shared memory per cube, the device has {max}")]
+    ForwardSharedMemory {
+        /// Query rows per cube.
+        outer: usize,
+        /// Keys per step.
+        inner: usize,
+        /// Bytes one cube needs.
+        needed: usize,
+        /// The device's `max_shared_memory_size`.
+        max: usize,
     },
     /// A tiled or fragment backward whose cube needs more shared memory
     /// than the device has.

@@ -8,7 +8,7 @@ use cubecl::prelude::*;
 
 use crate::dtype::{load, store};
 
-use super::tiles::{alibi_bias, visible};
+use super::tiles::{pair_score, visible};
 
 /// Units per cube of both tiled backward kernels.
 pub(crate) const BACKWARD_UNITS: usize = 128;
@@ -99,7 +99,6 @@ pub(crate) fn attention_backward_kv_tiled_kernel<F: Float>(
     let query_elems = comptime!(queries * head_dim);
     let pairs = comptime!(queries * keys);
     let per_key = comptime!(key_elems.div_ceil(BACKWARD_UNITS));
-    let per_query = comptime!(query_elems.div_ceil(BACKWARD_UNITS));
     let pairs_per_unit = comptime!(pairs.div_ceil(BACKWARD_UNITS));
 
     let mut k_tile = SharedMemory::<f32>::new(comptime!(keys * (head_dim + 1)));
@@ -114,17 +113,22 @@ pub(crate) fn attention_backward_kv_tiled_kernel<F: Float>(
     let mut dp = Array::<f32>::new(pairs_per_unit);
 
     // Key rows past `seq` load a copy of the last row and are never written.
+    stage_padded_pair::<F>(
+        k,
+        v,
+        &mut k_tile,
+        &mut v_tile,
+        kv_base,
+        first_key,
+        seq,
+        unit,
+        key_elems,
+        head_dim,
+        round_bf16,
+    );
     let mut dk_acc = Array::<f32>::new(per_key);
     let mut dv_acc = Array::<f32>::new(per_key);
     for i in 0..per_key {
-        let e = unit + i * BACKWARD_UNITS;
-        if e < key_elems {
-            let c = e / head_dim;
-            let d = e % head_dim;
-            let at = kv_base + min(first_key + c, seq - 1) * head_dim + d;
-            k_tile[c * stride + d] = load::<F>(k[at], round_bf16);
-            v_tile[c * stride + d] = load::<F>(v[at], round_bf16);
-        }
         dk_acc[i] = 0.0f32;
         dv_acc[i] = 0.0f32;
     }
@@ -150,16 +154,19 @@ pub(crate) fn attention_backward_kv_tiled_kernel<F: Float>(
             // The previous step's reads of the query-side tiles are done
             // (and, on the first step, the key and value tiles written).
             sync_cube();
-            for i in 0..per_query {
-                let e = unit + i * BACKWARD_UNITS;
-                if e < query_elems {
-                    let r = e / head_dim;
-                    let d = e % head_dim;
-                    let at = q_base + min(first_query + r, seq - 1) * head_dim + d;
-                    q_tile[r * stride + d] = load::<F>(q[at], round_bf16);
-                    do_tile[r * stride + d] = load::<F>(d_out[at], round_bf16);
-                }
-            }
+            stage_padded_pair::<F>(
+                q,
+                d_out,
+                &mut q_tile,
+                &mut do_tile,
+                q_base,
+                first_query,
+                seq,
+                unit,
+                query_elems,
+                head_dim,
+                round_bf16,
+            );
             if unit < queries {
                 let row = bh * seq + min(first_query + unit, seq - 1);
                 lse_tile[unit] = lse[row];
@@ -187,10 +194,7 @@ pub(crate) fn attention_backward_kv_tiled_kernel<F: Float>(
                     let c = e % keys;
                     let query = first_query + r;
                     let key = first_key + c;
-                    let mut score = qk[i] * scale;
-                    if alibi {
-                        score += alibi_bias(slope, query, key);
-                    }
+                    let score = pair_score(qk[i], scale, slope, query, key, alibi);
                     let p = f32::exp(score - lse_tile[r]);
                     let ds = p * (dp[i] - delta_tile[r]);
                     let seen = visible(query, key, seq, causal);
@@ -291,6 +295,39 @@ pub(crate) fn pair_dots(
             let r = (unit + i * BACKWARD_UNITS) / keys;
             qk[i] += q_tile[r * stride + d] * kc;
             dp[i] += do_tile[r * stride + d] * vc;
+        }
+    }
+}
+
+/// Stages `elems / head_dim` rows from `first_row` of `a` and of `b` (each
+/// `[.., seq, head_dim]`, the rows of one head from `base`) into `a_tile`
+/// and `b_tile` as f32, rows padded to `head_dim + 1` values against bank
+/// conflicts; rows past `seq` load a copy of the last row. Each of the
+/// cube's [`BACKWARD_UNITS`] units takes every 128th value.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn stage_padded_pair<F: Float>(
+    a: &Array<F>,
+    b: &Array<F>,
+    a_tile: &mut SharedMemory<f32>,
+    b_tile: &mut SharedMemory<f32>,
+    base: usize,
+    first_row: usize,
+    seq: usize,
+    unit: usize,
+    #[comptime] elems: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] round_bf16: bool,
+) {
+    let stride = comptime!(head_dim + 1);
+    for i in 0..comptime!(elems.div_ceil(BACKWARD_UNITS)) {
+        let e = unit + i * BACKWARD_UNITS;
+        if e < elems {
+            let r = e / head_dim;
+            let d = e % head_dim;
+            let at = base + min(first_row + r, seq - 1) * head_dim + d;
+            a_tile[r * stride + d] = load::<F>(a[at], round_bf16);
+            b_tile[r * stride + d] = load::<F>(b[at], round_bf16);
         }
     }
 }

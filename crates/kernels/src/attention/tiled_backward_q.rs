@@ -4,10 +4,10 @@
 
 use cubecl::prelude::*;
 
-use crate::dtype::{load, store};
+use crate::dtype::store;
 
-use super::tiled_backward_kv::{pair_dots, BACKWARD_UNITS};
-use super::tiles::{alibi_bias, visible};
+use super::tiled_backward_kv::{pair_dots, stage_padded_pair, BACKWARD_UNITS};
+use super::tiles::{pair_score, visible};
 
 /// One cube per `queries` query rows of one `(batch, head)`,
 /// [`BACKWARD_UNITS`] units. The cube stages its `q` and `d_out` rows, their
@@ -70,7 +70,6 @@ pub(crate) fn attention_backward_q_tiled_kernel<F: Float>(
     let key_elems = comptime!(keys * head_dim);
     let pairs = comptime!(queries * keys);
     let per_query = comptime!(query_elems.div_ceil(BACKWARD_UNITS));
-    let per_key = comptime!(key_elems.div_ceil(BACKWARD_UNITS));
     let pairs_per_unit = comptime!(pairs.div_ceil(BACKWARD_UNITS));
 
     let mut q_tile = SharedMemory::<f32>::new(comptime!(queries * (head_dim + 1)));
@@ -90,16 +89,21 @@ pub(crate) fn attention_backward_q_tiled_kernel<F: Float>(
 
     // Query rows past `seq` load a copy of the last row and are never
     // written.
+    stage_padded_pair::<F>(
+        q,
+        d_out,
+        &mut q_tile,
+        &mut do_tile,
+        q_base,
+        first_query,
+        seq,
+        unit,
+        query_elems,
+        head_dim,
+        round_bf16,
+    );
     let mut dq_acc = Array::<f32>::new(per_query);
     for i in 0..per_query {
-        let e = unit + i * BACKWARD_UNITS;
-        if e < query_elems {
-            let r = e / head_dim;
-            let d = e % head_dim;
-            let at = q_base + min(first_query + r, seq - 1) * head_dim + d;
-            q_tile[r * stride + d] = load::<F>(q[at], round_bf16);
-            do_tile[r * stride + d] = load::<F>(d_out[at], round_bf16);
-        }
         dq_acc[i] = 0.0f32;
     }
     if unit < queries {
@@ -117,16 +121,19 @@ pub(crate) fn attention_backward_q_tiled_kernel<F: Float>(
         // The previous step's reads of the key-side tiles are done (and, on
         // the first step, the query-side tiles written).
         sync_cube();
-        for i in 0..per_key {
-            let e = unit + i * BACKWARD_UNITS;
-            if e < key_elems {
-                let c = e / head_dim;
-                let d = e % head_dim;
-                let at = kv_base + min(first_key + c, seq - 1) * head_dim + d;
-                k_tile[c * stride + d] = load::<F>(k[at], round_bf16);
-                v_tile[c * stride + d] = load::<F>(v[at], round_bf16);
-            }
-        }
+        stage_padded_pair::<F>(
+            k,
+            v,
+            &mut k_tile,
+            &mut v_tile,
+            kv_base,
+            first_key,
+            seq,
+            unit,
+            key_elems,
+            head_dim,
+            round_bf16,
+        );
         sync_cube();
 
         pair_dots(
@@ -149,10 +156,7 @@ pub(crate) fn attention_backward_q_tiled_kernel<F: Float>(
                 let c = e % keys;
                 let query = first_query + r;
                 let key = first_key + c;
-                let mut score = qk[i] * scale;
-                if alibi {
-                    score += alibi_bias(slope, query, key);
-                }
+                let score = pair_score(qk[i], scale, slope, query, key, alibi);
                 let ds = f32::exp(score - lse_tile[r]) * (dp[i] - delta_tile[r]);
                 ds_tile[r * s_stride + c] = select(visible(query, key, seq, causal), ds, 0.0f32);
             }

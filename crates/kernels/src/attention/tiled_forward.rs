@@ -20,10 +20,12 @@ pub const TILE_SIZES: [usize; 2] = [32, 16];
 /// Shared memory of one cube of the tiled forward kernel, in bytes: the
 /// scaled query tile (`tile * head_dim`), one key/value tile (`tile *
 /// (head_dim + 1)`, padded against bank conflicts), the score tile (`tile *
-/// (tile + 1)`) and three f32 values per row (running maximum, running sum,
-/// rescale factor); all f32.
+/// (tile + 1)`), three f32 values per row (running maximum, running sum,
+/// rescale factor) and two per unit (its partial maximum and sum of a
+/// row's softmax); all f32.
 pub(crate) fn tiled_shared_bytes(tile: usize, head_dim: usize) -> usize {
-    let floats = tile * head_dim + tile * (head_dim + 1) + tile * (tile + 1) + 3 * tile;
+    let floats =
+        tile * head_dim + tile * (head_dim + 1) + tile * (tile + 1) + 3 * tile + 2 * TILED_UNITS;
     floats * size_of::<f32>()
 }
 
@@ -35,9 +37,14 @@ pub(crate) fn tiled_shared_bytes(tile: usize, head_dim: usize) -> usize {
 /// 2. the units compute the `tile x tile` scores (each a dot product over
 ///    `head_dim` read from shared memory), add the ALiBi bias and mask
 ///    (causal, keys and rows past `seq`);
-/// 3. the units load the value tile over the key tile while one unit per
-///    row updates that row's running maximum and sum and turns its scores
-///    into probabilities under the new maximum;
+/// 3. the units load the value tile over the key tile while each row's
+///    `128 / tile` units (consecutive units, each `tile^2 / 128` adjacent
+///    keys of the row) take their keys' maximum; after a barrier each
+///    takes the row's new running maximum from the row's partial maxima
+///    (in unit order), turns its scores into probabilities and writes
+///    their sum; the row's first unit updates the running maximum and the
+///    rescale factor, and the running sum after the next barrier, adding
+///    the partial sums in unit order;
 /// 4. each unit rescales its share of the `tile x head_dim` output
 ///    accumulator (kept in registers) and adds the tile's
 ///    probability-weighted values.
@@ -94,6 +101,8 @@ pub(crate) fn attention_forward_tiled_kernel<F: Float>(
     let mut row_max = SharedMemory::<f32>::new(tile);
     let mut row_sum = SharedMemory::<f32>::new(tile);
     let mut row_rescale = SharedMemory::<f32>::new(tile);
+    let mut part_max = SharedMemory::<f32>::new(TILED_UNITS);
+    let mut part_sum = SharedMemory::<f32>::new(TILED_UNITS);
 
     let mut slope = 0.0f32;
     if alibi {
@@ -120,6 +129,15 @@ pub(crate) fn attention_forward_tiled_kernel<F: Float>(
     if causal {
         key_end = min(first_query + tile, seq);
     }
+    // This unit's share of a row's softmax: row `unit / row_units`, keys
+    // `first_col ..` of each tile.
+    let row_units = comptime!(TILED_UNITS / tile);
+    let cols = comptime!(tile / row_units);
+    let row = unit / row_units;
+    let first_unit = row * row_units;
+    let first_col = (unit % row_units) * cols;
+    let row_query = first_query + row;
+    let at = row * s_stride + first_col;
 
     let mut first_key = 0usize;
     while first_key < key_end {
@@ -185,30 +203,47 @@ pub(crate) fn attention_forward_tiled_kernel<F: Float>(
                     load::<F>(v[kv_base + key * head_dim + e % head_dim], round_bf16);
             }
         }
-        if unit < tile {
-            let query = first_query + unit;
-            let old_max = row_max[unit];
-            let mut new_max = old_max;
-            for c in 0..tile {
-                new_max = max(new_max, scores[unit * s_stride + c]);
-            }
-            let rescale = f32::exp(old_max - new_max);
-            let mut sum = row_sum[unit] * rescale;
-            for c in 0..tile {
-                let p = select(
-                    visible(query, first_key + c, seq, causal),
-                    f32::exp(scores[unit * s_stride + c] - new_max),
-                    0.0f32,
-                );
-                scores[unit * s_stride + c] = p;
-                sum += p;
-            }
-            row_max[unit] = new_max;
-            row_sum[unit] = sum;
-            row_rescale[unit] = rescale;
+        let old_max = row_max[row];
+        let mut top = old_max;
+        #[unroll]
+        for c in 0..cols {
+            top = max(top, scores[at + c]);
+        }
+        part_max[unit] = top;
+        sync_cube();
+
+        // Every unit of the row read `row_max` above, before this write.
+        let mut new_max = part_max[first_unit];
+        #[unroll]
+        for i in 1..row_units {
+            new_max = max(new_max, part_max[first_unit + i]);
+        }
+        let mut sum = 0.0f32;
+        #[unroll]
+        for c in 0..cols {
+            let p = select(
+                visible(row_query, first_key + first_col + c, seq, causal),
+                f32::exp(scores[at + c] - new_max),
+                0.0f32,
+            );
+            scores[at + c] = p;
+            sum += p;
+        }
+        part_sum[unit] = sum;
+        if unit == first_unit {
+            row_max[row] = new_max;
+            row_rescale[row] = f32::exp(old_max - new_max);
         }
         sync_cube();
 
+        if unit == first_unit {
+            let mut total = row_sum[row] * row_rescale[row];
+            #[unroll]
+            for i in 0..row_units {
+                total += part_sum[first_unit + i];
+            }
+            row_sum[row] = total;
+        }
         if comptime!(TILED_UNITS.is_multiple_of(head_dim)) {
             // Every accumulator of a unit is in column `unit % head_dim`:
             // each value row is read once for all of them.
@@ -247,7 +282,8 @@ pub(crate) fn attention_forward_tiled_kernel<F: Float>(
         first_key += tile;
     }
 
-    // The last row statistics were written before the loop's last barrier.
+    // The last tile's running sums are written.
+    sync_cube();
     for i in 0..per_unit {
         let e = unit + i * TILED_UNITS;
         if e < tile_elems {
@@ -273,10 +309,12 @@ mod tests {
 
     #[test]
     fn every_unit_scores_one_key_of_each_tile() {
-        // The score loop of the kernel relies on it.
+        // The score loop of the kernel relies on it, and the softmax on
+        // each row's keys splitting evenly over its `128 / tile` units.
         for tile in TILE_SIZES {
             assert!(TILED_UNITS.is_multiple_of(tile), "{tile}");
             assert!((tile * tile).is_multiple_of(TILED_UNITS), "{tile}");
+            assert!(tile.is_multiple_of(TILED_UNITS / tile), "{tile}");
         }
     }
 }

@@ -35,3 +35,22 @@ pub(crate) fn visible(query: usize, key: usize, seq: usize, #[comptime] causal: 
 pub(crate) fn alibi_bias(slope: f32, query: usize, key: usize) -> f32 {
     slope * (f32::cast_from(key as u32) - f32::cast_from(query as u32))
 }
+
+/// The score of pair `(query, key)` from its dot product `qk`: `scale *
+/// qk`, plus the ALiBi bias with `alibi` (unmasked: the kernels mask with
+/// [`visible`]).
+#[cube]
+pub(crate) fn pair_score(
+    qk: f32,
+    scale: f32,
+    slope: f32,
+    query: usize,
+    key: usize,
+    #[comptime] alibi: bool,
+) -> f32 {
+    let mut score = qk * scale;
+    if alibi {
+        score += alibi_bias(slope, query, key);
+    }
+    score
+}

@@ -1,11 +1,11 @@
-//! FlashAttention kernels (the row, the tiled and the cmma forward, the
+//! FlashAttention kernels (the row, the tiled and the fragment forward, the
 //! FlashAttention-2 backward; f32, f16 and bf16 storage) against a naive
 //! host reference, on the wgpu runtime (lavapipe on machines without a
 //! GPU; CUDA with the `test-cuda` feature). Each case runs the row forward
 //! kernel and the one the launcher chooses (the tile boundary cases: the
-//! tiled kernel at every tile size that fits the device, and the cmma
-//! kernel where it runs) and the row and the chosen backward (the tiled
-//! one where it fits) on the output of the kernel the launcher chooses
+//! tiled kernel at every tile size that fits the device, and the fragment
+//! kernel on plain units and on the matrix units where they run) and the
+//! row and the chosen backward (the tiled one where it fits) on the output of the kernel the launcher chooses
 //! (`attention_support::check`); `attention_backward.rs` covers the tiled
 //! backward on its own. The reference's own gradients are checked against
 //! central finite differences first.
@@ -50,24 +50,60 @@ fn f16_and_bf16_kernels_match_reference() {
 }
 
 #[test]
-fn cmma_kernel_matches_reference_where_it_runs() {
-    // The matrix-unit kernel on 16-bit types: query tiles of 64 rows and
-    // key tiles of 64 (one below, at and above, and several), head
-    // dimensions 16 to 128, GQA, causal and not, ALiBi. Runs where the
-    // device has 16x16x16 cmma (tensor cores); lavapipe has none, and the
-    // `test-cuda` build requires it.
+fn fragment_kernel_on_plain_units_matches_reference() {
+    // The fragment forward's tiling, masking, split softmax and 16-bit
+    // rounding of the probabilities, with its products on plain units (the
+    // form that runs here): f16 operands, where the runtime has f16, at
+    // the largest tiles that fit (several key steps, a ragged last one),
+    // GQA, causal and not, ALiBi. The f32 form runs in the tile-boundary
+    // cases (`forward_kernels`).
+    assert!(
+        FloatDtype::F16.is_supported(&client()),
+        "this runtime has no f16: the fragment forward's 16-bit test cannot run here \
+         (Mesa's lavapipe 25 has it)"
+    );
+    let plain = |client: &ComputeClient<R>, head_dim: usize, _: FloatDtype| {
+        let max_shared = client.properties().hardware.max_shared_memory_size;
+        vec![AttentionKernel::fragment_for(max_shared, head_dim, false)
+            .expect("the fragment forward fits this device")]
+    };
+    let cases = [
+        case(1, 4, 2, 63, 64, true, true),
+        case(2, 4, 4, 65, 32, false, true),
+        case(1, 6, 3, 100, 64, true, false),
+    ];
+    for (seed, c) in cases.into_iter().enumerate() {
+        check_case_with(
+            FloatDtype::F16,
+            c,
+            600 + seed as u64,
+            plain,
+            chosen_backward,
+        );
+    }
+}
+
+#[test]
+fn fragment_kernel_on_matrix_units_matches_reference_where_they_run() {
+    // The fragment forward on the matrix units on 16-bit types: query
+    // tiles of 64 rows and key tiles of 64 (one below, at and above, and
+    // several), head dimensions 16 to 128, GQA, causal and not, ALiBi.
+    // Runs where the device has 16x16x16 cmma (tensor cores); lavapipe has
+    // none, and the `test-cuda` build requires it.
     let client = client();
     let dtypes: Vec<FloatDtype> = [FloatDtype::Bf16, FloatDtype::F16, FloatDtype::Bf16InF32]
         .into_iter()
-        .filter(|&d| d.is_supported(&client) && AttentionKernel::cmma_runs(&client, 64, d))
+        .filter(|&d| {
+            d.is_supported(&client) && AttentionKernel::on_matrix_units(&client, 64, d).is_some()
+        })
         .collect();
     if dtypes.is_empty() {
         if cfg!(feature = "test-cuda") {
-            panic!("the cmma attention kernel does not run on this CUDA device");
+            panic!("the fragment forward does not run on this CUDA device's matrix units");
         }
         eprintln!(
-            "NOT RUN: the cmma attention kernel (this device has no 16x16x16 cmma for f16/bf16 \
-             with 32-unit planes; it runs in the test-cuda build on an NVIDIA GPU)"
+            "NOT RUN: the fragment forward on matrix units (this device has no 16x16x16 cmma \
+             for f16/bf16 with 32-unit planes; it runs in the test-cuda build on an NVIDIA GPU)"
         );
         return;
     }
@@ -79,11 +115,13 @@ fn cmma_kernel_matches_reference_where_it_runs() {
         case(1, 2, 2, 130, 16, false, false),
         case(1, 8, 2, 257, 128, true, true),
     ];
+    let on_matrix_units = |client: &ComputeClient<R>, head_dim: usize, dtype: FloatDtype| {
+        vec![AttentionKernel::on_matrix_units(client, head_dim, dtype)
+            .expect("the matrix units run this head dimension")]
+    };
     for dtype in dtypes {
         for (seed, c) in cases.into_iter().enumerate() {
-            let only_cmma =
-                |_: &ComputeClient<R>, _: usize, _: FloatDtype| vec![AttentionKernel::Cmma];
-            check_case_as(dtype, c, 700 + seed as u64, only_cmma);
+            check_case_as(dtype, c, 700 + seed as u64, on_matrix_units);
         }
     }
 }
@@ -400,20 +438,22 @@ fn launchers_reject_bad_shapes_and_buffers() {
             AttentionError::UnsupportedTile { tile }
         );
     }
+    let on_matrix_units = AttentionKernel::Fragment {
+        planes: 1,
+        keys: 16,
+        matrix_units: true,
+    };
     assert_eq!(
         attention_forward_with(
             &client,
-            AttentionKernel::Cmma,
+            on_matrix_units,
             FloatDtype::F32,
             s,
             options,
             inputs
         )
         .unwrap_err(),
-        AttentionError::CmmaUnsupported {
-            head_dim: 64,
-            dtype: "f32"
-        }
+        AttentionError::MatrixUnitsUnsupported { dtype: "f32" }
     );
     let slopes = upload(&client, &[0.5; 3]);
     let short_slopes = AttentionInputs {
@@ -430,8 +470,8 @@ fn launchers_reject_bad_shapes_and_buffers() {
 }
 
 /// `AttentionOptions::matrix_units` (`backend.attention_kernel =
-/// matrix-units`) asks for the cmma forward and the fragment backward on
-/// the matrix units: the launchers take them exactly where the device runs
+/// matrix-units`) asks for the fragment forward and backward on the
+/// matrix units: the launchers take them exactly where the device runs
 /// them for the type and head dimension (never in f32; on CUDA in 16 bits),
 /// and the kernels `choose` picks elsewhere and when not asked.
 #[test]
@@ -457,15 +497,10 @@ fn matrix_units_are_taken_where_they_run_when_asked_for() {
                 plain_bwd
             );
             let fwd = AttentionKernel::for_call(&client, head_dim, dtype, ask);
-            let cmma = AttentionKernel::cmma_runs(&client, head_dim, dtype);
-            assert_eq!(
-                fwd,
-                if cmma {
-                    AttentionKernel::Cmma
-                } else {
-                    plain_fwd
-                }
-            );
+            let on_matrix_units = AttentionKernel::matrix_units_run(&client, dtype)
+                .then(|| AttentionKernel::fragment_for(max_shared, head_dim, true))
+                .flatten();
+            assert_eq!(fwd, on_matrix_units.unwrap_or(plain_fwd));
             let fragment = AttentionBackwardKernel::matrix_units_run(&client, dtype)
                 .then(|| AttentionBackwardKernel::fragment_for(max_shared, head_dim, true))
                 .flatten();

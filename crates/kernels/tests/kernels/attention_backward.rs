@@ -18,7 +18,7 @@ use crate::common;
 use attention_support::check::{case, check_case_with, chosen_backward, chosen_forward};
 use common::{client, upload, R};
 use cubecl::prelude::*;
-use ferrotron_kernels::attention::FRAGMENT_BACKWARD_TILES;
+use ferrotron_kernels::attention::FRAGMENT_TILES;
 use ferrotron_kernels::attention::{
     attention_backward_with, AttentionBackwardKernel, AttentionError, AttentionInputs,
     AttentionOptions, AttentionShape, BACKWARD_TILES,
@@ -192,13 +192,13 @@ fn fragment_on_plain_units(
 }
 
 /// The fragment backward on the matrix units at every tile pair of
-/// [`FRAGMENT_BACKWARD_TILES`] whose shared memory fits the device.
+/// [`FRAGMENT_TILES`] whose shared memory fits the device.
 fn fragment_on_matrix_units(
     client: &ComputeClient<R>,
     head_dim: usize,
 ) -> Vec<AttentionBackwardKernel> {
     let max_shared = client.properties().hardware.max_shared_memory_size;
-    FRAGMENT_BACKWARD_TILES
+    FRAGMENT_TILES
         .into_iter()
         .map(|(planes, inner)| AttentionBackwardKernel::Fragment {
             planes,
@@ -326,7 +326,7 @@ fn the_backward_launcher_refuses_fragments_it_cannot_run() {
     // blocks.
     assert_eq!(
         run(fragment(3, false), s).unwrap_err(),
-        AttentionError::UnsupportedFragmentBackward {
+        AttentionError::UnsupportedFragment {
             outer: 48,
             inner: 16,
             head_dim: 64
@@ -335,7 +335,7 @@ fn the_backward_launcher_refuses_fragments_it_cannot_run() {
     let narrow = AttentionShape { head_dim: 24, ..s };
     assert_eq!(
         run(fragment(1, false), narrow).unwrap_err(),
-        AttentionError::UnsupportedFragmentBackward {
+        AttentionError::UnsupportedFragment {
             outer: 16,
             inner: 16,
             head_dim: 24

@@ -97,8 +97,9 @@ pub fn chosen_forward(
 
 /// The forward kernels the tests check on `client`'s device for
 /// `head_dim` and `dtype`: the row kernel, the tiled kernel at every tile
-/// size whose shared memory fits the device, and the cmma kernel where it
-/// runs.
+/// size whose shared memory fits the device, the fragment kernel on plain
+/// units at the largest tiles that fit, and on the matrix units where they
+/// run.
 pub fn forward_kernels(
     client: &ComputeClient<R>,
     head_dim: usize,
@@ -109,10 +110,12 @@ pub fn forward_kernels(
         .into_iter()
         .map(|tile| AttentionKernel::Tiled { tile })
         .filter(|kernel| kernel.shared_bytes(head_dim) <= max_shared);
-    let cmma = AttentionKernel::cmma_runs(client, head_dim, dtype).then_some(AttentionKernel::Cmma);
+    let plain = AttentionKernel::fragment_for(max_shared, head_dim, false);
+    let matrix_units = AttentionKernel::on_matrix_units(client, head_dim, dtype);
     std::iter::once(AttentionKernel::Row)
         .chain(tiled)
-        .chain(cmma)
+        .chain(plain)
+        .chain(matrix_units)
         .collect()
 }
 
@@ -131,14 +134,17 @@ pub fn row_and_chosen(
 }
 
 /// Tolerance of `kernel`'s output stored as `dtype`: `stored_tol`, plus
-/// for the cmma kernel one unit roundoff of the 16-bit type, because it
-/// rounds the probabilities to it before the second product (each output
+/// for the fragment kernel on a 16-bit type one unit roundoff of it,
+/// because it rounds the probabilities to it before the second product
+/// (each output
 /// `sum_j p_j v_j / l` moves by at most `u sum_j p_j |v_j| / l <= u max
 /// |v|`, and the tests' values have `max |v|` near the outputs' largest
 /// magnitude).
 pub fn output_tolerance(kernel: AttentionKernel, dtype: FloatDtype, stored_tol: f64) -> f64 {
     match kernel {
-        AttentionKernel::Cmma => stored_tol + dtype.unit_roundoff(),
+        AttentionKernel::Fragment { .. } if dtype != FloatDtype::F32 => {
+            stored_tol + dtype.unit_roundoff()
+        }
         _ => stored_tol,
     }
 }
