@@ -31,12 +31,14 @@
 #            step of the first shape and precision under Nsight Compute
 #            (phase profile-SHAPE-PRECISION, PROFILE_TIMEOUT=180 seconds:
 #            GPU time per kernel, the CSV rows in
-#            step/profile-SHAPE-PRECISION.csv), where ncu is on the PATH.
+#            step/profile-SHAPE-PRECISION.csv), in 16 bits also with
+#            --attention-kernel matrix-units (profile-SHAPE-PRECISION-mu),
+#            where ncu is on the PATH.
 #   kernels  `bench kernels` attention at head dim 128, seq 1024-8192: the
 #            row and tiled kernels (attention, attention_tiled), then the
-#            cmma forward with the fragment backward on the matrix units
+#            fragment forward and backward on the matrix units
 #            (attention_cmma_bf16); then
-#            compute-sanitizer memcheck and racecheck on a cmma run (fused
+#            compute-sanitizer memcheck and racecheck on that run (fused
 #            forward + backward and the reference) at seq 1024 and 2048,
 #            where compute-sanitizer is on the PATH: only the attention
 #            kernels where it has --kernel-name, racecheck's hazard table
@@ -85,9 +87,9 @@
 # DEVICE_TYPE (default h100-80gb) names the GPU for bench train's MFU.
 #
 # KERNEL_TESTS (space-separated substrings of test names) runs only the
-# kernel tests it names, e.g. 'matrix_units cmma' for the ones that take
+# kernel tests it names, e.g. 'matrix_units' for the ones that take
 # another path on a GPU than on lavapipe (NVRTC takes about a minute per
-# cmma kernel).
+# kernel on the matrix units).
 #
 # --seed-cache TGZ unpacks the CubeCL caches a previous lease brought back
 # (gpu-check-GROUP-cubecl.tar.gz) into OUT_DIR first: its autotune results

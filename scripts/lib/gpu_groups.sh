@@ -74,7 +74,7 @@ group_step() {
             # shellcheck disable=SC2086 # $s and $steps are lists of flags
             run_phase "ferrotron-$i-$p" "${STEP_TIMEOUT:-240}" "$F" bench train $s --precision "$p" \
                 --backends "$backend" $steps "${peak[@]}" --json "$GROUP_DIR/ferrotron-$i-$p.json"
-            # 16 bits again with the attention on the matrix units (cmma forward, fragment backward).
+            # 16 bits again with the attention on the matrix units (the fragment forward and backward).
             if [ "$p" != fp32 ] && [ "$device" = cpu ]; then
                 skip_phase "ferrotron-$i-$p-mu" "--attention-kernel matrix-units needs fused kernels on a GPU"
             elif [ "$p" != fp32 ]; then
@@ -96,28 +96,42 @@ group_step() {
     done
     # One step of the first shape in the first precision under Nsight
     # Compute (after its runs filled the caches): GPU time per kernel, the
-    # CSV rows in GROUP_DIR/profile-SHAPE-PRECISION.csv.
+    # CSV rows in GROUP_DIR/profile-SHAPE-PRECISION.csv; in 16 bits the
+    # same again with the attention on the matrix units
+    # (profile-SHAPE-PRECISION-mu).
     read -r i _ <<<"${SHAPES:-c d a b}"
     read -r p _ <<<"${PRECISIONS:-bf16 fp32}"
-    local name="profile-$i-$p"
+    s="shape_$i"
+    s="${!s}"
+    # shellcheck disable=SC2086 # $s is a list of flags
+    profile_phase "profile-$i-$p" $s --precision "$p"
+    if [ "$p" != fp32 ]; then
+        # shellcheck disable=SC2086
+        profile_phase "profile-$i-$p-mu" $s --precision "$p" --attention-kernel matrix-units
+    fi
+}
+
+# Phase $1: one step of `bench train` with the flags after it under Nsight
+# Compute, after the phases that filled the caches: GPU time per kernel,
+# the CSV rows in GROUP_DIR/$1.csv.
+profile_phase() {
+    local name=$1
+    shift
     if [ "$device" = cpu ]; then
         skip_phase "$name" "the dry run has no GPU to profile"
     elif ! command -v ncu >/dev/null; then
         skip_phase "$name" "ncu (Nsight Compute) is not on the PATH"
     else
-        s="shape_$i"
-        s="${!s}"
-        # shellcheck disable=SC2086 # $s is a list of flags
         run_phase "$name" "${PROFILE_TIMEOUT:-180}" ncu --metrics gpu__time_duration.sum \
-            --clock-control none --print-summary per-kernel --csv "$F" bench train $s \
-            --precision "$p" --backends "$backend" --warmup 0 --steps 1 "${peak[@]}"
+            --clock-control none --print-summary per-kernel --csv "$F" bench train "$@" \
+            --backends "$backend" --warmup 0 --steps 1 "${peak[@]}"
         [ -f "$GROUP_DIR/$name.log" ] &&
             sed -n 's/^[0-9:]* \("\)/\1/p' "$GROUP_DIR/$name.log" >"$GROUP_DIR/$name.csv"
     fi
 }
 
 # bench kernels attention at head dim 128 (seq 8192 apart: a failure there
-# keeps the shorter ones), then compute-sanitizer on the cmma kernel.
+# keeps the shorter ones), then compute-sanitizer on the matrix-unit kernels.
 group_kernels() {
     # A refused --head-dim ends at once, compiled in or not; only a build
     # without the feature says "not compiled in".

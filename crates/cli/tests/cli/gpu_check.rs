@@ -74,6 +74,7 @@ fn expected_phases() -> Vec<(String, &'static str)> {
     }
     // Nsight Compute needs a GPU.
     p.push(("profile-c-bf16".into(), "skipped"));
+    p.push(("profile-c-bf16-mu".into(), "skipped"));
     if cfg!(feature = "kernels-bench") {
         for name in [
             "kernels-attention",
@@ -269,7 +270,8 @@ fn a_short_lease_runs_only_the_phases_it_names() {
             "ferrotron-c-bf16",
             "ferrotron-c-bf16-mu",
             "torch-c-bf16",
-            "profile-c-bf16"
+            "profile-c-bf16",
+            "profile-c-bf16-mu"
         ],
         "{stdout}"
     );
