@@ -13,6 +13,7 @@ mod column_sums;
 pub mod cross_entropy;
 pub mod dtype;
 mod elementwise;
+pub mod embedding;
 pub mod gelu;
 pub mod kernel_cache;
 pub mod norm;

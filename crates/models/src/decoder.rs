@@ -474,7 +474,7 @@ impl<B: KernelBackend> Decoder<B> {
         );
         let flat = tokens.reshape([b * t]);
         let rows = if self.tp.size() == 1 {
-            self.embed.val().select(0, flat)
+            self.ops.embedding(self.embed.val(), flat)
         } else {
             embedding_part(self.embed.val(), flat, &self.vocab)
         };

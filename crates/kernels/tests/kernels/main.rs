@@ -11,6 +11,7 @@ mod attention;
 mod attention_backward;
 mod bias;
 mod cross_entropy;
+mod embedding;
 mod gelu;
 mod norm;
 mod rope;

@@ -67,6 +67,10 @@ impl<B: FusedKernels, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
         super::bias::cube::node::<B, C>(y, bias)
     }
 
+    fn fused_embedding(table: FloatTensor<Self>, ids: IntTensor<Self>) -> FloatTensor<Self> {
+        super::embedding::cube::node::<B, C>(table, ids)
+    }
+
     fn fused_gelu_tanh(x: FloatTensor<Self>) -> FloatTensor<Self> {
         super::gelu::cube::node::<B, C>(x)
     }

@@ -9,7 +9,7 @@ use ferrotron_engine::precision::Precision;
 
 use super::attention::AttentionImpl;
 use super::fused::KernelBackend;
-use super::{bias, gelu, layer_norm, resolve_kernels};
+use super::{bias, embedding, gelu, layer_norm, resolve_kernels};
 use super::{rms_norm, swiglu};
 
 use crate::config::{ConfigError, DecoderConfig, Kernels};
@@ -87,6 +87,7 @@ pub struct OpsChoice {
     swiglu: OpImpl,
     gelu: OpImpl,
     bias: OpImpl,
+    embedding: OpImpl,
     cross_entropy: OpImpl,
     head_loss: HeadLoss,
 }
@@ -104,6 +105,7 @@ impl From<Kernels> for OpsChoice {
             swiglu: op,
             gelu: op,
             bias: op,
+            embedding: op,
             cross_entropy: op,
             head_loss: HeadLoss::Logits,
         }
@@ -120,7 +122,8 @@ impl OpsChoice {
     ///
     /// - [`OpImpl::Fused`] for attention (on the matrix units when
     ///   `config.attention_matrix_units`), RoPE, the norms, GELU, SwiGLU,
-    ///   the linear layers' bias add and the logits' cross-entropy where
+    ///   the linear layers' bias add, the embedding's gradient and the
+    ///   logits' cross-entropy where
     ///   [`resolve_kernels`] gives
     ///   [`Kernels::Fused`] (the CubeCL backends), and the head and loss
     ///   chunked in every precision;
@@ -162,6 +165,7 @@ impl OpsChoice {
             swiglu: elementwise,
             gelu: elementwise,
             bias: by_kernels,
+            embedding: by_kernels,
             cross_entropy: by_kernels,
             head_loss: HeadLoss::choose(config, kernels, B::has_fused_kernels()),
         })
@@ -215,6 +219,11 @@ impl OpsChoice {
         self.bias
     }
 
+    /// The token embedding lookup ([`OpsChoice::embedding`]).
+    pub fn embedding_impl(&self) -> OpImpl {
+        self.embedding
+    }
+
     /// The cross-entropy of whole logits ([`super::cross_entropy`]: the
     /// head's [`HeadLoss::Logits`] and evaluation).
     pub fn cross_entropy_impl(&self) -> OpImpl {
@@ -264,6 +273,16 @@ impl OpsChoice {
     /// linear layer's bias `[n]` (f32), in `y`'s dtype (see `ops/bias/`).
     pub fn bias_add<B: KernelBackend>(&self, y: Tensor<B, 2>, bias: Tensor<B, 1>) -> Tensor<B, 2> {
         bias::bias_add(self.bias, y, bias)
+    }
+
+    /// The rows `ids` `[tokens]` of the embedding `table` `[vocab, dim]`,
+    /// in the table's dtype (see `ops/embedding/`).
+    pub fn embedding<B: KernelBackend>(
+        &self,
+        table: Tensor<B, 2>,
+        ids: Tensor<B, 1, Int>,
+    ) -> Tensor<B, 2> {
+        embedding::embedding(self.embedding, table, ids)
     }
 
     /// `silu(gate) * up` of `[batch, seq, n]` tensors (see

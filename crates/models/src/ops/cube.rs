@@ -167,6 +167,15 @@ impl<R: CubeRuntime, BT: BoolElement> FusedKernels for Cube<R, BT> {
         super::bias::cube::grad(d_y, dtype)
     }
 
+    fn embedding_grad(
+        d_rows: FloatTensor<Self>,
+        ids: IntTensor<Self>,
+        vocab: usize,
+        dtype: DType,
+    ) -> FloatTensor<Self> {
+        super::embedding::cube::grad(d_rows, ids, vocab, dtype)
+    }
+
     fn gelu_tanh_forward(x: FloatTensor<Self>) -> FloatTensor<Self> {
         super::gelu::cube::forward(x)
     }

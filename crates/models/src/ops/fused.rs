@@ -61,6 +61,17 @@ pub trait FusedKernels: KernelBackend {
     /// summed over the rows in f32, returned in `dtype` (the bias's).
     fn bias_grad(d_y: FloatTensor<Self>, dtype: DType) -> FloatTensor<Self>;
 
+    /// The gradient of an embedding table `[vocab, dim]` for the gradient
+    /// `d_rows` `[tokens, dim]` of its rows `ids` `[tokens]`: each row of
+    /// `d_rows` added to its id's row in f32, every element summed over its
+    /// tokens in token order; returned in `dtype` (the table's).
+    fn embedding_grad(
+        d_rows: FloatTensor<Self>,
+        ids: IntTensor<Self>,
+        vocab: usize,
+        dtype: DType,
+    ) -> FloatTensor<Self>;
+
     /// GELU-tanh ([`super::gelu_tanh_reference`]), elementwise over any
     /// shape.
     fn gelu_tanh_forward(x: FloatTensor<Self>) -> FloatTensor<Self>;
@@ -358,6 +369,12 @@ pub trait KernelBackend: Backend + TpOps + CpOps {
 
     /// Fused bias add (see [`FusedKernels::bias_add`]).
     fn fused_bias_add(_y: FloatTensor<Self>, _bias: FloatTensor<Self>) -> FloatTensor<Self> {
+        no_fused_kernels::<Self>()
+    }
+
+    /// The rows `ids` `[tokens]` of `table` `[vocab, dim]` with the fused
+    /// gradient (see [`FusedKernels::embedding_grad`]).
+    fn fused_embedding(_table: FloatTensor<Self>, _ids: IntTensor<Self>) -> FloatTensor<Self> {
         no_fused_kernels::<Self>()
     }
 

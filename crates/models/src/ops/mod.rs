@@ -21,7 +21,7 @@
 //! `layers::position` builds from the same choice.
 //!
 //! Every operation keeps its implementations in its own folder
-//! (`attention/`, `swiglu/`, `norm/`, `rope/`, `gelu/`, `bias/`,
+//! (`attention/`, `swiglu/`, `norm/`, `rope/`, `gelu/`, `bias/`, `embedding/`,
 //! `cross_entropy/`, `linear_cross_entropy/`: the dispatch in `mod.rs`, `reference.rs`,
 //! `cube.rs` with the kernel launches and autodiff node, `cpu.rs` with
 //! flex's node and `cpu_kernel.rs` with its host-buffer kernel; attention
@@ -61,6 +61,7 @@ mod choice;
 mod cpu;
 mod cross_entropy;
 mod cube;
+mod embedding;
 mod fused;
 mod gelu;
 mod linear_cross_entropy;

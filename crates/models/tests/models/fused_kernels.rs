@@ -324,9 +324,11 @@ fn the_default_is_fused_on_cubecl_and_reference_on_the_cpu() {
     assert_eq!(gpu.ops().head_loss(), HeadLoss::Chunked);
     assert_eq!(gpu.ops().gelu_impl(), OpImpl::Fused);
     assert_eq!(gpu.ops().bias_impl(), OpImpl::Fused);
+    assert_eq!(gpu.ops().embedding_impl(), OpImpl::Fused);
     let cpu = Decoder::<Cpu>::new(&config, 0, &Default::default()).unwrap();
     assert_eq!(cpu.kernels(), Kernels::Reference);
     assert_eq!(cpu.ops().bias_impl(), OpImpl::Reference);
+    assert_eq!(cpu.ops().embedding_impl(), OpImpl::Reference);
     let reference =
         Decoder::<Gpu>::new(&tiny("gpt-mini", Kernels::Reference), 0, &default_device());
     assert_eq!(reference.unwrap().ops().head_loss(), HeadLoss::Logits);
