@@ -15,7 +15,8 @@ fn config(kernels: Option<Kernels>, precision: Precision) -> DecoderConfig {
 }
 
 /// Every operation `elementwise` (the norms, GELU, SwiGLU, RoPE), attention
-/// `attention`, cross-entropy and the bias add `by_kernels`.
+/// `attention`, cross-entropy, the bias add and the embedding
+/// `by_kernels`.
 fn expect(
     kernels: Kernels,
     [attention, elementwise, by_kernels]: [OpImpl; 3],
@@ -30,6 +31,7 @@ fn expect(
         swiglu: elementwise,
         gelu: elementwise,
         bias: by_kernels,
+        embedding: by_kernels,
         cross_entropy: by_kernels,
         head_loss,
     }
