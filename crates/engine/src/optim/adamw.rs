@@ -246,7 +246,7 @@ impl<B: Backend> AdamW<B> {
             return p;
         }
         #[cfg(feature = "flex")]
-        if super::adamw_host::applies([&p, &g, &state.m, &state.v]) {
+        if f32s && super::adamw_host::on_flex::<B>() {
             let coefficients = self.coefficients(lr, decay);
             let [p, m, v] = super::adamw_host::update(p, g, (state.m, state.v), coefficients);
             self.moments.insert(id, Moments { m, v });

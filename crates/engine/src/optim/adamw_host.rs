@@ -18,7 +18,7 @@ use burn::backend::Flex;
 #[cfg(feature = "flex")]
 use burn::tensor::backend::Backend;
 #[cfg(feature = "flex")]
-use burn::tensor::{DType, Tensor, TensorPrimitive};
+use burn::tensor::{Tensor, TensorPrimitive};
 use rayon::prelude::*;
 
 /// Elements one rayon task updates (256 KiB of each of the four f32
@@ -44,16 +44,15 @@ pub struct AdamWCoefficients {
     pub decay: Option<f64>,
 }
 
-/// Whether the host update runs for these tensors: backend `B` is flex and
-/// all four are f32.
+/// Whether backend `B` is flex, whose f32 tensors the host update takes.
 #[cfg(feature = "flex")]
-pub(super) fn applies<B: Backend>(tensors: [&Tensor<B, 1>; 4]) -> bool {
-    TypeId::of::<B>() == TypeId::of::<Flex>() && tensors.iter().all(|t| t.dtype() == DType::F32)
+pub(super) fn on_flex<B: Backend>() -> bool {
+    TypeId::of::<B>() == TypeId::of::<Flex>()
 }
 
 /// `t` as the flex tensor it is, its buffer exactly its elements in order.
 ///
-/// Panics unless `B` is flex (see [`applies`]).
+/// Panics unless `B` is flex (see [`on_flex`]).
 #[cfg(feature = "flex")]
 fn host<B: Backend>(t: Tensor<B, 1>) -> FlexTensor {
     let p: Box<dyn Any> = Box::new(t.into_primitive().tensor());
@@ -151,7 +150,7 @@ pub(super) fn update_slices(
 /// g^2`, `p = p (1 - lr wd) - lr / (1 - beta1^t) * m / (sqrt(v) /
 /// sqrt(1 - beta2^t) + eps)`.
 ///
-/// Panics unless [`applies`] holds.
+/// Panics unless `B` is flex ([`on_flex`]) and all four tensors are f32.
 #[cfg(feature = "flex")]
 pub(super) fn update<B: Backend>(
     p: Tensor<B, 1>,
