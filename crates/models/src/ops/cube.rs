@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
 use burn::tensor::{DType, Shape, TensorMetadata};
 use burn_cubecl::cubecl::server::Handle;
 use burn_cubecl::element::BoolElement;
@@ -307,6 +307,11 @@ impl<R: CubeRuntime, BT: BoolElement> KernelBackend for Cube<R, BT> {
 
     fn fused_bias_add(y: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self> {
         Self::bias_add(y, bias)
+    }
+
+    /// The lookup alone: without autodiff there is no gradient to fuse.
+    fn fused_embedding(table: FloatTensor<Self>, ids: IntTensor<Self>) -> FloatTensor<Self> {
+        Self::float_select(table, 0, ids)
     }
 
     fn fused_gelu_tanh(x: FloatTensor<Self>) -> FloatTensor<Self> {

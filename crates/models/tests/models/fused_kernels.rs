@@ -304,6 +304,21 @@ fn fused_cross_entropy_ignores_negative_targets_like_the_reference() {
 }
 
 #[test]
+fn fused_forward_without_autodiff_equals_the_autodiff_forward() {
+    // Validation and sampling run the model on the inner backend, where
+    // each fused op is its forward alone (no graph node).
+    type Inner = CubeBackend<WgpuRuntime, f32, i32, u32>;
+    let gpu = default_device();
+    let config = tiny("gpt-mini", Kernels::Fused);
+    let [inputs, _] = tokens::<Gpu>(config.vocab_size, &gpu);
+    let tracked = Decoder::<Gpu>::new(&config, 7, &gpu).unwrap();
+    let want = host(tracked.forward(inputs.clone()).detach());
+    let inner = Decoder::<Inner>::new(&config, 7, &gpu).unwrap();
+    let got = host(inner.forward(inputs.inner()));
+    assert_eq!(got, want);
+}
+
+#[test]
 fn fused_kernels_are_refused_on_a_cpu_backend() {
     let err =
         Decoder::<Cpu>::new(&tiny("gpt-mini", Kernels::Fused), 0, &Default::default()).unwrap_err();
