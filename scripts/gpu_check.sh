@@ -37,7 +37,8 @@
 #   kernels  `bench kernels` attention at head dim 128, seq 1024-8192: the
 #            row and tiled kernels (attention, attention_tiled), then the
 #            fragment forward and backward on the matrix units
-#            (attention_cmma_bf16); then
+#            (attention_cmma_bf16), then the register forward on the mma
+#            instruction with that backward (attention_mma_bf16); then
 #            compute-sanitizer memcheck and racecheck on that run (fused
 #            forward + backward and the reference) at seq 1024 and 2048,
 #            where compute-sanitizer is on the PATH: only the attention

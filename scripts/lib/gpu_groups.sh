@@ -152,6 +152,8 @@ group_kernels() {
         --json "$GROUP_DIR/kernels-attention-8192.json"
     run_phase kernels-cmma 150 "$F" "${k[@]}" "${all[@]}" --only attention_cmma_bf16 \
         --json "$GROUP_DIR/kernels-cmma.json"
+    run_phase kernels-mma 150 "$F" "${k[@]}" "${all[@]}" --only attention_mma_bf16 \
+        --json "$GROUP_DIR/kernels-mma.json"
     if [ "$DRY" = 1 ]; then
         # A CubeCL runtime reads cubecl.toml: its compilation log shows it.
         if [ "${DRY_WGPU:-0}" = 1 ]; then

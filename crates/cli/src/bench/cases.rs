@@ -69,11 +69,18 @@ pub enum AttentionPath {
     /// bf16: inputs, outputs and gradients bf16 (the
     /// kernels run 16-bit types only).
     CmmaBf16,
+    /// The register forward on the `mma` instruction (tensor cores) and
+    /// the fragment backward on matrix units, bf16 as [`Self::CmmaBf16`].
+    MmaBf16,
 }
 
-/// Name of the rows of the attention on the matrix units, and the `--only` value that
-/// adds them to the sweep.
+/// Name of the rows of the fragment attention on the matrix units, and the
+/// `--only` value that adds them to the sweep.
 pub const CMMA_KERNEL: &str = "attention_cmma_bf16";
+
+/// Name of the rows of the register forward on the `mma` instruction, and
+/// the `--only` value that adds them to the sweep.
+pub const MMA_KERNEL: &str = "attention_mma_bf16";
 
 /// Norm epsilon of both paths.
 pub const NORM_EPS: f32 = 1e-5;
@@ -90,6 +97,7 @@ impl Case {
                 AttentionPath::Row => "attention",
                 AttentionPath::Tiled => "attention_tiled",
                 AttentionPath::CmmaBf16 => CMMA_KERNEL,
+                AttentionPath::MmaBf16 => MMA_KERNEL,
             },
             Case::Swiglu { .. } => "swiglu",
             Case::Norm { layer: false, .. } => "rms_norm",
@@ -202,8 +210,9 @@ impl fmt::Display for Case {
     }
 }
 
-/// The sweep: attention (the row and the tiled kernel, and with `cmma`
-/// the fragment kernels on the matrix units too) at every sequence length from `min_seq` to
+/// The sweep: attention (the row and the tiled kernel, and with
+/// `matrix_units` the fragment kernels and the register forward on the
+/// matrix units too) at every sequence length from `min_seq` to
 /// `max_seq`, then one shape of each other op; attention and RoPE with
 /// `head_dim` values per head; `quick` shrinks everything to a smoke test
 /// (attention at 64 and 128 tokens, whatever the bounds).
@@ -212,7 +221,7 @@ pub fn sweep(
     min_seq: usize,
     max_seq: usize,
     head_dim: usize,
-    cmma: bool,
+    matrix_units: bool,
 ) -> Vec<Case> {
     let (batch, heads) = if quick { (1, 2) } else { (4, 8) };
     let seqs: &[usize] = if quick { &[64, 128] } else { &ATTENTION_SEQS };
@@ -224,9 +233,12 @@ pub fn sweep(
                 AttentionPath::Row,
                 AttentionPath::Tiled,
                 AttentionPath::CmmaBf16,
+                AttentionPath::MmaBf16,
             ]
             .into_iter()
-            .filter(move |&forward| cmma || forward != AttentionPath::CmmaBf16)
+            .filter(move |&forward| {
+                matrix_units || matches!(forward, AttentionPath::Row | AttentionPath::Tiled)
+            })
             .map(move |forward| Case::Attention {
                 batch,
                 heads,

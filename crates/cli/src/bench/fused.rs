@@ -115,8 +115,9 @@ fn ones<R: Runtime>(client: &ComputeClient<R>, n: usize) -> Handle {
 /// forward (f32) at the largest tile that fits the device with the
 /// backward the launcher chooses (tiled where it fits); the fragment
 /// forward (bf16) and backward on the matrix units, each at the largest
-/// tiles that fit, else the backward the launcher chooses. `None` when the
-/// device cannot run the forward.
+/// tiles that fit, else the backward the launcher chooses; the register
+/// forward on the `mma` instruction (bf16) with that backward. `None` when
+/// the device cannot run the forward.
 pub fn attention_kernels<R: Runtime>(
     client: &ComputeClient<R>,
     head_dim: usize,
@@ -142,6 +143,16 @@ pub fn attention_kernels<R: Runtime>(
                 (forward, backward, FloatDtype::Bf16)
             })
         }
+        AttentionPath::MmaBf16 => AttentionKernel::mma_runs(client, FloatDtype::Bf16)
+            .then(|| AttentionKernel::registers_for(max_shared, head_dim, true))
+            .flatten()
+            .map(|forward| {
+                let backward = AttentionBackwardKernel::matrix_units_run(client, FloatDtype::Bf16)
+                    .then(|| AttentionBackwardKernel::fragment_for(max_shared, head_dim, true))
+                    .flatten()
+                    .unwrap_or(chosen_backward);
+                (forward, backward, FloatDtype::Bf16)
+            }),
     }
 }
 

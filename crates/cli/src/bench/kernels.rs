@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{ensure, Result};
 use ferrotron_kernels::attention::MAX_HEAD_DIM;
 
-use super::cases::{sweep, Case, CMMA_KERNEL};
+use super::cases::{sweep, Case, CMMA_KERNEL, MMA_KERNEL};
 use super::report::{self, Measured, Row};
 use super::target;
 use crate::args::KernelsBenchArgs;
@@ -38,19 +38,25 @@ pub fn run(args: KernelsBenchArgs) -> Result<()> {
     }
     // The matrix-unit kernels only when asked for by name (README, "Kernels on a
     // GPU": a sweep stalled after it on an H100).
-    let cmma = args.only.as_deref() == Some(CMMA_KERNEL);
-    let cases: Vec<Case> = sweep(args.quick, args.min_seq, args.max_seq, args.head_dim, cmma)
-        .into_iter()
-        .filter(|c| {
-            args.only
-                .as_deref()
-                .is_none_or(|k| k == c.kernel() || k == c.op())
-        })
-        .collect();
+    let matrix_units = matches!(args.only.as_deref(), Some(CMMA_KERNEL | MMA_KERNEL));
+    let cases: Vec<Case> = sweep(
+        args.quick,
+        args.min_seq,
+        args.max_seq,
+        args.head_dim,
+        matrix_units,
+    )
+    .into_iter()
+    .filter(|c| {
+        args.only
+            .as_deref()
+            .is_none_or(|k| k == c.kernel() || k == c.op())
+    })
+    .collect();
     ensure!(
         !cases.is_empty(),
         "--only {:?} with --min-seq {} --max-seq {}: no shape of the sweep is left (kernels: \
-         attention, attention_tiled, attention_cmma_bf16, swiglu, rms_norm, layer_norm, rope, cross_entropy)",
+         attention, attention_tiled, attention_cmma_bf16, attention_mma_bf16, swiglu, rms_norm, layer_norm, rope, cross_entropy)",
         args.only.as_deref().unwrap_or("(all)"),
         args.min_seq,
         args.max_seq

@@ -110,7 +110,7 @@ impl Row {
 /// What the columns measure, printed above the table and stored in the JSON.
 fn legend(warmup: usize, reps: usize) -> String {
     format!(
-        "forward + backward, f32 (but attention_cmma_bf16); time = median of {reps} timed run(s) after {warmup} \
+        "forward + backward, f32 (but attention_cmma_bf16 and attention_mma_bf16); time = median of {reps} timed run(s) after {warmup} \
          warm-up(s). fused = ferrotron-kernels on the backend's cubecl runtime, memory = \
          device bytes in use after the backward (inputs, outputs, saved tensors). ref = the \
          decoder's reference ops (plain Burn) on the same backend: on flex (the default CPU \
@@ -123,7 +123,9 @@ fn legend(warmup: usize, reps: usize) -> String {
          AttentionBackwardKernel::choose picks them, the row backward where none fit), \
          `attention_cmma_bf16` the fragment forward and backward on matrix units (tensor cores) \
          with bf16 inputs, outputs and gradients (where the device has them; each at its \
-         largest tiles that fit), all against the same f32 reference; fwd ms = the fused forward alone, bwd ms = each run's forward \
+         largest tiles that fit), `attention_mma_bf16` the register forward on the mma \
+         instruction (scores, probabilities and output in registers) with that backward, \
+         all against the same f32 reference; fwd ms = the fused forward alone, bwd ms = each run's forward \
          + backward minus its forward (medians); TFLOP/s by the \
          FlashAttention-2 count (forward 4 * batch * heads * seq^2 * head_dim / 2 under the \
          causal mask, backward 2.5 forwards)."

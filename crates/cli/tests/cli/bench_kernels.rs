@@ -103,52 +103,57 @@ fn quick_bench_writes_a_json_row_per_kernel_with_positive_times() {
     }
     assert!(row("swiglu", "wgpu")["fused_tflops"].is_null());
     assert!(
-        rows.iter().all(|r| r["kernel"] != "attention_cmma_bf16"),
-        "the cmma kernel runs only when named"
+        rows.iter()
+            .all(|r| r["kernel"] != "attention_cmma_bf16" && r["kernel"] != "attention_mma_bf16"),
+        "the matrix-unit kernels run only when named"
     );
 }
 
 #[cfg(feature = "kernels-bench")]
 #[test]
-fn the_cmma_kernel_runs_when_named_and_says_where_it_cannot() {
+fn the_matrix_unit_kernels_run_when_named_and_say_where_they_cannot() {
     // Lavapipe has no matrix units: the rows carry the reference and the
     // reason the fused path is absent.
-    let json =
-        std::env::temp_dir().join(format!("ferrotron-bench-cmma-{}.json", std::process::id()));
-    let out = deadline::output(
-        Command::new(env!("CARGO_BIN_EXE_ferrotron"))
-            .args([
-                "bench",
-                "kernels",
-                "--quick",
-                "--reps",
-                "1",
-                "--backends",
-                "wgpu",
-            ])
-            .arg("--only")
-            .arg("attention_cmma_bf16")
-            .arg("--json")
-            .arg(&json),
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "bench failed: {stderr}");
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("--json file written"))
-            .expect("valid JSON");
-    let _ = std::fs::remove_file(&json);
-    let rows = doc["rows"].as_array().expect("rows array");
-    assert_eq!(rows.len(), 2, "one row per quick shape: {rows:?}");
-    for row in rows {
-        assert_eq!(row["kernel"], "attention_cmma_bf16");
-        assert!(row["fused_ms"].is_null(), "{row}");
-        assert!(row["reference_ms"].as_f64().unwrap_or(0.0) > 0.0, "{row}");
-        assert!(
-            row["note"]
-                .as_str()
-                .is_some_and(|n| n.contains("not on this device")),
-            "{row}"
+    for kernel in ["attention_cmma_bf16", "attention_mma_bf16"] {
+        let json = std::env::temp_dir().join(format!(
+            "ferrotron-bench-{kernel}-{}.json",
+            std::process::id()
+        ));
+        let out = deadline::output(
+            Command::new(env!("CARGO_BIN_EXE_ferrotron"))
+                .args([
+                    "bench",
+                    "kernels",
+                    "--quick",
+                    "--reps",
+                    "1",
+                    "--backends",
+                    "wgpu",
+                ])
+                .arg("--only")
+                .arg(kernel)
+                .arg("--json")
+                .arg(&json),
         );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "bench failed: {stderr}");
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).expect("--json file written"))
+                .expect("valid JSON");
+        let _ = std::fs::remove_file(&json);
+        let rows = doc["rows"].as_array().expect("rows array");
+        assert_eq!(rows.len(), 2, "one row per quick shape: {rows:?}");
+        for row in rows {
+            assert_eq!(row["kernel"], kernel);
+            assert!(row["fused_ms"].is_null(), "{row}");
+            assert!(row["reference_ms"].as_f64().unwrap_or(0.0) > 0.0, "{row}");
+            assert!(
+                row["note"]
+                    .as_str()
+                    .is_some_and(|n| n.contains("not on this device")),
+                "{row}"
+            );
+        }
     }
 }
 

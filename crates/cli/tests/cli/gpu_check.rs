@@ -80,6 +80,7 @@ fn expected_phases() -> Vec<(String, &'static str)> {
             "kernels-attention",
             "kernels-attention-8192",
             "kernels-cmma",
+            "kernels-mma",
             "kernels-wgpu",
         ] {
             p.push((name.into(), "ok"));
@@ -250,7 +251,7 @@ fn a_short_lease_runs_only_the_phases_it_names() {
     assert_eq!(status("ferrotron-c-bf16").0, "ok", "{stdout}");
     let mut unnamed = vec!["train-cold", "train-warm", "curve-bf16"];
     if cfg!(feature = "kernels-bench") {
-        unnamed.push("kernels-cmma");
+        unnamed.extend(["kernels-cmma", "kernels-mma"]);
     }
     for name in unnamed {
         assert_eq!(

@@ -1,7 +1,9 @@
 //! Which forward kernel runs: the one place that chooses between the row
 //! kernel and the tiled kernel, and that describes the fragment kernel
 //! (the tiled algorithm in 16 x 16 x 16 fragments, on the matrix units
-//! where they run), which runs when asked for.
+//! where they run), which runs when asked for, and the register kernel
+//! (FlashAttention-2's register scheme on the 16 x 8 x 16 `mma`
+//! instruction), which runs when named.
 
 use cubecl::ir::features::MmaConfig;
 use cubecl::ir::{ElemType, FloatKind};
@@ -10,6 +12,8 @@ use cubecl::prelude::*;
 use super::fragment::{
     fragment_forward_shared_bytes, CMMA_MAX_HEAD_DIM, CMMA_PLANE_SIZE, FRAGMENT, FRAGMENT_TILES,
 };
+use super::mma::{MMA_COLS, MMA_DEPTH, MMA_PLANE_SIZE, MMA_ROWS, MMA_SCRATCH};
+use super::mma_forward::TILE_PAD;
 use super::shape::{AttentionError, AttentionOptions, AttentionShape};
 use super::tiled_forward::{tiled_shared_bytes, TILE_SIZES};
 use super::tiles::ROWS_PER_CUBE;
@@ -44,6 +48,24 @@ pub enum AttentionKernel {
     /// runs when asked for ([`Self::for_call`] with `matrix_units`, or by
     /// name).
     Fragment {
+        /// Planes per cube (16 query rows each).
+        planes: usize,
+        /// Keys per step, a multiple of 16.
+        keys: usize,
+        /// Products on the matrix units or on plain units.
+        matrix_units: bool,
+    },
+    /// FlashAttention-2 as its CUDA kernel runs (`mma_forward.rs`): a cube
+    /// of `planes` planes of 32 units owns `16 * planes` query rows, each
+    /// plane keeps its 16 rows' scores, probabilities and output in
+    /// registers, and only the key and value tiles (`keys` rows each) pass
+    /// through shared memory. `(planes, keys)` is one of [`MMA_TILES`],
+    /// `head_dim` a multiple of 16 up to 128; operands as the fragment
+    /// kernel's. With `matrix_units` the products are the device's
+    /// 16 x 8 x 16 `mma` instruction (16-bit types only, where
+    /// [`Self::mma_runs`]); without, its plain-unit form (how the tests
+    /// check the kernel on lavapipe). Runs when named.
+    Registers {
         /// Planes per cube (16 query rows each).
         planes: usize,
         /// Keys per step, a multiple of 16.
@@ -132,6 +154,48 @@ impl AttentionKernel {
             })
     }
 
+    /// The register kernel with the largest of [`MMA_TILES`] whose shared
+    /// memory fits a device with `max_shared_bytes` per cube at
+    /// `head_dim`, with the products on the matrix units or not; `None`
+    /// where none fits or `head_dim` is not a multiple of 16 up to 128.
+    pub fn registers_for(
+        max_shared_bytes: usize,
+        head_dim: usize,
+        matrix_units: bool,
+    ) -> Option<AttentionKernel> {
+        MMA_TILES
+            .into_iter()
+            .map(|(planes, keys)| AttentionKernel::Registers {
+                planes,
+                keys,
+                matrix_units,
+            })
+            .find(|kernel| {
+                fragment_head_dim(head_dim) && kernel.shared_bytes(head_dim) <= max_shared_bytes
+            })
+    }
+
+    /// Whether `client`'s device runs the register kernel's products on its
+    /// matrix units in `dtype`: a 16-bit type with the 16 x 8 x 16 `mma`
+    /// instruction (f32 accumulators) on 32-unit planes.
+    pub fn mma_runs<R: Runtime>(client: &ComputeClient<R>, dtype: FloatDtype) -> bool {
+        let Some(operand) = cmma_operand(dtype) else {
+            return false;
+        };
+        let hardware = &client.properties().hardware;
+        let config = MmaConfig {
+            a_type: operand.into(),
+            b_type: operand.into(),
+            cd_type: ElemType::Float(FloatKind::F32).into(),
+            m: MMA_ROWS as u32,
+            n: MMA_COLS as u32,
+            k: MMA_DEPTH as u32,
+        };
+        hardware.plane_size_min == MMA_PLANE_SIZE as u32
+            && hardware.plane_size_max == MMA_PLANE_SIZE as u32
+            && client.features().matmul.mma.contains(&config)
+    }
+
     /// [`AttentionKernel::choose`] for a device with `max_shared_bytes` of
     /// shared memory per cube.
     pub fn for_shared_memory(max_shared_bytes: usize, head_dim: usize) -> AttentionKernel {
@@ -156,6 +220,11 @@ impl AttentionKernel {
                 let operand_bytes = if matrix_units { 2 } else { 4 };
                 fragment_forward_shared_bytes(planes, keys, head_dim, operand_bytes)
             }
+            AttentionKernel::Registers {
+                planes,
+                keys,
+                matrix_units,
+            } => registers_shared_bytes(planes, keys, head_dim, matrix_units),
         }
     }
 
@@ -165,12 +234,14 @@ impl AttentionKernel {
             AttentionKernel::Row => ROWS_PER_CUBE,
             AttentionKernel::Tiled { tile } => tile,
             AttentionKernel::Fragment { planes, .. } => planes * FRAGMENT,
+            AttentionKernel::Registers { planes, .. } => planes * MMA_ROWS,
         }
     }
 
-    /// Short name: `row`, `tiled{tile}` (e.g. `tiled32`), or
+    /// Short name: `row`, `tiled{tile}` (e.g. `tiled32`),
     /// `fragment{rows}x{keys}` with `-cmma` on the matrix units and
-    /// `-plain` on plain units (e.g. `fragment64x64-cmma`).
+    /// `-plain` on plain units (e.g. `fragment64x64-cmma`), or
+    /// `registers{rows}x{keys}` with `-mma` or `-plain`.
     pub fn name(self) -> String {
         match self {
             AttentionKernel::Row => "row".to_string(),
@@ -183,6 +254,40 @@ impl AttentionKernel {
                 let units = if matrix_units { "cmma" } else { "plain" };
                 format!("fragment{}x{keys}-{units}", planes * FRAGMENT)
             }
+            AttentionKernel::Registers {
+                planes,
+                keys,
+                matrix_units,
+            } => {
+                let units = if matrix_units { "mma" } else { "plain" };
+                format!("registers{}x{keys}-{units}", planes * MMA_ROWS)
+            }
+        }
+    }
+
+    /// Fails when this is the fragment or the register kernel on matrix
+    /// units that do not run `dtype` on `client`'s device
+    /// ([`Self::matrix_units_run`], [`Self::mma_runs`]).
+    pub(crate) fn check_units<R: Runtime>(
+        self,
+        client: &ComputeClient<R>,
+        dtype: FloatDtype,
+    ) -> Result<(), AttentionError> {
+        let run = match self {
+            AttentionKernel::Fragment {
+                matrix_units: true, ..
+            } => matrix_units_run(client, dtype),
+            AttentionKernel::Registers {
+                matrix_units: true, ..
+            } => Self::mma_runs(client, dtype),
+            _ => true,
+        };
+        if run {
+            Ok(())
+        } else {
+            Err(AttentionError::MatrixUnitsUnsupported {
+                dtype: dtype.name(),
+            })
         }
     }
 
@@ -232,8 +337,54 @@ impl AttentionKernel {
                 }
                 Ok(())
             }
+            AttentionKernel::Registers { planes, keys, .. } => {
+                let outer = planes * MMA_ROWS;
+                if !MMA_TILES.contains(&(planes, keys)) || !fragment_head_dim(shape.head_dim) {
+                    return Err(AttentionError::UnsupportedFragment {
+                        outer,
+                        inner: keys,
+                        head_dim: shape.head_dim,
+                    });
+                }
+                if needed > max_shared_bytes {
+                    return Err(AttentionError::ForwardSharedMemory {
+                        outer,
+                        inner: keys,
+                        needed,
+                        max: max_shared_bytes,
+                    });
+                }
+                Ok(())
+            }
         }
     }
+}
+
+/// Tiles `(planes, keys)` the register forward is compiled for, largest
+/// first: a cube of `planes` planes owns `16 * planes` query rows and
+/// walks the keys `keys` at a time (FlashAttention-2's CUDA kernel takes 4
+/// warps and 64 keys at head dimension 128).
+pub const MMA_TILES: [(usize, usize); 4] = [(4, 64), (4, 32), (4, 16), (1, 16)];
+
+/// Shared memory of one cube of the register forward with `planes`
+/// planes and `keys` keys per step at `head_dim`, in bytes: the key and
+/// the value tile, rows of `head_dim +` [`TILE_PAD`] values (16-bit
+/// operands on the matrix units, f32 bounding the plain form) and, on
+/// plain units, [`MMA_SCRATCH`] f32 values per plane.
+/// Each array is padded to 128 bytes, as allocated.
+fn registers_shared_bytes(
+    planes: usize,
+    keys: usize,
+    head_dim: usize,
+    matrix_units: bool,
+) -> usize {
+    let pad = |bytes: usize| bytes.next_multiple_of(128);
+    let (operand_bytes, scratch) = if matrix_units {
+        (2, 1)
+    } else {
+        (4, planes * MMA_SCRATCH)
+    };
+    2 * pad(keys * (head_dim + TILE_PAD) * operand_bytes) + pad(scratch * 4)
 }
 
 /// Whether the fragment kernels run `head_dim`: whole 16-column blocks,
@@ -371,6 +522,63 @@ mod tests {
         assert_eq!(
             fragment(2, 16, false).unwrap().name(),
             "fragment32x16-plain"
+        );
+    }
+
+    #[test]
+    fn the_largest_register_tiles_that_fit_are_chosen() {
+        // 4 planes x 64 keys at head dim 128 in 16 bits: key and value
+        // tiles of 64 rows of 136 values, 2 * 17,408 bytes, and the unused
+        // one-value scratch.
+        assert_eq!(registers_shared_bytes(4, 64, 128, true), 34_944);
+        let registers = |planes, keys, matrix_units| {
+            Some(AttentionKernel::Registers {
+                planes,
+                keys,
+                matrix_units,
+            })
+        };
+        for max in [227 * 1024, 164 * 1024, 48 * 1024] {
+            assert_eq!(
+                AttentionKernel::registers_for(max, 128, true),
+                registers(4, 64, true)
+            );
+        }
+        // lavapipe (32 KiB), f32 operands and 6 KiB of scratch for 4
+        // planes: 64 keys at head dim 32, 32 at 64, 16 at 128.
+        let lavapipe = 32 * 1024;
+        for (head_dim, keys) in [(32, 64), (64, 32), (128, 16)] {
+            assert_eq!(
+                AttentionKernel::registers_for(lavapipe, head_dim, false),
+                registers(4, keys, false),
+                "head dim {head_dim}"
+            );
+        }
+        for head_dim in [72, 256] {
+            assert_eq!(
+                AttentionKernel::registers_for(1 << 20, head_dim, true),
+                None
+            );
+        }
+        assert_eq!(registers(4, 64, true).unwrap().name(), "registers64x64-mma");
+        assert_eq!(
+            registers(1, 16, false).unwrap().name(),
+            "registers16x16-plain"
+        );
+        let shape = AttentionShape {
+            batch: 1,
+            n_heads: 1,
+            n_kv_heads: 1,
+            seq: 8,
+            head_dim: 64,
+        };
+        assert_eq!(
+            registers(2, 32, true).unwrap().check(&shape, 1 << 20),
+            Err(AttentionError::UnsupportedFragment {
+                outer: 32,
+                inner: 32,
+                head_dim: 64
+            })
         );
     }
 

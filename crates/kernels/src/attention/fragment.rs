@@ -196,15 +196,40 @@ pub(crate) fn stage_rows<F: Float, M: Float>(
     #[comptime] head_dim: usize,
     #[comptime] round_bf16: bool,
 ) {
+    stage_rows_strided::<F, M>(
+        src, tile, base, first_row, seq, unit, elems, units, head_dim, head_dim, round_bf16,
+    );
+}
+
+/// [`stage_rows`] with the tile's rows `stride` values apart (`stride >=
+/// head_dim`; the values between are not written).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn stage_rows_strided<F: Float, M: Float>(
+    src: &Array<F>,
+    tile: &mut SharedMemory<M>,
+    base: usize,
+    first_row: usize,
+    seq: usize,
+    unit: usize,
+    #[comptime] elems: usize,
+    #[comptime] units: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] stride: usize,
+    #[comptime] round_bf16: bool,
+) {
     for i in 0..comptime!(elems.div_ceil(units)) {
         let e = unit + i * units;
         if e < elems {
-            let row = first_row + e / head_dim;
+            let row = e / head_dim;
             let mut x = 0.0f32;
-            if row < seq {
-                x = load::<F>(src[base + row * head_dim + e % head_dim], round_bf16);
+            if first_row + row < seq {
+                x = load::<F>(
+                    src[base + (first_row + row) * head_dim + e % head_dim],
+                    round_bf16,
+                );
             }
-            tile[e] = M::cast_from(x);
+            tile[row * stride + e % head_dim] = M::cast_from(x);
         }
     }
 }

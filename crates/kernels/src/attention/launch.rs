@@ -18,6 +18,8 @@ use super::choice::AttentionKernel;
 use super::forward::attention_forward_kernel;
 use super::fragment::{with_fragment_operand, CMMA_PLANE_SIZE};
 use super::fragment_forward::attention_forward_fragment_kernel;
+use super::mma::MMA_PLANE_SIZE;
+use super::mma_forward::attention_forward_mma_kernel;
 use super::shape::{AttentionError, AttentionInputs, AttentionOptions, AttentionShape};
 use super::tiled_forward::{attention_forward_tiled_kernel, TILED_UNITS};
 use super::tiles::ROWS_PER_CUBE;
@@ -78,7 +80,8 @@ pub fn attention_forward_typed<R: Runtime>(
 ///
 /// Errors as [`attention_forward_typed`], and when `kernel` has tiles it
 /// is not compiled for or needs more shared memory than the device has,
-/// or is the fragment kernel on matrix units that do not run `dtype`.
+/// or is the fragment or register kernel on matrix units that do not run
+/// `dtype`.
 pub fn attention_forward_with<R: Runtime>(
     client: &ComputeClient<R>,
     kernel: AttentionKernel,
@@ -91,16 +94,7 @@ pub fn attention_forward_with<R: Runtime>(
     shape.validate()?;
     inputs.check(&shape, dtype)?;
     kernel.check(&shape, client.properties().hardware.max_shared_memory_size)?;
-    if let AttentionKernel::Fragment {
-        matrix_units: true, ..
-    } = kernel
-    {
-        if !AttentionKernel::matrix_units_run(client, dtype) {
-            return Err(AttentionError::MatrixUnitsUnsupported {
-                dtype: dtype.name(),
-            });
-        }
-    }
+    kernel.check_units(client, dtype)?;
     let query_tiles = grid_axis(client, shape.seq.div_ceil(kernel.rows_per_cube()), 0)?;
     let heads = grid_axis(client, shape.batch * shape.n_heads, 1)?;
     let cube_count = CubeCount::Static(query_tiles, heads, 1);
@@ -173,6 +167,38 @@ pub fn attention_forward_with<R: Runtime>(
                     client,
                     cube_count,
                     CubeDim::new_2d(CMMA_PLANE_SIZE as u32, planes as u32),
+                    array(inputs.q, shape.q_elems()),
+                    array(inputs.k, shape.kv_elems()),
+                    array(inputs.v, shape.kv_elems()),
+                    slopes,
+                    array(&out, shape.q_elems()),
+                    array(&lse, shape.rows()),
+                    shape.seq as u32,
+                    shape.n_heads as u32,
+                    shape.group() as u32,
+                    scale,
+                    shape.head_dim,
+                    planes,
+                    keys,
+                    options.causal,
+                    alibi,
+                    round_bf16,
+                    matrix_units,
+                );
+            }),
+            // SAFETY: as for the fragment kernel: sizes checked above, rows
+            // and keys past `seq` staged as zeros and never written; the
+            // shared memory fits the device and the `mma` instruction, when
+            // used, runs the operand type (checked above).
+            AttentionKernel::Registers {
+                planes,
+                keys,
+                matrix_units,
+            } => with_fragment_operand!(dtype, matrix_units, M, unsafe {
+                attention_forward_mma_kernel::launch_unchecked::<F, M, R>(
+                    client,
+                    cube_count,
+                    CubeDim::new_2d(MMA_PLANE_SIZE as u32, planes as u32),
                     array(inputs.q, shape.q_elems()),
                     array(inputs.k, shape.kv_elems()),
                     array(inputs.v, shape.kv_elems()),

@@ -11,7 +11,11 @@
 //!   the fragment kernel (the tiled algorithm with both products in
 //!   16x16x16 fragments: on the matrix units with 16-bit operands where
 //!   the device has them, or on plain units), runs when a caller asks for
-//!   it ([`attention_forward_with`], or `matrix_units` in the options).
+//!   it ([`attention_forward_with`], or `matrix_units` in the options). A
+//!   fourth, the register kernel (FlashAttention-2 as its CUDA kernel
+//!   runs: scores, probabilities and output in each plane's registers,
+//!   both products on the 16 x 8 x 16 `mma` instruction where the device
+//!   has it, or on plain units), runs when named.
 //! - Backward ([`attention_backward`]): `delta = rowsum(dO * O)`, then dK/dV
 //!   (iterating over query rows) and dQ (iterating over key rows), both
 //!   recomputing the probabilities from the log-sum-exp; two passes instead
@@ -48,6 +52,8 @@ mod fragment_backward_q;
 mod fragment_forward;
 mod launch;
 mod launch_backward;
+mod mma;
+mod mma_forward;
 mod shape;
 mod tiled_backward_kv;
 mod tiled_backward_q;
@@ -55,7 +61,7 @@ mod tiled_forward;
 mod tiles;
 
 pub use backward_choice::AttentionBackwardKernel;
-pub use choice::AttentionKernel;
+pub use choice::{AttentionKernel, MMA_TILES};
 pub use fragment::FRAGMENT_TILES;
 pub use launch::{
     attention_forward, attention_forward_typed, attention_forward_with, AttentionForward,

@@ -126,6 +126,83 @@ fn fragment_kernel_on_matrix_units_matches_reference_where_they_run() {
     }
 }
 
+#[test]
+fn register_kernel_on_plain_units_matches_reference() {
+    // The register forward's PTX register layouts, online softmax over
+    // groups of four units, in-place reuse of the score accumulators as
+    // the left operand and 16-bit rounding of the probabilities, with its
+    // products and group reductions on plain units (the form that runs
+    // here): f16 operands, several key steps and a ragged last one, GQA,
+    // causal and not, ALiBi. The f32 form runs in the tile-boundary cases
+    // (`forward_kernels`).
+    assert!(
+        FloatDtype::F16.is_supported(&client()),
+        "this runtime has no f16: the register forward's 16-bit test cannot run here \
+         (Mesa's lavapipe 25 has it)"
+    );
+    let plain = |client: &ComputeClient<R>, head_dim: usize, _: FloatDtype| {
+        let max_shared = client.properties().hardware.max_shared_memory_size;
+        vec![AttentionKernel::registers_for(max_shared, head_dim, false)
+            .expect("the register forward fits this device")]
+    };
+    let cases = [
+        case(1, 4, 2, 63, 64, true, true),
+        case(2, 4, 4, 65, 32, false, true),
+        case(1, 6, 3, 100, 128, true, false),
+    ];
+    for (seed, c) in cases.into_iter().enumerate() {
+        check_case_with(
+            FloatDtype::F16,
+            c,
+            800 + seed as u64,
+            plain,
+            chosen_backward,
+        );
+    }
+}
+
+#[test]
+fn register_kernel_on_matrix_units_matches_reference_where_it_runs() {
+    // The register forward on the `mma` instruction in 16 bits: query
+    // tiles of 64 rows and key tiles of 64 (one below, at and above, and
+    // several), head dimensions 16 to 128, GQA, causal and not, ALiBi.
+    // Runs where the device has the 16 x 8 x 16 `mma` (NVIDIA from sm_80);
+    // lavapipe has none, and the `test-cuda` build requires it.
+    let client = client();
+    let dtypes: Vec<FloatDtype> = [FloatDtype::Bf16, FloatDtype::F16, FloatDtype::Bf16InF32]
+        .into_iter()
+        .filter(|&d| d.is_supported(&client) && AttentionKernel::mma_runs(&client, d))
+        .collect();
+    if dtypes.is_empty() {
+        if cfg!(feature = "test-cuda") {
+            panic!("the register forward does not run on this CUDA device's mma instruction");
+        }
+        eprintln!(
+            "NOT RUN: the register forward on matrix units (this device has no 16x8x16 mma for \
+             f16/bf16 with 32-unit planes; it runs in the test-cuda build on an NVIDIA GPU)"
+        );
+        return;
+    }
+    let cases = [
+        case(1, 4, 2, 63, 64, true, true),
+        case(1, 2, 1, 64, 128, true, false),
+        case(2, 4, 4, 65, 32, false, true),
+        case(1, 6, 3, 200, 64, true, false),
+        case(1, 2, 2, 130, 16, false, false),
+        case(1, 8, 2, 257, 128, true, true),
+    ];
+    let on_mma = |client: &ComputeClient<R>, head_dim: usize, _: FloatDtype| {
+        let max_shared = client.properties().hardware.max_shared_memory_size;
+        vec![AttentionKernel::registers_for(max_shared, head_dim, true)
+            .expect("the register forward fits this device")]
+    };
+    for dtype in dtypes {
+        for (seed, c) in cases.into_iter().enumerate() {
+            check_case_as(dtype, c, 900 + seed as u64, on_mma);
+        }
+    }
+}
+
 /// The input tensor `name` (`q`, `k` or `v`) of `problem`.
 fn tensor_mut<'a>(problem: &'a mut Problem, name: &str) -> &'a mut Vec<f64> {
     match name {

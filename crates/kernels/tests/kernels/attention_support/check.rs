@@ -97,9 +97,9 @@ pub fn chosen_forward(
 
 /// The forward kernels the tests check on `client`'s device for
 /// `head_dim` and `dtype`: the row kernel, the tiled kernel at every tile
-/// size whose shared memory fits the device, the fragment kernel on plain
-/// units at the largest tiles that fit, and on the matrix units where they
-/// run.
+/// size whose shared memory fits the device, and the fragment and the
+/// register kernel on plain units at the largest tiles that fit, and on
+/// the matrix units where they run.
 pub fn forward_kernels(
     client: &ComputeClient<R>,
     head_dim: usize,
@@ -112,10 +112,16 @@ pub fn forward_kernels(
         .filter(|kernel| kernel.shared_bytes(head_dim) <= max_shared);
     let plain = AttentionKernel::fragment_for(max_shared, head_dim, false);
     let matrix_units = AttentionKernel::on_matrix_units(client, head_dim, dtype);
+    let registers = AttentionKernel::registers_for(max_shared, head_dim, false);
+    let mma = AttentionKernel::mma_runs(client, dtype)
+        .then(|| AttentionKernel::registers_for(max_shared, head_dim, true))
+        .flatten();
     std::iter::once(AttentionKernel::Row)
         .chain(tiled)
         .chain(plain)
         .chain(matrix_units)
+        .chain(registers)
+        .chain(mma)
         .collect()
 }
 
@@ -134,7 +140,8 @@ pub fn row_and_chosen(
 }
 
 /// Tolerance of `kernel`'s output stored as `dtype`: `stored_tol`, plus
-/// for the fragment kernel on a 16-bit type one unit roundoff of it,
+/// for the fragment and register kernels on a 16-bit type one unit
+/// roundoff of it,
 /// because it rounds the probabilities to it before the second product
 /// (each output
 /// `sum_j p_j v_j / l` moves by at most `u sum_j p_j |v_j| / l <= u max
@@ -142,7 +149,9 @@ pub fn row_and_chosen(
 /// magnitude).
 pub fn output_tolerance(kernel: AttentionKernel, dtype: FloatDtype, stored_tol: f64) -> f64 {
     match kernel {
-        AttentionKernel::Fragment { .. } if dtype != FloatDtype::F32 => {
+        AttentionKernel::Fragment { .. } | AttentionKernel::Registers { .. }
+            if dtype != FloatDtype::F32 =>
+        {
             stored_tol + dtype.unit_roundoff()
         }
         _ => stored_tol,

@@ -1,0 +1,196 @@
+//! One plane's 16 x 8 x 16 matrix product with every operand in its units'
+//! registers (PTX's `mma.sync.m16n8k16`, through CubeCL's
+//! [`MmaDefinition`]), and the reductions over the four units that share a
+//! row of its accumulator: what the register forward
+//! (`mma_forward.rs`) is built from.
+//!
+//! Unlike `cmma` fragments, whose layout is opaque, these registers have
+//! PTX's documented layout, so a unit knows the row and column of every
+//! value it holds and can scale, mask and exponentiate scores in place,
+//! and an accumulator of scores is, value for value, the left operand of
+//! the next product (FlashAttention-2's scheme). With unit `lane` of the
+//! plane, `g = lane / 4` and `t = lane % 4`:
+//!
+//! - left operand `a` (16 x 16, 16-bit): value `i` of 8 at row `g + 8 *
+//!   ((i / 2) % 2)`, column `2 t + i % 2 + 8 * (i / 4)`;
+//! - right operand `b` (16 x 8): value `i` of 4 at row `2 t + i % 2 + 8 *
+//!   (i / 2)`, column `g`;
+//! - accumulator `c` (16 x 8, f32): value `i` of 4 at row `g + 8 * (i /
+//!   2)`, column `2 t + i % 2`.
+//!
+//! Each operand is an array of [`Pair`]s (two values per 32-bit register).
+//! On the matrix units the product is one instruction per plane. On plain
+//! units (lavapipe, which has no matrix instructions, so the tests can
+//! check the kernels' indexing and numerics) the plane writes its operands
+//! to shared memory in this layout and each unit sums its four values in
+//! f32; the row reductions go through shared memory too. The plain form
+//! uses cube barriers, so every unit of the cube must call these together.
+
+use cubecl::cmma::MmaDefinition;
+use cubecl::prelude::*;
+
+/// Two consecutive values of one register of an operand or accumulator.
+pub(crate) type Pair<E> = Vector<E, Const<2>>;
+
+/// Rows of a product (`m`): one plane's query rows.
+pub(crate) const MMA_ROWS: usize = 16;
+
+/// Columns of a product (`n`).
+pub(crate) const MMA_COLS: usize = 8;
+
+/// Depth of a product (`k`).
+pub(crate) const MMA_DEPTH: usize = 16;
+
+/// Pairs of the left operand per unit (`16 * 16 / 32 / 2`).
+pub(crate) const A_PAIRS: usize = 4;
+
+/// Pairs of the right operand per unit (`16 * 8 / 32 / 2`).
+pub(crate) const B_PAIRS: usize = 2;
+
+/// Pairs of the accumulator per unit (`16 * 8 / 32 / 2`).
+pub(crate) const C_PAIRS: usize = 2;
+
+/// Units per plane the layout is written for (NVIDIA's warp).
+pub(crate) const MMA_PLANE_SIZE: usize = 32;
+
+/// f32 values of shared memory each plane needs for the plain form: its
+/// left and right operands (`16 * 16 + 16 * 8`), which also hold the
+/// values of a row reduction.
+pub(crate) const MMA_SCRATCH: usize = MMA_ROWS * MMA_DEPTH + MMA_DEPTH * MMA_COLS;
+
+/// Row of value `i` of the left operand held by unit `lane`.
+#[cube]
+pub(crate) fn a_row(lane: usize, i: usize) -> usize {
+    lane / 4 + 8 * ((i / 2) % 2)
+}
+
+/// Column of value `i` of the left operand held by unit `lane`.
+#[cube]
+pub(crate) fn a_col(lane: usize, i: usize) -> usize {
+    2 * (lane % 4) + i % 2 + 8 * (i / 4)
+}
+
+/// Row (depth index) of value `i` of the right operand held by `lane`.
+#[cube]
+pub(crate) fn b_row(lane: usize, i: usize) -> usize {
+    2 * (lane % 4) + i % 2 + 8 * (i / 2)
+}
+
+/// Row of value `i` of the accumulator held by unit `lane`.
+#[cube]
+pub(crate) fn c_row(lane: usize, i: usize) -> usize {
+    lane / 4 + 8 * (i / 2)
+}
+
+/// Column of value `i` of the accumulator held by unit `lane`.
+#[cube]
+pub(crate) fn c_col(lane: usize, i: usize) -> usize {
+    2 * (lane % 4) + i % 2
+}
+
+/// `c += a b` for the plane of unit `lane` (layouts in the module doc):
+/// `a` [`A_PAIRS`], `b` [`B_PAIRS`] and `c` [`C_PAIRS`] pairs. On plain
+/// units through `scratch` from `plane_at` ([`MMA_SCRATCH`] values per
+/// plane), summing in f32 in depth order.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn mma<M: Float>(
+    a: &Array<Pair<M>>,
+    b: &Array<Pair<M>>,
+    c: &mut Array<Pair<f32>>,
+    scratch: &mut SharedMemory<f32>,
+    plane_at: usize,
+    lane: usize,
+    #[comptime] matrix_units: bool,
+) {
+    if matrix_units {
+        let definition = MmaDefinition::<M, M, f32>::new(MMA_ROWS, MMA_COLS, MMA_DEPTH);
+        definition.execute_inplace(a, b, c);
+    } else {
+        let b_at = plane_at + MMA_ROWS * MMA_DEPTH;
+        #[unroll]
+        for i in 0..comptime!(2 * A_PAIRS) {
+            let value = f32::cast_from(a[i / 2][i % 2]);
+            scratch[plane_at + a_row(lane, i) * MMA_DEPTH + a_col(lane, i)] = value;
+        }
+        #[unroll]
+        for i in 0..comptime!(2 * B_PAIRS) {
+            let value = f32::cast_from(b[i / 2][i % 2]);
+            scratch[b_at + b_row(lane, i) * MMA_COLS + lane / 4] = value;
+        }
+        sync_cube();
+        #[unroll]
+        for p in 0..C_PAIRS {
+            let mut pair = c[p];
+            #[unroll]
+            for e in 0..2usize {
+                let row = c_row(lane, 2 * p + e);
+                let col = c_col(lane, 2 * p + e);
+                let mut sum = pair[e];
+                for k in 0..MMA_DEPTH {
+                    sum += scratch[plane_at + row * MMA_DEPTH + k]
+                        * scratch[b_at + k * MMA_COLS + col];
+                }
+                pair[e] = sum;
+            }
+            c[p] = pair;
+        }
+        sync_cube();
+    }
+}
+
+/// The largest of `value` over the four units of `lane`'s group (`lane /
+/// 4`: the units holding one accumulator row), on every one of them.
+#[cube]
+pub(crate) fn quad_max(
+    value: f32,
+    scratch: &mut SharedMemory<f32>,
+    plane_at: usize,
+    lane: usize,
+    #[comptime] matrix_units: bool,
+) -> f32 {
+    if matrix_units {
+        let pairs = max(value, plane_shuffle_xor(value, 1u32));
+        max(pairs, plane_shuffle_xor(pairs, 2u32))
+    } else {
+        let first = publish(value, scratch, plane_at, lane);
+        let result = max(
+            max(scratch[first], scratch[first + 1]),
+            max(scratch[first + 2], scratch[first + 3]),
+        );
+        sync_cube();
+        result
+    }
+}
+
+/// The sum of `value` over the four units of `lane`'s group, on every one
+/// of them: `(v0 + v1) + (v2 + v3)` in both forms (the butterfly of the
+/// matrix-unit form adds the same pairs, and f32 addition commutes).
+#[cube]
+pub(crate) fn quad_sum(
+    value: f32,
+    scratch: &mut SharedMemory<f32>,
+    plane_at: usize,
+    lane: usize,
+    #[comptime] matrix_units: bool,
+) -> f32 {
+    if matrix_units {
+        let pairs = value + plane_shuffle_xor(value, 1u32);
+        pairs + plane_shuffle_xor(pairs, 2u32)
+    } else {
+        let first = publish(value, scratch, plane_at, lane);
+        let result =
+            (scratch[first] + scratch[first + 1]) + (scratch[first + 2] + scratch[first + 3]);
+        sync_cube();
+        result
+    }
+}
+
+/// Writes `value` to `lane`'s slot of the plane's scratch and returns, after
+/// a cube barrier, where its group's four values start.
+#[cube]
+fn publish(value: f32, scratch: &mut SharedMemory<f32>, plane_at: usize, lane: usize) -> usize {
+    scratch[plane_at + lane] = value;
+    sync_cube();
+    plane_at + (lane / 4) * 4
+}

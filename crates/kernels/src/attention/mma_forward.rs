@@ -1,0 +1,388 @@
+//! FlashAttention-2 forward as the paper's CUDA kernel runs it: each plane
+//! owns 16 query rows and keeps their scores, probabilities and output
+//! accumulators in its units' registers, both products on
+//! [`super::mma::mma`] (PTX `mma.sync.m16n8k16` on the matrix units, or
+//! its plain-unit form, which is how the tests check it on lavapipe). Only
+//! the key and value tiles pass through shared memory. Writes the same
+//! outputs as the other forward kernels (output and per-row log-sum-exp),
+//! so every backward consumes them.
+
+use cubecl::prelude::*;
+
+use crate::dtype::{load, store};
+
+use super::fragment::stage_rows_strided;
+use super::mma::{
+    a_col, a_row, c_col, mma, quad_max, quad_sum, Pair, A_PAIRS, B_PAIRS, C_PAIRS, MMA_COLS,
+    MMA_DEPTH, MMA_PLANE_SIZE, MMA_ROWS, MMA_SCRATCH,
+};
+use super::tiles::{pair_score, visible, NEG_LARGE};
+
+/// Values each row of the key and value tiles is padded by: 16 bytes of a
+/// 16-bit type, so that the rows one operand load reads (8 rows, 4
+/// columns apart) fall in distinct shared-memory banks.
+pub(crate) const TILE_PAD: usize = 8;
+
+/// One cube per `16 * planes` query rows of one `(batch, head)`, `planes`
+/// planes of 32 units; plane `p` owns query rows `16 p .. 16 p + 16` of the
+/// cube, and unit `lane` of it rows `lane / 4` and `lane / 4 + 8` of
+/// those (`mma.rs`'s accumulator layout). Each unit loads its share of the
+/// plane's query rows once, as the left operand of `q k^T`, `head_dim / 16`
+/// products deep. Then for each tile of `keys` keys up to the causal end
+/// (the cube's last row):
+///
+/// 1. the units stage the key and the value tile in shared memory as `M`
+///    (rows [`TILE_PAD`] values longer than `head_dim`);
+/// 2. each plane computes its `16 x keys` scores, `keys / 8` accumulators
+///    of `head_dim / 16` products each;
+/// 3. each unit scales, biases and masks its scores, takes its rows' new
+///    running maxima over its group of four units, rescales its output
+///    accumulators and running partial sums, and exponentiates the scores
+///    in place into probabilities;
+/// 4. the probabilities, rounded to `M`, are the left operand of `p v`
+///    as they lie (two score accumulators are one left operand), and each
+///    plane adds `p v` to its `16 x head_dim` output accumulators,
+///    `head_dim / 8` of them, `keys / 16` products deep.
+///
+/// At the end each row's sum is the sum of its four units' partial sums.
+/// Rows and keys past `seq` are staged as zeros and masked. Numerics as the
+/// fragment forward's: f32 scores, softmax and accumulators; probabilities
+/// rounded to `M` before the second product.
+///
+/// With `matrix_units` the products are the device's `mma` instruction and
+/// the group reductions plane shuffles; there are two cube barriers per
+/// key tile. Every loop over registers is unrolled there, so that the
+/// arrays stay in registers. On plain units every product and reduction
+/// adds cube barriers (`mma.rs`).
+///
+/// Cube grid: `x` = tile of `16 * planes` query rows, `y` = `batch *
+/// n_heads + head`; cube dim `(32, planes)`. Layouts as
+/// [`super::forward::attention_forward_kernel`]'s.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_forward_mma_kernel<F: Float, M: Float>(
+    q: &Array<F>,
+    k: &Array<F>,
+    v: &Array<F>,
+    slopes: &Array<f32>,
+    out: &mut Array<F>,
+    lse: &mut Array<f32>,
+    seq: u32,
+    n_heads: u32,
+    group: u32,
+    scale: f32,
+    #[comptime] head_dim: usize,
+    #[comptime] planes: usize,
+    #[comptime] keys: usize,
+    #[comptime] causal: bool,
+    #[comptime] alibi: bool,
+    #[comptime] round_bf16: bool,
+    #[comptime] matrix_units: bool,
+) {
+    let seq = seq as usize;
+    let n_heads = n_heads as usize;
+    let group = group as usize;
+    let lane = UNIT_POS_X as usize;
+    let plane = UNIT_POS_Y as usize;
+    let units = comptime!(planes * MMA_PLANE_SIZE);
+    let unit = plane * MMA_PLANE_SIZE + lane;
+    let bh = CUBE_POS_Y as usize;
+    let head = bh % n_heads;
+    let kv_bh = (bh / n_heads) * (n_heads / group) + head / group;
+    let first_query = CUBE_POS_X as usize * comptime!(planes * MMA_ROWS);
+    let q_base = bh * seq * head_dim;
+    let kv_base = kv_bh * seq * head_dim;
+    // This unit's two rows (accumulator values 0, 1 and 2, 3).
+    let plane_first = first_query + plane * MMA_ROWS;
+    let row_top = plane_first + lane / 4;
+    let row_bottom = row_top + 8;
+
+    let depth_steps = comptime!(head_dim / MMA_DEPTH);
+    let key_blocks = comptime!(keys / MMA_COLS);
+    let key_steps = comptime!(keys / MMA_DEPTH);
+    let dim_blocks = comptime!(head_dim / MMA_COLS);
+    let tile_elems = comptime!(keys * head_dim);
+    // Tile rows padded by 8 values: the 8 units of a group column read
+    // 8 rows at one column, which would otherwise share a bank.
+    let stride = comptime!(head_dim + TILE_PAD);
+
+    let mut k_tile = SharedMemory::<M>::new_aligned(comptime!(keys * stride), 128usize);
+    let mut v_tile = SharedMemory::<M>::new_aligned(comptime!(keys * stride), 128usize);
+    let mut scratch = SharedMemory::<f32>::new(comptime!(if matrix_units {
+        1
+    } else {
+        planes * MMA_SCRATCH
+    }));
+    let plane_at = plane * MMA_SCRATCH;
+
+    let mut slope = 0.0f32;
+    if alibi {
+        slope = slopes[head];
+    }
+
+    // The plane's query rows as left operands, one per 16 columns.
+    let mut q_regs = Array::<Pair<M>>::new(comptime!(depth_steps * A_PAIRS));
+    #[unroll(matrix_units)]
+    for d in 0..depth_steps {
+        #[unroll(matrix_units)]
+        for p in 0..A_PAIRS {
+            let mut pair = Pair::<M>::empty();
+            #[unroll]
+            for e in 0..2usize {
+                let row = plane_first + a_row(lane, 2 * p + e);
+                let col = d * MMA_DEPTH + a_col(lane, 2 * p + e);
+                let mut x = 0.0f32;
+                if row < seq {
+                    x = load::<F>(q[q_base + row * head_dim + col], round_bf16);
+                }
+                pair[e] = M::cast_from(x);
+            }
+            q_regs[d * A_PAIRS + p] = pair;
+        }
+    }
+    let mut out_acc = Array::<Pair<f32>>::new(comptime!(dim_blocks * C_PAIRS));
+    #[unroll(matrix_units)]
+    for i in 0..comptime!(dim_blocks * C_PAIRS) {
+        out_acc[i] = Pair::<f32>::new(0.0f32);
+    }
+    let mut scores = Array::<Pair<f32>>::new(comptime!(key_blocks * C_PAIRS));
+    let mut probs = Array::<Pair<M>>::new(comptime!(key_steps * A_PAIRS));
+    let mut a = Array::<Pair<M>>::new(A_PAIRS);
+    let mut b = Array::<Pair<M>>::new(B_PAIRS);
+    let mut c = Array::<Pair<f32>>::new(C_PAIRS);
+    // Running maxima and this unit's partial sums of its two rows.
+    let mut row_max = Array::<f32>::new(2usize);
+    let mut row_sum = Array::<f32>::new(2usize);
+    #[unroll]
+    for h in 0..2usize {
+        row_max[h] = f32::new(NEG_LARGE);
+        row_sum[h] = 0.0f32;
+    }
+
+    let mut key_end = seq;
+    if causal {
+        key_end = min(first_query + comptime!(planes * MMA_ROWS), seq);
+    }
+    let mut first_key = 0usize;
+    while first_key < key_end {
+        // The previous step's reads of both tiles are done.
+        sync_cube();
+        stage_rows_strided::<F, M>(
+            k,
+            &mut k_tile,
+            kv_base,
+            first_key,
+            seq,
+            unit,
+            tile_elems,
+            units,
+            head_dim,
+            stride,
+            round_bf16,
+        );
+        stage_rows_strided::<F, M>(
+            v,
+            &mut v_tile,
+            kv_base,
+            first_key,
+            seq,
+            unit,
+            tile_elems,
+            units,
+            head_dim,
+            stride,
+            round_bf16,
+        );
+        sync_cube();
+
+        // Scores: block `j` holds keys `8 j ..`; `k^T`'s value (d, key) is
+        // the key tile's (key, d).
+        #[unroll(matrix_units)]
+        for j in 0..key_blocks {
+            #[unroll]
+            for p in 0..C_PAIRS {
+                c[p] = Pair::<f32>::new(0.0f32);
+            }
+            #[unroll(matrix_units)]
+            for d in 0..depth_steps {
+                #[unroll]
+                for p in 0..A_PAIRS {
+                    a[p] = q_regs[d * A_PAIRS + p];
+                }
+                #[unroll]
+                for p in 0..B_PAIRS {
+                    // Values 2p, 2p + 1: depth rows `2 t + 8 p` and the next.
+                    let at =
+                        (j * MMA_COLS + lane / 4) * stride + d * MMA_DEPTH + 2 * (lane % 4) + 8 * p;
+                    let mut pair = Pair::<M>::empty();
+                    pair[0] = k_tile[at];
+                    pair[1] = k_tile[at + 1];
+                    b[p] = pair;
+                }
+                mma::<M>(&a, &b, &mut c, &mut scratch, plane_at, lane, matrix_units);
+            }
+            #[unroll]
+            for p in 0..C_PAIRS {
+                scores[j * C_PAIRS + p] = c[p];
+            }
+        }
+
+        online_softmax(
+            &mut scores,
+            &mut row_max,
+            &mut row_sum,
+            &mut out_acc,
+            &mut scratch,
+            row_top,
+            row_bottom,
+            first_key,
+            seq,
+            scale,
+            slope,
+            plane_at,
+            lane,
+            key_blocks,
+            dim_blocks,
+            causal,
+            alibi,
+            matrix_units,
+        );
+        // Score accumulators `2 s` and `2 s + 1` are, pair for pair, the
+        // left operand of keys `16 s ..`.
+        #[unroll(matrix_units)]
+        for i in 0..comptime!(key_steps * A_PAIRS) {
+            probs[i] = Pair::<M>::cast_from(scores[i]);
+        }
+
+        // Output block `n` (columns `8 n ..`) += p v.
+        #[unroll(matrix_units)]
+        for n in 0..dim_blocks {
+            #[unroll]
+            for p in 0..C_PAIRS {
+                c[p] = out_acc[n * C_PAIRS + p];
+            }
+            #[unroll(matrix_units)]
+            for s in 0..key_steps {
+                #[unroll]
+                for p in 0..A_PAIRS {
+                    a[p] = probs[s * A_PAIRS + p];
+                }
+                #[unroll]
+                for p in 0..B_PAIRS {
+                    let key = s * MMA_DEPTH + 2 * (lane % 4) + 8 * p;
+                    let at = key * stride + n * MMA_COLS + lane / 4;
+                    let mut pair = Pair::<M>::empty();
+                    pair[0] = v_tile[at];
+                    pair[1] = v_tile[at + stride];
+                    b[p] = pair;
+                }
+                mma::<M>(&a, &b, &mut c, &mut scratch, plane_at, lane, matrix_units);
+            }
+            #[unroll]
+            for p in 0..C_PAIRS {
+                out_acc[n * C_PAIRS + p] = c[p];
+            }
+        }
+        first_key += keys;
+    }
+
+    #[unroll]
+    for h in 0..2usize {
+        let sum = quad_sum(row_sum[h], &mut scratch, plane_at, lane, matrix_units);
+        let row = select(h == 0, row_top, row_bottom);
+        if row < seq {
+            #[unroll(matrix_units)]
+            for n in 0..dim_blocks {
+                let pair = out_acc[n * C_PAIRS + h];
+                #[unroll]
+                for e in 0..2usize {
+                    let col = n * MMA_COLS + c_col(lane, e);
+                    out[q_base + row * head_dim + col] = store::<F>(pair[e] / sum, round_bf16);
+                }
+            }
+            // The group's first unit writes the row's statistics.
+            let in_group = lane % 4;
+            if in_group == 0 {
+                lse[bh * seq + row] = row_max[h] + f32::ln(sum);
+            }
+        }
+    }
+}
+
+/// Step 3 of [`attention_forward_mma_kernel`] for one unit: `scores` (its
+/// `key_blocks` accumulators, pair `2 j + h` holding row `row_top`'s
+/// (`h = 0`) or `row_bottom`'s (`h = 1`)
+/// values at keys `first_key + 8 j + 2 (lane % 4) ..+ 2`) become scaled,
+/// biased, masked and exponentiated against the rows' new running maxima
+/// (`row_max`, over the unit's group of four); the rows' partial sums
+/// `row_sum` and output accumulators `out_acc` (pair `2 n + h`) are
+/// rescaled to the new maxima and the partial sums take the new
+/// probabilities.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn online_softmax(
+    scores: &mut Array<Pair<f32>>,
+    row_max: &mut Array<f32>,
+    row_sum: &mut Array<f32>,
+    out_acc: &mut Array<Pair<f32>>,
+    scratch: &mut SharedMemory<f32>,
+    row_top: usize,
+    row_bottom: usize,
+    first_key: usize,
+    seq: usize,
+    scale: f32,
+    slope: f32,
+    plane_at: usize,
+    lane: usize,
+    #[comptime] key_blocks: usize,
+    #[comptime] dim_blocks: usize,
+    #[comptime] causal: bool,
+    #[comptime] alibi: bool,
+    #[comptime] matrix_units: bool,
+) {
+    #[unroll]
+    for h in 0..2usize {
+        let row = select(h == 0, row_top, row_bottom);
+        let old_max = row_max[h];
+        let mut top = old_max;
+        #[unroll(matrix_units)]
+        for j in 0..key_blocks {
+            let mut pair = scores[j * C_PAIRS + h];
+            #[unroll]
+            for e in 0..2usize {
+                let key = first_key + j * MMA_COLS + c_col(lane, e);
+                let score = select(
+                    visible(row, key, seq, causal),
+                    pair_score(pair[e], scale, slope, row, key, alibi),
+                    f32::new(NEG_LARGE),
+                );
+                pair[e] = score;
+                top = max(top, score);
+            }
+            scores[j * C_PAIRS + h] = pair;
+        }
+        // Key 0 (in the first tile) is visible to every row below `seq`,
+        // so such a row's maximum is a real score from then on and a
+        // masked score's probability is exactly 0.
+        let new_max = quad_max(top, scratch, plane_at, lane, matrix_units);
+        let rescale = f32::exp(old_max - new_max);
+        row_max[h] = new_max;
+        let mut sum = 0.0f32;
+        #[unroll(matrix_units)]
+        for j in 0..key_blocks {
+            let mut pair = scores[j * C_PAIRS + h];
+            #[unroll]
+            for e in 0..2usize {
+                let p = f32::exp(pair[e] - new_max);
+                pair[e] = p;
+                sum += p;
+            }
+            scores[j * C_PAIRS + h] = pair;
+        }
+        row_sum[h] = row_sum[h] * rescale + sum;
+        #[unroll(matrix_units)]
+        for n in 0..dim_blocks {
+            out_acc[n * C_PAIRS + h] = out_acc[n * C_PAIRS + h] * Pair::<f32>::new(rescale);
+        }
+    }
+}
