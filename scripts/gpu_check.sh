@@ -27,18 +27,20 @@
 #            A and B (SHAPES="c d a b", PRECISIONS="bf16 fp32" and
 #            STEP_TIMEOUT=240 seconds per ferrotron phase override); each
 #            16-bit ferrotron run again with --attention-kernel
-#            matrix-units (phase ferrotron-SHAPE-PRECISION-mu); last, one
+#            matrix-units (phase ferrotron-SHAPE-PRECISION-mu) and
+#            registers (ferrotron-SHAPE-PRECISION-mma); last, one
 #            step of the first shape and precision under Nsight Compute
 #            (phase profile-SHAPE-PRECISION, PROFILE_TIMEOUT=180 seconds:
 #            GPU time per kernel, the CSV rows in
 #            step/profile-SHAPE-PRECISION.csv), in 16 bits also with
-#            --attention-kernel matrix-units (profile-SHAPE-PRECISION-mu),
-#            where ncu is on the PATH.
+#            --attention-kernel matrix-units (profile-SHAPE-PRECISION-mu)
+#            and registers (profile-SHAPE-PRECISION-mma), where ncu is on
+#            the PATH.
 #   kernels  `bench kernels` attention at head dim 128, seq 1024-8192: the
 #            row and tiled kernels (attention, attention_tiled), then the
 #            fragment forward and backward on the matrix units
-#            (attention_cmma_bf16), then the register forward on the mma
-#            instruction with that backward (attention_mma_bf16); then
+#            (attention_cmma_bf16), then the register forward and backward
+#            on the mma instruction (attention_mma_bf16); then
 #            compute-sanitizer memcheck and racecheck on that run (fused
 #            forward + backward and the reference) at seq 1024 and 2048,
 #            where compute-sanitizer is on the PATH: only the attention

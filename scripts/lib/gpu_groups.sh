@@ -74,15 +74,21 @@ group_step() {
             # shellcheck disable=SC2086 # $s and $steps are lists of flags
             run_phase "ferrotron-$i-$p" "${STEP_TIMEOUT:-240}" "$F" bench train $s --precision "$p" \
                 --backends "$backend" $steps "${peak[@]}" --json "$GROUP_DIR/ferrotron-$i-$p.json"
-            # 16 bits again with the attention on the matrix units (the fragment forward and backward).
-            if [ "$p" != fp32 ] && [ "$device" = cpu ]; then
-                skip_phase "ferrotron-$i-$p-mu" "--attention-kernel matrix-units needs fused kernels on a GPU"
-            elif [ "$p" != fp32 ]; then
-                # shellcheck disable=SC2086
-                run_phase "ferrotron-$i-$p-mu" "${STEP_TIMEOUT:-240}" "$F" bench train $s --precision "$p" \
-                    --attention-kernel matrix-units --backends "$backend" $steps "${peak[@]}" \
-                    --json "$GROUP_DIR/ferrotron-$i-$p-mu.json"
-            fi
+            # 16 bits again with the attention on the matrix units: the
+            # fragment kernels (-mu), then the register kernels (-mma).
+            local suffix kernel
+            for suffix in mu mma; do
+                kernel=matrix-units
+                [ "$suffix" = mma ] && kernel=registers
+                if [ "$p" != fp32 ] && [ "$device" = cpu ]; then
+                    skip_phase "ferrotron-$i-$p-$suffix" "--attention-kernel $kernel needs fused kernels on a GPU"
+                elif [ "$p" != fp32 ]; then
+                    # shellcheck disable=SC2086
+                    run_phase "ferrotron-$i-$p-$suffix" "${STEP_TIMEOUT:-240}" "$F" bench train $s \
+                        --precision "$p" --attention-kernel "$kernel" --backends "$backend" $steps \
+                        "${peak[@]}" --json "$GROUP_DIR/ferrotron-$i-$p-$suffix.json"
+                fi
+            done
             if [ -n "$torch_note" ]; then
                 skip_phase "torch-$i-$p" "$torch_note"
             elif [ "$device" = cpu ] && [ "$p" = bf16 ]; then
@@ -97,8 +103,9 @@ group_step() {
     # One step of the first shape in the first precision under Nsight
     # Compute (after its runs filled the caches): GPU time per kernel, the
     # CSV rows in GROUP_DIR/profile-SHAPE-PRECISION.csv; in 16 bits the
-    # same again with the attention on the matrix units
-    # (profile-SHAPE-PRECISION-mu).
+    # same again with the attention's fragment kernels on the matrix units
+    # (profile-SHAPE-PRECISION-mu) and with its register kernels
+    # (profile-SHAPE-PRECISION-mma).
     read -r i _ <<<"${SHAPES:-c d a b}"
     read -r p _ <<<"${PRECISIONS:-bf16 fp32}"
     s="shape_$i"
@@ -108,6 +115,8 @@ group_step() {
     if [ "$p" != fp32 ]; then
         # shellcheck disable=SC2086
         profile_phase "profile-$i-$p-mu" $s --precision "$p" --attention-kernel matrix-units
+        # shellcheck disable=SC2086
+        profile_phase "profile-$i-$p-mma" $s --precision "$p" --attention-kernel registers
     fi
 }
 

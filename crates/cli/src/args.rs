@@ -302,8 +302,8 @@ pub struct KernelsBenchArgs {
     pub head_dim: usize,
     /// Only this kernel: attention (the row and the tiled forward kernel),
     /// attention_tiled, attention_cmma_bf16 (the fragment kernels on matrix units, run only when named),
-    /// attention_mma_bf16 (the register forward on the mma instruction with the fragment
-    /// backward, run only when named), swiglu, rms_norm, layer_norm, rope or cross_entropy.
+    /// attention_mma_bf16 (the register forward and backward on the mma instruction, run
+    /// only when named), swiglu, rms_norm, layer_norm, rope or cross_entropy.
     #[arg(long, value_name = "KERNEL")]
     pub only: Option<String>,
     /// Untimed runs per path and shape before the timed ones (shader compilation, caches).

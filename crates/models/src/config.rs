@@ -1,6 +1,7 @@
 //! The decoder's configuration: the switches that tell the families apart.
 
 use ferrotron_engine::precision::Precision;
+use ferrotron_kernels::attention::MatrixUnits;
 use ferrotron_parallel::recompute::Recompute;
 use serde::{Deserialize, Serialize};
 
@@ -114,14 +115,15 @@ pub struct DecoderConfig {
     /// of the architecture, so never written out (default f32).
     #[serde(default, skip_serializing)]
     pub precision: Precision,
-    /// Run the fused attention's products on the matrix units (tensor
-    /// cores) where the device has them for the compute dtype and head
-    /// dimension (`backend.attention_kernel = matrix-units`: the fragment
-    /// forward and backward); elsewhere, and by default, the
-    /// tiled kernels on plain units. Not part of the architecture, so
-    /// never written out.
-    #[serde(default, skip_serializing)]
-    pub attention_matrix_units: bool,
+    /// Which kernels run the fused attention's products on the matrix
+    /// units (tensor cores) where the device has them for the compute
+    /// dtype and head dimension (`backend.attention_kernel =
+    /// matrix-units`: the fragment forward and backward; `registers`: the
+    /// register forward and backward on the `mma` instruction); elsewhere,
+    /// and by default ([`MatrixUnits::Off`]), the tiled kernels on plain
+    /// units. Not part of the architecture, so never written out.
+    #[serde(default, skip)]
+    pub attention_matrix_units: MatrixUnits,
 }
 
 /// A configuration that cannot build a model.

@@ -19,6 +19,9 @@ pub mod tensor_parallel;
 
 pub use config::{ConfigError, DecoderConfig, Kernels, MlpKind, NormKind, Position};
 pub use decoder::{Decoder, KvCache};
+/// The attention kernels a model asks for on the matrix units
+/// ([`DecoderConfig::attention_matrix_units`]).
+pub use ferrotron_kernels::attention::MatrixUnits;
 pub use generate::{generate, SamplingConfig};
 pub use part::{ModelPart, PartError};
 pub use rope_scaling::RopeScaling;

@@ -3,6 +3,7 @@
 
 use crate::config::{DecoderConfig, MlpKind, NormKind, Position};
 use crate::rope_scaling::RopeScaling;
+use ferrotron_kernels::attention::MatrixUnits;
 
 /// Every preset name, in the order they are listed to users.
 pub const PRESET_NAMES: &[&str] = &[
@@ -45,7 +46,7 @@ pub(crate) fn gpt2(hidden: usize, layers: usize, heads: usize) -> DecoderConfig 
         init_std: 0.02,
         kernels: None,
         precision: Default::default(),
-        attention_matrix_units: false,
+        attention_matrix_units: MatrixUnits::Off,
     }
 }
 
@@ -82,7 +83,7 @@ pub(crate) fn llama(
         init_std: 0.02,
         kernels: None,
         precision: Default::default(),
-        attention_matrix_units: false,
+        attention_matrix_units: MatrixUnits::Off,
     }
 }
 
@@ -130,7 +131,7 @@ pub(crate) fn bloom(hidden: usize, layers: usize, heads: usize) -> DecoderConfig
         init_std: 0.02,
         kernels: None,
         precision: Default::default(),
-        attention_matrix_units: false,
+        attention_matrix_units: MatrixUnits::Off,
     }
 }
 

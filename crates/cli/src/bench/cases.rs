@@ -69,8 +69,8 @@ pub enum AttentionPath {
     /// bf16: inputs, outputs and gradients bf16 (the
     /// kernels run 16-bit types only).
     CmmaBf16,
-    /// The register forward on the `mma` instruction (tensor cores) and
-    /// the fragment backward on matrix units, bf16 as [`Self::CmmaBf16`].
+    /// The register forward and backward on the `mma` instruction (tensor
+    /// cores), bf16 as [`Self::CmmaBf16`].
     MmaBf16,
 }
 
@@ -78,7 +78,7 @@ pub enum AttentionPath {
 /// `--only` value that adds them to the sweep.
 pub const CMMA_KERNEL: &str = "attention_cmma_bf16";
 
-/// Name of the rows of the register forward on the `mma` instruction, and
+/// Name of the rows of the register kernels on the `mma` instruction, and
 /// the `--only` value that adds them to the sweep.
 pub const MMA_KERNEL: &str = "attention_mma_bf16";
 

@@ -9,7 +9,7 @@ use cubecl::prelude::*;
 use cubecl::server::Handle;
 use ferrotron_kernels::attention::{
     attention_backward_with, attention_forward_with, AttentionBackwardKernel, AttentionInputs,
-    AttentionKernel, AttentionOptions, AttentionShape,
+    AttentionKernel, AttentionOptions, AttentionShape, MatrixUnits,
 };
 use ferrotron_kernels::cross_entropy::cross_entropy_forward_backward;
 use ferrotron_kernels::norm::layer::{layer_norm_backward, layer_norm_forward};
@@ -116,8 +116,9 @@ fn ones<R: Runtime>(client: &ComputeClient<R>, n: usize) -> Handle {
 /// backward the launcher chooses (tiled where it fits); the fragment
 /// forward (bf16) and backward on the matrix units, each at the largest
 /// tiles that fit, else the backward the launcher chooses; the register
-/// forward on the `mma` instruction (bf16) with that backward. `None` when
-/// the device cannot run the forward.
+/// forward and backward on the `mma` instruction (bf16), each at the
+/// largest tiles that fit, else the backward the launcher chooses. `None`
+/// when the device cannot run the forward.
 pub fn attention_kernels<R: Runtime>(
     client: &ComputeClient<R>,
     head_dim: usize,
@@ -147,9 +148,7 @@ pub fn attention_kernels<R: Runtime>(
             .then(|| AttentionKernel::registers_for(max_shared, head_dim, true))
             .flatten()
             .map(|forward| {
-                let backward = AttentionBackwardKernel::matrix_units_run(client, FloatDtype::Bf16)
-                    .then(|| AttentionBackwardKernel::fragment_for(max_shared, head_dim, true))
-                    .flatten()
+                let backward = AttentionBackwardKernel::registers_for(max_shared, head_dim, true)
                     .unwrap_or(chosen_backward);
                 (forward, backward, FloatDtype::Bf16)
             }),
@@ -189,7 +188,7 @@ fn attention<R: Runtime>(
     let options = AttentionOptions {
         causal: true,
         scale: None,
-        matrix_units: false,
+        matrix_units: MatrixUnits::Off,
     };
     sync(client)?;
     let start = Instant::now();

@@ -123,8 +123,8 @@ fn legend(warmup: usize, reps: usize) -> String {
          AttentionBackwardKernel::choose picks them, the row backward where none fit), \
          `attention_cmma_bf16` the fragment forward and backward on matrix units (tensor cores) \
          with bf16 inputs, outputs and gradients (where the device has them; each at its \
-         largest tiles that fit), `attention_mma_bf16` the register forward on the mma \
-         instruction (scores, probabilities and output in registers) with that backward, \
+         largest tiles that fit), `attention_mma_bf16` the register forward and backward \
+         on the mma instruction (scores, probabilities and accumulators in registers), \
          all against the same f32 reference; fwd ms = the fused forward alone, bwd ms = each run's forward \
          + backward minus its forward (medians); TFLOP/s by the \
          FlashAttention-2 count (forward 4 * batch * heads * seq^2 * head_dim / 2 under the \

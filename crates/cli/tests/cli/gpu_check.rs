@@ -63,6 +63,7 @@ fn expected_phases() -> Vec<(String, &'static str)> {
             if precision == "bf16" {
                 // The matrix units need a GPU.
                 p.push((format!("ferrotron-{shape}-{precision}-mu"), "skipped"));
+                p.push((format!("ferrotron-{shape}-{precision}-mma"), "skipped"));
             }
             let torch = if precision == "bf16" {
                 "skipped"
@@ -75,6 +76,7 @@ fn expected_phases() -> Vec<(String, &'static str)> {
     // Nsight Compute needs a GPU.
     p.push(("profile-c-bf16".into(), "skipped"));
     p.push(("profile-c-bf16-mu".into(), "skipped"));
+    p.push(("profile-c-bf16-mma".into(), "skipped"));
     if cfg!(feature = "kernels-bench") {
         for name in [
             "kernels-attention",
@@ -270,9 +272,11 @@ fn a_short_lease_runs_only_the_phases_it_names() {
         [
             "ferrotron-c-bf16",
             "ferrotron-c-bf16-mu",
+            "ferrotron-c-bf16-mma",
             "torch-c-bf16",
             "profile-c-bf16",
-            "profile-c-bf16-mu"
+            "profile-c-bf16-mu",
+            "profile-c-bf16-mma"
         ],
         "{stdout}"
     );

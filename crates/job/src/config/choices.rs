@@ -86,4 +86,10 @@ pub enum AttentionKernelChoice {
     /// elsewhere as `auto`. Opt-in until the GPU battery's race
     /// check has run on it.
     MatrixUnits,
+    /// FlashAttention-2's register scheme where the device has the 16 x 8
+    /// x 16 `mma` instruction for the compute dtype (16-bit) and the head
+    /// dimension is a multiple of 16 up to 128: the register forward and
+    /// backward, scores and accumulators in registers; elsewhere as
+    /// `auto`. Opt-in until it has run on a GPU.
+    Registers,
 }

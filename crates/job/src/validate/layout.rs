@@ -6,7 +6,7 @@ use ferrotron_engine::metrics;
 use ferrotron_engine::precision::Precision;
 use ferrotron_models::ops::choose_kernels;
 use ferrotron_models::tensor_parallel::check_tp;
-use ferrotron_models::{DecoderConfig, Kernels};
+use ferrotron_models::{DecoderConfig, Kernels, MatrixUnits};
 use ferrotron_parallel::comm::nccl::LIBRARY_ENV;
 use ferrotron_parallel::launch::ranks_on_node;
 use ferrotron_parallel::mesh::Mesh;
@@ -177,13 +177,17 @@ fn attention_kernel(
     model: &mut DecoderConfig,
     p: &mut Problems,
 ) {
-    let choice = c.backend.attention_kernel;
-    model.attention_matrix_units = choice == AttentionKernelChoice::MatrixUnits;
-    if model.attention_matrix_units && kernels != Kernels::Fused {
+    let (units, name) = match c.backend.attention_kernel {
+        AttentionKernelChoice::Auto => return,
+        AttentionKernelChoice::MatrixUnits => (MatrixUnits::Fragments, "matrix-units"),
+        AttentionKernelChoice::Registers => (MatrixUnits::Registers, "registers"),
+    };
+    model.attention_matrix_units = units;
+    if kernels != Kernels::Fused {
         p.key(
             "backend",
             "attention_kernel",
-            format!("matrix-units on {kind} without fused kernels: only the fused attention (backend.kernels = fused, on cuda, rocm or wgpu) runs on matrix units"),
+            format!("{name} on {kind} without fused kernels: only the fused attention (backend.kernels = fused, on cuda, rocm or wgpu) runs on matrix units"),
         );
     }
 }

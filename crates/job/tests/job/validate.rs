@@ -358,23 +358,27 @@ fn cudas_bf16_default_holds_under_tp_cp_and_pp() {
     }
 }
 
-/// `backend.attention_kernel = "matrix-units"` needs the fused attention:
-/// on flex it is refused naming the key; `auto` is the default.
+/// `backend.attention_kernel = "matrix-units"` or `"registers"` needs the
+/// fused attention: on flex each is refused naming the key and the
+/// choice; `auto` is the default.
 #[test]
 fn matrix_unit_attention_is_refused_without_fused_kernels() {
+    use ferrotron_job::config::AttentionKernelChoice;
     let mut job = JobConfig::default();
-    assert_eq!(
-        job.backend.attention_kernel,
-        ferrotron_job::config::AttentionKernelChoice::Auto
-    );
+    assert_eq!(job.backend.attention_kernel, AttentionKernelChoice::Auto);
     job.checkpoint.out = Some(std::env::temp_dir().join("ferrotron-never-written-mu"));
-    job.backend.attention_kernel = ferrotron_job::config::AttentionKernelChoice::MatrixUnits;
-    let lines = refusal(&job);
-    assert_eq!(lines.len(), 1, "{lines:?}");
-    assert!(
-        lines[0].starts_with(
-            "backend.attention_kernel: --attention-kernel matrix-units on flex without fused"
-        ),
-        "{lines:?}"
-    );
+    for (choice, name) in [
+        (AttentionKernelChoice::MatrixUnits, "matrix-units"),
+        (AttentionKernelChoice::Registers, "registers"),
+    ] {
+        job.backend.attention_kernel = choice;
+        let lines = refusal(&job);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].starts_with(&format!(
+                "backend.attention_kernel: --attention-kernel {name} on flex without fused"
+            )),
+            "{lines:?}"
+        );
+    }
 }

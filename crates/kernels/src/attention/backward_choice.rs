@@ -1,13 +1,15 @@
 //! Which backward kernels run: the one place that chooses between the row
 //! kernels and the tiled kernels of the backward, by the rule the forward
 //! uses ([`super::AttentionKernel::choose`]), and that describes the
-//! fragment kernels, which run when named.
+//! fragment and the register kernels, which run when named.
 
 use cubecl::prelude::*;
 
-use super::choice::{fragment_head_dim, matrix_units_run};
+use super::choice::{fragment_head_dim, matrix_units_run, AttentionKernel};
 use super::fragment::{fragment_backward_shared_bytes, FRAGMENT, FRAGMENT_TILES};
-use super::shape::{AttentionError, AttentionOptions, AttentionShape};
+use super::mma::{MMA_ROWS, MMA_SCRATCH};
+use super::mma_forward::TILE_PAD;
+use super::shape::{AttentionError, AttentionOptions, AttentionShape, MatrixUnits};
 use super::tiled_backward_kv::{tiled_backward_shared_bytes, BACKWARD_TILES};
 use crate::dtype::FloatDtype;
 
@@ -53,7 +55,33 @@ pub enum AttentionBackwardKernel {
         /// Products on the matrix units or on plain units.
         matrix_units: bool,
     },
+    /// FlashAttention-2's backward as its CUDA kernel runs
+    /// (`mma_backward_kv.rs`, `mma_backward_q.rs`), the register forward's
+    /// scheme: a cube of `planes` planes of 32 units owns `16 * planes`
+    /// rows (key rows in the dK/dV kernel, query rows in the dQ kernel),
+    /// each plane keeps its rows' scores, probabilities, their gradient
+    /// and its gradients in registers, and walks the other side `inner`
+    /// rows at a time through shared memory. `(planes, inner)` is one of
+    /// [`MMA_BACKWARD_TILES`], `head_dim` a multiple of 16 up to 128;
+    /// operands as the fragment kernels'. With `matrix_units` the products
+    /// are the 16 x 8 x 16 `mma` instruction (16-bit types only, where
+    /// [`Self::mma_runs`]); without, its plain-unit form (how the tests
+    /// check the kernels on lavapipe). Runs when named.
+    Registers {
+        /// Planes per cube (16 rows each).
+        planes: usize,
+        /// Rows of the other side per step, a multiple of 16.
+        inner: usize,
+        /// Products on the matrix units or on plain units.
+        matrix_units: bool,
+    },
 }
+
+/// Tiles `(planes, inner)` the register backward is compiled for, largest
+/// first. `inner` stays at 32 or less: each unit holds its share of a
+/// plane's two `16 x inner` products besides its two `16 x head_dim`
+/// gradients (dK and dV), 176 registers at head dim 128.
+pub const MMA_BACKWARD_TILES: [(usize, usize); 4] = [(4, 32), (4, 16), (2, 16), (1, 16)];
 
 impl AttentionBackwardKernel {
     /// The kernels [`super::attention_backward_typed`] runs for `head_dim`
@@ -71,10 +99,11 @@ impl AttentionBackwardKernel {
     }
 
     /// The kernels [`super::attention_backward_typed`] runs for a call of
-    /// `dtype` at `head_dim` with `options` on `client`'s device: the
-    /// fragment kernels on the matrix units ([`Self::fragment_for`]) where
-    /// `options.matrix_units` asks for them, [`Self::matrix_units_run`]
-    /// and a tile fits, else [`Self::choose`]'s.
+    /// `dtype` at `head_dim` with `options` on `client`'s device: those
+    /// `options.matrix_units` asks for on the matrix units (the fragment
+    /// kernels, [`Self::fragment_for`], where [`Self::matrix_units_run`];
+    /// the register kernels, [`Self::registers_for`], where
+    /// [`Self::mma_runs`]) where a tile fits, else [`Self::choose`]'s.
     pub fn for_call<R: Runtime>(
         client: &ComputeClient<R>,
         head_dim: usize,
@@ -82,12 +111,16 @@ impl AttentionBackwardKernel {
         options: AttentionOptions,
     ) -> AttentionBackwardKernel {
         let max_shared = client.properties().hardware.max_shared_memory_size;
-        if options.matrix_units && matrix_units_run(client, dtype) {
-            if let Some(kernel) = Self::fragment_for(max_shared, head_dim, true) {
-                return kernel;
-            }
+        match options.matrix_units {
+            MatrixUnits::Off => None,
+            MatrixUnits::Fragments => matrix_units_run(client, dtype)
+                .then(|| Self::fragment_for(max_shared, head_dim, true))
+                .flatten(),
+            MatrixUnits::Registers => Self::mma_runs(client, dtype)
+                .then(|| Self::registers_for(max_shared, head_dim, true))
+                .flatten(),
         }
-        Self::choose(client, head_dim)
+        .unwrap_or_else(|| Self::choose(client, head_dim))
     }
 
     /// [`AttentionBackwardKernel::choose`] for a device with
@@ -125,6 +158,34 @@ impl AttentionBackwardKernel {
             })
     }
 
+    /// The register kernels with the largest of [`MMA_BACKWARD_TILES`]
+    /// whose shared memory fits a device with `max_shared_bytes` per cube
+    /// at `head_dim`, with the products on the matrix units or not; `None`
+    /// where none fits or `head_dim` is not a multiple of 16 up to 128.
+    pub fn registers_for(
+        max_shared_bytes: usize,
+        head_dim: usize,
+        matrix_units: bool,
+    ) -> Option<AttentionBackwardKernel> {
+        MMA_BACKWARD_TILES
+            .into_iter()
+            .map(|(planes, inner)| AttentionBackwardKernel::Registers {
+                planes,
+                inner,
+                matrix_units,
+            })
+            .find(|kernel| {
+                fragment_head_dim(head_dim) && kernel.shared_bytes(head_dim) <= max_shared_bytes
+            })
+    }
+
+    /// Whether `client`'s device runs the register kernels' products on
+    /// the `mma` instruction in `dtype` (the register forward's condition,
+    /// [`AttentionKernel::mma_runs`]).
+    pub fn mma_runs<R: Runtime>(client: &ComputeClient<R>, dtype: FloatDtype) -> bool {
+        AttentionKernel::mma_runs(client, dtype)
+    }
+
     /// Whether `client`'s device runs the fragment kernels' products on its
     /// matrix units in `dtype`: a 16-bit type with 16x16x16 `cmma` and f32
     /// accumulators on 32-unit planes (the fragment forward's condition).
@@ -149,12 +210,18 @@ impl AttentionBackwardKernel {
                 let operand_bytes = if matrix_units { 2 } else { 4 };
                 fragment_backward_shared_bytes(planes, inner, head_dim, operand_bytes)
             }
+            AttentionBackwardKernel::Registers {
+                planes,
+                inner,
+                matrix_units,
+            } => registers_backward_shared_bytes(planes, inner, head_dim, matrix_units),
         }
     }
 
-    /// Short name: `row`, `tiled{outer}x{inner}` (e.g. `tiled32x16`), or
+    /// Short name: `row`, `tiled{outer}x{inner}` (e.g. `tiled32x16`),
     /// `fragment{outer}x{inner}` with `-cmma` on the matrix units and
-    /// `-plain` on plain units (e.g. `fragment64x64-cmma`).
+    /// `-plain` on plain units (e.g. `fragment64x64-cmma`), or
+    /// `registers{outer}x{inner}` with `-mma` or `-plain`.
     pub fn name(self) -> String {
         match self {
             AttentionBackwardKernel::Row => "row".to_string(),
@@ -167,6 +234,14 @@ impl AttentionBackwardKernel {
                 let units = if matrix_units { "cmma" } else { "plain" };
                 format!("fragment{}x{inner}-{units}", planes * FRAGMENT)
             }
+            AttentionBackwardKernel::Registers {
+                planes,
+                inner,
+                matrix_units,
+            } => {
+                let units = if matrix_units { "mma" } else { "plain" };
+                format!("registers{}x{inner}-{units}", planes * MMA_ROWS)
+            }
         }
     }
 
@@ -177,6 +252,7 @@ impl AttentionBackwardKernel {
             AttentionBackwardKernel::Row => 0,
             AttentionBackwardKernel::Tiled { outer, .. } => outer,
             AttentionBackwardKernel::Fragment { planes, .. } => planes * FRAGMENT,
+            AttentionBackwardKernel::Registers { planes, .. } => planes * MMA_ROWS,
         }
     }
 
@@ -211,6 +287,19 @@ impl AttentionBackwardKernel {
                 }
                 (outer, inner)
             }
+            AttentionBackwardKernel::Registers { planes, inner, .. } => {
+                let outer = planes * MMA_ROWS;
+                if !MMA_BACKWARD_TILES.contains(&(planes, inner))
+                    || !fragment_head_dim(shape.head_dim)
+                {
+                    return Err(AttentionError::UnsupportedFragment {
+                        outer,
+                        inner,
+                        head_dim: shape.head_dim,
+                    });
+                }
+                (outer, inner)
+            }
         };
         let needed = self.shared_bytes(shape.head_dim);
         if needed > max_shared_bytes {
@@ -223,6 +312,34 @@ impl AttentionBackwardKernel {
         }
         Ok(())
     }
+}
+
+/// Shared memory of one cube of the register backward with `planes`
+/// planes and `inner` rows of the other side per step at `head_dim`, in
+/// bytes: the dK/dV kernel's, the larger (the dQ kernel holds only the two
+/// `inner`-row tiles). Its key and value tiles of `16 * planes` rows and
+/// its query and output-gradient tiles of `inner` rows, rows of `head_dim
+/// +` [`TILE_PAD`] values (16-bit operands on the matrix units, f32
+/// bounding the plain form), the tile's log-sum-exp and `delta`, and on
+/// plain units [`MMA_SCRATCH`] f32 values per plane. Each array is padded
+/// to 128 bytes, as allocated.
+fn registers_backward_shared_bytes(
+    planes: usize,
+    inner: usize,
+    head_dim: usize,
+    matrix_units: bool,
+) -> usize {
+    let pad = |bytes: usize| bytes.next_multiple_of(128);
+    let (operand_bytes, scratch) = if matrix_units {
+        (2, 1)
+    } else {
+        (4, planes * MMA_SCRATCH)
+    };
+    let row_bytes = (head_dim + TILE_PAD) * operand_bytes;
+    2 * pad(planes * MMA_ROWS * row_bytes)
+        + 2 * pad(inner * row_bytes)
+        + 2 * pad(inner * 4)
+        + pad(scratch * 4)
 }
 
 #[cfg(test)]
@@ -259,6 +376,59 @@ mod tests {
         assert_eq!(
             AttentionBackwardKernel::for_shared_memory(48 * 1024, 256),
             AttentionBackwardKernel::Row
+        );
+    }
+
+    #[test]
+    fn the_largest_register_tiles_that_fit_are_chosen() {
+        // 4 planes x 32 at head_dim 128 in 16 bits: key and value tiles of
+        // 64 rows of 136 values 2 * 17,408, query and output-gradient
+        // tiles of 32 rows 2 * 8,704, lse and delta 2 * 128, the unused
+        // one-value scratch 128.
+        assert_eq!(registers_backward_shared_bytes(4, 32, 128, true), 52_608);
+        let registers = |planes, inner, matrix_units| {
+            Some(AttentionBackwardKernel::Registers {
+                planes,
+                inner,
+                matrix_units,
+            })
+        };
+        for max in [227 * 1024, 164 * 1024, 64 * 1024] {
+            assert_eq!(
+                AttentionBackwardKernel::registers_for(max, 128, true),
+                registers(4, 32, true)
+            );
+        }
+        // lavapipe (32 KiB), f32 operands: 64 x 16 at 32, 32 x 16 at 64,
+        // none at 128.
+        let lavapipe = 32 * 1024;
+        assert_eq!(
+            AttentionBackwardKernel::registers_for(lavapipe, 32, false),
+            registers(4, 16, false)
+        );
+        assert_eq!(
+            AttentionBackwardKernel::registers_for(lavapipe, 64, false),
+            registers(2, 16, false)
+        );
+        assert_eq!(
+            AttentionBackwardKernel::registers_for(lavapipe, 128, false),
+            None
+        );
+        assert_eq!(registers(4, 32, true).unwrap().name(), "registers64x32-mma");
+        let shape = AttentionShape {
+            batch: 1,
+            n_heads: 1,
+            n_kv_heads: 1,
+            seq: 8,
+            head_dim: 64,
+        };
+        assert_eq!(
+            registers(4, 64, true).unwrap().check(&shape, 1 << 20),
+            Err(AttentionError::UnsupportedFragment {
+                outer: 64,
+                inner: 64,
+                head_dim: 64
+            })
         );
     }
 

@@ -14,7 +14,7 @@ use super::fragment::{
 };
 use super::mma::{MMA_COLS, MMA_DEPTH, MMA_PLANE_SIZE, MMA_ROWS, MMA_SCRATCH};
 use super::mma_forward::TILE_PAD;
-use super::shape::{AttentionError, AttentionOptions, AttentionShape};
+use super::shape::{AttentionError, AttentionOptions, AttentionShape, MatrixUnits};
 use super::tiled_forward::{tiled_shared_bytes, TILE_SIZES};
 use super::tiles::ROWS_PER_CUBE;
 use crate::dtype::FloatDtype;
@@ -95,20 +95,25 @@ impl AttentionKernel {
 
     /// The kernel [`super::attention_forward_typed`] runs for a call of
     /// `dtype` at `head_dim` with `options` on `client`'s device: the
-    /// fragment kernel on the matrix units ([`Self::on_matrix_units`])
-    /// where `options.matrix_units` asks for it and it runs, else
-    /// [`AttentionKernel::choose`]'s.
+    /// kernel `options.matrix_units` asks for on the matrix units (the
+    /// fragment kernel, [`Self::on_matrix_units`]; the register kernel,
+    /// [`Self::registers_for`] where [`Self::mma_runs`]) where it runs,
+    /// else [`AttentionKernel::choose`]'s.
     pub fn for_call<R: Runtime>(
         client: &ComputeClient<R>,
         head_dim: usize,
         dtype: FloatDtype,
         options: AttentionOptions,
     ) -> AttentionKernel {
-        options
-            .matrix_units
-            .then(|| Self::on_matrix_units(client, head_dim, dtype))
-            .flatten()
-            .unwrap_or_else(|| Self::choose(client, head_dim))
+        let max_shared = client.properties().hardware.max_shared_memory_size;
+        match options.matrix_units {
+            MatrixUnits::Off => None,
+            MatrixUnits::Fragments => Self::on_matrix_units(client, head_dim, dtype),
+            MatrixUnits::Registers => Self::mma_runs(client, dtype)
+                .then(|| Self::registers_for(max_shared, head_dim, true))
+                .flatten(),
+        }
+        .unwrap_or_else(|| Self::choose(client, head_dim))
     }
 
     /// The fragment kernel on `client`'s matrix units for `head_dim` and

@@ -1,6 +1,7 @@
 //! Launchers of the attention backward kernels, generic over the CubeCL
 //! runtime: `delta = rowsum(d_out * out)`, then the dK/dV and the dQ
-//! kernels of an [`AttentionBackwardKernel`] (row, tiled or fragment);
+//! kernels of an [`AttentionBackwardKernel`] (row, tiled, fragment or
+//! register);
 //! [`attention_backward_from_delta`] runs the second part alone.
 
 use cubecl::prelude::*;
@@ -14,6 +15,9 @@ use super::fragment::{with_fragment_operand, CMMA_PLANE_SIZE};
 use super::fragment_backward_kv::attention_backward_kv_fragment_kernel;
 use super::fragment_backward_q::attention_backward_q_fragment_kernel;
 use super::launch::{array, check_dtype, grid_axis, slopes_arg};
+use super::mma::MMA_PLANE_SIZE;
+use super::mma_backward_kv::attention_backward_kv_mma_kernel;
+use super::mma_backward_q::attention_backward_q_mma_kernel;
 use super::shape::{
     check_buffer, AttentionError, AttentionInputs, AttentionOptions, AttentionShape,
 };
@@ -201,6 +205,16 @@ pub fn attention_backward_from_delta<R: Runtime>(
                 M,
                 launch.fragment::<F, M>(&grads, planes, inner, round_bf16, matrix_units)
             ),
+            AttentionBackwardKernel::Registers {
+                planes,
+                inner,
+                matrix_units,
+            } => with_fragment_operand!(
+                dtype,
+                matrix_units,
+                M,
+                launch.registers::<F, M>(&grads, planes, inner, round_bf16, matrix_units)
+            ),
         }
     });
     Ok(grads)
@@ -209,7 +223,7 @@ pub fn attention_backward_from_delta<R: Runtime>(
 /// What both backward launchers check before launching anything: the
 /// runtime runs `dtype`, the shape is supported, the inputs match it, and
 /// `kernel` fits the device (its tiles, shared memory and, for fragment
-/// kernels on the matrix units, `dtype` there).
+/// and register kernels on the matrix units, `dtype` there).
 fn check_launch<R: Runtime>(
     client: &ComputeClient<R>,
     kernel: AttentionBackwardKernel,
@@ -221,17 +235,22 @@ fn check_launch<R: Runtime>(
     shape.validate()?;
     inputs.check(&shape, dtype)?;
     kernel.check(&shape, client.properties().hardware.max_shared_memory_size)?;
-    if let AttentionBackwardKernel::Fragment {
-        matrix_units: true, ..
-    } = kernel
-    {
-        if !AttentionBackwardKernel::matrix_units_run(client, dtype) {
-            return Err(AttentionError::MatrixUnitsUnsupported {
-                dtype: dtype.name(),
-            });
-        }
+    let run = match kernel {
+        AttentionBackwardKernel::Fragment {
+            matrix_units: true, ..
+        } => AttentionBackwardKernel::matrix_units_run(client, dtype),
+        AttentionBackwardKernel::Registers {
+            matrix_units: true, ..
+        } => AttentionBackwardKernel::mma_runs(client, dtype),
+        _ => true,
+    };
+    if run {
+        Ok(())
+    } else {
+        Err(AttentionError::MatrixUnitsUnsupported {
+            dtype: dtype.name(),
+        })
     }
-    Ok(())
 }
 
 /// Cube counts of the backward launches, checked against the device.
@@ -438,6 +457,81 @@ impl<R: Runtime> Launch<'_, R> {
         // SAFETY: as above.
         unsafe {
             attention_backward_q_fragment_kernel::launch_unchecked::<F, M, R>(
+                client,
+                CubeCount::Static(grid.tiles, grid.heads, 1),
+                cube_dim,
+                array(self.inputs.q, s.q_elems()),
+                array(self.inputs.k, s.kv_elems()),
+                array(self.inputs.v, s.kv_elems()),
+                slopes,
+                array(self.d_out, s.q_elems()),
+                array(self.lse, s.rows()),
+                array(self.delta, s.rows()),
+                array(&grads.dq, s.q_elems()),
+                s.seq as u32,
+                s.n_heads as u32,
+                s.group() as u32,
+                self.scale,
+                s.head_dim,
+                planes,
+                inner,
+                self.causal,
+                alibi,
+                round_bf16,
+                matrix_units,
+            );
+        }
+    }
+
+    /// The register kernels (`mma_backward_kv.rs`, `mma_backward_q.rs`)
+    /// with `planes` planes per cube and `inner` rows of the other side
+    /// per step.
+    fn registers<F: Float, M: Float>(
+        &self,
+        grads: &AttentionGradients,
+        planes: usize,
+        inner: usize,
+        round_bf16: bool,
+        matrix_units: bool,
+    ) {
+        let (s, client, grid) = (self.shape, self.client, self.grid);
+        let cube_dim = CubeDim::new_2d(MMA_PLANE_SIZE as u32, planes as u32);
+        let (slopes, alibi) = slopes_arg(client, &self.inputs, &s);
+        // SAFETY: sizes checked by the caller, rows past `seq` staged as
+        // zeros and never written; the shared memory fits the device and
+        // the matrix units, when used, run `M`
+        // (`AttentionBackwardKernel::check`, `mma_runs`).
+        unsafe {
+            attention_backward_kv_mma_kernel::launch_unchecked::<F, M, R>(
+                client,
+                CubeCount::Static(grid.tiles, grid.kv_heads, 1),
+                cube_dim,
+                array(self.inputs.q, s.q_elems()),
+                array(self.inputs.k, s.kv_elems()),
+                array(self.inputs.v, s.kv_elems()),
+                slopes,
+                array(self.d_out, s.q_elems()),
+                array(self.lse, s.rows()),
+                array(self.delta, s.rows()),
+                array(&grads.dk, s.kv_elems()),
+                array(&grads.dv, s.kv_elems()),
+                s.seq as u32,
+                s.n_heads as u32,
+                s.group() as u32,
+                self.scale,
+                s.head_dim,
+                planes,
+                inner,
+                self.causal,
+                alibi,
+                round_bf16,
+                matrix_units,
+            );
+        }
+        let (slopes, alibi) = slopes_arg(client, &self.inputs, &s);
+        // SAFETY: as above.
+        unsafe {
+            attention_backward_q_mma_kernel::launch_unchecked::<F, M, R>(
                 client,
                 CubeCount::Static(grid.tiles, grid.heads, 1),
                 cube_dim,

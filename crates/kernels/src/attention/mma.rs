@@ -29,6 +29,8 @@
 use cubecl::cmma::MmaDefinition;
 use cubecl::prelude::*;
 
+use crate::dtype::load;
+
 /// Two consecutive values of one register of an operand or accumulator.
 pub(crate) type Pair<E> = Vector<E, Const<2>>;
 
@@ -193,4 +195,122 @@ fn publish(value: f32, scratch: &mut SharedMemory<f32>, plane_at: usize, lane: u
     scratch[plane_at + lane] = value;
     sync_cube();
     plane_at + (lane / 4) * 4
+}
+
+/// Loads into `a` the left operand of rows `first_row ..+ 16` and columns
+/// `first_col ..+ 16` of the row-major `tile` (row stride `stride`).
+#[cube]
+pub(crate) fn a_from_tile<M: Float>(
+    tile: &SharedMemory<M>,
+    a: &mut Array<Pair<M>>,
+    first_row: usize,
+    first_col: usize,
+    lane: usize,
+    #[comptime] stride: usize,
+) {
+    #[unroll]
+    for p in 0..A_PAIRS {
+        let at = (first_row + a_row(lane, 2 * p)) * stride + first_col + a_col(lane, 2 * p);
+        let mut pair = Pair::<M>::empty();
+        pair[0] = tile[at];
+        pair[1] = tile[at + 1];
+        a[p] = pair;
+    }
+}
+
+/// Loads into `b` the right operand whose value `(k, n)` is `tile`'s
+/// `(first_row + n, first_col + k)`: 8 rows of the row-major `tile` read
+/// as columns (`k^T` from a key tile).
+#[cube]
+pub(crate) fn b_from_rows<M: Float>(
+    tile: &SharedMemory<M>,
+    b: &mut Array<Pair<M>>,
+    first_row: usize,
+    first_col: usize,
+    lane: usize,
+    #[comptime] stride: usize,
+) {
+    #[unroll]
+    for p in 0..B_PAIRS {
+        let at = (first_row + lane / 4) * stride + first_col + b_row(lane, 2 * p);
+        let mut pair = Pair::<M>::empty();
+        pair[0] = tile[at];
+        pair[1] = tile[at + 1];
+        b[p] = pair;
+    }
+}
+
+/// Loads into `b` the right operand whose value `(k, n)` is `tile`'s
+/// `(first_row + k, first_col + n)`: 16 rows and 8 columns of the
+/// row-major `tile` as they lie (`v` from a value tile).
+#[cube]
+pub(crate) fn b_from_columns<M: Float>(
+    tile: &SharedMemory<M>,
+    b: &mut Array<Pair<M>>,
+    first_row: usize,
+    first_col: usize,
+    lane: usize,
+    #[comptime] stride: usize,
+) {
+    #[unroll]
+    for p in 0..B_PAIRS {
+        let at = (first_row + b_row(lane, 2 * p)) * stride + first_col + lane / 4;
+        let mut pair = Pair::<M>::empty();
+        pair[0] = tile[at];
+        pair[1] = tile[at + stride];
+        b[p] = pair;
+    }
+}
+
+/// Loads into `regs` the left operands of the 16 rows `first_row ..` of
+/// one head of `src` (`[.., seq, head_dim]` from `base`), one per 16
+/// columns ([`A_PAIRS`] pairs each, in column order), as `M`; rows past
+/// `seq` are zeros.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn a_from_rows<F: Float, M: Float>(
+    src: &Array<F>,
+    regs: &mut Array<Pair<M>>,
+    base: usize,
+    first_row: usize,
+    seq: usize,
+    lane: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] round_bf16: bool,
+    #[comptime] matrix_units: bool,
+) {
+    #[unroll(matrix_units)]
+    for d in 0..comptime!(head_dim / MMA_DEPTH) {
+        #[unroll]
+        for p in 0..A_PAIRS {
+            let mut pair = Pair::<M>::empty();
+            #[unroll]
+            for e in 0..2usize {
+                let row = first_row + a_row(lane, 2 * p + e);
+                let col = d * MMA_DEPTH + a_col(lane, 2 * p + e);
+                let mut x = 0.0f32;
+                if row < seq {
+                    x = load::<F>(src[base + row * head_dim + col], round_bf16);
+                }
+                pair[e] = M::cast_from(x);
+            }
+            regs[d * A_PAIRS + p] = pair;
+        }
+    }
+}
+
+/// Copies `count` pairs of `from` from `from_at` into `to` from `to_at`
+/// (an operand or accumulator out of or into a unit's array of them).
+#[cube]
+pub(crate) fn copy_pairs<E: Float>(
+    from: &Array<Pair<E>>,
+    from_at: usize,
+    to: &mut Array<Pair<E>>,
+    to_at: usize,
+    #[comptime] count: usize,
+) {
+    #[unroll]
+    for p in 0..count {
+        to[to_at + p] = from[from_at + p];
+    }
 }

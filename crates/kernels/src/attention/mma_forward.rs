@@ -9,12 +9,12 @@
 
 use cubecl::prelude::*;
 
-use crate::dtype::{load, store};
+use crate::dtype::store;
 
 use super::fragment::stage_rows_strided;
 use super::mma::{
-    a_col, a_row, c_col, mma, quad_max, quad_sum, Pair, A_PAIRS, B_PAIRS, C_PAIRS, MMA_COLS,
-    MMA_DEPTH, MMA_PLANE_SIZE, MMA_ROWS, MMA_SCRATCH,
+    a_from_rows, b_from_columns, b_from_rows, c_col, copy_pairs, mma, quad_max, quad_sum, Pair,
+    A_PAIRS, B_PAIRS, C_PAIRS, MMA_COLS, MMA_DEPTH, MMA_PLANE_SIZE, MMA_ROWS, MMA_SCRATCH,
 };
 use super::tiles::{pair_score, visible, NEG_LARGE};
 
@@ -122,24 +122,17 @@ pub(crate) fn attention_forward_mma_kernel<F: Float, M: Float>(
 
     // The plane's query rows as left operands, one per 16 columns.
     let mut q_regs = Array::<Pair<M>>::new(comptime!(depth_steps * A_PAIRS));
-    #[unroll(matrix_units)]
-    for d in 0..depth_steps {
-        #[unroll(matrix_units)]
-        for p in 0..A_PAIRS {
-            let mut pair = Pair::<M>::empty();
-            #[unroll]
-            for e in 0..2usize {
-                let row = plane_first + a_row(lane, 2 * p + e);
-                let col = d * MMA_DEPTH + a_col(lane, 2 * p + e);
-                let mut x = 0.0f32;
-                if row < seq {
-                    x = load::<F>(q[q_base + row * head_dim + col], round_bf16);
-                }
-                pair[e] = M::cast_from(x);
-            }
-            q_regs[d * A_PAIRS + p] = pair;
-        }
-    }
+    a_from_rows::<F, M>(
+        q,
+        &mut q_regs,
+        q_base,
+        plane_first,
+        seq,
+        lane,
+        head_dim,
+        round_bf16,
+        matrix_units,
+    );
     let mut out_acc = Array::<Pair<f32>>::new(comptime!(dim_blocks * C_PAIRS));
     #[unroll(matrix_units)]
     for i in 0..comptime!(dim_blocks * C_PAIRS) {
@@ -205,26 +198,11 @@ pub(crate) fn attention_forward_mma_kernel<F: Float, M: Float>(
             }
             #[unroll(matrix_units)]
             for d in 0..depth_steps {
-                #[unroll]
-                for p in 0..A_PAIRS {
-                    a[p] = q_regs[d * A_PAIRS + p];
-                }
-                #[unroll]
-                for p in 0..B_PAIRS {
-                    // Values 2p, 2p + 1: depth rows `2 t + 8 p` and the next.
-                    let at =
-                        (j * MMA_COLS + lane / 4) * stride + d * MMA_DEPTH + 2 * (lane % 4) + 8 * p;
-                    let mut pair = Pair::<M>::empty();
-                    pair[0] = k_tile[at];
-                    pair[1] = k_tile[at + 1];
-                    b[p] = pair;
-                }
+                copy_pairs::<M>(&q_regs, d * A_PAIRS, &mut a, 0, A_PAIRS);
+                b_from_rows::<M>(&k_tile, &mut b, j * MMA_COLS, d * MMA_DEPTH, lane, stride);
                 mma::<M>(&a, &b, &mut c, &mut scratch, plane_at, lane, matrix_units);
             }
-            #[unroll]
-            for p in 0..C_PAIRS {
-                scores[j * C_PAIRS + p] = c[p];
-            }
+            copy_pairs::<f32>(&c, 0, &mut scores, j * C_PAIRS, C_PAIRS);
         }
 
         online_softmax(
@@ -257,31 +235,14 @@ pub(crate) fn attention_forward_mma_kernel<F: Float, M: Float>(
         // Output block `n` (columns `8 n ..`) += p v.
         #[unroll(matrix_units)]
         for n in 0..dim_blocks {
-            #[unroll]
-            for p in 0..C_PAIRS {
-                c[p] = out_acc[n * C_PAIRS + p];
-            }
+            copy_pairs::<f32>(&out_acc, n * C_PAIRS, &mut c, 0, C_PAIRS);
             #[unroll(matrix_units)]
             for s in 0..key_steps {
-                #[unroll]
-                for p in 0..A_PAIRS {
-                    a[p] = probs[s * A_PAIRS + p];
-                }
-                #[unroll]
-                for p in 0..B_PAIRS {
-                    let key = s * MMA_DEPTH + 2 * (lane % 4) + 8 * p;
-                    let at = key * stride + n * MMA_COLS + lane / 4;
-                    let mut pair = Pair::<M>::empty();
-                    pair[0] = v_tile[at];
-                    pair[1] = v_tile[at + stride];
-                    b[p] = pair;
-                }
+                copy_pairs::<M>(&probs, s * A_PAIRS, &mut a, 0, A_PAIRS);
+                b_from_columns::<M>(&v_tile, &mut b, s * MMA_DEPTH, n * MMA_COLS, lane, stride);
                 mma::<M>(&a, &b, &mut c, &mut scratch, plane_at, lane, matrix_units);
             }
-            #[unroll]
-            for p in 0..C_PAIRS {
-                out_acc[n * C_PAIRS + p] = c[p];
-            }
+            copy_pairs::<f32>(&c, 0, &mut out_acc, n * C_PAIRS, C_PAIRS);
         }
         first_key += keys;
     }

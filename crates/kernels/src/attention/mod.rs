@@ -31,7 +31,8 @@
 //!   pair, the fragment kernels (the tiled algorithm with every product in
 //!   16x16x16 fragments: on the matrix units with 16-bit operands where
 //!   the device has them, or on plain units with f32 operands), runs when
-//!   a caller names it ([`attention_backward_with`]).
+//!   a caller names it ([`attention_backward_with`]). A fourth, the
+//!   register kernels (the register forward's scheme), runs when named.
 //!
 //! Supported: causal masking, grouped-query attention (`n_kv_heads` divides
 //! `n_heads`, K/V never repeated in memory), ALiBi slopes, any sequence
@@ -53,6 +54,8 @@ mod fragment_forward;
 mod launch;
 mod launch_backward;
 mod mma;
+mod mma_backward_kv;
+mod mma_backward_q;
 mod mma_forward;
 mod shape;
 mod tiled_backward_kv;
@@ -60,7 +63,7 @@ mod tiled_backward_q;
 mod tiled_forward;
 mod tiles;
 
-pub use backward_choice::AttentionBackwardKernel;
+pub use backward_choice::{AttentionBackwardKernel, MMA_BACKWARD_TILES};
 pub use choice::{AttentionKernel, MMA_TILES};
 pub use fragment::FRAGMENT_TILES;
 pub use launch::{
@@ -70,7 +73,7 @@ pub use launch_backward::{
     attention_backward, attention_backward_from_delta, attention_backward_typed,
     attention_backward_with, AttentionGradients,
 };
-pub use shape::{AttentionError, AttentionInputs, AttentionOptions, AttentionShape};
+pub use shape::{AttentionError, AttentionInputs, AttentionOptions, AttentionShape, MatrixUnits};
 pub use tiled_backward_kv::BACKWARD_TILES;
 pub use tiled_forward::TILE_SIZES;
 pub use tiles::MAX_HEAD_DIM;

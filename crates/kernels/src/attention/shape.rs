@@ -91,14 +91,28 @@ pub struct AttentionOptions {
     /// Multiplier of `q . k` before the softmax; `None` means
     /// `1 / sqrt(head_dim)`.
     pub scale: Option<f32>,
-    /// Run the products on the matrix units (tensor cores) where the
-    /// device runs them for the call's type and head dimension: the
-    /// fragment forward and backward on them
+    /// Which kernels run the products on the matrix units (tensor cores)
+    /// where the device runs them for the call's type and head dimension;
+    /// elsewhere, and with [`MatrixUnits::Off`], the kernels `choose`
+    /// picks run (tiled, on plain units).
+    pub matrix_units: MatrixUnits,
+}
+
+/// The attention kernels a call asks for on the matrix units
+/// ([`AttentionOptions::matrix_units`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MatrixUnits {
+    /// None: the kernels `choose` picks.
+    #[default]
+    Off,
+    /// The fragment forward and backward on `cmma`
     /// ([`super::AttentionKernel::Fragment`],
     /// [`super::AttentionBackwardKernel::Fragment`]).
-    /// Elsewhere, and when `false`, the kernels `choose` picks run (tiled,
-    /// on plain units).
-    pub matrix_units: bool,
+    Fragments,
+    /// The register forward and backward on the 16 x 8 x 16 `mma`
+    /// instruction ([`super::AttentionKernel::Registers`],
+    /// [`super::AttentionBackwardKernel::Registers`]).
+    Registers,
 }
 
 impl AttentionOptions {

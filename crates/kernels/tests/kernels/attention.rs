@@ -28,7 +28,7 @@ use common::{client, download, upload, Rng, R};
 use cubecl::prelude::*;
 use ferrotron_kernels::attention::{
     attention_backward_with, attention_forward, attention_forward_with, AttentionError,
-    AttentionInputs, AttentionKernel, AttentionOptions, AttentionShape,
+    AttentionInputs, AttentionKernel, AttentionOptions, AttentionShape, MatrixUnits,
 };
 use ferrotron_kernels::FloatDtype;
 
@@ -423,7 +423,7 @@ fn backward_is_deterministic() {
     let options = AttentionOptions {
         causal: true,
         scale: None,
-        matrix_units: false,
+        matrix_units: MatrixUnits::Off,
     };
     let fwd = attention_forward(&client, s, options, inputs).expect("forward launch");
     for kernel in row_and_chosen_backward(&client, s.head_dim) {
@@ -547,17 +547,18 @@ fn launchers_reject_bad_shapes_and_buffers() {
 }
 
 /// `AttentionOptions::matrix_units` (`backend.attention_kernel =
-/// matrix-units`) asks for the fragment forward and backward on the
-/// matrix units: the launchers take them exactly where the device runs
-/// them for the type and head dimension (never in f32; on CUDA in 16 bits),
-/// and the kernels `choose` picks elsewhere and when not asked.
+/// matrix-units` or `registers`) asks for the fragment or the register
+/// forward and backward on the matrix units: the launchers take them
+/// exactly where the device runs them for the type and head dimension
+/// (never in f32; on CUDA in 16 bits), and the kernels `choose` picks
+/// elsewhere and when not asked.
 #[test]
 fn matrix_units_are_taken_where_they_run_when_asked_for() {
     use ferrotron_kernels::attention::AttentionBackwardKernel;
     let client = client();
     let max_shared = client.properties().hardware.max_shared_memory_size;
-    let ask = AttentionOptions {
-        matrix_units: true,
+    let ask = |matrix_units| AttentionOptions {
+        matrix_units,
         ..AttentionOptions::default()
     };
     for dtype in [FloatDtype::F32, FloatDtype::F16, FloatDtype::Bf16] {
@@ -573,7 +574,8 @@ fn matrix_units_are_taken_where_they_run_when_asked_for() {
                 AttentionBackwardKernel::for_call(&client, head_dim, dtype, default),
                 plain_bwd
             );
-            let fwd = AttentionKernel::for_call(&client, head_dim, dtype, ask);
+            let fragments = ask(MatrixUnits::Fragments);
+            let fwd = AttentionKernel::for_call(&client, head_dim, dtype, fragments);
             let on_matrix_units = AttentionKernel::matrix_units_run(&client, dtype)
                 .then(|| AttentionKernel::fragment_for(max_shared, head_dim, true))
                 .flatten();
@@ -582,12 +584,27 @@ fn matrix_units_are_taken_where_they_run_when_asked_for() {
                 .then(|| AttentionBackwardKernel::fragment_for(max_shared, head_dim, true))
                 .flatten();
             assert_eq!(
-                AttentionBackwardKernel::for_call(&client, head_dim, dtype, ask),
+                AttentionBackwardKernel::for_call(&client, head_dim, dtype, fragments),
                 fragment.unwrap_or(plain_bwd),
+                "{dtype:?} at head dim {head_dim}"
+            );
+            let registers = ask(MatrixUnits::Registers);
+            let mma_fwd = AttentionKernel::for_call(&client, head_dim, dtype, registers);
+            let on_mma = AttentionKernel::mma_runs(&client, dtype)
+                .then(|| AttentionKernel::registers_for(max_shared, head_dim, true))
+                .flatten();
+            assert_eq!(mma_fwd, on_mma.unwrap_or(plain_fwd));
+            let mma_bwd = AttentionBackwardKernel::mma_runs(&client, dtype)
+                .then(|| AttentionBackwardKernel::registers_for(max_shared, head_dim, true))
+                .flatten();
+            assert_eq!(
+                AttentionBackwardKernel::for_call(&client, head_dim, dtype, registers),
+                mma_bwd.unwrap_or(plain_bwd),
                 "{dtype:?} at head dim {head_dim}"
             );
             if dtype == FloatDtype::F32 || head_dim == 72 {
                 assert_eq!(fwd, plain_fwd, "{dtype:?} at head dim {head_dim}");
+                assert_eq!(mma_fwd, plain_fwd, "{dtype:?} at head dim {head_dim}");
             }
         }
     }

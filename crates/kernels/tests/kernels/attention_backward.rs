@@ -4,7 +4,9 @@
 //! and 128, every tile pair that fits the device; and the launcher's refusals.
 //! The fragment backward (the same algorithm with its products in 16 x 16
 //! x 16 fragments) on plain units in f32 and f16 here, and on the matrix
-//! units where the device has them (the `test-cuda` build).
+//! units where the device has them (the `test-cuda` build); likewise the
+//! register backward (the register forward's scheme) on plain units and
+//! on the `mma` instruction.
 //! f16, bf16 and determinism are checked with the row backward in
 //! `attention.rs`. Each case runs the forward the launcher chooses only
 //! (the forward kernels have their own tests in `attention.rs`), and the
@@ -18,11 +20,11 @@ use crate::common;
 use attention_support::check::{case, check_case_with, chosen_backward, chosen_forward};
 use common::{client, upload, R};
 use cubecl::prelude::*;
-use ferrotron_kernels::attention::FRAGMENT_TILES;
 use ferrotron_kernels::attention::{
     attention_backward_with, AttentionBackwardKernel, AttentionError, AttentionInputs,
     AttentionOptions, AttentionShape, BACKWARD_TILES,
 };
+use ferrotron_kernels::attention::{FRAGMENT_TILES, MMA_BACKWARD_TILES};
 use ferrotron_kernels::FloatDtype;
 
 /// Head dimensions whose chosen backward `tiled_backward_matches_reference`
@@ -275,6 +277,107 @@ fn fragment_backward_on_matrix_units_matches_reference_where_it_runs() {
                 960 + seed as u64,
                 chosen_forward,
                 fragment_on_matrix_units,
+            );
+        }
+    }
+}
+
+/// The register backward on plain units with the largest tiles that fit
+/// the device at `head_dim` (lavapipe's 32 KiB: 64 x 16 at 32, 32 x 16 at
+/// 64); a device without the shared memory for any fails.
+fn registers_on_plain_units(
+    client: &ComputeClient<R>,
+    head_dim: usize,
+) -> Vec<AttentionBackwardKernel> {
+    let max_shared = client.properties().hardware.max_shared_memory_size;
+    let kernel = AttentionBackwardKernel::registers_for(max_shared, head_dim, false);
+    vec![kernel.unwrap_or_else(|| {
+        panic!("head_dim {head_dim}: no register backward tiles fit {max_shared} bytes")
+    })]
+}
+
+/// The register backward on the `mma` instruction at every tile pair of
+/// [`MMA_BACKWARD_TILES`] whose shared memory fits the device.
+fn registers_on_matrix_units(
+    client: &ComputeClient<R>,
+    head_dim: usize,
+) -> Vec<AttentionBackwardKernel> {
+    let max_shared = client.properties().hardware.max_shared_memory_size;
+    MMA_BACKWARD_TILES
+        .into_iter()
+        .map(|(planes, inner)| AttentionBackwardKernel::Registers {
+            planes,
+            inner,
+            matrix_units: true,
+        })
+        .filter(|kernel| kernel.shared_bytes(head_dim) <= max_shared)
+        .collect()
+}
+
+#[test]
+fn register_backward_on_plain_units_matches_reference() {
+    // The register backward's layouts, masking and in-place reuse of the
+    // accumulators as left operands, with its products on plain units: f32
+    // operands at head_dim 32 (causal, ALiBi, GQA 2, ragged), f16 operands
+    // (the probabilities and their gradient rounded to f16 before their
+    // products, as on the matrix units) at 64 (causal, GQA 2, ragged).
+    check_case_with(
+        FloatDtype::F32,
+        case(1, 4, 2, 100, 32, true, true),
+        1040,
+        chosen_forward,
+        registers_on_plain_units,
+    );
+    let client = client();
+    assert!(
+        FloatDtype::F16.is_supported(&client),
+        "f16 is not supported on this device: the register backward's 16-bit rounding is unchecked"
+    );
+    check_case_with(
+        FloatDtype::F16,
+        case(1, 4, 2, 77, 64, true, false),
+        1050,
+        chosen_forward,
+        registers_on_plain_units,
+    );
+}
+
+#[test]
+fn register_backward_on_matrix_units_matches_reference_where_it_runs() {
+    // Every tile pair that fits, on 16-bit types: head dimensions 16 to
+    // 128, GQA, causal and not, ALiBi, sequences below, at and above one
+    // tile. Runs where the device has the 16 x 8 x 16 `mma` (NVIDIA from
+    // sm_80); lavapipe has none, and the `test-cuda` build requires it.
+    let client = client();
+    let dtypes: Vec<FloatDtype> = [FloatDtype::Bf16, FloatDtype::F16, FloatDtype::Bf16InF32]
+        .into_iter()
+        .filter(|&d| d.is_supported(&client) && AttentionBackwardKernel::mma_runs(&client, d))
+        .collect();
+    if dtypes.is_empty() {
+        if cfg!(feature = "test-cuda") {
+            panic!("the register backward does not run on this CUDA device's mma instruction");
+        }
+        eprintln!(
+            "NOT RUN: the register backward on matrix units (this device has no 16x8x16 mma \
+             for f16/bf16 with 32-unit planes; it runs in the test-cuda build on an NVIDIA GPU)"
+        );
+        return;
+    }
+    let cases = [
+        case(1, 4, 2, 63, 64, true, true),
+        case(1, 2, 1, 64, 128, true, false),
+        case(2, 4, 4, 65, 32, false, true),
+        case(1, 8, 2, 257, 128, true, true),
+        case(1, 2, 2, 130, 16, false, false),
+    ];
+    for dtype in dtypes {
+        for (seed, c) in cases.into_iter().enumerate() {
+            check_case_with(
+                dtype,
+                c,
+                1060 + seed as u64,
+                chosen_forward,
+                registers_on_matrix_units,
             );
         }
     }

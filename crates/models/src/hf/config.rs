@@ -15,6 +15,7 @@ use super::rope::{rope, rope_json};
 use super::HfError;
 use crate::config::{DecoderConfig, MlpKind, NormKind, Position};
 use crate::presets;
+use ferrotron_kernels::attention::MatrixUnits;
 
 /// The `transformers` model families we read and write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -245,7 +246,7 @@ fn parse(f: &Fields<'_>) -> Result<(Family, DecoderConfig), HfError> {
                 init_std,
                 kernels: None,
                 precision: Default::default(),
-                attention_matrix_units: false,
+                attention_matrix_units: MatrixUnits::Off,
                 ..presets::gpt2(hidden, f.usize("n_layer")?, heads)
             }
         }
@@ -278,7 +279,7 @@ fn parse(f: &Fields<'_>) -> Result<(Family, DecoderConfig), HfError> {
                 init_std,
                 kernels: None,
                 precision: Default::default(),
-                attention_matrix_units: false,
+                attention_matrix_units: MatrixUnits::Off,
                 ..presets::llama(
                     vocab_size,
                     hidden,
@@ -318,7 +319,7 @@ fn parse(f: &Fields<'_>) -> Result<(Family, DecoderConfig), HfError> {
                 init_std,
                 kernels: None,
                 precision: Default::default(),
-                attention_matrix_units: false,
+                attention_matrix_units: MatrixUnits::Off,
                 ..presets::bloom(hidden, layers, heads)
             }
         }

@@ -19,6 +19,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use burn_wgpu::{CubeBackend, WgpuRuntime};
 use ferrotron_engine::lm::{CausalLm, LmUnits};
 use ferrotron_engine::precision::Precision;
+use ferrotron_kernels::attention::MatrixUnits;
 use ferrotron_kernels::wgpu_setup::default_device;
 use ferrotron_models::ops::{HeadLoss, OpImpl, TrainBackend};
 use ferrotron_models::presets::preset;
@@ -49,7 +50,7 @@ fn tiny(name: &str, kernels: Kernels) -> DecoderConfig {
         max_seq_len: 32,
         kernels: Some(kernels),
         precision: Default::default(),
-        attention_matrix_units: false,
+        attention_matrix_units: MatrixUnits::Off,
         ..preset(name).unwrap()
     };
     if let Position::Rope { scaling, .. } = &mut c.position {
@@ -331,7 +332,7 @@ fn the_default_is_fused_on_cubecl_and_reference_on_the_cpu() {
     let config = DecoderConfig {
         kernels: None,
         precision: Default::default(),
-        attention_matrix_units: false,
+        attention_matrix_units: MatrixUnits::Off,
         ..tiny("gpt-mini", Kernels::Fused)
     };
     let gpu = Decoder::<Gpu>::new(&config, 0, &default_device()).unwrap();

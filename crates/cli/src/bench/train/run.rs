@@ -255,8 +255,11 @@ impl BackendTask for StepBench<'_> {
             precision: precision.name().into(),
             recompute: trainer.recompute(),
             head: Some(head.to_string()),
-            attention_kernel: (a.attention_kernel == AttentionKernelChoice::MatrixUnits)
-                .then(|| "matrix-units".to_string()),
+            attention_kernel: match a.attention_kernel {
+                AttentionKernelChoice::Auto => None,
+                AttentionKernelChoice::MatrixUnits => Some("matrix-units".to_string()),
+                AttentionKernelChoice::Registers => Some("registers".to_string()),
+            },
             batch: a.batch,
             seq: a.seq,
             warmup: a.warmup,

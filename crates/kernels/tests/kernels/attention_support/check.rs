@@ -7,7 +7,7 @@ use cubecl::prelude::*;
 use ferrotron_kernels::attention::{
     attention_backward_with, attention_forward_typed, attention_forward_with,
     AttentionBackwardKernel, AttentionInputs, AttentionKernel, AttentionOptions, AttentionShape,
-    TILE_SIZES,
+    MatrixUnits, TILE_SIZES,
 };
 use ferrotron_kernels::FloatDtype;
 
@@ -159,7 +159,8 @@ pub fn output_tolerance(kernel: AttentionKernel, dtype: FloatDtype, stored_tol: 
 }
 
 /// Tolerance of `kernel`'s gradients stored as `dtype`: `stored_tol`,
-/// plus for the fragment kernels on a 16-bit type two unit roundoffs of
+/// plus for the fragment and register kernels on a 16-bit type two unit
+/// roundoffs of
 /// it, because they round the probabilities and their gradient to it
 /// before their products (each product's sum moves by at most `u` times
 /// the sum of its terms' magnitudes; the tests' random signs keep that
@@ -172,8 +173,14 @@ pub fn gradient_tolerance(
     stored_tol: f64,
 ) -> f64 {
     match (kernel, dtype) {
-        (AttentionBackwardKernel::Fragment { .. }, FloatDtype::F32) => stored_tol,
-        (AttentionBackwardKernel::Fragment { .. }, _) => stored_tol + 2.0 * dtype.unit_roundoff(),
+        (
+            AttentionBackwardKernel::Fragment { .. } | AttentionBackwardKernel::Registers { .. },
+            FloatDtype::F32,
+        ) => stored_tol,
+        (
+            AttentionBackwardKernel::Fragment { .. } | AttentionBackwardKernel::Registers { .. },
+            _,
+        ) => stored_tol + 2.0 * dtype.unit_roundoff(),
         _ => stored_tol,
     }
 }
@@ -239,7 +246,7 @@ pub fn check_case_with(
     let options = AttentionOptions {
         causal: case.causal,
         scale: case.scale,
-        matrix_units: false,
+        matrix_units: MatrixUnits::Off,
     };
 
     let problem = Problem {

@@ -34,7 +34,7 @@ pub(super) mod reference;
 pub(super) mod ring;
 
 use burn::tensor::{DType, Tensor, TensorPrimitive};
-use ferrotron_kernels::attention::AttentionOptions;
+use ferrotron_kernels::attention::{AttentionOptions, MatrixUnits};
 use ferrotron_parallel::context::RingAttention;
 
 use super::choice::OpImpl;
@@ -63,9 +63,9 @@ pub enum AttentionImpl {
     /// FlashAttention, Ferrotron's CubeCL kernels
     /// ([`KernelBackend::fused_attention`]). Takes [`AttentionBias::Causal`].
     Fused {
-        /// Ask for the kernels on the matrix units
+        /// The kernels asked for on the matrix units
         /// ([`AttentionOptions::matrix_units`]).
-        matrix_units: bool,
+        matrix_units: MatrixUnits,
     },
 }
 
@@ -77,7 +77,7 @@ impl From<OpImpl> for AttentionImpl {
             OpImpl::Reference => Self::Reference,
             OpImpl::Cpu => Self::Host,
             OpImpl::Fused => Self::Fused {
-                matrix_units: false,
+                matrix_units: MatrixUnits::Off,
             },
         }
     }

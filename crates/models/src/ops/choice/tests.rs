@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::presets::preset;
+use ferrotron_kernels::attention::MatrixUnits;
 
 /// llama-mini (RMSNorm, SwiGLU, RoPE) with `kernels` in `precision`.
 fn config(kernels: Option<Kernels>, precision: Precision) -> DecoderConfig {
@@ -101,11 +102,13 @@ fn cubecl_backends_run_the_fused_kernels_in_every_precision() {
         }
         // backend.attention_kernel = matrix-units reaches the attention.
         let matrix_units = DecoderConfig {
-            attention_matrix_units: true,
+            attention_matrix_units: MatrixUnits::Fragments,
             ..config(None, precision)
         };
         let got = OpsChoice::resolve::<Wgpu>(&matrix_units).unwrap();
-        let on_units = AttentionImpl::Fused { matrix_units: true };
+        let on_units = AttentionImpl::Fused {
+            matrix_units: MatrixUnits::Fragments,
+        };
         assert_eq!(got.attention_impl(), on_units, "{precision:?}");
         let reference = config(Some(Kernels::Reference), precision);
         let got = OpsChoice::resolve::<Wgpu>(&reference).unwrap();

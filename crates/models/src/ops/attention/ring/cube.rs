@@ -25,7 +25,7 @@ use burn_cubecl::cubecl::server::Handle;
 use ferrotron_kernels::attention::{
     attention_backward_from_delta, attention_forward_with, AttentionBackwardKernel,
     AttentionForward, AttentionGradients, AttentionInputs, AttentionKernel, AttentionOptions,
-    AttentionShape,
+    AttentionShape, MatrixUnits,
 };
 use ferrotron_kernels::FloatDtype;
 use ferrotron_parallel::context::{merge, Block, BlockAttention, HeadBuf, WholeRows};
@@ -160,7 +160,7 @@ impl Pair {
             causal: self.causal,
             scale: None,
             // The ring's blocks run the kernels `choose` picks.
-            matrix_units: false,
+            matrix_units: MatrixUnits::Off,
         }
     }
 }

@@ -1,0 +1,307 @@
+//! FlashAttention-2 backward, key/value side, with the probabilities,
+//! their gradient and each plane's dK and dV in its units' registers
+//! ([`super::mma`], as the register forward).
+
+use cubecl::prelude::*;
+
+use crate::dtype::store;
+
+use super::fragment::stage_rows_strided;
+use super::mma::{
+    a_from_tile, b_from_columns, b_from_rows, c_col, copy_pairs, mma, Pair, A_PAIRS, B_PAIRS,
+    C_PAIRS, MMA_COLS, MMA_DEPTH, MMA_PLANE_SIZE, MMA_ROWS, MMA_SCRATCH,
+};
+use super::mma_forward::TILE_PAD;
+use super::tiles::{pair_score, visible};
+
+/// One cube per `16 * planes` key rows of one `(batch, kv_head)`, `planes`
+/// planes of 32 units; plane `p` owns key rows `16 p .. 16 p + 16` of the
+/// cube, and unit `lane` of it rows `lane / 4` and `lane / 4 + 8` of those
+/// (`mma.rs`'s accumulator layout), with their dK and dV (`head_dim / 8`
+/// accumulators each). The cube's key and value rows are staged in shared
+/// memory once as `M` (rows padded by [`TILE_PAD`]). Then for each query
+/// head of the group that shares this key/value head (grouped-query
+/// attention: the group's sum happens here, without atomics) and each tile
+/// of `queries` query rows from the causal start (the cube's first key):
+///
+/// 1. the units stage the tile's `q` and `d_out` rows as `M`, and its
+///    log-sum-exp and `delta`;
+/// 2. each plane computes its keys' transposed scores `k q^T` and `v
+///    d_out^T` (`16 x queries`, f32, in registers);
+/// 3. each unit forms `p = exp(scale * s + bias - lse)` and `ds = p * (dp
+///    - delta)` in place, 0 where masked (causal, rows and keys past
+///    `seq`);
+/// 4. `p` and `ds`, rounded to `M`, are the left operands of `p^T d_out`
+///    and `ds^T q` as they lie, which each plane adds to its dV and dK.
+///
+/// Finally `dk = scale * dk`; each gradient is rounded to `F` once.
+/// Barriers as the register forward's: two cube barriers per query tile
+/// on the matrix units.
+///
+/// Cube grid: `x` = tile of `16 * planes` key rows, `y` = `batch *
+/// n_kv_heads + kv_head`; cube dim `(32, planes)`. Layouts as
+/// [`super::backward_kv::attention_backward_kv_kernel`]'s.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_backward_kv_mma_kernel<F: Float, M: Float>(
+    q: &Array<F>,
+    k: &Array<F>,
+    v: &Array<F>,
+    slopes: &Array<f32>,
+    d_out: &Array<F>,
+    lse: &Array<f32>,
+    delta: &Array<f32>,
+    dk: &mut Array<F>,
+    dv: &mut Array<F>,
+    seq: u32,
+    n_heads: u32,
+    group: u32,
+    scale: f32,
+    #[comptime] head_dim: usize,
+    #[comptime] planes: usize,
+    #[comptime] queries: usize,
+    #[comptime] causal: bool,
+    #[comptime] alibi: bool,
+    #[comptime] round_bf16: bool,
+    #[comptime] matrix_units: bool,
+) {
+    let seq = seq as usize;
+    let n_heads = n_heads as usize;
+    let group = group as usize;
+    let lane = UNIT_POS_X as usize;
+    let plane = UNIT_POS_Y as usize;
+    let units = comptime!(planes * MMA_PLANE_SIZE);
+    let unit = plane * MMA_PLANE_SIZE + lane;
+    let kv_bh = CUBE_POS_Y as usize;
+    let n_kv_heads = n_heads / group;
+    let batch = kv_bh / n_kv_heads;
+    let kv_head = kv_bh % n_kv_heads;
+    let keys = comptime!(planes * MMA_ROWS);
+    let first_key = CUBE_POS_X as usize * keys;
+    let kv_base = kv_bh * seq * head_dim;
+    let plane_keys = plane * MMA_ROWS;
+    let key_top = first_key + plane_keys + lane / 4;
+
+    let depth_steps = comptime!(head_dim / MMA_DEPTH);
+    let query_blocks = comptime!(queries / MMA_COLS);
+    let query_steps = comptime!(queries / MMA_DEPTH);
+    let dim_blocks = comptime!(head_dim / MMA_COLS);
+    let stride = comptime!(head_dim + TILE_PAD);
+
+    let mut k_tile = SharedMemory::<M>::new_aligned(comptime!(keys * stride), 128usize);
+    let mut v_tile = SharedMemory::<M>::new_aligned(comptime!(keys * stride), 128usize);
+    let mut q_tile = SharedMemory::<M>::new_aligned(comptime!(queries * stride), 128usize);
+    let mut do_tile = SharedMemory::<M>::new_aligned(comptime!(queries * stride), 128usize);
+    let mut lse_tile = SharedMemory::<f32>::new_aligned(queries, 128usize);
+    let mut delta_tile = SharedMemory::<f32>::new_aligned(queries, 128usize);
+    let mut scratch = SharedMemory::<f32>::new(comptime!(if matrix_units {
+        1
+    } else {
+        planes * MMA_SCRATCH
+    }));
+    let plane_at = plane * MMA_SCRATCH;
+
+    // Key rows past `seq` are zeros and are never written.
+    stage_rows_strided::<F, M>(
+        k,
+        &mut k_tile,
+        kv_base,
+        first_key,
+        seq,
+        unit,
+        comptime!(keys * head_dim),
+        units,
+        head_dim,
+        stride,
+        round_bf16,
+    );
+    stage_rows_strided::<F, M>(
+        v,
+        &mut v_tile,
+        kv_base,
+        first_key,
+        seq,
+        unit,
+        comptime!(keys * head_dim),
+        units,
+        head_dim,
+        stride,
+        round_bf16,
+    );
+    let mut dk_acc = Array::<Pair<f32>>::new(comptime!(dim_blocks * C_PAIRS));
+    let mut dv_acc = Array::<Pair<f32>>::new(comptime!(dim_blocks * C_PAIRS));
+    #[unroll(matrix_units)]
+    for i in 0..comptime!(dim_blocks * C_PAIRS) {
+        dk_acc[i] = Pair::<f32>::new(0.0f32);
+        dv_acc[i] = Pair::<f32>::new(0.0f32);
+    }
+    let mut probs = Array::<Pair<f32>>::new(comptime!(query_blocks * C_PAIRS));
+    let mut grads = Array::<Pair<f32>>::new(comptime!(query_blocks * C_PAIRS));
+    let mut p_ops = Array::<Pair<M>>::new(comptime!(query_steps * A_PAIRS));
+    let mut ds_ops = Array::<Pair<M>>::new(comptime!(query_steps * A_PAIRS));
+    let mut a = Array::<Pair<M>>::new(A_PAIRS);
+    let mut b = Array::<Pair<M>>::new(B_PAIRS);
+    let mut c = Array::<Pair<f32>>::new(C_PAIRS);
+
+    // With a causal mask, queries before the cube's first key see none of
+    // its keys.
+    let mut query_start = 0usize;
+    if causal {
+        query_start = first_key;
+    }
+    for g in 0..group {
+        let head = kv_head * group + g;
+        let bh = batch * n_heads + head;
+        let q_base = bh * seq * head_dim;
+        let mut slope = 0.0f32;
+        if alibi {
+            slope = slopes[head];
+        }
+
+        let mut first_query = query_start;
+        while first_query < seq {
+            // The previous step's reads of the query-side tiles are done
+            // (and, on the first step, the key and value tiles written).
+            sync_cube();
+            stage_rows_strided::<F, M>(
+                q,
+                &mut q_tile,
+                q_base,
+                first_query,
+                seq,
+                unit,
+                comptime!(queries * head_dim),
+                units,
+                head_dim,
+                stride,
+                round_bf16,
+            );
+            stage_rows_strided::<F, M>(
+                d_out,
+                &mut do_tile,
+                q_base,
+                first_query,
+                seq,
+                unit,
+                comptime!(queries * head_dim),
+                units,
+                head_dim,
+                stride,
+                round_bf16,
+            );
+            for i in 0..comptime!(queries.div_ceil(units)) {
+                let r = unit + i * units;
+                if r < queries {
+                    let row = bh * seq + min(first_query + r, seq - 1);
+                    lse_tile[r] = lse[row];
+                    delta_tile[r] = delta[row];
+                }
+            }
+            sync_cube();
+
+            // Block `j` of both holds queries `8 j ..`; each left operand
+            // (the plane's key or value rows) serves every block.
+            #[unroll(matrix_units)]
+            for i in 0..comptime!(query_blocks * C_PAIRS) {
+                probs[i] = Pair::<f32>::new(0.0f32);
+                grads[i] = Pair::<f32>::new(0.0f32);
+            }
+            #[unroll(matrix_units)]
+            for d in 0..depth_steps {
+                a_from_tile::<M>(&k_tile, &mut a, plane_keys, d * MMA_DEPTH, lane, stride);
+                #[unroll(matrix_units)]
+                for j in 0..query_blocks {
+                    copy_pairs::<f32>(&probs, j * C_PAIRS, &mut c, 0, C_PAIRS);
+                    b_from_rows::<M>(&q_tile, &mut b, j * MMA_COLS, d * MMA_DEPTH, lane, stride);
+                    mma::<M>(&a, &b, &mut c, &mut scratch, plane_at, lane, matrix_units);
+                    copy_pairs::<f32>(&c, 0, &mut probs, j * C_PAIRS, C_PAIRS);
+                }
+                a_from_tile::<M>(&v_tile, &mut a, plane_keys, d * MMA_DEPTH, lane, stride);
+                #[unroll(matrix_units)]
+                for j in 0..query_blocks {
+                    copy_pairs::<f32>(&grads, j * C_PAIRS, &mut c, 0, C_PAIRS);
+                    b_from_rows::<M>(&do_tile, &mut b, j * MMA_COLS, d * MMA_DEPTH, lane, stride);
+                    mma::<M>(&a, &b, &mut c, &mut scratch, plane_at, lane, matrix_units);
+                    copy_pairs::<f32>(&c, 0, &mut grads, j * C_PAIRS, C_PAIRS);
+                }
+            }
+
+            #[unroll]
+            for h in 0..2usize {
+                let key = key_top + 8 * h;
+                #[unroll(matrix_units)]
+                for j in 0..query_blocks {
+                    let mut s = probs[j * C_PAIRS + h];
+                    let mut dp = grads[j * C_PAIRS + h];
+                    #[unroll]
+                    for e in 0..2usize {
+                        let r = j * MMA_COLS + c_col(lane, e);
+                        let query = first_query + r;
+                        let score = pair_score(s[e], scale, slope, query, key, alibi);
+                        let p = f32::exp(score - lse_tile[r]);
+                        let ds = p * (dp[e] - delta_tile[r]);
+                        let seen = visible(query, key, seq, causal);
+                        s[e] = select(seen, p, 0.0f32);
+                        dp[e] = select(seen, ds, 0.0f32);
+                    }
+                    probs[j * C_PAIRS + h] = s;
+                    grads[j * C_PAIRS + h] = dp;
+                }
+            }
+            // Accumulators `2 s` and `2 s + 1` are the left operand of
+            // queries `16 s ..`.
+            #[unroll(matrix_units)]
+            for i in 0..comptime!(query_steps * A_PAIRS) {
+                p_ops[i] = Pair::<M>::cast_from(probs[i]);
+                ds_ops[i] = Pair::<M>::cast_from(grads[i]);
+            }
+
+            // dV block `n` (columns `8 n ..`) += p^T d_out, dK's += ds^T q.
+            #[unroll(matrix_units)]
+            for n in 0..dim_blocks {
+                copy_pairs::<f32>(&dv_acc, n * C_PAIRS, &mut c, 0, C_PAIRS);
+                #[unroll(matrix_units)]
+                for s in 0..query_steps {
+                    copy_pairs::<M>(&p_ops, s * A_PAIRS, &mut a, 0, A_PAIRS);
+                    b_from_columns::<M>(
+                        &do_tile,
+                        &mut b,
+                        s * MMA_DEPTH,
+                        n * MMA_COLS,
+                        lane,
+                        stride,
+                    );
+                    mma::<M>(&a, &b, &mut c, &mut scratch, plane_at, lane, matrix_units);
+                }
+                copy_pairs::<f32>(&c, 0, &mut dv_acc, n * C_PAIRS, C_PAIRS);
+                copy_pairs::<f32>(&dk_acc, n * C_PAIRS, &mut c, 0, C_PAIRS);
+                #[unroll(matrix_units)]
+                for s in 0..query_steps {
+                    copy_pairs::<M>(&ds_ops, s * A_PAIRS, &mut a, 0, A_PAIRS);
+                    b_from_columns::<M>(&q_tile, &mut b, s * MMA_DEPTH, n * MMA_COLS, lane, stride);
+                    mma::<M>(&a, &b, &mut c, &mut scratch, plane_at, lane, matrix_units);
+                }
+                copy_pairs::<f32>(&c, 0, &mut dk_acc, n * C_PAIRS, C_PAIRS);
+            }
+            first_query += queries;
+        }
+    }
+
+    #[unroll]
+    for h in 0..2usize {
+        let key = key_top + 8 * h;
+        if key < seq {
+            #[unroll(matrix_units)]
+            for n in 0..dim_blocks {
+                let dk_pair = dk_acc[n * C_PAIRS + h];
+                let dv_pair = dv_acc[n * C_PAIRS + h];
+                #[unroll]
+                for e in 0..2usize {
+                    let at = kv_base + key * head_dim + n * MMA_COLS + c_col(lane, e);
+                    dk[at] = store::<F>(dk_pair[e] * scale, round_bf16);
+                    dv[at] = store::<F>(dv_pair[e], round_bf16);
+                }
+            }
+        }
+    }
+}

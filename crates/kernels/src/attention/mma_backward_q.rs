@@ -1,0 +1,261 @@
+//! FlashAttention-2 backward, query side (dQ by a separate pass, no
+//! atomics), with everything a plane owns in its units' registers
+//! ([`super::mma`], as the register forward).
+
+use cubecl::prelude::*;
+
+use crate::dtype::store;
+
+use super::fragment::stage_rows_strided;
+use super::mma::{
+    a_from_rows, b_from_columns, b_from_rows, c_col, copy_pairs, mma, Pair, A_PAIRS, B_PAIRS,
+    C_PAIRS, MMA_COLS, MMA_DEPTH, MMA_PLANE_SIZE, MMA_ROWS, MMA_SCRATCH,
+};
+use super::mma_forward::TILE_PAD;
+use super::tiles::{pair_score, visible};
+
+/// One cube per `16 * planes` query rows of one `(batch, head)`, `planes`
+/// planes of 32 units; plane `p` owns query rows `16 p .. 16 p + 16` of the
+/// cube, and unit `lane` of it rows `lane / 4` and `lane / 4 + 8` of those
+/// (`mma.rs`'s accumulator layout), with their log-sum-exp and `delta`.
+/// Each unit loads its share of the plane's `q` and `d_out` rows once, as
+/// left operands. Then for each tile of `keys` key rows up to the causal
+/// end (the cube's last query):
+///
+/// 1. the units stage the tile's `k` and `v` rows as `M` (rows padded by
+///    [`TILE_PAD`]);
+/// 2. each plane computes its rows' scores `q k^T` and `d_out v^T` (`16 x
+///    keys`, f32, in registers);
+/// 3. each unit forms `ds = p * (dp - delta)` with `p = exp(scale * s +
+///    bias - lse)`, 0 where masked, in place;
+/// 4. `ds`, rounded to `M`, is the left operand of `ds k` as it lies, and
+///    each plane adds `ds k` to its dQ accumulators (`head_dim / 8` of
+///    them).
+///
+/// Finally `dq = scale * dq`, rounded to `F` once. Barriers as the
+/// register forward's: two cube barriers per key tile on the matrix units.
+///
+/// Cube grid: `x` = tile of `16 * planes` query rows, `y` = `batch *
+/// n_heads + head`; cube dim `(32, planes)`. Layouts as
+/// [`super::backward_q::attention_backward_q_kernel`]'s.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_backward_q_mma_kernel<F: Float, M: Float>(
+    q: &Array<F>,
+    k: &Array<F>,
+    v: &Array<F>,
+    slopes: &Array<f32>,
+    d_out: &Array<F>,
+    lse: &Array<f32>,
+    delta: &Array<f32>,
+    dq: &mut Array<F>,
+    seq: u32,
+    n_heads: u32,
+    group: u32,
+    scale: f32,
+    #[comptime] head_dim: usize,
+    #[comptime] planes: usize,
+    #[comptime] keys: usize,
+    #[comptime] causal: bool,
+    #[comptime] alibi: bool,
+    #[comptime] round_bf16: bool,
+    #[comptime] matrix_units: bool,
+) {
+    let seq = seq as usize;
+    let n_heads = n_heads as usize;
+    let group = group as usize;
+    let lane = UNIT_POS_X as usize;
+    let plane = UNIT_POS_Y as usize;
+    let units = comptime!(planes * MMA_PLANE_SIZE);
+    let unit = plane * MMA_PLANE_SIZE + lane;
+    let bh = CUBE_POS_Y as usize;
+    let head = bh % n_heads;
+    let kv_bh = (bh / n_heads) * (n_heads / group) + head / group;
+    let first_query = CUBE_POS_X as usize * comptime!(planes * MMA_ROWS);
+    let q_base = bh * seq * head_dim;
+    let kv_base = kv_bh * seq * head_dim;
+    let plane_first = first_query + plane * MMA_ROWS;
+    let row_top = plane_first + lane / 4;
+
+    let depth_steps = comptime!(head_dim / MMA_DEPTH);
+    let key_blocks = comptime!(keys / MMA_COLS);
+    let key_steps = comptime!(keys / MMA_DEPTH);
+    let dim_blocks = comptime!(head_dim / MMA_COLS);
+    let stride = comptime!(head_dim + TILE_PAD);
+
+    let mut k_tile = SharedMemory::<M>::new_aligned(comptime!(keys * stride), 128usize);
+    let mut v_tile = SharedMemory::<M>::new_aligned(comptime!(keys * stride), 128usize);
+    let mut scratch = SharedMemory::<f32>::new(comptime!(if matrix_units {
+        1
+    } else {
+        planes * MMA_SCRATCH
+    }));
+    let plane_at = plane * MMA_SCRATCH;
+
+    let mut slope = 0.0f32;
+    if alibi {
+        slope = slopes[head];
+    }
+    let mut q_regs = Array::<Pair<M>>::new(comptime!(depth_steps * A_PAIRS));
+    let mut do_regs = Array::<Pair<M>>::new(comptime!(depth_steps * A_PAIRS));
+    a_from_rows::<F, M>(
+        q,
+        &mut q_regs,
+        q_base,
+        plane_first,
+        seq,
+        lane,
+        head_dim,
+        round_bf16,
+        matrix_units,
+    );
+    a_from_rows::<F, M>(
+        d_out,
+        &mut do_regs,
+        q_base,
+        plane_first,
+        seq,
+        lane,
+        head_dim,
+        round_bf16,
+        matrix_units,
+    );
+    let mut row_lse = Array::<f32>::new(2usize);
+    let mut row_delta = Array::<f32>::new(2usize);
+    #[unroll]
+    for h in 0..2usize {
+        let at = bh * seq + min(row_top + 8 * h, seq - 1);
+        row_lse[h] = lse[at];
+        row_delta[h] = delta[at];
+    }
+    let mut dq_acc = Array::<Pair<f32>>::new(comptime!(dim_blocks * C_PAIRS));
+    #[unroll(matrix_units)]
+    for i in 0..comptime!(dim_blocks * C_PAIRS) {
+        dq_acc[i] = Pair::<f32>::new(0.0f32);
+    }
+    let mut scores = Array::<Pair<f32>>::new(comptime!(key_blocks * C_PAIRS));
+    let mut dps = Array::<Pair<f32>>::new(comptime!(key_blocks * C_PAIRS));
+    let mut ds_ops = Array::<Pair<M>>::new(comptime!(key_steps * A_PAIRS));
+    let mut a = Array::<Pair<M>>::new(A_PAIRS);
+    let mut b = Array::<Pair<M>>::new(B_PAIRS);
+    let mut c = Array::<Pair<f32>>::new(C_PAIRS);
+
+    let mut key_end = seq;
+    if causal {
+        key_end = min(first_query + comptime!(planes * MMA_ROWS), seq);
+    }
+    let mut first_key = 0usize;
+    while first_key < key_end {
+        // The previous step's reads of both tiles are done.
+        sync_cube();
+        stage_rows_strided::<F, M>(
+            k,
+            &mut k_tile,
+            kv_base,
+            first_key,
+            seq,
+            unit,
+            comptime!(keys * head_dim),
+            units,
+            head_dim,
+            stride,
+            round_bf16,
+        );
+        stage_rows_strided::<F, M>(
+            v,
+            &mut v_tile,
+            kv_base,
+            first_key,
+            seq,
+            unit,
+            comptime!(keys * head_dim),
+            units,
+            head_dim,
+            stride,
+            round_bf16,
+        );
+        sync_cube();
+
+        // Block `j` of both holds keys `8 j ..`.
+        #[unroll(matrix_units)]
+        for j in 0..key_blocks {
+            #[unroll]
+            for p in 0..C_PAIRS {
+                c[p] = Pair::<f32>::new(0.0f32);
+            }
+            #[unroll(matrix_units)]
+            for d in 0..depth_steps {
+                copy_pairs::<M>(&q_regs, d * A_PAIRS, &mut a, 0, A_PAIRS);
+                b_from_rows::<M>(&k_tile, &mut b, j * MMA_COLS, d * MMA_DEPTH, lane, stride);
+                mma::<M>(&a, &b, &mut c, &mut scratch, plane_at, lane, matrix_units);
+            }
+            copy_pairs::<f32>(&c, 0, &mut scores, j * C_PAIRS, C_PAIRS);
+            #[unroll]
+            for p in 0..C_PAIRS {
+                c[p] = Pair::<f32>::new(0.0f32);
+            }
+            #[unroll(matrix_units)]
+            for d in 0..depth_steps {
+                copy_pairs::<M>(&do_regs, d * A_PAIRS, &mut a, 0, A_PAIRS);
+                b_from_rows::<M>(&v_tile, &mut b, j * MMA_COLS, d * MMA_DEPTH, lane, stride);
+                mma::<M>(&a, &b, &mut c, &mut scratch, plane_at, lane, matrix_units);
+            }
+            copy_pairs::<f32>(&c, 0, &mut dps, j * C_PAIRS, C_PAIRS);
+        }
+
+        #[unroll]
+        for h in 0..2usize {
+            let query = row_top + 8 * h;
+            #[unroll(matrix_units)]
+            for j in 0..key_blocks {
+                let mut s = scores[j * C_PAIRS + h];
+                let dp = dps[j * C_PAIRS + h];
+                #[unroll]
+                for e in 0..2usize {
+                    let key = first_key + j * MMA_COLS + c_col(lane, e);
+                    let score = pair_score(s[e], scale, slope, query, key, alibi);
+                    let p = f32::exp(score - row_lse[h]);
+                    let ds = p * (dp[e] - row_delta[h]);
+                    s[e] = select(visible(query, key, seq, causal), ds, 0.0f32);
+                }
+                scores[j * C_PAIRS + h] = s;
+            }
+        }
+        // Score accumulators `2 s` and `2 s + 1` are the left operand of
+        // keys `16 s ..`.
+        #[unroll(matrix_units)]
+        for i in 0..comptime!(key_steps * A_PAIRS) {
+            ds_ops[i] = Pair::<M>::cast_from(scores[i]);
+        }
+
+        // dQ block `n` (columns `8 n ..`) += ds k.
+        #[unroll(matrix_units)]
+        for n in 0..dim_blocks {
+            copy_pairs::<f32>(&dq_acc, n * C_PAIRS, &mut c, 0, C_PAIRS);
+            #[unroll(matrix_units)]
+            for s in 0..key_steps {
+                copy_pairs::<M>(&ds_ops, s * A_PAIRS, &mut a, 0, A_PAIRS);
+                b_from_columns::<M>(&k_tile, &mut b, s * MMA_DEPTH, n * MMA_COLS, lane, stride);
+                mma::<M>(&a, &b, &mut c, &mut scratch, plane_at, lane, matrix_units);
+            }
+            copy_pairs::<f32>(&c, 0, &mut dq_acc, n * C_PAIRS, C_PAIRS);
+        }
+        first_key += keys;
+    }
+
+    #[unroll]
+    for h in 0..2usize {
+        let query = row_top + 8 * h;
+        if query < seq {
+            #[unroll(matrix_units)]
+            for n in 0..dim_blocks {
+                let pair = dq_acc[n * C_PAIRS + h];
+                #[unroll]
+                for e in 0..2usize {
+                    let at = q_base + query * head_dim + n * MMA_COLS + c_col(lane, e);
+                    dq[at] = store::<F>(pair[e] * scale, round_bf16);
+                }
+            }
+        }
+    }
+}
