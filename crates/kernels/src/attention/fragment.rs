@@ -236,8 +236,8 @@ pub(crate) fn stage_rows_strided<F: Float, M: Float>(
 
 /// Stages `elems / head_dim` rows from `first_row` of `a` and of `b` (each
 /// `[.., seq, head_dim]`, the rows of one head from `base`) into `a_tile`
-/// and `b_tile` as `M`, rows past `seq` as zeros; each of the cube's
-/// `units` units takes every `units`-th value.
+/// and `b_tile` as `M`, rows `stride` values apart, rows past `seq` as
+/// zeros; each of the cube's `units` units takes every `units`-th value.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn stage_row_pair<F: Float, M: Float>(
@@ -252,13 +252,14 @@ pub(crate) fn stage_row_pair<F: Float, M: Float>(
     #[comptime] elems: usize,
     #[comptime] units: usize,
     #[comptime] head_dim: usize,
+    #[comptime] stride: usize,
     #[comptime] round_bf16: bool,
 ) {
-    stage_rows::<F, M>(
-        a, a_tile, base, first_row, seq, unit, elems, units, head_dim, round_bf16,
+    stage_rows_strided::<F, M>(
+        a, a_tile, base, first_row, seq, unit, elems, units, head_dim, stride, round_bf16,
     );
-    stage_rows::<F, M>(
-        b, b_tile, base, first_row, seq, unit, elems, units, head_dim, round_bf16,
+    stage_rows_strided::<F, M>(
+        b, b_tile, base, first_row, seq, unit, elems, units, head_dim, stride, round_bf16,
     );
 }
 

@@ -114,6 +114,7 @@ pub(crate) fn attention_backward_kv_fragment_kernel<F: Float, M: Float>(
         key_elems,
         units,
         head_dim,
+        head_dim,
         round_bf16,
     );
     let mut dk_acc = Array::<f32>::new(comptime!(blocks * PER_LANE));
@@ -158,6 +159,7 @@ pub(crate) fn attention_backward_kv_fragment_kernel<F: Float, M: Float>(
                 unit,
                 query_elems,
                 units,
+                head_dim,
                 head_dim,
                 round_bf16,
             );

@@ -107,6 +107,7 @@ pub(crate) fn attention_backward_q_fragment_kernel<F: Float, M: Float>(
         query_elems,
         units,
         head_dim,
+        head_dim,
         round_bf16,
     );
     for i in 0..comptime!(queries.div_ceil(units)) {
@@ -146,6 +147,7 @@ pub(crate) fn attention_backward_q_fragment_kernel<F: Float, M: Float>(
             unit,
             key_elems,
             units,
+            head_dim,
             head_dim,
             round_bf16,
         );

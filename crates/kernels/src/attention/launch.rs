@@ -18,7 +18,6 @@ use super::choice::AttentionKernel;
 use super::forward::attention_forward_kernel;
 use super::fragment::{with_fragment_operand, CMMA_PLANE_SIZE};
 use super::fragment_forward::attention_forward_fragment_kernel;
-use super::mma::MMA_PLANE_SIZE;
 use super::mma_forward::attention_forward_mma_kernel;
 use super::shape::{AttentionError, AttentionInputs, AttentionOptions, AttentionShape};
 use super::tiled_forward::{attention_forward_tiled_kernel, TILED_UNITS};
@@ -103,6 +102,39 @@ pub fn attention_forward_with<R: Runtime>(
     let lse = client.empty(shape.rows() * size_of::<f32>());
     let (slopes, alibi) = slopes_arg(client, &inputs, &shape);
     let scale = options.scale_for(shape.head_dim);
+    // The fragment and the register kernel take the same arguments.
+    macro_rules! launch_on_planes {
+        ($kernel:ident, $f:ty, $m:ty, $planes:expr, $keys:expr, $round:expr, $units:expr) => {
+            // SAFETY: as for the tiled kernel: sizes checked above, rows
+            // and keys past `seq` staged as zeros and never written; the
+            // shared memory fits the device and the matrix units, when
+            // used, run the operand type (checked above).
+            unsafe {
+                $kernel::launch_unchecked::<$f, $m, R>(
+                    client,
+                    cube_count,
+                    CubeDim::new_2d(CMMA_PLANE_SIZE as u32, $planes as u32),
+                    array(inputs.q, shape.q_elems()),
+                    array(inputs.k, shape.kv_elems()),
+                    array(inputs.v, shape.kv_elems()),
+                    slopes,
+                    array(&out, shape.q_elems()),
+                    array(&lse, shape.rows()),
+                    shape.seq as u32,
+                    shape.n_heads as u32,
+                    shape.group() as u32,
+                    scale,
+                    shape.head_dim,
+                    $planes,
+                    $keys,
+                    options.causal,
+                    alibi,
+                    $round,
+                    $units,
+                );
+            }
+        };
+    }
     with_storage!(dtype, F, round_bf16, {
         match kernel {
             // SAFETY: every buffer holds the elements its `array` argument
@@ -154,69 +186,35 @@ pub fn attention_forward_with<R: Runtime>(
                     round_bf16,
                 );
             },
-            // SAFETY: as for the tiled kernel: sizes checked above, rows
-            // and keys past `seq` staged as zeros and never written; the
-            // shared memory fits the device and the matrix units, when
-            // used, run the operand type (checked above).
             AttentionKernel::Fragment {
                 planes,
                 keys,
                 matrix_units,
-            } => with_fragment_operand!(dtype, matrix_units, M, unsafe {
-                attention_forward_fragment_kernel::launch_unchecked::<F, M, R>(
-                    client,
-                    cube_count,
-                    CubeDim::new_2d(CMMA_PLANE_SIZE as u32, planes as u32),
-                    array(inputs.q, shape.q_elems()),
-                    array(inputs.k, shape.kv_elems()),
-                    array(inputs.v, shape.kv_elems()),
-                    slopes,
-                    array(&out, shape.q_elems()),
-                    array(&lse, shape.rows()),
-                    shape.seq as u32,
-                    shape.n_heads as u32,
-                    shape.group() as u32,
-                    scale,
-                    shape.head_dim,
+            } => with_fragment_operand!(dtype, matrix_units, M, {
+                launch_on_planes!(
+                    attention_forward_fragment_kernel,
+                    F,
+                    M,
                     planes,
                     keys,
-                    options.causal,
-                    alibi,
                     round_bf16,
-                    matrix_units,
-                );
+                    matrix_units
+                )
             }),
-            // SAFETY: as for the fragment kernel: sizes checked above, rows
-            // and keys past `seq` staged as zeros and never written; the
-            // shared memory fits the device and the `mma` instruction, when
-            // used, runs the operand type (checked above).
             AttentionKernel::Registers {
                 planes,
                 keys,
                 matrix_units,
-            } => with_fragment_operand!(dtype, matrix_units, M, unsafe {
-                attention_forward_mma_kernel::launch_unchecked::<F, M, R>(
-                    client,
-                    cube_count,
-                    CubeDim::new_2d(MMA_PLANE_SIZE as u32, planes as u32),
-                    array(inputs.q, shape.q_elems()),
-                    array(inputs.k, shape.kv_elems()),
-                    array(inputs.v, shape.kv_elems()),
-                    slopes,
-                    array(&out, shape.q_elems()),
-                    array(&lse, shape.rows()),
-                    shape.seq as u32,
-                    shape.n_heads as u32,
-                    shape.group() as u32,
-                    scale,
-                    shape.head_dim,
+            } => with_fragment_operand!(dtype, matrix_units, M, {
+                launch_on_planes!(
+                    attention_forward_mma_kernel,
+                    F,
+                    M,
                     planes,
                     keys,
-                    options.causal,
-                    alibi,
                     round_bf16,
-                    matrix_units,
-                );
+                    matrix_units
+                )
             }),
         }
     });

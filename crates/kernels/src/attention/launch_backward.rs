@@ -15,7 +15,6 @@ use super::fragment::{with_fragment_operand, CMMA_PLANE_SIZE};
 use super::fragment_backward_kv::attention_backward_kv_fragment_kernel;
 use super::fragment_backward_q::attention_backward_q_fragment_kernel;
 use super::launch::{array, check_dtype, grid_axis, slopes_arg};
-use super::mma::MMA_PLANE_SIZE;
 use super::mma_backward_kv::attention_backward_kv_mma_kernel;
 use super::mma_backward_q::attention_backward_q_mma_kernel;
 use super::shape::{
@@ -203,7 +202,7 @@ pub fn attention_backward_from_delta<R: Runtime>(
                 dtype,
                 matrix_units,
                 M,
-                launch.fragment::<F, M>(&grads, planes, inner, round_bf16, matrix_units)
+                launch.on_planes::<F, M>(&grads, false, planes, inner, round_bf16, matrix_units)
             ),
             AttentionBackwardKernel::Registers {
                 planes,
@@ -213,7 +212,7 @@ pub fn attention_backward_from_delta<R: Runtime>(
                 dtype,
                 matrix_units,
                 M,
-                launch.registers::<F, M>(&grads, planes, inner, round_bf16, matrix_units)
+                launch.on_planes::<F, M>(&grads, true, planes, inner, round_bf16, matrix_units)
             ),
         }
     });
@@ -408,12 +407,14 @@ impl<R: Runtime> Launch<'_, R> {
         }
     }
 
-    /// The fragment kernels with `planes` planes per cube (`16 * planes`
-    /// rows), `inner` rows of the other side per step, operands `M`, and
-    /// the products on the matrix units or on plain units.
-    fn fragment<F: Float, M: Float>(
+    /// The fragment kernels (or, with `registers`, the register kernels)
+    /// with `planes` planes per cube (`16 * planes` rows), `inner` rows of
+    /// the other side per step, operands `M`, and the products on the
+    /// matrix units or on plain units. Both pairs take the same arguments.
+    fn on_planes<F: Float, M: Float>(
         &self,
         grads: &AttentionGradients,
+        registers: bool,
         planes: usize,
         inner: usize,
         round_bf16: bool,
@@ -421,139 +422,64 @@ impl<R: Runtime> Launch<'_, R> {
     ) {
         let (s, client, grid) = (self.shape, self.client, self.grid);
         let cube_dim = CubeDim::new_2d(CMMA_PLANE_SIZE as u32, planes as u32);
-        let (slopes, alibi) = slopes_arg(client, &self.inputs, &s);
-        // SAFETY: sizes checked by the caller, rows past `seq` staged as
-        // zeros and never written; the shared memory fits the device and
-        // the matrix units, when used, run `M`
-        // (`AttentionBackwardKernel::check`, `matrix_units_run`).
-        unsafe {
-            attention_backward_kv_fragment_kernel::launch_unchecked::<F, M, R>(
-                client,
-                CubeCount::Static(grid.tiles, grid.kv_heads, 1),
-                cube_dim,
-                array(self.inputs.q, s.q_elems()),
-                array(self.inputs.k, s.kv_elems()),
-                array(self.inputs.v, s.kv_elems()),
-                slopes,
-                array(self.d_out, s.q_elems()),
-                array(self.lse, s.rows()),
-                array(self.delta, s.rows()),
-                array(&grads.dk, s.kv_elems()),
-                array(&grads.dv, s.kv_elems()),
-                s.seq as u32,
-                s.n_heads as u32,
-                s.group() as u32,
-                self.scale,
-                s.head_dim,
-                planes,
-                inner,
-                self.causal,
-                alibi,
-                round_bf16,
-                matrix_units,
-            );
+        let kv_count = CubeCount::Static(grid.tiles, grid.kv_heads, 1);
+        let q_count = CubeCount::Static(grid.tiles, grid.heads, 1);
+        macro_rules! launch {
+            ($kernel:ident, $count:expr, $($grads:expr),+) => {{
+                let (slopes, alibi) = slopes_arg(client, &self.inputs, &s);
+                // SAFETY: sizes checked by the caller, rows past `seq`
+                // staged as zeros and never written; the shared memory
+                // fits the device and the matrix units, when used, run `M`
+                // (`AttentionBackwardKernel::check`, `matrix_units_run`,
+                // `mma_runs`).
+                unsafe {
+                    $kernel::launch_unchecked::<F, M, R>(
+                        client,
+                        $count,
+                        cube_dim,
+                        array(self.inputs.q, s.q_elems()),
+                        array(self.inputs.k, s.kv_elems()),
+                        array(self.inputs.v, s.kv_elems()),
+                        slopes,
+                        array(self.d_out, s.q_elems()),
+                        array(self.lse, s.rows()),
+                        array(self.delta, s.rows()),
+                        $($grads,)+
+                        s.seq as u32,
+                        s.n_heads as u32,
+                        s.group() as u32,
+                        self.scale,
+                        s.head_dim,
+                        planes,
+                        inner,
+                        self.causal,
+                        alibi,
+                        round_bf16,
+                        matrix_units,
+                    );
+                }
+            }};
         }
-        let (slopes, alibi) = slopes_arg(client, &self.inputs, &s);
-        // SAFETY: as above.
-        unsafe {
-            attention_backward_q_fragment_kernel::launch_unchecked::<F, M, R>(
-                client,
-                CubeCount::Static(grid.tiles, grid.heads, 1),
-                cube_dim,
-                array(self.inputs.q, s.q_elems()),
-                array(self.inputs.k, s.kv_elems()),
-                array(self.inputs.v, s.kv_elems()),
-                slopes,
-                array(self.d_out, s.q_elems()),
-                array(self.lse, s.rows()),
-                array(self.delta, s.rows()),
-                array(&grads.dq, s.q_elems()),
-                s.seq as u32,
-                s.n_heads as u32,
-                s.group() as u32,
-                self.scale,
-                s.head_dim,
-                planes,
-                inner,
-                self.causal,
-                alibi,
-                round_bf16,
-                matrix_units,
+        let (dk, dv) = (&grads.dk, &grads.dv);
+        let kv = |h| array(h, s.kv_elems());
+        if registers {
+            launch!(attention_backward_kv_mma_kernel, kv_count, kv(dk), kv(dv));
+            launch!(
+                attention_backward_q_mma_kernel,
+                q_count,
+                array(&grads.dq, s.q_elems())
             );
-        }
-    }
-
-    /// The register kernels (`mma_backward_kv.rs`, `mma_backward_q.rs`)
-    /// with `planes` planes per cube and `inner` rows of the other side
-    /// per step.
-    fn registers<F: Float, M: Float>(
-        &self,
-        grads: &AttentionGradients,
-        planes: usize,
-        inner: usize,
-        round_bf16: bool,
-        matrix_units: bool,
-    ) {
-        let (s, client, grid) = (self.shape, self.client, self.grid);
-        let cube_dim = CubeDim::new_2d(MMA_PLANE_SIZE as u32, planes as u32);
-        let (slopes, alibi) = slopes_arg(client, &self.inputs, &s);
-        // SAFETY: sizes checked by the caller, rows past `seq` staged as
-        // zeros and never written; the shared memory fits the device and
-        // the matrix units, when used, run `M`
-        // (`AttentionBackwardKernel::check`, `mma_runs`).
-        unsafe {
-            attention_backward_kv_mma_kernel::launch_unchecked::<F, M, R>(
-                client,
-                CubeCount::Static(grid.tiles, grid.kv_heads, 1),
-                cube_dim,
-                array(self.inputs.q, s.q_elems()),
-                array(self.inputs.k, s.kv_elems()),
-                array(self.inputs.v, s.kv_elems()),
-                slopes,
-                array(self.d_out, s.q_elems()),
-                array(self.lse, s.rows()),
-                array(self.delta, s.rows()),
-                array(&grads.dk, s.kv_elems()),
-                array(&grads.dv, s.kv_elems()),
-                s.seq as u32,
-                s.n_heads as u32,
-                s.group() as u32,
-                self.scale,
-                s.head_dim,
-                planes,
-                inner,
-                self.causal,
-                alibi,
-                round_bf16,
-                matrix_units,
+        } else {
+            launch!(
+                attention_backward_kv_fragment_kernel,
+                kv_count,
+                kv(dk),
+                kv(dv)
             );
-        }
-        let (slopes, alibi) = slopes_arg(client, &self.inputs, &s);
-        // SAFETY: as above.
-        unsafe {
-            attention_backward_q_mma_kernel::launch_unchecked::<F, M, R>(
-                client,
-                CubeCount::Static(grid.tiles, grid.heads, 1),
-                cube_dim,
-                array(self.inputs.q, s.q_elems()),
-                array(self.inputs.k, s.kv_elems()),
-                array(self.inputs.v, s.kv_elems()),
-                slopes,
-                array(self.d_out, s.q_elems()),
-                array(self.lse, s.rows()),
-                array(self.delta, s.rows()),
-                array(&grads.dq, s.q_elems()),
-                s.seq as u32,
-                s.n_heads as u32,
-                s.group() as u32,
-                self.scale,
-                s.head_dim,
-                planes,
-                inner,
-                self.causal,
-                alibi,
-                round_bf16,
-                matrix_units,
+            launch!(
+                attention_backward_q_fragment_kernel,
+                q_count,
+                array(&grads.dq, s.q_elems())
             );
         }
     }

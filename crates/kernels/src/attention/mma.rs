@@ -29,7 +29,7 @@
 use cubecl::cmma::MmaDefinition;
 use cubecl::prelude::*;
 
-use crate::dtype::load;
+use crate::dtype::{load, store};
 
 /// Two consecutive values of one register of an operand or accumulator.
 pub(crate) type Pair<E> = Vector<E, Const<2>>;
@@ -312,5 +312,111 @@ pub(crate) fn copy_pairs<E: Float>(
     #[unroll]
     for p in 0..count {
         to[to_at + p] = from[from_at + p];
+    }
+}
+
+/// `out` pairs from `first_out`: for each block `j < blocks`, the product
+/// of the plane's 16 rows (`regs`, their left operands, `depth_steps` of
+/// them as [`a_from_rows`] loads them) and rows `8 j ..+ 8` of `tile` read
+/// as columns ([`b_from_rows`]): `16 x 8 blocks` scores such as `q k^T`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn products_with_rows<M: Float>(
+    regs: &Array<Pair<M>>,
+    tile: &SharedMemory<M>,
+    out: &mut Array<Pair<f32>>,
+    scratch: &mut SharedMemory<f32>,
+    plane_at: usize,
+    lane: usize,
+    #[comptime] blocks: usize,
+    #[comptime] depth_steps: usize,
+    #[comptime] stride: usize,
+    #[comptime] matrix_units: bool,
+) {
+    let mut a = Array::<Pair<M>>::new(A_PAIRS);
+    let mut b = Array::<Pair<M>>::new(B_PAIRS);
+    let mut c = Array::<Pair<f32>>::new(C_PAIRS);
+    #[unroll(matrix_units)]
+    for j in 0..blocks {
+        #[unroll]
+        for p in 0..C_PAIRS {
+            c[p] = Pair::<f32>::new(0.0f32);
+        }
+        #[unroll(matrix_units)]
+        for d in 0..depth_steps {
+            copy_pairs::<M>(regs, d * A_PAIRS, &mut a, 0, A_PAIRS);
+            b_from_rows::<M>(tile, &mut b, j * MMA_COLS, d * MMA_DEPTH, lane, stride);
+            mma::<M>(&a, &b, &mut c, scratch, plane_at, lane, matrix_units);
+        }
+        copy_pairs::<f32>(&c, 0, out, j * C_PAIRS, C_PAIRS);
+    }
+}
+
+/// `acc` (`blocks` accumulators: columns `8 n ..+ 8` of the plane's 16
+/// rows) plus the product of the left operands `ops` (`steps` of them, for
+/// rows `16 s ..+ 16` of `tile`) and those rows of `tile` as they lie
+/// ([`b_from_columns`]): `p v` and the gradients' sums.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn accumulate_with_columns<M: Float>(
+    ops: &Array<Pair<M>>,
+    tile: &SharedMemory<M>,
+    acc: &mut Array<Pair<f32>>,
+    scratch: &mut SharedMemory<f32>,
+    plane_at: usize,
+    lane: usize,
+    #[comptime] blocks: usize,
+    #[comptime] steps: usize,
+    #[comptime] stride: usize,
+    #[comptime] matrix_units: bool,
+) {
+    let mut a = Array::<Pair<M>>::new(A_PAIRS);
+    let mut b = Array::<Pair<M>>::new(B_PAIRS);
+    let mut c = Array::<Pair<f32>>::new(C_PAIRS);
+    #[unroll(matrix_units)]
+    for n in 0..blocks {
+        copy_pairs::<f32>(acc, n * C_PAIRS, &mut c, 0, C_PAIRS);
+        #[unroll(matrix_units)]
+        for s in 0..steps {
+            copy_pairs::<M>(ops, s * A_PAIRS, &mut a, 0, A_PAIRS);
+            b_from_columns::<M>(tile, &mut b, s * MMA_DEPTH, n * MMA_COLS, lane, stride);
+            mma::<M>(&a, &b, &mut c, scratch, plane_at, lane, matrix_units);
+        }
+        copy_pairs::<f32>(&c, 0, acc, n * C_PAIRS, C_PAIRS);
+    }
+}
+
+/// Writes this unit's share of `acc` (`head_dim / 8` accumulators of its
+/// rows `row_top` and `row_top + 8`, one head of `dst` from `base`), each
+/// row's values times its `factors` entry, rounded to `F`; rows past `seq`
+/// are not written.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn store_accumulators<F: Float>(
+    dst: &mut Array<F>,
+    acc: &Array<Pair<f32>>,
+    factors: &Array<f32>,
+    base: usize,
+    row_top: usize,
+    seq: usize,
+    lane: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] round_bf16: bool,
+    #[comptime] matrix_units: bool,
+) {
+    #[unroll]
+    for h in 0..2usize {
+        let row = row_top + 8 * h;
+        if row < seq {
+            #[unroll(matrix_units)]
+            for n in 0..comptime!(head_dim / MMA_COLS) {
+                let pair = acc[n * C_PAIRS + h];
+                #[unroll]
+                for e in 0..2usize {
+                    let at = base + row * head_dim + n * MMA_COLS + c_col(lane, e);
+                    dst[at] = store::<F>(pair[e] * factors[h], round_bf16);
+                }
+            }
+        }
     }
 }

@@ -4,12 +4,10 @@
 
 use cubecl::prelude::*;
 
-use crate::dtype::store;
-
-use super::fragment::stage_rows_strided;
+use super::fragment::stage_row_pair;
 use super::mma::{
-    a_from_tile, b_from_columns, b_from_rows, c_col, copy_pairs, mma, Pair, A_PAIRS, B_PAIRS,
-    C_PAIRS, MMA_COLS, MMA_DEPTH, MMA_PLANE_SIZE, MMA_ROWS, MMA_SCRATCH,
+    a_from_tile, accumulate_with_columns, b_from_rows, c_col, copy_pairs, mma, store_accumulators,
+    Pair, A_PAIRS, B_PAIRS, C_PAIRS, MMA_COLS, MMA_DEPTH, MMA_PLANE_SIZE, MMA_ROWS, MMA_SCRATCH,
 };
 use super::mma_forward::TILE_PAD;
 use super::tiles::{pair_score, visible};
@@ -102,21 +100,10 @@ pub(crate) fn attention_backward_kv_mma_kernel<F: Float, M: Float>(
     let plane_at = plane * MMA_SCRATCH;
 
     // Key rows past `seq` are zeros and are never written.
-    stage_rows_strided::<F, M>(
+    stage_row_pair::<F, M>(
         k,
-        &mut k_tile,
-        kv_base,
-        first_key,
-        seq,
-        unit,
-        comptime!(keys * head_dim),
-        units,
-        head_dim,
-        stride,
-        round_bf16,
-    );
-    stage_rows_strided::<F, M>(
         v,
+        &mut k_tile,
         &mut v_tile,
         kv_base,
         first_key,
@@ -163,21 +150,10 @@ pub(crate) fn attention_backward_kv_mma_kernel<F: Float, M: Float>(
             // The previous step's reads of the query-side tiles are done
             // (and, on the first step, the key and value tiles written).
             sync_cube();
-            stage_rows_strided::<F, M>(
+            stage_row_pair::<F, M>(
                 q,
-                &mut q_tile,
-                q_base,
-                first_query,
-                seq,
-                unit,
-                comptime!(queries * head_dim),
-                units,
-                head_dim,
-                stride,
-                round_bf16,
-            );
-            stage_rows_strided::<F, M>(
                 d_out,
+                &mut q_tile,
                 &mut do_tile,
                 q_base,
                 first_query,
@@ -257,51 +233,61 @@ pub(crate) fn attention_backward_kv_mma_kernel<F: Float, M: Float>(
             }
 
             // dV block `n` (columns `8 n ..`) += p^T d_out, dK's += ds^T q.
-            #[unroll(matrix_units)]
-            for n in 0..dim_blocks {
-                copy_pairs::<f32>(&dv_acc, n * C_PAIRS, &mut c, 0, C_PAIRS);
-                #[unroll(matrix_units)]
-                for s in 0..query_steps {
-                    copy_pairs::<M>(&p_ops, s * A_PAIRS, &mut a, 0, A_PAIRS);
-                    b_from_columns::<M>(
-                        &do_tile,
-                        &mut b,
-                        s * MMA_DEPTH,
-                        n * MMA_COLS,
-                        lane,
-                        stride,
-                    );
-                    mma::<M>(&a, &b, &mut c, &mut scratch, plane_at, lane, matrix_units);
-                }
-                copy_pairs::<f32>(&c, 0, &mut dv_acc, n * C_PAIRS, C_PAIRS);
-                copy_pairs::<f32>(&dk_acc, n * C_PAIRS, &mut c, 0, C_PAIRS);
-                #[unroll(matrix_units)]
-                for s in 0..query_steps {
-                    copy_pairs::<M>(&ds_ops, s * A_PAIRS, &mut a, 0, A_PAIRS);
-                    b_from_columns::<M>(&q_tile, &mut b, s * MMA_DEPTH, n * MMA_COLS, lane, stride);
-                    mma::<M>(&a, &b, &mut c, &mut scratch, plane_at, lane, matrix_units);
-                }
-                copy_pairs::<f32>(&c, 0, &mut dk_acc, n * C_PAIRS, C_PAIRS);
-            }
+            accumulate_with_columns::<M>(
+                &p_ops,
+                &do_tile,
+                &mut dv_acc,
+                &mut scratch,
+                plane_at,
+                lane,
+                dim_blocks,
+                query_steps,
+                stride,
+                matrix_units,
+            );
+            accumulate_with_columns::<M>(
+                &ds_ops,
+                &q_tile,
+                &mut dk_acc,
+                &mut scratch,
+                plane_at,
+                lane,
+                dim_blocks,
+                query_steps,
+                stride,
+                matrix_units,
+            );
             first_query += queries;
         }
     }
 
-    #[unroll]
-    for h in 0..2usize {
-        let key = key_top + 8 * h;
-        if key < seq {
-            #[unroll(matrix_units)]
-            for n in 0..dim_blocks {
-                let dk_pair = dk_acc[n * C_PAIRS + h];
-                let dv_pair = dv_acc[n * C_PAIRS + h];
-                #[unroll]
-                for e in 0..2usize {
-                    let at = kv_base + key * head_dim + n * MMA_COLS + c_col(lane, e);
-                    dk[at] = store::<F>(dk_pair[e] * scale, round_bf16);
-                    dv[at] = store::<F>(dv_pair[e], round_bf16);
-                }
-            }
-        }
-    }
+    let mut factors = Array::<f32>::new(2usize);
+    factors[0] = scale;
+    factors[1] = scale;
+    store_accumulators::<F>(
+        dk,
+        &dk_acc,
+        &factors,
+        kv_base,
+        key_top,
+        seq,
+        lane,
+        head_dim,
+        round_bf16,
+        matrix_units,
+    );
+    factors[0] = 1.0f32;
+    factors[1] = 1.0f32;
+    store_accumulators::<F>(
+        dv,
+        &dv_acc,
+        &factors,
+        kv_base,
+        key_top,
+        seq,
+        lane,
+        head_dim,
+        round_bf16,
+        matrix_units,
+    );
 }

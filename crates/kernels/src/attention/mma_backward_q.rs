@@ -4,12 +4,10 @@
 
 use cubecl::prelude::*;
 
-use crate::dtype::store;
-
-use super::fragment::stage_rows_strided;
+use super::fragment::stage_row_pair;
 use super::mma::{
-    a_from_rows, b_from_columns, b_from_rows, c_col, copy_pairs, mma, Pair, A_PAIRS, B_PAIRS,
-    C_PAIRS, MMA_COLS, MMA_DEPTH, MMA_PLANE_SIZE, MMA_ROWS, MMA_SCRATCH,
+    a_from_rows, accumulate_with_columns, c_col, products_with_rows, store_accumulators, Pair,
+    A_PAIRS, C_PAIRS, MMA_COLS, MMA_DEPTH, MMA_PLANE_SIZE, MMA_ROWS, MMA_SCRATCH,
 };
 use super::mma_forward::TILE_PAD;
 use super::tiles::{pair_score, visible};
@@ -136,9 +134,6 @@ pub(crate) fn attention_backward_q_mma_kernel<F: Float, M: Float>(
     let mut scores = Array::<Pair<f32>>::new(comptime!(key_blocks * C_PAIRS));
     let mut dps = Array::<Pair<f32>>::new(comptime!(key_blocks * C_PAIRS));
     let mut ds_ops = Array::<Pair<M>>::new(comptime!(key_steps * A_PAIRS));
-    let mut a = Array::<Pair<M>>::new(A_PAIRS);
-    let mut b = Array::<Pair<M>>::new(B_PAIRS);
-    let mut c = Array::<Pair<f32>>::new(C_PAIRS);
 
     let mut key_end = seq;
     if causal {
@@ -148,21 +143,10 @@ pub(crate) fn attention_backward_q_mma_kernel<F: Float, M: Float>(
     while first_key < key_end {
         // The previous step's reads of both tiles are done.
         sync_cube();
-        stage_rows_strided::<F, M>(
+        stage_row_pair::<F, M>(
             k,
-            &mut k_tile,
-            kv_base,
-            first_key,
-            seq,
-            unit,
-            comptime!(keys * head_dim),
-            units,
-            head_dim,
-            stride,
-            round_bf16,
-        );
-        stage_rows_strided::<F, M>(
             v,
+            &mut k_tile,
             &mut v_tile,
             kv_base,
             first_key,
@@ -177,31 +161,30 @@ pub(crate) fn attention_backward_q_mma_kernel<F: Float, M: Float>(
         sync_cube();
 
         // Block `j` of both holds keys `8 j ..`.
-        #[unroll(matrix_units)]
-        for j in 0..key_blocks {
-            #[unroll]
-            for p in 0..C_PAIRS {
-                c[p] = Pair::<f32>::new(0.0f32);
-            }
-            #[unroll(matrix_units)]
-            for d in 0..depth_steps {
-                copy_pairs::<M>(&q_regs, d * A_PAIRS, &mut a, 0, A_PAIRS);
-                b_from_rows::<M>(&k_tile, &mut b, j * MMA_COLS, d * MMA_DEPTH, lane, stride);
-                mma::<M>(&a, &b, &mut c, &mut scratch, plane_at, lane, matrix_units);
-            }
-            copy_pairs::<f32>(&c, 0, &mut scores, j * C_PAIRS, C_PAIRS);
-            #[unroll]
-            for p in 0..C_PAIRS {
-                c[p] = Pair::<f32>::new(0.0f32);
-            }
-            #[unroll(matrix_units)]
-            for d in 0..depth_steps {
-                copy_pairs::<M>(&do_regs, d * A_PAIRS, &mut a, 0, A_PAIRS);
-                b_from_rows::<M>(&v_tile, &mut b, j * MMA_COLS, d * MMA_DEPTH, lane, stride);
-                mma::<M>(&a, &b, &mut c, &mut scratch, plane_at, lane, matrix_units);
-            }
-            copy_pairs::<f32>(&c, 0, &mut dps, j * C_PAIRS, C_PAIRS);
-        }
+        products_with_rows::<M>(
+            &q_regs,
+            &k_tile,
+            &mut scores,
+            &mut scratch,
+            plane_at,
+            lane,
+            key_blocks,
+            depth_steps,
+            stride,
+            matrix_units,
+        );
+        products_with_rows::<M>(
+            &do_regs,
+            &v_tile,
+            &mut dps,
+            &mut scratch,
+            plane_at,
+            lane,
+            key_blocks,
+            depth_steps,
+            stride,
+            matrix_units,
+        );
 
         #[unroll]
         for h in 0..2usize {
@@ -229,33 +212,34 @@ pub(crate) fn attention_backward_q_mma_kernel<F: Float, M: Float>(
         }
 
         // dQ block `n` (columns `8 n ..`) += ds k.
-        #[unroll(matrix_units)]
-        for n in 0..dim_blocks {
-            copy_pairs::<f32>(&dq_acc, n * C_PAIRS, &mut c, 0, C_PAIRS);
-            #[unroll(matrix_units)]
-            for s in 0..key_steps {
-                copy_pairs::<M>(&ds_ops, s * A_PAIRS, &mut a, 0, A_PAIRS);
-                b_from_columns::<M>(&k_tile, &mut b, s * MMA_DEPTH, n * MMA_COLS, lane, stride);
-                mma::<M>(&a, &b, &mut c, &mut scratch, plane_at, lane, matrix_units);
-            }
-            copy_pairs::<f32>(&c, 0, &mut dq_acc, n * C_PAIRS, C_PAIRS);
-        }
+        accumulate_with_columns::<M>(
+            &ds_ops,
+            &k_tile,
+            &mut dq_acc,
+            &mut scratch,
+            plane_at,
+            lane,
+            dim_blocks,
+            key_steps,
+            stride,
+            matrix_units,
+        );
         first_key += keys;
     }
 
-    #[unroll]
-    for h in 0..2usize {
-        let query = row_top + 8 * h;
-        if query < seq {
-            #[unroll(matrix_units)]
-            for n in 0..dim_blocks {
-                let pair = dq_acc[n * C_PAIRS + h];
-                #[unroll]
-                for e in 0..2usize {
-                    let at = q_base + query * head_dim + n * MMA_COLS + c_col(lane, e);
-                    dq[at] = store::<F>(pair[e] * scale, round_bf16);
-                }
-            }
-        }
-    }
+    let mut factors = Array::<f32>::new(2usize);
+    factors[0] = scale;
+    factors[1] = scale;
+    store_accumulators::<F>(
+        dq,
+        &dq_acc,
+        &factors,
+        q_base,
+        row_top,
+        seq,
+        lane,
+        head_dim,
+        round_bf16,
+        matrix_units,
+    );
 }

@@ -9,12 +9,11 @@
 
 use cubecl::prelude::*;
 
-use crate::dtype::store;
-
-use super::fragment::stage_rows_strided;
+use super::fragment::stage_row_pair;
 use super::mma::{
-    a_from_rows, b_from_columns, b_from_rows, c_col, copy_pairs, mma, quad_max, quad_sum, Pair,
-    A_PAIRS, B_PAIRS, C_PAIRS, MMA_COLS, MMA_DEPTH, MMA_PLANE_SIZE, MMA_ROWS, MMA_SCRATCH,
+    a_from_rows, accumulate_with_columns, c_col, products_with_rows, quad_max, quad_sum,
+    store_accumulators, Pair, A_PAIRS, C_PAIRS, MMA_COLS, MMA_DEPTH, MMA_PLANE_SIZE, MMA_ROWS,
+    MMA_SCRATCH,
 };
 use super::tiles::{pair_score, visible, NEG_LARGE};
 
@@ -95,7 +94,6 @@ pub(crate) fn attention_forward_mma_kernel<F: Float, M: Float>(
     // This unit's two rows (accumulator values 0, 1 and 2, 3).
     let plane_first = first_query + plane * MMA_ROWS;
     let row_top = plane_first + lane / 4;
-    let row_bottom = row_top + 8;
 
     let depth_steps = comptime!(head_dim / MMA_DEPTH);
     let key_blocks = comptime!(keys / MMA_COLS);
@@ -140,9 +138,6 @@ pub(crate) fn attention_forward_mma_kernel<F: Float, M: Float>(
     }
     let mut scores = Array::<Pair<f32>>::new(comptime!(key_blocks * C_PAIRS));
     let mut probs = Array::<Pair<M>>::new(comptime!(key_steps * A_PAIRS));
-    let mut a = Array::<Pair<M>>::new(A_PAIRS);
-    let mut b = Array::<Pair<M>>::new(B_PAIRS);
-    let mut c = Array::<Pair<f32>>::new(C_PAIRS);
     // Running maxima and this unit's partial sums of its two rows.
     let mut row_max = Array::<f32>::new(2usize);
     let mut row_sum = Array::<f32>::new(2usize);
@@ -160,21 +155,10 @@ pub(crate) fn attention_forward_mma_kernel<F: Float, M: Float>(
     while first_key < key_end {
         // The previous step's reads of both tiles are done.
         sync_cube();
-        stage_rows_strided::<F, M>(
+        stage_row_pair::<F, M>(
             k,
-            &mut k_tile,
-            kv_base,
-            first_key,
-            seq,
-            unit,
-            tile_elems,
-            units,
-            head_dim,
-            stride,
-            round_bf16,
-        );
-        stage_rows_strided::<F, M>(
             v,
+            &mut k_tile,
             &mut v_tile,
             kv_base,
             first_key,
@@ -190,20 +174,18 @@ pub(crate) fn attention_forward_mma_kernel<F: Float, M: Float>(
 
         // Scores: block `j` holds keys `8 j ..`; `k^T`'s value (d, key) is
         // the key tile's (key, d).
-        #[unroll(matrix_units)]
-        for j in 0..key_blocks {
-            #[unroll]
-            for p in 0..C_PAIRS {
-                c[p] = Pair::<f32>::new(0.0f32);
-            }
-            #[unroll(matrix_units)]
-            for d in 0..depth_steps {
-                copy_pairs::<M>(&q_regs, d * A_PAIRS, &mut a, 0, A_PAIRS);
-                b_from_rows::<M>(&k_tile, &mut b, j * MMA_COLS, d * MMA_DEPTH, lane, stride);
-                mma::<M>(&a, &b, &mut c, &mut scratch, plane_at, lane, matrix_units);
-            }
-            copy_pairs::<f32>(&c, 0, &mut scores, j * C_PAIRS, C_PAIRS);
-        }
+        products_with_rows::<M>(
+            &q_regs,
+            &k_tile,
+            &mut scores,
+            &mut scratch,
+            plane_at,
+            lane,
+            key_blocks,
+            depth_steps,
+            stride,
+            matrix_units,
+        );
 
         online_softmax(
             &mut scores,
@@ -212,7 +194,6 @@ pub(crate) fn attention_forward_mma_kernel<F: Float, M: Float>(
             &mut out_acc,
             &mut scratch,
             row_top,
-            row_bottom,
             first_key,
             seq,
             scale,
@@ -233,46 +214,53 @@ pub(crate) fn attention_forward_mma_kernel<F: Float, M: Float>(
         }
 
         // Output block `n` (columns `8 n ..`) += p v.
-        #[unroll(matrix_units)]
-        for n in 0..dim_blocks {
-            copy_pairs::<f32>(&out_acc, n * C_PAIRS, &mut c, 0, C_PAIRS);
-            #[unroll(matrix_units)]
-            for s in 0..key_steps {
-                copy_pairs::<M>(&probs, s * A_PAIRS, &mut a, 0, A_PAIRS);
-                b_from_columns::<M>(&v_tile, &mut b, s * MMA_DEPTH, n * MMA_COLS, lane, stride);
-                mma::<M>(&a, &b, &mut c, &mut scratch, plane_at, lane, matrix_units);
-            }
-            copy_pairs::<f32>(&c, 0, &mut out_acc, n * C_PAIRS, C_PAIRS);
-        }
+        accumulate_with_columns::<M>(
+            &probs,
+            &v_tile,
+            &mut out_acc,
+            &mut scratch,
+            plane_at,
+            lane,
+            dim_blocks,
+            key_steps,
+            stride,
+            matrix_units,
+        );
         first_key += keys;
     }
 
+    let mut sums = Array::<f32>::new(2usize);
+    let mut reciprocal = Array::<f32>::new(2usize);
     #[unroll]
     for h in 0..2usize {
-        let sum = quad_sum(row_sum[h], &mut scratch, plane_at, lane, matrix_units);
-        let row = select(h == 0, row_top, row_bottom);
-        if row < seq {
-            #[unroll(matrix_units)]
-            for n in 0..dim_blocks {
-                let pair = out_acc[n * C_PAIRS + h];
-                #[unroll]
-                for e in 0..2usize {
-                    let col = n * MMA_COLS + c_col(lane, e);
-                    out[q_base + row * head_dim + col] = store::<F>(pair[e] / sum, round_bf16);
-                }
-            }
-            // The group's first unit writes the row's statistics.
-            let in_group = lane % 4;
-            if in_group == 0 {
-                lse[bh * seq + row] = row_max[h] + f32::ln(sum);
-            }
+        sums[h] = quad_sum(row_sum[h], &mut scratch, plane_at, lane, matrix_units);
+        reciprocal[h] = 1.0f32 / sums[h];
+    }
+    store_accumulators::<F>(
+        out,
+        &out_acc,
+        &reciprocal,
+        q_base,
+        row_top,
+        seq,
+        lane,
+        head_dim,
+        round_bf16,
+        matrix_units,
+    );
+    // The group's first unit writes its rows' log-sum-exp.
+    let in_group = lane % 4;
+    #[unroll]
+    for h in 0..2usize {
+        let row = row_top + 8 * h;
+        if row < seq && in_group == 0 {
+            lse[bh * seq + row] = row_max[h] + f32::ln(sums[h]);
         }
     }
 }
 
 /// Step 3 of [`attention_forward_mma_kernel`] for one unit: `scores` (its
-/// `key_blocks` accumulators, pair `2 j + h` holding row `row_top`'s
-/// (`h = 0`) or `row_bottom`'s (`h = 1`)
+/// `key_blocks` accumulators, pair `2 j + h` holding row `row_top + 8 h`'s
 /// values at keys `first_key + 8 j + 2 (lane % 4) ..+ 2`) become scaled,
 /// biased, masked and exponentiated against the rows' new running maxima
 /// (`row_max`, over the unit's group of four); the rows' partial sums
@@ -288,7 +276,6 @@ fn online_softmax(
     out_acc: &mut Array<Pair<f32>>,
     scratch: &mut SharedMemory<f32>,
     row_top: usize,
-    row_bottom: usize,
     first_key: usize,
     seq: usize,
     scale: f32,
@@ -303,7 +290,7 @@ fn online_softmax(
 ) {
     #[unroll]
     for h in 0..2usize {
-        let row = select(h == 0, row_top, row_bottom);
+        let row = row_top + 8 * h;
         let old_max = row_max[h];
         let mut top = old_max;
         #[unroll(matrix_units)]

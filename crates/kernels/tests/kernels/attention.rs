@@ -22,6 +22,7 @@ use crate::common;
 use attention_support::check::{
     alibi_slopes, case, check_case, check_case_as, check_case_with, chosen_backward,
     chosen_forward, forward_kernels, row_and_chosen, row_and_chosen_backward, to_f64,
+    ForwardKernels,
 };
 use attention_support::reference::Problem;
 use common::{client, download, upload, Rng, R};
@@ -57,27 +58,34 @@ fn fragment_kernel_on_plain_units_matches_reference() {
     // the largest tiles that fit (several key steps, a ragged last one),
     // GQA, causal and not, ALiBi. The f32 form runs in the tile-boundary
     // cases (`forward_kernels`).
-    assert!(
-        FloatDtype::F16.is_supported(&client()),
-        "this runtime has no f16: the fragment forward's 16-bit test cannot run here \
-         (Mesa's lavapipe 25 has it)"
-    );
     let plain = |client: &ComputeClient<R>, head_dim: usize, _: FloatDtype| {
         let max_shared = client.properties().hardware.max_shared_memory_size;
         vec![AttentionKernel::fragment_for(max_shared, head_dim, false)
             .expect("the fragment forward fits this device")]
     };
+    check_in_f16_on_plain_units(plain, 64, 600);
+}
+
+/// Checks `forward` in f16 on plain units: three cases with several key
+/// steps and a ragged last one, GQA, causal and not, ALiBi, head
+/// dimensions 64, 32 and `last_head_dim`; seeds from `first_seed`.
+fn check_in_f16_on_plain_units(forward: ForwardKernels, last_head_dim: usize, first_seed: u64) {
+    assert!(
+        FloatDtype::F16.is_supported(&client()),
+        "this runtime has no f16: a 16-bit forward test cannot run here \
+         (Mesa's lavapipe 25 has it)"
+    );
     let cases = [
         case(1, 4, 2, 63, 64, true, true),
         case(2, 4, 4, 65, 32, false, true),
-        case(1, 6, 3, 100, 64, true, false),
+        case(1, 6, 3, 100, last_head_dim, true, false),
     ];
     for (seed, c) in cases.into_iter().enumerate() {
         check_case_with(
             FloatDtype::F16,
             c,
-            600 + seed as u64,
-            plain,
+            first_seed + seed as u64,
+            forward,
             chosen_backward,
         );
     }
@@ -85,45 +93,17 @@ fn fragment_kernel_on_plain_units_matches_reference() {
 
 #[test]
 fn fragment_kernel_on_matrix_units_matches_reference_where_they_run() {
-    // The fragment forward on the matrix units on 16-bit types: query
-    // tiles of 64 rows and key tiles of 64 (one below, at and above, and
-    // several), head dimensions 16 to 128, GQA, causal and not, ALiBi.
-    // Runs where the device has 16x16x16 cmma (tensor cores); lavapipe has
-    // none, and the `test-cuda` build requires it.
-    let client = client();
-    let dtypes: Vec<FloatDtype> = [FloatDtype::Bf16, FloatDtype::F16, FloatDtype::Bf16InF32]
-        .into_iter()
-        .filter(|&d| {
-            d.is_supported(&client) && AttentionKernel::on_matrix_units(&client, 64, d).is_some()
-        })
-        .collect();
-    if dtypes.is_empty() {
-        if cfg!(feature = "test-cuda") {
-            panic!("the fragment forward does not run on this CUDA device's matrix units");
-        }
-        eprintln!(
-            "NOT RUN: the fragment forward on matrix units (this device has no 16x16x16 cmma \
-             for f16/bf16 with 32-unit planes; it runs in the test-cuda build on an NVIDIA GPU)"
-        );
-        return;
-    }
-    let cases = [
-        case(1, 4, 2, 63, 64, true, true),
-        case(1, 2, 1, 64, 128, true, false),
-        case(2, 4, 4, 65, 32, false, true),
-        case(1, 6, 3, 200, 64, true, false),
-        case(1, 2, 2, 130, 16, false, false),
-        case(1, 8, 2, 257, 128, true, true),
-    ];
+    // The fragment forward on the matrix units on 16-bit types. Runs where
+    // the device has 16x16x16 cmma (tensor cores); lavapipe has none, and
+    // the `test-cuda` build requires it.
     let on_matrix_units = |client: &ComputeClient<R>, head_dim: usize, dtype: FloatDtype| {
         vec![AttentionKernel::on_matrix_units(client, head_dim, dtype)
             .expect("the matrix units run this head dimension")]
     };
-    for dtype in dtypes {
-        for (seed, c) in cases.into_iter().enumerate() {
-            check_case_as(dtype, c, 700 + seed as u64, on_matrix_units);
-        }
-    }
+    let runs = |client: &ComputeClient<R>, dtype| {
+        AttentionKernel::on_matrix_units(client, 64, dtype).is_some()
+    };
+    check_in_16_bits_on_matrix_units(runs, on_matrix_units, "fragment forward", 700);
 }
 
 #[test]
@@ -132,54 +112,52 @@ fn register_kernel_on_plain_units_matches_reference() {
     // groups of four units, in-place reuse of the score accumulators as
     // the left operand and 16-bit rounding of the probabilities, with its
     // products and group reductions on plain units (the form that runs
-    // here): f16 operands, several key steps and a ragged last one, GQA,
-    // causal and not, ALiBi. The f32 form runs in the tile-boundary cases
+    // here). The f32 form runs in the tile-boundary cases
     // (`forward_kernels`).
-    assert!(
-        FloatDtype::F16.is_supported(&client()),
-        "this runtime has no f16: the register forward's 16-bit test cannot run here \
-         (Mesa's lavapipe 25 has it)"
-    );
     let plain = |client: &ComputeClient<R>, head_dim: usize, _: FloatDtype| {
         let max_shared = client.properties().hardware.max_shared_memory_size;
         vec![AttentionKernel::registers_for(max_shared, head_dim, false)
             .expect("the register forward fits this device")]
     };
-    let cases = [
-        case(1, 4, 2, 63, 64, true, true),
-        case(2, 4, 4, 65, 32, false, true),
-        case(1, 6, 3, 100, 128, true, false),
-    ];
-    for (seed, c) in cases.into_iter().enumerate() {
-        check_case_with(
-            FloatDtype::F16,
-            c,
-            800 + seed as u64,
-            plain,
-            chosen_backward,
-        );
-    }
+    check_in_f16_on_plain_units(plain, 128, 800);
 }
 
 #[test]
 fn register_kernel_on_matrix_units_matches_reference_where_it_runs() {
-    // The register forward on the `mma` instruction in 16 bits: query
-    // tiles of 64 rows and key tiles of 64 (one below, at and above, and
-    // several), head dimensions 16 to 128, GQA, causal and not, ALiBi.
-    // Runs where the device has the 16 x 8 x 16 `mma` (NVIDIA from sm_80);
-    // lavapipe has none, and the `test-cuda` build requires it.
+    // The register forward on the `mma` instruction in 16 bits. Runs where
+    // the device has the 16 x 8 x 16 `mma` (NVIDIA from sm_80); lavapipe
+    // has none, and the `test-cuda` build requires it.
+    let on_mma = |client: &ComputeClient<R>, head_dim: usize, _: FloatDtype| {
+        let max_shared = client.properties().hardware.max_shared_memory_size;
+        vec![AttentionKernel::registers_for(max_shared, head_dim, true)
+            .expect("the register forward fits this device")]
+    };
+    check_in_16_bits_on_matrix_units(AttentionKernel::mma_runs, on_mma, "register forward", 900);
+}
+
+/// Checks `forward` on the matrix units in every 16-bit type the device
+/// `runs` it in: query tiles of 64 rows and key tiles of 64 (one below,
+/// at and above, and several), head dimensions 16 to 128, GQA, causal and
+/// not, ALiBi; seeds from `first_seed`. Says so where no type runs (and
+/// fails in the `test-cuda` build, which requires them).
+fn check_in_16_bits_on_matrix_units(
+    runs: fn(&ComputeClient<R>, FloatDtype) -> bool,
+    forward: ForwardKernels,
+    what: &str,
+    first_seed: u64,
+) {
     let client = client();
     let dtypes: Vec<FloatDtype> = [FloatDtype::Bf16, FloatDtype::F16, FloatDtype::Bf16InF32]
         .into_iter()
-        .filter(|&d| d.is_supported(&client) && AttentionKernel::mma_runs(&client, d))
+        .filter(|&d| d.is_supported(&client) && runs(&client, d))
         .collect();
     if dtypes.is_empty() {
         if cfg!(feature = "test-cuda") {
-            panic!("the register forward does not run on this CUDA device's mma instruction");
+            panic!("the {what} does not run on this CUDA device's matrix units");
         }
         eprintln!(
-            "NOT RUN: the register forward on matrix units (this device has no 16x8x16 mma for \
-             f16/bf16 with 32-unit planes; it runs in the test-cuda build on an NVIDIA GPU)"
+            "NOT RUN: the {what} on matrix units (this device has none for f16/bf16 with \
+             32-unit planes; it runs in the test-cuda build on an NVIDIA GPU)"
         );
         return;
     }
@@ -191,14 +169,9 @@ fn register_kernel_on_matrix_units_matches_reference_where_it_runs() {
         case(1, 2, 2, 130, 16, false, false),
         case(1, 8, 2, 257, 128, true, true),
     ];
-    let on_mma = |client: &ComputeClient<R>, head_dim: usize, _: FloatDtype| {
-        let max_shared = client.properties().hardware.max_shared_memory_size;
-        vec![AttentionKernel::registers_for(max_shared, head_dim, true)
-            .expect("the register forward fits this device")]
-    };
     for dtype in dtypes {
         for (seed, c) in cases.into_iter().enumerate() {
-            check_case_as(dtype, c, 900 + seed as u64, on_mma);
+            check_case_as(dtype, c, first_seed + seed as u64, forward);
         }
     }
 }

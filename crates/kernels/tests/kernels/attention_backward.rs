@@ -17,7 +17,9 @@
 use crate::attention_support;
 use crate::common;
 
-use attention_support::check::{case, check_case_with, chosen_backward, chosen_forward};
+use attention_support::check::{
+    case, check_case_with, chosen_backward, chosen_forward, BackwardKernels,
+};
 use common::{client, upload, R};
 use cubecl::prelude::*;
 use ferrotron_kernels::attention::{
@@ -181,16 +183,25 @@ fn the_backward_launcher_refuses_tiles_it_cannot_run() {
 
 /// The fragment backward on plain units with the largest tiles that fit
 /// the device at `head_dim` (lavapipe's 32 KiB: 32 x 16 at 32, 16 x 16 at
-/// 64); a device without the shared memory for any fails.
+/// 64).
 fn fragment_on_plain_units(
     client: &ComputeClient<R>,
     head_dim: usize,
 ) -> Vec<AttentionBackwardKernel> {
+    largest_on_plain_units(client, head_dim, AttentionBackwardKernel::fragment_for)
+}
+
+/// The kernels `kernel_for` gives on plain units for the device's shared
+/// memory at `head_dim`; a device without the shared memory for any
+/// fails.
+fn largest_on_plain_units(
+    client: &ComputeClient<R>,
+    head_dim: usize,
+    kernel_for: fn(usize, usize, bool) -> Option<AttentionBackwardKernel>,
+) -> Vec<AttentionBackwardKernel> {
     let max_shared = client.properties().hardware.max_shared_memory_size;
-    let kernel = AttentionBackwardKernel::fragment_for(max_shared, head_dim, false);
-    vec![kernel.unwrap_or_else(|| {
-        panic!("head_dim {head_dim}: no fragment backward tiles fit {max_shared} bytes")
-    })]
+    vec![kernel_for(max_shared, head_dim, false)
+        .unwrap_or_else(|| panic!("head_dim {head_dim}: no backward tiles fit {max_shared} bytes"))]
 }
 
 /// The fragment backward on the matrix units at every tile pair of
@@ -241,24 +252,39 @@ fn fragment_backward_on_plain_units_matches_reference() {
 
 #[test]
 fn fragment_backward_on_matrix_units_matches_reference_where_it_runs() {
-    // Every tile pair that fits, on 16-bit types: head dimensions 16 to
-    // 128, GQA, causal and not, ALiBi, sequences below, at and above one
-    // tile. Runs where the device has 16x16x16 cmma (tensor cores);
-    // lavapipe has none, and the `test-cuda` build requires it.
+    // Runs where the device has 16x16x16 cmma (tensor cores); lavapipe
+    // has none, and the `test-cuda` build requires it.
+    check_in_16_bits_on_matrix_units(
+        AttentionBackwardKernel::matrix_units_run,
+        fragment_on_matrix_units,
+        "fragment backward",
+        960,
+    );
+}
+
+/// Checks `backward` on the matrix units at every tile pair it gives, in
+/// every 16-bit type the device `runs` it in: head dimensions 16 to 128,
+/// GQA, causal and not, ALiBi, sequences below, at and above one tile;
+/// seeds from `first_seed`. Says so where no type runs (and fails in the
+/// `test-cuda` build, which requires them).
+fn check_in_16_bits_on_matrix_units(
+    runs: fn(&ComputeClient<R>, FloatDtype) -> bool,
+    backward: BackwardKernels,
+    what: &str,
+    first_seed: u64,
+) {
     let client = client();
     let dtypes: Vec<FloatDtype> = [FloatDtype::Bf16, FloatDtype::F16, FloatDtype::Bf16InF32]
         .into_iter()
-        .filter(|&d| {
-            d.is_supported(&client) && AttentionBackwardKernel::matrix_units_run(&client, d)
-        })
+        .filter(|&d| d.is_supported(&client) && runs(&client, d))
         .collect();
     if dtypes.is_empty() {
         if cfg!(feature = "test-cuda") {
-            panic!("the fragment backward does not run on this CUDA device's matrix units");
+            panic!("the {what} does not run on this CUDA device's matrix units");
         }
         eprintln!(
-            "NOT RUN: the fragment backward on matrix units (this device has no 16x16x16 cmma \
-             for f16/bf16 with 32-unit planes; it runs in the test-cuda build on an NVIDIA GPU)"
+            "NOT RUN: the {what} on matrix units (this device has none for f16/bf16 with \
+             32-unit planes; it runs in the test-cuda build on an NVIDIA GPU)"
         );
         return;
     }
@@ -271,29 +297,19 @@ fn fragment_backward_on_matrix_units_matches_reference_where_it_runs() {
     ];
     for dtype in dtypes {
         for (seed, c) in cases.into_iter().enumerate() {
-            check_case_with(
-                dtype,
-                c,
-                960 + seed as u64,
-                chosen_forward,
-                fragment_on_matrix_units,
-            );
+            check_case_with(dtype, c, first_seed + seed as u64, chosen_forward, backward);
         }
     }
 }
 
 /// The register backward on plain units with the largest tiles that fit
 /// the device at `head_dim` (lavapipe's 32 KiB: 64 x 16 at 32, 32 x 16 at
-/// 64); a device without the shared memory for any fails.
+/// 64).
 fn registers_on_plain_units(
     client: &ComputeClient<R>,
     head_dim: usize,
 ) -> Vec<AttentionBackwardKernel> {
-    let max_shared = client.properties().hardware.max_shared_memory_size;
-    let kernel = AttentionBackwardKernel::registers_for(max_shared, head_dim, false);
-    vec![kernel.unwrap_or_else(|| {
-        panic!("head_dim {head_dim}: no register backward tiles fit {max_shared} bytes")
-    })]
+    largest_on_plain_units(client, head_dim, AttentionBackwardKernel::registers_for)
 }
 
 /// The register backward on the `mma` instruction at every tile pair of
@@ -344,43 +360,14 @@ fn register_backward_on_plain_units_matches_reference() {
 
 #[test]
 fn register_backward_on_matrix_units_matches_reference_where_it_runs() {
-    // Every tile pair that fits, on 16-bit types: head dimensions 16 to
-    // 128, GQA, causal and not, ALiBi, sequences below, at and above one
-    // tile. Runs where the device has the 16 x 8 x 16 `mma` (NVIDIA from
+    // Runs where the device has the 16 x 8 x 16 `mma` (NVIDIA from
     // sm_80); lavapipe has none, and the `test-cuda` build requires it.
-    let client = client();
-    let dtypes: Vec<FloatDtype> = [FloatDtype::Bf16, FloatDtype::F16, FloatDtype::Bf16InF32]
-        .into_iter()
-        .filter(|&d| d.is_supported(&client) && AttentionBackwardKernel::mma_runs(&client, d))
-        .collect();
-    if dtypes.is_empty() {
-        if cfg!(feature = "test-cuda") {
-            panic!("the register backward does not run on this CUDA device's mma instruction");
-        }
-        eprintln!(
-            "NOT RUN: the register backward on matrix units (this device has no 16x8x16 mma \
-             for f16/bf16 with 32-unit planes; it runs in the test-cuda build on an NVIDIA GPU)"
-        );
-        return;
-    }
-    let cases = [
-        case(1, 4, 2, 63, 64, true, true),
-        case(1, 2, 1, 64, 128, true, false),
-        case(2, 4, 4, 65, 32, false, true),
-        case(1, 8, 2, 257, 128, true, true),
-        case(1, 2, 2, 130, 16, false, false),
-    ];
-    for dtype in dtypes {
-        for (seed, c) in cases.into_iter().enumerate() {
-            check_case_with(
-                dtype,
-                c,
-                1060 + seed as u64,
-                chosen_forward,
-                registers_on_matrix_units,
-            );
-        }
-    }
+    check_in_16_bits_on_matrix_units(
+        AttentionBackwardKernel::mma_runs,
+        registers_on_matrix_units,
+        "register backward",
+        1060,
+    );
 }
 
 #[test]
