@@ -4,7 +4,6 @@
 
 use super::*;
 use crate::presets::preset;
-use ferrotron_kernels::attention::MatrixUnits;
 
 /// llama-mini (RMSNorm, SwiGLU, RoPE) with `kernels` in `precision`.
 fn config(kernels: Option<Kernels>, precision: Precision) -> DecoderConfig {
@@ -101,13 +100,14 @@ fn cubecl_backends_run_the_fused_kernels_in_every_precision() {
             assert_eq!(got.decoding(), decoding);
         }
         // backend.attention_kernel = matrix-units reaches the attention.
+        let fragments = crate::MatrixUnits::Fragments;
         let matrix_units = DecoderConfig {
-            attention_matrix_units: MatrixUnits::Fragments,
+            attention_matrix_units: fragments,
             ..config(None, precision)
         };
         let got = OpsChoice::resolve::<Wgpu>(&matrix_units).unwrap();
         let on_units = AttentionImpl::Fused {
-            matrix_units: MatrixUnits::Fragments,
+            matrix_units: fragments,
         };
         assert_eq!(got.attention_impl(), on_units, "{precision:?}");
         let reference = config(Some(Kernels::Reference), precision);
