@@ -5,7 +5,7 @@
 
 use cubecl::prelude::*;
 
-use super::choice::{fragment_head_dim, matrix_units_run, AttentionKernel};
+use super::choice::{fragment_head_dim, largest_fitting, matrix_units_run, AttentionKernel};
 use super::fragment::{fragment_backward_shared_bytes, FRAGMENT, FRAGMENT_TILES};
 use super::mma::{MMA_ROWS, MMA_SCRATCH};
 use super::mma_forward::TILE_PAD;
@@ -146,16 +146,18 @@ impl AttentionBackwardKernel {
         head_dim: usize,
         matrix_units: bool,
     ) -> Option<AttentionBackwardKernel> {
-        FRAGMENT_TILES
-            .into_iter()
-            .map(|(planes, inner)| AttentionBackwardKernel::Fragment {
-                planes,
-                inner,
-                matrix_units,
-            })
-            .find(|kernel| {
-                fragment_head_dim(head_dim) && kernel.shared_bytes(head_dim) <= max_shared_bytes
-            })
+        let make = |planes, inner| AttentionBackwardKernel::Fragment {
+            planes,
+            inner,
+            matrix_units,
+        };
+        largest_fitting(
+            &FRAGMENT_TILES,
+            make,
+            max_shared_bytes,
+            head_dim,
+            Self::shared_bytes,
+        )
     }
 
     /// The register kernels with the largest of [`MMA_BACKWARD_TILES`]
@@ -167,16 +169,18 @@ impl AttentionBackwardKernel {
         head_dim: usize,
         matrix_units: bool,
     ) -> Option<AttentionBackwardKernel> {
-        MMA_BACKWARD_TILES
-            .into_iter()
-            .map(|(planes, inner)| AttentionBackwardKernel::Registers {
-                planes,
-                inner,
-                matrix_units,
-            })
-            .find(|kernel| {
-                fragment_head_dim(head_dim) && kernel.shared_bytes(head_dim) <= max_shared_bytes
-            })
+        let make = |planes, inner| AttentionBackwardKernel::Registers {
+            planes,
+            inner,
+            matrix_units,
+        };
+        largest_fitting(
+            &MMA_BACKWARD_TILES,
+            make,
+            max_shared_bytes,
+            head_dim,
+            Self::shared_bytes,
+        )
     }
 
     /// Whether `client`'s device runs the register kernels' products on
@@ -275,23 +279,15 @@ impl AttentionBackwardKernel {
                 }
                 (outer, inner)
             }
-            AttentionBackwardKernel::Fragment { planes, inner, .. } => {
-                let outer = planes * FRAGMENT;
-                if !FRAGMENT_TILES.contains(&(planes, inner)) || !fragment_head_dim(shape.head_dim)
-                {
-                    return Err(AttentionError::UnsupportedFragment {
-                        outer,
-                        inner,
-                        head_dim: shape.head_dim,
-                    });
-                }
-                (outer, inner)
-            }
-            AttentionBackwardKernel::Registers { planes, inner, .. } => {
-                let outer = planes * MMA_ROWS;
-                if !MMA_BACKWARD_TILES.contains(&(planes, inner))
-                    || !fragment_head_dim(shape.head_dim)
-                {
+            AttentionBackwardKernel::Fragment { planes, inner, .. }
+            | AttentionBackwardKernel::Registers { planes, inner, .. } => {
+                let (outer, tiles) = match self {
+                    AttentionBackwardKernel::Fragment { .. } => {
+                        (planes * FRAGMENT, &FRAGMENT_TILES[..])
+                    }
+                    _ => (planes * MMA_ROWS, &MMA_BACKWARD_TILES[..]),
+                };
+                if !tiles.contains(&(planes, inner)) || !fragment_head_dim(shape.head_dim) {
                     return Err(AttentionError::UnsupportedFragment {
                         outer,
                         inner,

@@ -147,16 +147,18 @@ impl AttentionKernel {
         head_dim: usize,
         matrix_units: bool,
     ) -> Option<AttentionKernel> {
-        FRAGMENT_TILES
-            .into_iter()
-            .map(|(planes, keys)| AttentionKernel::Fragment {
-                planes,
-                keys,
-                matrix_units,
-            })
-            .find(|kernel| {
-                fragment_head_dim(head_dim) && kernel.shared_bytes(head_dim) <= max_shared_bytes
-            })
+        let make = |planes, keys| AttentionKernel::Fragment {
+            planes,
+            keys,
+            matrix_units,
+        };
+        largest_fitting(
+            &FRAGMENT_TILES,
+            make,
+            max_shared_bytes,
+            head_dim,
+            Self::shared_bytes,
+        )
     }
 
     /// The register kernel with the largest of [`MMA_TILES`] whose shared
@@ -168,37 +170,26 @@ impl AttentionKernel {
         head_dim: usize,
         matrix_units: bool,
     ) -> Option<AttentionKernel> {
-        MMA_TILES
-            .into_iter()
-            .map(|(planes, keys)| AttentionKernel::Registers {
-                planes,
-                keys,
-                matrix_units,
-            })
-            .find(|kernel| {
-                fragment_head_dim(head_dim) && kernel.shared_bytes(head_dim) <= max_shared_bytes
-            })
+        let make = |planes, keys| AttentionKernel::Registers {
+            planes,
+            keys,
+            matrix_units,
+        };
+        largest_fitting(
+            &MMA_TILES,
+            make,
+            max_shared_bytes,
+            head_dim,
+            Self::shared_bytes,
+        )
     }
 
     /// Whether `client`'s device runs the register kernel's products on its
     /// matrix units in `dtype`: a 16-bit type with the 16 x 8 x 16 `mma`
     /// instruction (f32 accumulators) on 32-unit planes.
     pub fn mma_runs<R: Runtime>(client: &ComputeClient<R>, dtype: FloatDtype) -> bool {
-        let Some(operand) = cmma_operand(dtype) else {
-            return false;
-        };
-        let hardware = &client.properties().hardware;
-        let config = MmaConfig {
-            a_type: operand.into(),
-            b_type: operand.into(),
-            cd_type: ElemType::Float(FloatKind::F32).into(),
-            m: MMA_ROWS as u32,
-            n: MMA_COLS as u32,
-            k: MMA_DEPTH as u32,
-        };
-        hardware.plane_size_min == MMA_PLANE_SIZE as u32
-            && hardware.plane_size_max == MMA_PLANE_SIZE as u32
-            && client.features().matmul.mma.contains(&config)
+        plane_product(client, dtype, (MMA_ROWS, MMA_COLS, MMA_DEPTH))
+            .is_some_and(|config| client.features().matmul.mma.contains(&config))
     }
 
     /// [`AttentionKernel::choose`] for a device with `max_shared_bytes` of
@@ -323,28 +314,13 @@ impl AttentionKernel {
                 }
                 Ok(())
             }
-            AttentionKernel::Fragment { planes, keys, .. } => {
-                let outer = planes * FRAGMENT;
-                if !FRAGMENT_TILES.contains(&(planes, keys)) || !fragment_head_dim(shape.head_dim) {
-                    return Err(AttentionError::UnsupportedFragment {
-                        outer,
-                        inner: keys,
-                        head_dim: shape.head_dim,
-                    });
-                }
-                if needed > max_shared_bytes {
-                    return Err(AttentionError::ForwardSharedMemory {
-                        outer,
-                        inner: keys,
-                        needed,
-                        max: max_shared_bytes,
-                    });
-                }
-                Ok(())
-            }
-            AttentionKernel::Registers { planes, keys, .. } => {
-                let outer = planes * MMA_ROWS;
-                if !MMA_TILES.contains(&(planes, keys)) || !fragment_head_dim(shape.head_dim) {
+            AttentionKernel::Fragment { planes, keys, .. }
+            | AttentionKernel::Registers { planes, keys, .. } => {
+                let (outer, tiles) = match self {
+                    AttentionKernel::Fragment { .. } => (planes * FRAGMENT, &FRAGMENT_TILES[..]),
+                    _ => (planes * MMA_ROWS, &MMA_TILES[..]),
+                };
+                if !tiles.contains(&(planes, keys)) || !fragment_head_dim(shape.head_dim) {
                     return Err(AttentionError::UnsupportedFragment {
                         outer,
                         inner: keys,
@@ -363,6 +339,26 @@ impl AttentionKernel {
             }
         }
     }
+}
+
+/// The first kernel `make` gives for the tiles `(planes, inner)` of
+/// `tiles` (largest first) whose shared memory fits `max_shared_bytes` at
+/// `head_dim`; `None` where none fits or `head_dim` is not a multiple of
+/// 16 up to 128 (the fragment and register kernels' head dimensions).
+pub(crate) fn largest_fitting<K: Copy>(
+    tiles: &[(usize, usize)],
+    make: impl Fn(usize, usize) -> K,
+    max_shared_bytes: usize,
+    head_dim: usize,
+    shared_bytes: impl Fn(K, usize) -> usize,
+) -> Option<K> {
+    if !fragment_head_dim(head_dim) {
+        return None;
+    }
+    tiles
+        .iter()
+        .map(|&(planes, inner)| make(planes, inner))
+        .find(|&kernel| shared_bytes(kernel, head_dim) <= max_shared_bytes)
 }
 
 /// Tiles `(planes, keys)` the register forward is compiled for, largest
@@ -404,22 +400,35 @@ pub(crate) fn fragment_head_dim(head_dim: usize) -> bool {
 /// on 32-unit planes: what the fragment kernels on the matrix units need
 /// besides their shapes and shared memory.
 pub(crate) fn matrix_units_run<R: Runtime>(client: &ComputeClient<R>, dtype: FloatDtype) -> bool {
-    let Some(operand) = cmma_operand(dtype) else {
-        return false;
-    };
+    plane_product(client, dtype, (FRAGMENT, FRAGMENT, FRAGMENT))
+        .is_some_and(|config| client.features().matmul.cmma.contains(&config))
+}
+
+// One plane size serves both kernel families' check.
+const _: () = assert!(CMMA_PLANE_SIZE == MMA_PLANE_SIZE);
+
+/// The product `(m, n, k)` of `dtype`'s 16-bit operand type
+/// ([`cmma_operand`]) with f32 accumulators, as the device lists its
+/// matrix-unit products, where `client`'s planes are 32 units wide (both
+/// the fragment and the register kernels are written for 32-unit planes);
+/// `None` for f32 or other plane sizes.
+fn plane_product<R: Runtime>(
+    client: &ComputeClient<R>,
+    dtype: FloatDtype,
+    (m, n, k): (usize, usize, usize),
+) -> Option<MmaConfig> {
     let hardware = &client.properties().hardware;
-    let fragment = FRAGMENT as u32;
-    let config = MmaConfig {
+    let planes_of_32 = hardware.plane_size_min == CMMA_PLANE_SIZE as u32
+        && hardware.plane_size_max == CMMA_PLANE_SIZE as u32;
+    let operand = cmma_operand(dtype).filter(|_| planes_of_32)?;
+    Some(MmaConfig {
         a_type: operand.into(),
         b_type: operand.into(),
         cd_type: ElemType::Float(FloatKind::F32).into(),
-        m: fragment,
-        n: fragment,
-        k: fragment,
-    };
-    hardware.plane_size_min == CMMA_PLANE_SIZE as u32
-        && hardware.plane_size_max == CMMA_PLANE_SIZE as u32
-        && client.features().matmul.cmma.contains(&config)
+        m: m as u32,
+        n: n as u32,
+        k: k as u32,
+    })
 }
 
 /// The 16-bit operand type of the fragment kernels on the matrix units for
