@@ -11,6 +11,8 @@ pub mod bias;
 mod check;
 mod column_sums;
 pub mod cross_entropy;
+#[cfg(feature = "cuda-source")]
+pub mod cuda_source;
 pub mod dtype;
 mod elementwise;
 pub mod embedding;
