@@ -59,6 +59,8 @@ const FOREIGN: &[&str] = &[
     "--job-name",
     // scripts/make_hf_fixtures.py: `check-export --ferrotron BIN`.
     "--ferrotron",
+    // scripts/cuda_compile_check.sh: `--sources DIR`.
+    "--sources",
     // Megatron-LM's name for `--max-seq-len`, quoted in docs/training.md.
     "--max-position-embeddings",
 ];
