@@ -11,7 +11,7 @@
 
 use cubecl::prelude::*;
 
-use crate::dtype::load;
+use crate::dtype::load_vector;
 
 /// Units per plane the fragment kernels are written for (NVIDIA's warp;
 /// on devices with other plane sizes only the plain form runs, whose
@@ -179,13 +179,13 @@ pub(crate) fn sync_block(#[comptime] matrix_units: bool) {
 }
 
 /// Stages `elems / head_dim` rows from `first_row` of `src` (`[.., seq,
-/// head_dim]`, the rows of one head from `base`) into `tile` as `M`, rows
-/// past `seq` as zeros; each of the cube's `units` units takes every
-/// `units`-th value.
+/// head_dim]`, the rows of one head from `base`, read `N` values at a
+/// time) into `tile` as `M`, rows past `seq` as zeros; each of the cube's
+/// `units` units takes every `units`-th vector. `N` divides `head_dim`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn stage_rows<F: Float, M: Float>(
-    src: &Array<F>,
+pub(crate) fn stage_rows<F: Float, M: Float, N: Size>(
+    src: &Array<Vector<F, N>>,
     tile: &mut SharedMemory<M>,
     base: usize,
     first_row: usize,
@@ -196,7 +196,7 @@ pub(crate) fn stage_rows<F: Float, M: Float>(
     #[comptime] head_dim: usize,
     #[comptime] round_bf16: bool,
 ) {
-    stage_rows_strided::<F, M>(
+    stage_rows_strided::<F, M, N>(
         src, tile, base, first_row, seq, unit, elems, units, head_dim, head_dim, round_bf16,
     );
 }
@@ -205,8 +205,8 @@ pub(crate) fn stage_rows<F: Float, M: Float>(
 /// head_dim`; the values between are not written).
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn stage_rows_strided<F: Float, M: Float>(
-    src: &Array<F>,
+pub(crate) fn stage_rows_strided<F: Float, M: Float, N: Size>(
+    src: &Array<Vector<F, N>>,
     tile: &mut SharedMemory<M>,
     base: usize,
     first_row: usize,
@@ -218,18 +218,21 @@ pub(crate) fn stage_rows_strided<F: Float, M: Float>(
     #[comptime] stride: usize,
     #[comptime] round_bf16: bool,
 ) {
-    for i in 0..comptime!(elems.div_ceil(units)) {
-        let e = unit + i * units;
+    let width = src.vector_size();
+    for i in 0..comptime!((elems / width).div_ceil(units)) {
+        let e = (unit + i * units) * width;
         if e < elems {
             let row = e / head_dim;
-            let mut x = 0.0f32;
+            let col = e % head_dim;
+            let mut x = Vector::<f32, N>::new(0.0f32);
             if first_row + row < seq {
-                x = load::<F>(
-                    src[base + (first_row + row) * head_dim + e % head_dim],
-                    round_bf16,
-                );
+                let at = base + (first_row + row) * head_dim + col;
+                x = load_vector::<F, N>(src[at / width], round_bf16);
             }
-            tile[row * stride + e % head_dim] = M::cast_from(x);
+            #[unroll]
+            for j in 0..width {
+                tile[row * stride + col + j] = M::cast_from(x[j]);
+            }
         }
     }
 }
@@ -237,12 +240,12 @@ pub(crate) fn stage_rows_strided<F: Float, M: Float>(
 /// Stages `elems / head_dim` rows from `first_row` of `a` and of `b` (each
 /// `[.., seq, head_dim]`, the rows of one head from `base`) into `a_tile`
 /// and `b_tile` as `M`, rows `stride` values apart, rows past `seq` as
-/// zeros; each of the cube's `units` units takes every `units`-th value.
+/// zeros, as [`stage_rows_strided`].
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn stage_row_pair<F: Float, M: Float>(
-    a: &Array<F>,
-    b: &Array<F>,
+pub(crate) fn stage_row_pair<F: Float, M: Float, N: Size>(
+    a: &Array<Vector<F, N>>,
+    b: &Array<Vector<F, N>>,
     a_tile: &mut SharedMemory<M>,
     b_tile: &mut SharedMemory<M>,
     base: usize,
@@ -255,10 +258,10 @@ pub(crate) fn stage_row_pair<F: Float, M: Float>(
     #[comptime] stride: usize,
     #[comptime] round_bf16: bool,
 ) {
-    stage_rows_strided::<F, M>(
+    stage_rows_strided::<F, M, N>(
         a, a_tile, base, first_row, seq, unit, elems, units, head_dim, stride, round_bf16,
     );
-    stage_rows_strided::<F, M>(
+    stage_rows_strided::<F, M, N>(
         b, b_tile, base, first_row, seq, unit, elems, units, head_dim, stride, round_bf16,
     );
 }

@@ -36,12 +36,12 @@ use super::tiles::{pair_score, visible};
 /// [`super::backward_q::attention_backward_q_kernel`]'s.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn attention_backward_q_fragment_kernel<F: Float, M: Float>(
-    q: &Array<F>,
-    k: &Array<F>,
-    v: &Array<F>,
+pub(crate) fn attention_backward_q_fragment_kernel<F: Float, M: Float, N: Size>(
+    q: &Array<Vector<F, N>>,
+    k: &Array<Vector<F, N>>,
+    v: &Array<Vector<F, N>>,
     slopes: &Array<f32>,
-    d_out: &Array<F>,
+    d_out: &Array<Vector<F, N>>,
     lse: &Array<f32>,
     delta: &Array<f32>,
     dq: &mut Array<F>,
@@ -95,7 +95,7 @@ pub(crate) fn attention_backward_q_fragment_kernel<F: Float, M: Float>(
         slope = slopes[head];
     }
     // Query rows past `seq` are zeros and are never written.
-    stage_row_pair::<F, M>(
+    stage_row_pair::<F, M, N>(
         q,
         d_out,
         &mut q_tile,
@@ -136,7 +136,7 @@ pub(crate) fn attention_backward_q_fragment_kernel<F: Float, M: Float>(
         // The previous step's reads of the key-side tiles are done (and,
         // on the first step, the query-side tiles written).
         sync_cube();
-        stage_row_pair::<F, M>(
+        stage_row_pair::<F, M, N>(
             k,
             v,
             &mut k_tile,

@@ -48,10 +48,10 @@ use super::tiles::{pair_score, visible, NEG_LARGE};
 /// [`super::forward::attention_forward_kernel`]'s.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn attention_forward_fragment_kernel<F: Float, M: Float>(
-    q: &Array<F>,
-    k: &Array<F>,
-    v: &Array<F>,
+pub(crate) fn attention_forward_fragment_kernel<F: Float, M: Float, N: Size>(
+    q: &Array<Vector<F, N>>,
+    k: &Array<Vector<F, N>>,
+    v: &Array<Vector<F, N>>,
     slopes: &Array<f32>,
     out: &mut Array<F>,
     lse: &mut Array<f32>,
@@ -108,7 +108,7 @@ pub(crate) fn attention_forward_fragment_kernel<F: Float, M: Float>(
     }
 
     // Rows past `seq` are zeros and are never written.
-    stage_rows::<F, M>(
+    stage_rows::<F, M, N>(
         q,
         &mut q_tile,
         q_base,
@@ -149,7 +149,7 @@ pub(crate) fn attention_forward_fragment_kernel<F: Float, M: Float>(
         // on the first step, the query tile and the row statistics are
         // written).
         sync_cube();
-        stage_rows::<F, M>(
+        stage_rows::<F, M, N>(
             k,
             &mut kv_tile,
             kv_base,
@@ -184,7 +184,7 @@ pub(crate) fn attention_forward_fragment_kernel<F: Float, M: Float>(
         sync_cube();
 
         // The value tile replaces the key tile (every score is computed).
-        stage_rows::<F, M>(
+        stage_rows::<F, M, N>(
             v,
             &mut kv_tile,
             kv_base,

@@ -114,6 +114,7 @@ pub fn attention_forward_with<R: Runtime>(
                     client,
                     cube_count,
                     CubeDim::new_2d(CMMA_PLANE_SIZE as u32, $planes as u32),
+                    operand_vector(client, size_of::<$f>(), shape.head_dim),
                     array(inputs.q, shape.q_elems()),
                     array(inputs.k, shape.kv_elems()),
                     array(inputs.v, shape.kv_elems()),
@@ -219,6 +220,21 @@ pub fn attention_forward_with<R: Runtime>(
         }
     });
     Ok(AttentionForward { out, lse })
+}
+
+/// Values per vector in which the fragment and register kernels read `q`,
+/// `k`, `v` and `d_out` (of `elem_bytes` each): the widest load `client`
+/// does well (16 bytes on CUDA) that divides `head_dim`, so that a vector
+/// never straddles two rows.
+pub(super) fn operand_vector<R: Runtime>(
+    client: &ComputeClient<R>,
+    elem_bytes: usize,
+    head_dim: usize,
+) -> usize {
+    client
+        .io_optimized_vector_sizes(elem_bytes)
+        .find(|width| head_dim.is_multiple_of(*width))
+        .unwrap_or(1)
 }
 
 /// Fails unless `client`'s runtime supports `dtype`.

@@ -14,7 +14,7 @@ use super::delta::attention_delta_kernel;
 use super::fragment::{with_fragment_operand, CMMA_PLANE_SIZE};
 use super::fragment_backward_kv::attention_backward_kv_fragment_kernel;
 use super::fragment_backward_q::attention_backward_q_fragment_kernel;
-use super::launch::{array, check_dtype, grid_axis, slopes_arg};
+use super::launch::{array, check_dtype, grid_axis, operand_vector, slopes_arg};
 use super::mma_backward_kv::attention_backward_kv_mma_kernel;
 use super::mma_backward_q::attention_backward_q_mma_kernel;
 use super::shape::{
@@ -437,6 +437,7 @@ impl<R: Runtime> Launch<'_, R> {
                         client,
                         $count,
                         cube_dim,
+                        operand_vector(client, size_of::<F>(), s.head_dim),
                         array(self.inputs.q, s.q_elems()),
                         array(self.inputs.k, s.kv_elems()),
                         array(self.inputs.v, s.kv_elems()),

@@ -263,13 +263,13 @@ pub(crate) fn b_from_columns<M: Float>(
 }
 
 /// Loads into `regs` the left operands of the 16 rows `first_row ..` of
-/// one head of `src` (`[.., seq, head_dim]` from `base`), one per 16
-/// columns ([`A_PAIRS`] pairs each, in column order), as `M`; rows past
-/// `seq` are zeros.
+/// one head of `src` (`[.., seq, head_dim]` from `base`, in vectors of `N`
+/// values), one per 16 columns ([`A_PAIRS`] pairs each, in column order),
+/// as `M`; rows past `seq` are zeros.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn a_from_rows<F: Float, M: Float>(
-    src: &Array<F>,
+pub(crate) fn a_from_rows<F: Float, M: Float, N: Size>(
+    src: &Array<Vector<F, N>>,
     regs: &mut Array<Pair<M>>,
     base: usize,
     first_row: usize,
@@ -279,6 +279,7 @@ pub(crate) fn a_from_rows<F: Float, M: Float>(
     #[comptime] round_bf16: bool,
     #[comptime] matrix_units: bool,
 ) {
+    let width = src.vector_size();
     #[unroll(matrix_units)]
     for d in 0..comptime!(head_dim / MMA_DEPTH) {
         #[unroll]
@@ -290,7 +291,8 @@ pub(crate) fn a_from_rows<F: Float, M: Float>(
                 let col = d * MMA_DEPTH + a_col(lane, 2 * p + e);
                 let mut x = 0.0f32;
                 if row < seq {
-                    x = load::<F>(src[base + row * head_dim + col], round_bf16);
+                    let at = base + row * head_dim + col;
+                    x = load::<F>(src[at / width][at % width], round_bf16);
                 }
                 pair[e] = M::cast_from(x);
             }

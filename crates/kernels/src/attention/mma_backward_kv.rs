@@ -41,12 +41,12 @@ use super::tiles::{pair_score, visible};
 /// [`super::backward_kv::attention_backward_kv_kernel`]'s.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn attention_backward_kv_mma_kernel<F: Float, M: Float>(
-    q: &Array<F>,
-    k: &Array<F>,
-    v: &Array<F>,
+pub(crate) fn attention_backward_kv_mma_kernel<F: Float, M: Float, N: Size>(
+    q: &Array<Vector<F, N>>,
+    k: &Array<Vector<F, N>>,
+    v: &Array<Vector<F, N>>,
     slopes: &Array<f32>,
-    d_out: &Array<F>,
+    d_out: &Array<Vector<F, N>>,
     lse: &Array<f32>,
     delta: &Array<f32>,
     dk: &mut Array<F>,
@@ -100,7 +100,7 @@ pub(crate) fn attention_backward_kv_mma_kernel<F: Float, M: Float>(
     let plane_at = plane * MMA_SCRATCH;
 
     // Key rows past `seq` are zeros and are never written.
-    stage_row_pair::<F, M>(
+    stage_row_pair::<F, M, N>(
         k,
         v,
         &mut k_tile,
@@ -150,7 +150,7 @@ pub(crate) fn attention_backward_kv_mma_kernel<F: Float, M: Float>(
             // The previous step's reads of the query-side tiles are done
             // (and, on the first step, the key and value tiles written).
             sync_cube();
-            stage_row_pair::<F, M>(
+            stage_row_pair::<F, M, N>(
                 q,
                 d_out,
                 &mut q_tile,

@@ -38,12 +38,12 @@ use super::tiles::{pair_score, visible};
 /// [`super::backward_q::attention_backward_q_kernel`]'s.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn attention_backward_q_mma_kernel<F: Float, M: Float>(
-    q: &Array<F>,
-    k: &Array<F>,
-    v: &Array<F>,
+pub(crate) fn attention_backward_q_mma_kernel<F: Float, M: Float, N: Size>(
+    q: &Array<Vector<F, N>>,
+    k: &Array<Vector<F, N>>,
+    v: &Array<Vector<F, N>>,
     slopes: &Array<f32>,
-    d_out: &Array<F>,
+    d_out: &Array<Vector<F, N>>,
     lse: &Array<f32>,
     delta: &Array<f32>,
     dq: &mut Array<F>,
@@ -96,7 +96,7 @@ pub(crate) fn attention_backward_q_mma_kernel<F: Float, M: Float>(
     }
     let mut q_regs = Array::<Pair<M>>::new(comptime!(depth_steps * A_PAIRS));
     let mut do_regs = Array::<Pair<M>>::new(comptime!(depth_steps * A_PAIRS));
-    a_from_rows::<F, M>(
+    a_from_rows::<F, M, N>(
         q,
         &mut q_regs,
         q_base,
@@ -107,7 +107,7 @@ pub(crate) fn attention_backward_q_mma_kernel<F: Float, M: Float>(
         round_bf16,
         matrix_units,
     );
-    a_from_rows::<F, M>(
+    a_from_rows::<F, M, N>(
         d_out,
         &mut do_regs,
         q_base,
@@ -143,7 +143,7 @@ pub(crate) fn attention_backward_q_mma_kernel<F: Float, M: Float>(
     while first_key < key_end {
         // The previous step's reads of both tiles are done.
         sync_cube();
-        stage_row_pair::<F, M>(
+        stage_row_pair::<F, M, N>(
             k,
             v,
             &mut k_tile,

@@ -59,10 +59,10 @@ pub(crate) const TILE_PAD: usize = 8;
 /// [`super::forward::attention_forward_kernel`]'s.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn attention_forward_mma_kernel<F: Float, M: Float>(
-    q: &Array<F>,
-    k: &Array<F>,
-    v: &Array<F>,
+pub(crate) fn attention_forward_mma_kernel<F: Float, M: Float, N: Size>(
+    q: &Array<Vector<F, N>>,
+    k: &Array<Vector<F, N>>,
+    v: &Array<Vector<F, N>>,
     slopes: &Array<f32>,
     out: &mut Array<F>,
     lse: &mut Array<f32>,
@@ -120,7 +120,7 @@ pub(crate) fn attention_forward_mma_kernel<F: Float, M: Float>(
 
     // The plane's query rows as left operands, one per 16 columns.
     let mut q_regs = Array::<Pair<M>>::new(comptime!(depth_steps * A_PAIRS));
-    a_from_rows::<F, M>(
+    a_from_rows::<F, M, N>(
         q,
         &mut q_regs,
         q_base,
@@ -155,7 +155,7 @@ pub(crate) fn attention_forward_mma_kernel<F: Float, M: Float>(
     while first_key < key_end {
         // The previous step's reads of both tiles are done.
         sync_cube();
-        stage_row_pair::<F, M>(
+        stage_row_pair::<F, M, N>(
             k,
             v,
             &mut k_tile,
