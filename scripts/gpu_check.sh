@@ -39,10 +39,15 @@
 #   kernels  `bench kernels` attention at head dim 128, seq 1024-8192: the
 #            row and tiled kernels (attention, attention_tiled), then the
 #            fragment forward and backward on the matrix units
-#            (attention_cmma_bf16), then the register forward and backward
-#            on the mma instruction (attention_mma_bf16); then
-#            compute-sanitizer memcheck and racecheck on that run (fused
-#            forward + backward and the reference) at seq 1024 and 2048,
+#            (attention_cmma_bf16, phase kernels-cmma), then the register
+#            forward and backward on the mma instruction
+#            (attention_mma_bf16, kernels-mma), both without the reference
+#            (--no-reference: the first two phases measured it); one
+#            register forward + backward at seq 4096 under Nsight Compute
+#            (profile-kernels-mma: per attention kernel launch its time,
+#            occupancy and warp stalls, where ncu is on the PATH); then compute-sanitizer memcheck and racecheck on
+#            the register kernels and then the fragment kernels at seq 1024
+#            and 2048 (sanitizer-TOOL-mma-SEQ, sanitizer-TOOL-cmma-SEQ),
 #            where compute-sanitizer is on the PATH: only the attention
 #            kernels where it has --kernel-name, racecheck's hazard table
 #            RACECHECK_HAZARDS (default 1000000) entries.
@@ -96,8 +101,11 @@
 #
 # --seed-cache TGZ unpacks the CubeCL caches a previous lease brought back
 # (gpu-check-GROUP-cubecl.tar.gz) into OUT_DIR first: its autotune results
-# and, for the same binaries, its compiled kernels spare the first step of
-# each shape most of its minutes. train-cold still starts cold when it runs.
+# and its compiled kernels (Burn's, and ours for the same binaries) spare
+# the first step of each shape most of its minutes. The autotune results
+# alone, which hold for any binary, are kept in the repository
+# (docs/benchmarks/cubecl-autotune-*.tar.gz). train-cold still starts
+# cold when it runs.
 #
 # A short lease (15 minutes of device time, start-up included) runs the
 # phases that matter most in one command: PHASES, an extended regular
@@ -124,7 +132,7 @@ while [ $# -gt 0 ]; do
         shift
         ;;
     --seed-cache)
-        [ $# -ge 2 ] && [ -f "$2" ] || { echo "gpu_check.sh: --seed-cache needs a gpu-check-*-cubecl.tar.gz file" >&2; exit 2; }
+        [ $# -ge 2 ] && [ -f "$2" ] || { echo "gpu_check.sh: --seed-cache needs a file: gpu-check-*-cubecl.tar.gz or docs/benchmarks/cubecl-autotune-*.tar.gz" >&2; exit 2; }
         seed=$(cd "$(dirname "$2")" && pwd)/$(basename "$2")
         shift
         ;;

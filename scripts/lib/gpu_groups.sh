@@ -111,29 +111,40 @@ group_step() {
     s="shape_$i"
     s="${!s}"
     # shellcheck disable=SC2086 # $s is a list of flags
-    profile_phase "profile-$i-$p" $s --precision "$p"
+    local one_step=(--backends "$backend" --warmup 0 --steps 1 "${peak[@]}")
+    profile_phase "profile-$i-$p" time bench train $s --precision "$p" "${one_step[@]}"
     if [ "$p" != fp32 ]; then
         # shellcheck disable=SC2086
-        profile_phase "profile-$i-$p-mu" $s --precision "$p" --attention-kernel matrix-units
+        profile_phase "profile-$i-$p-mu" time bench train $s --precision "$p" \
+            --attention-kernel matrix-units "${one_step[@]}"
         # shellcheck disable=SC2086
-        profile_phase "profile-$i-$p-mma" $s --precision "$p" --attention-kernel registers
+        profile_phase "profile-$i-$p-mma" time bench train $s --precision "$p" \
+            --attention-kernel registers "${one_step[@]}"
     fi
 }
 
-# Phase $1: one step of `bench train` with the flags after it under Nsight
-# Compute, after the phases that filled the caches: GPU time per kernel,
-# the CSV rows in GROUP_DIR/$1.csv.
+# Phase $1: the ferrotron command after $2 (one step of `bench train`, or
+# one `bench kernels` run) under Nsight Compute, after the phases that
+# filled the caches; the CSV rows in GROUP_DIR/$1.csv. $2 says what it
+# records: `time`, the GPU time of every kernel (one pass each), or
+# `stalls`, for each launch of an attention kernel Nsight's speed of
+# light, occupancy, warp states (what the warps waited on) and launch
+# sections (several passes each).
 profile_phase() {
-    local name=$1
-    shift
+    local name=$1 what=$2
+    shift 2
+    local ncu_args=(--metrics gpu__time_duration.sum --print-summary per-kernel)
+    if [ "$what" = stalls ]; then
+        ncu_args=(--kernel-name regex:attention --section SpeedOfLight --section Occupancy
+            --section WarpStateStats --section LaunchStats)
+    fi
     if [ "$device" = cpu ]; then
         skip_phase "$name" "the dry run has no GPU to profile"
     elif ! command -v ncu >/dev/null; then
         skip_phase "$name" "ncu (Nsight Compute) is not on the PATH"
     else
-        run_phase "$name" "${PROFILE_TIMEOUT:-180}" ncu --metrics gpu__time_duration.sum \
-            --clock-control none --print-summary per-kernel --csv "$F" bench train "$@" \
-            --backends "$backend" --warmup 0 --steps 1 "${peak[@]}"
+        run_phase "$name" "${PROFILE_TIMEOUT:-180}" ncu "${ncu_args[@]}" --clock-control none \
+            --csv "$F" "$@"
         [ -f "$GROUP_DIR/$name.log" ] &&
             sed -n 's/^[0-9:]* \("\)/\1/p' "$GROUP_DIR/$name.log" >"$GROUP_DIR/$name.csv"
     fi
@@ -159,10 +170,17 @@ group_kernels() {
         --json "$GROUP_DIR/kernels-attention.json"
     run_phase kernels-attention-8192 150 "$F" "${k[@]}" "${longest[@]}" --only attention \
         --json "$GROUP_DIR/kernels-attention-8192.json"
+    # The matrix-unit kernels alone: kernels-attention has measured the
+    # reference, whose first run at each shape autotunes Burn's matmuls
+    # (about 40 s per shape on the H200, 2026-11-28).
     run_phase kernels-cmma 150 "$F" "${k[@]}" "${all[@]}" --only attention_cmma_bf16 \
-        --json "$GROUP_DIR/kernels-cmma.json"
+        --no-reference --json "$GROUP_DIR/kernels-cmma.json"
     run_phase kernels-mma 150 "$F" "${k[@]}" "${all[@]}" --only attention_mma_bf16 \
-        --json "$GROUP_DIR/kernels-mma.json"
+        --no-reference --json "$GROUP_DIR/kernels-mma.json"
+    # One register forward + backward at seq 4096, kernel by kernel: GPU
+    # time (bench kernels' fwd ms is a wall time), occupancy and stalls.
+    profile_phase profile-kernels-mma stalls bench kernels --backends "$backend" --head-dim 128 \
+        --only attention_mma_bf16 --min-seq 4096 --max-seq 4096 --no-reference --warmup 0 --reps 1
     if [ "$DRY" = 1 ]; then
         # A CubeCL runtime reads cubecl.toml: its compilation log shows it.
         if [ "${DRY_WGPU:-0}" = 1 ]; then
@@ -176,21 +194,25 @@ group_kernels() {
         skip_phase sanitizer "compute-sanitizer is not on the PATH"
         return 0
     fi
-    # Only the attention kernels are checked where the tool can filter by
-    # name: the bench also runs Burn's reference (matmuls, reductions), and
-    # on the H100 (2026-11-28) racecheck's hazard table filled up without
-    # saying in which kernels. RACECHECK_HAZARDS raises the table's size.
-    local filter=() seq tool
+    # The register kernels (mma), then the fragment kernels (cmma), without
+    # the reference. Only the attention kernels are checked where the tool
+    # can filter by name: on the H100 (2026-11-28) racecheck's hazard table
+    # filled up without saying in which kernels. RACECHECK_HAZARDS raises
+    # the table's size.
+    local filter=() seq tool kind
     if compute-sanitizer --help 2>&1 | grep -q -- '--kernel-name '; then
         filter=(--kernel-name kns=attention)
     fi
-    for seq in 1024 2048; do
-        for tool in memcheck racecheck; do
-            run_phase "sanitizer-$tool-$seq" 150 env \
-                NV_COMPUTE_SANITIZER_MAX_RACECHECK_HAZARDS="${RACECHECK_HAZARDS:-1000000}" \
-                compute-sanitizer --tool "$tool" "${filter[@]}" --error-exitcode 3 \
-                --print-limit 20 "$F" bench kernels --backends "$backend" --head-dim 128 \
-                --only attention_cmma_bf16 --min-seq "$seq" --max-seq "$seq" --warmup 0 --reps 1
+    for kind in mma cmma; do
+        for seq in 1024 2048; do
+            for tool in memcheck racecheck; do
+                run_phase "sanitizer-$tool-$kind-$seq" 150 env \
+                    NV_COMPUTE_SANITIZER_MAX_RACECHECK_HAZARDS="${RACECHECK_HAZARDS:-1000000}" \
+                    compute-sanitizer --tool "$tool" "${filter[@]}" --error-exitcode 3 \
+                    --print-limit 20 "$F" bench kernels --backends "$backend" --head-dim 128 \
+                    --only "attention_${kind}_bf16" --min-seq "$seq" --max-seq "$seq" \
+                    --no-reference --warmup 0 --reps 1
+            done
         done
     done
 }

@@ -150,8 +150,9 @@ def sanitizer(out):
     rows = []
     for path in sorted(glob.glob(os.path.join(out, "kernels", "sanitizer-*.log"))):
         with open(path, errors="replace") as f:
-            found = re.findall(r"ERROR SUMMARY: .*", f.read())
-        rows.append([os.path.basename(path)[:-4], found[-1] if found else "no ERROR SUMMARY line"])
+            # memcheck ends with an ERROR SUMMARY, racecheck with a RACECHECK SUMMARY.
+            found = re.findall(r"(?:ERROR|RACECHECK) SUMMARY: .*", f.read())
+        rows.append([os.path.basename(path)[:-4], found[-1] if found else "no SUMMARY line"])
     table("compute-sanitizer", ["run", "result"], rows)
 
 

@@ -306,6 +306,11 @@ pub struct KernelsBenchArgs {
     /// only when named), swiglu, rms_norm, layer_norm, rope or cross_entropy.
     #[arg(long, value_name = "KERNEL")]
     pub only: Option<String>,
+    /// Time the fused kernels alone: the reference ops do not run and their columns stay
+    /// empty. On a GPU the reference's first run at each shape compiles and autotunes
+    /// Burn's matmuls, which takes minutes (about 40 s per shape on an H200).
+    #[arg(long)]
+    pub no_reference: bool,
     /// Untimed runs per path and shape before the timed ones (shader compilation, caches).
     #[arg(long, default_value_t = 1)]
     pub warmup: usize,

@@ -81,16 +81,20 @@ pub fn run(args: KernelsBenchArgs) -> Result<()> {
                 (_, note) => (None, note),
             };
             let key = (target.name(), case.op(), case.to_string());
-            let (reference, reference_note) =
-                match (target.reference_skip(&case), references.get(&key)) {
-                    (Some(reason), _) => (None, Some(reason)),
-                    (None, Some(&measured)) => (Some(measured), None),
-                    (None, None) => {
-                        let measured = measure(&mut || target.reference(&case))?;
-                        references.insert(key, measured);
-                        (Some(measured), None)
-                    }
-                };
+            let reference_skip = if args.no_reference {
+                Some("reference not run (--no-reference)".to_string())
+            } else {
+                target.reference_skip(&case)
+            };
+            let (reference, reference_note) = match (reference_skip, references.get(&key)) {
+                (Some(reason), _) => (None, Some(reason)),
+                (None, Some(&measured)) => (Some(measured), None),
+                (None, None) => {
+                    let measured = measure(&mut || target.reference(&case))?;
+                    references.insert(key, measured);
+                    (Some(measured), None)
+                }
+            };
             let note = match (fused_note, reference_note) {
                 (Some(f), Some(r)) => Some(format!("{f}; {r}")),
                 (f, r) => f.or(r),

@@ -2,7 +2,8 @@
 //! the tiled attention among them), a `flex` row (reference only) and a
 //! `wgpu` row (fused and reference) with positive times and memory, and
 //! TFLOP/s for attention (built with `--features kernels-bench`); the cmma
-//! attention kernel runs only when named and says where it cannot; a
+//! attention kernel runs only when named and says where it cannot;
+//! `--no-reference` leaves the reference out; a
 //! backend that is not compiled in is refused by name; without the feature
 //! the subcommand exits 2 naming the feature.
 
@@ -154,6 +155,47 @@ fn the_matrix_unit_kernels_run_when_named_and_say_where_they_cannot() {
                 "{row}"
             );
         }
+    }
+}
+
+#[cfg(feature = "kernels-bench")]
+#[test]
+fn no_reference_times_the_fused_kernels_alone() {
+    let json =
+        std::env::temp_dir().join(format!("ferrotron-bench-noref-{}.json", std::process::id()));
+    let out = deadline::output(
+        Command::new(env!("CARGO_BIN_EXE_ferrotron"))
+            .args([
+                "bench",
+                "kernels",
+                "--quick",
+                "--reps",
+                "1",
+                "--backends",
+                "wgpu",
+            ])
+            .args(["--only", "swiglu", "--no-reference", "--json"])
+            .arg(&json),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed: {stderr}");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("--json file written"))
+            .expect("valid JSON");
+    let _ = std::fs::remove_file(&json);
+    let rows = doc["rows"].as_array().expect("rows array");
+    assert!(!rows.is_empty());
+    for row in rows {
+        assert!(row["fused_ms"].as_f64().unwrap_or(0.0) > 0.0, "{row}");
+        for key in ["reference_ms", "reference_peak_mib", "time_ratio"] {
+            assert!(row[key].is_null(), "{key}: {row}");
+        }
+        assert!(
+            row["note"]
+                .as_str()
+                .is_some_and(|n| n.contains("--no-reference")),
+            "{row}"
+        );
     }
 }
 

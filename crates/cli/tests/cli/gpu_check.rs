@@ -83,10 +83,11 @@ fn expected_phases() -> Vec<(String, &'static str)> {
             "kernels-attention-8192",
             "kernels-cmma",
             "kernels-mma",
-            "kernels-wgpu",
         ] {
             p.push((name.into(), "ok"));
         }
+        p.push(("profile-kernels-mma".into(), "skipped"));
+        p.push(("kernels-wgpu".into(), "ok"));
     } else {
         p.push(("kernels".into(), "skipped"));
     }
@@ -285,6 +286,49 @@ fn a_short_lease_runs_only_the_phases_it_names() {
     assert_eq!(kept.ok().as_deref(), Some("earlier lease"), "{stdout}");
     let _ = std::fs::remove_dir_all(&out);
     let _ = std::fs::remove_dir_all(&seed);
+}
+
+/// The autotune seeds kept in docs/benchmarks hold only CubeCL's autotune
+/// cache (`cubecl-cache/autotune/...`, which --seed-cache unpacks), one
+/// JSON entry per line with its key and value, and no compiled kernels.
+#[test]
+fn the_committed_autotune_seeds_hold_autotune_entries_only() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/benchmarks");
+    let seeds: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            name.starts_with("cubecl-autotune-") && name.ends_with(".tar.gz")
+        })
+        .collect();
+    assert!(!seeds.is_empty(), "no cubecl-autotune-*.tar.gz in {dir:?}");
+    for seed in seeds {
+        let tar = |flag: &str| {
+            let mut cmd = Command::new("tar");
+            cmd.arg(flag).arg(&seed);
+            let o = deadline::output_within(&mut cmd, Duration::from_secs(60)).expect("tar runs");
+            assert!(o.status.success(), "{seed:?}: {o:?}");
+            String::from_utf8(o.stdout).unwrap()
+        };
+        for member in tar("tzf").lines() {
+            assert!(
+                member.starts_with("cubecl-cache/autotune"),
+                "{seed:?}: {member}"
+            );
+        }
+        let entries: Vec<serde_json::Value> = tar("xzfO")
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{seed:?}: {e}: {l}")))
+            .collect();
+        assert!(!entries.is_empty(), "{seed:?}");
+        for e in entries {
+            assert!(
+                e["key"].is_object() && e["value"].is_object(),
+                "{seed:?}: {e}"
+            );
+        }
+    }
 }
 
 /// bench comm compared every operation on both paths and found them
