@@ -40,7 +40,8 @@ group_train() {
         [ -x "$t" ] || continue
         any=1
         # shellcheck disable=SC2086 # KERNEL_TESTS: test name filters
-        run_phase "$(basename "$t")" 150 "$t" --test-threads 1 ${KERNEL_TESTS:-}
+        run_phase "$(basename "$t")" "${KERNEL_TESTS_TIMEOUT:-150}" "$t" --test-threads 1 \
+            ${KERNEL_TESTS:-}
     done
     [ "$any" = 1 ] || skip_phase kernel-tests "no kernels-* test binaries in $bin_given"
     # One rank's NCCL collectives on device buffers against the host copy

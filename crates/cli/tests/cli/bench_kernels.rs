@@ -7,14 +7,31 @@
 //! backend that is not compiled in is refused by name; without the feature
 //! the subcommand exits 2 naming the feature.
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ferrotron_test_support::deadline;
 
+/// This process's path for a bench's `--json` file, told apart by `tag`.
+#[cfg_attr(not(feature = "kernels-bench"), allow(dead_code))]
+fn json_path(tag: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("ferrotron-bench-{tag}-{}.json", std::process::id()))
+}
+
+/// The `rows` of the `--json` file a bench wrote at `path`, which is then
+/// removed.
+#[cfg_attr(not(feature = "kernels-bench"), allow(dead_code))]
+fn take_rows(path: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(path).expect("--json file written");
+    let _ = std::fs::remove_file(path);
+    let doc: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    doc["rows"].as_array().expect("rows array").clone()
+}
+
 #[cfg(feature = "kernels-bench")]
 #[test]
 fn quick_bench_writes_a_json_row_per_kernel_with_positive_times() {
-    let json = std::env::temp_dir().join(format!("ferrotron-bench-{}.json", std::process::id()));
+    let json = json_path("quick");
     let out = deadline::output(
         Command::new(env!("CARGO_BIN_EXE_ferrotron"))
             .args(["bench", "kernels", "--quick", "--reps", "1", "--json"])
@@ -30,11 +47,7 @@ fn quick_bench_writes_a_json_row_per_kernel_with_positive_times() {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     println!("{stdout}");
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("--json file written"))
-            .expect("valid JSON");
-    let _ = std::fs::remove_file(&json);
-    let rows = doc["rows"].as_array().expect("rows array");
+    let rows = take_rows(&json);
     let kernels = [
         "attention",
         "attention_tiled",
@@ -116,10 +129,7 @@ fn the_matrix_unit_kernels_run_when_named_and_say_where_they_cannot() {
     // Lavapipe has no matrix units: the rows carry the reference and the
     // reason the fused path is absent.
     for kernel in ["attention_cmma_bf16", "attention_mma_bf16"] {
-        let json = std::env::temp_dir().join(format!(
-            "ferrotron-bench-{kernel}-{}.json",
-            std::process::id()
-        ));
+        let json = json_path(kernel);
         let out = deadline::output(
             Command::new(env!("CARGO_BIN_EXE_ferrotron"))
                 .args([
@@ -138,11 +148,7 @@ fn the_matrix_unit_kernels_run_when_named_and_say_where_they_cannot() {
         );
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "bench failed: {stderr}");
-        let doc: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&json).expect("--json file written"))
-                .expect("valid JSON");
-        let _ = std::fs::remove_file(&json);
-        let rows = doc["rows"].as_array().expect("rows array");
+        let rows = take_rows(&json);
         assert_eq!(rows.len(), 2, "one row per quick shape: {rows:?}");
         for row in rows {
             assert_eq!(row["kernel"], kernel);
@@ -161,8 +167,7 @@ fn the_matrix_unit_kernels_run_when_named_and_say_where_they_cannot() {
 #[cfg(feature = "kernels-bench")]
 #[test]
 fn no_reference_times_the_fused_kernels_alone() {
-    let json =
-        std::env::temp_dir().join(format!("ferrotron-bench-noref-{}.json", std::process::id()));
+    let json = json_path("noref");
     let out = deadline::output(
         Command::new(env!("CARGO_BIN_EXE_ferrotron"))
             .args([
@@ -179,11 +184,7 @@ fn no_reference_times_the_fused_kernels_alone() {
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench failed: {stderr}");
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("--json file written"))
-            .expect("valid JSON");
-    let _ = std::fs::remove_file(&json);
-    let rows = doc["rows"].as_array().expect("rows array");
+    let rows = take_rows(&json);
     assert!(!rows.is_empty());
     for row in rows {
         assert!(row["fused_ms"].as_f64().unwrap_or(0.0) > 0.0, "{row}");
@@ -202,7 +203,7 @@ fn no_reference_times_the_fused_kernels_alone() {
 #[cfg(feature = "kernels-bench")]
 #[test]
 fn head_dim_sets_the_attention_shapes_and_an_odd_one_exits_2_writing_nothing() {
-    let json = std::env::temp_dir().join(format!("ferrotron-bench-hd-{}.json", std::process::id()));
+    let json = json_path("hd");
     let run = |head_dim: &str| {
         deadline::output(
             Command::new(env!("CARGO_BIN_EXE_ferrotron"))
@@ -231,16 +232,8 @@ fn head_dim_sets_the_attention_shapes_and_an_odd_one_exits_2_writing_nothing() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("--json file written"))
-            .expect("valid JSON");
-    let _ = std::fs::remove_file(&json);
-    let shapes: Vec<&str> = doc["rows"]
-        .as_array()
-        .expect("rows array")
-        .iter()
-        .map(|r| r["shape"].as_str().unwrap())
-        .collect();
+    let rows = take_rows(&json);
+    let shapes: Vec<&str> = rows.iter().map(|r| r["shape"].as_str().unwrap()).collect();
     // The row and the tiled kernel at the two quick lengths.
     assert_eq!(
         shapes,

@@ -6,6 +6,7 @@ use cubecl::prelude::*;
 
 use crate::dtype::store;
 
+use super::cube_tile::{key_tile, KeyTile};
 use super::fragment::{
     fragment_product, stage_row_pair, sync_block, CMMA_PLANE_SIZE, FRAGMENT, PER_LANE,
 };
@@ -68,17 +69,17 @@ pub(crate) fn attention_backward_kv_fragment_kernel<F: Float, M: Float, N: Size>
     let seq = seq as usize;
     let n_heads = n_heads as usize;
     let group = group as usize;
-    let lane = UNIT_POS_X as usize;
-    let plane = UNIT_POS_Y as usize;
     let units = comptime!(planes * CMMA_PLANE_SIZE);
-    let unit = plane * CMMA_PLANE_SIZE + lane;
-    let kv_bh = CUBE_POS_Y as usize;
-    let n_kv_heads = n_heads / group;
-    let batch = kv_bh / n_kv_heads;
-    let kv_head = kv_bh % n_kv_heads;
     let keys = comptime!(planes * FRAGMENT);
-    let first_key = CUBE_POS_X as usize * keys;
-    let kv_base = kv_bh * seq * head_dim;
+    let KeyTile {
+        lane,
+        plane,
+        unit,
+        batch,
+        kv_head,
+        first_key,
+        kv_base,
+    } = key_tile(seq, n_heads, group, CMMA_PLANE_SIZE, keys, head_dim);
 
     let key_elems = comptime!(keys * head_dim);
     let query_elems = comptime!(queries * head_dim);

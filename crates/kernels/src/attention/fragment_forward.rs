@@ -9,6 +9,7 @@ use cubecl::prelude::*;
 
 use crate::dtype::store;
 
+use super::cube_tile::{query_tile, QueryTile};
 use super::fragment::{
     fragment_product, stage_rows, sync_block, CMMA_PLANE_SIZE, FRAGMENT, PER_LANE,
 };
@@ -70,17 +71,18 @@ pub(crate) fn attention_forward_fragment_kernel<F: Float, M: Float, N: Size>(
     let seq = seq as usize;
     let n_heads = n_heads as usize;
     let group = group as usize;
-    let lane = UNIT_POS_X as usize;
-    let plane = UNIT_POS_Y as usize;
     let units = comptime!(planes * CMMA_PLANE_SIZE);
-    let unit = plane * CMMA_PLANE_SIZE + lane;
-    let bh = CUBE_POS_Y as usize;
-    let head = bh % n_heads;
-    let kv_bh = (bh / n_heads) * (n_heads / group) + head / group;
     let rows = comptime!(planes * FRAGMENT);
-    let first_query = CUBE_POS_X as usize * rows;
-    let q_base = bh * seq * head_dim;
-    let kv_base = kv_bh * seq * head_dim;
+    let QueryTile {
+        lane,
+        plane,
+        unit,
+        bh,
+        head,
+        first_query,
+        q_base,
+        kv_base,
+    } = query_tile(seq, n_heads, group, CMMA_PLANE_SIZE, rows, head_dim);
 
     let query_elems = comptime!(rows * head_dim);
     let key_elems = comptime!(keys * head_dim);

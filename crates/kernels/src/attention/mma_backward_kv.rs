@@ -4,6 +4,7 @@
 
 use cubecl::prelude::*;
 
+use super::cube_tile::{key_tile, KeyTile};
 use super::fragment::stage_row_pair;
 use super::mma::{
     a_from_tile, accumulate_with_columns, b_from_rows, c_col, copy_pairs, mma, store_accumulators,
@@ -66,17 +67,17 @@ pub(crate) fn attention_backward_kv_mma_kernel<F: Float, M: Float, N: Size>(
     let seq = seq as usize;
     let n_heads = n_heads as usize;
     let group = group as usize;
-    let lane = UNIT_POS_X as usize;
-    let plane = UNIT_POS_Y as usize;
     let units = comptime!(planes * MMA_PLANE_SIZE);
-    let unit = plane * MMA_PLANE_SIZE + lane;
-    let kv_bh = CUBE_POS_Y as usize;
-    let n_kv_heads = n_heads / group;
-    let batch = kv_bh / n_kv_heads;
-    let kv_head = kv_bh % n_kv_heads;
     let keys = comptime!(planes * MMA_ROWS);
-    let first_key = CUBE_POS_X as usize * keys;
-    let kv_base = kv_bh * seq * head_dim;
+    let KeyTile {
+        lane,
+        plane,
+        unit,
+        batch,
+        kv_head,
+        first_key,
+        kv_base,
+    } = key_tile(seq, n_heads, group, MMA_PLANE_SIZE, keys, head_dim);
     let plane_keys = plane * MMA_ROWS;
     let key_top = first_key + plane_keys + lane / 4;
 

@@ -9,6 +9,7 @@
 
 use cubecl::prelude::*;
 
+use super::cube_tile::{query_tile, QueryTile};
 use super::fragment::stage_row_pair;
 use super::mma::{
     a_from_rows, accumulate_with_columns, c_col, products_with_rows, quad_max, quad_sum,
@@ -81,16 +82,18 @@ pub(crate) fn attention_forward_mma_kernel<F: Float, M: Float, N: Size>(
     let seq = seq as usize;
     let n_heads = n_heads as usize;
     let group = group as usize;
-    let lane = UNIT_POS_X as usize;
-    let plane = UNIT_POS_Y as usize;
     let units = comptime!(planes * MMA_PLANE_SIZE);
-    let unit = plane * MMA_PLANE_SIZE + lane;
-    let bh = CUBE_POS_Y as usize;
-    let head = bh % n_heads;
-    let kv_bh = (bh / n_heads) * (n_heads / group) + head / group;
-    let first_query = CUBE_POS_X as usize * comptime!(planes * MMA_ROWS);
-    let q_base = bh * seq * head_dim;
-    let kv_base = kv_bh * seq * head_dim;
+    let rows = comptime!(planes * MMA_ROWS);
+    let QueryTile {
+        lane,
+        plane,
+        unit,
+        bh,
+        head,
+        first_query,
+        q_base,
+        kv_base,
+    } = query_tile(seq, n_heads, group, MMA_PLANE_SIZE, rows, head_dim);
     // This unit's two rows (accumulator values 0, 1 and 2, 3).
     let plane_first = first_query + plane * MMA_ROWS;
     let row_top = plane_first + lane / 4;

@@ -45,6 +45,7 @@ mod backward_choice;
 mod backward_kv;
 mod backward_q;
 mod choice;
+mod cube_tile;
 mod delta;
 mod forward;
 mod fragment;

@@ -21,8 +21,8 @@ use crate::common;
 
 use attention_support::check::{
     alibi_slopes, case, check_case, check_case_as, check_case_with, chosen_backward,
-    chosen_forward, forward_kernels, row_and_chosen, row_and_chosen_backward, to_f64,
-    ForwardKernels,
+    chosen_forward, forward_kernels, matrix_unit_dtypes, row_and_chosen, row_and_chosen_backward,
+    to_f64, ForwardKernels,
 };
 use attention_support::reference::Problem;
 use common::{client, download, upload, Rng, R};
@@ -146,21 +146,7 @@ fn check_in_16_bits_on_matrix_units(
     what: &str,
     first_seed: u64,
 ) {
-    let client = client();
-    let dtypes: Vec<FloatDtype> = [FloatDtype::Bf16, FloatDtype::F16, FloatDtype::Bf16InF32]
-        .into_iter()
-        .filter(|&d| d.is_supported(&client) && runs(&client, d))
-        .collect();
-    if dtypes.is_empty() {
-        if cfg!(feature = "test-cuda") {
-            panic!("the {what} does not run on this CUDA device's matrix units");
-        }
-        eprintln!(
-            "NOT RUN: the {what} on matrix units (this device has none for f16/bf16 with \
-             32-unit planes; it runs in the test-cuda build on an NVIDIA GPU)"
-        );
-        return;
-    }
+    let dtypes = matrix_unit_dtypes(runs, what);
     let cases = [
         case(1, 4, 2, 63, 64, true, true),
         case(1, 2, 1, 64, 128, true, false),

@@ -20,6 +20,31 @@ pub type ForwardKernels = fn(&ComputeClient<R>, usize, FloatDtype) -> Vec<Attent
 /// The backward kernels a check runs for `head_dim`.
 pub type BackwardKernels = fn(&ComputeClient<R>, usize) -> Vec<AttentionBackwardKernel>;
 
+/// The 16-bit storage types (bf16, f16, bf16 in f32 storage) in which the
+/// device `runs` the `what` on its matrix units. Where there is none, says
+/// so on stderr and returns none; in the `test-cuda` build, which requires
+/// them, that fails the test.
+pub fn matrix_unit_dtypes(
+    runs: fn(&ComputeClient<R>, FloatDtype) -> bool,
+    what: &str,
+) -> Vec<FloatDtype> {
+    let client = client();
+    let dtypes: Vec<FloatDtype> = [FloatDtype::Bf16, FloatDtype::F16, FloatDtype::Bf16InF32]
+        .into_iter()
+        .filter(|&d| d.is_supported(&client) && runs(&client, d))
+        .collect();
+    if dtypes.is_empty() {
+        if cfg!(feature = "test-cuda") {
+            panic!("the {what} does not run on this CUDA device's matrix units");
+        }
+        eprintln!(
+            "NOT RUN: the {what} on matrix units (this device has none for f16/bf16 with \
+             32-unit planes; it runs in the test-cuda build on an NVIDIA GPU)"
+        );
+    }
+    dtypes
+}
+
 /// The row backward and the one the launcher chooses for `head_dim` (the
 /// tiled one where it fits the device).
 pub fn row_and_chosen_backward(
