@@ -45,8 +45,9 @@
 #            (--no-reference: the first two phases measured it); one
 #            register forward + backward at seq 4096 under Nsight Compute
 #            (profile-kernels-mma: per attention kernel launch its time,
-#            occupancy and warp stalls, where ncu is on the PATH); then compute-sanitizer memcheck and racecheck on
-#            the register kernels and then the fragment kernels at seq 1024
+#            occupancy and warp stalls, where ncu is on the PATH); then
+#            compute-sanitizer memcheck and racecheck on the register
+#            kernels and then the fragment kernels at seq 1024
 #            and 2048 (sanitizer-TOOL-mma-SEQ, sanitizer-TOOL-cmma-SEQ),
 #            where compute-sanitizer is on the PATH: only the attention
 #            kernels where it has --kernel-name, racecheck's hazard table

@@ -18,6 +18,18 @@ fn json_path(tag: &str) -> PathBuf {
     std::env::temp_dir().join(format!("ferrotron-bench-{tag}-{}.json", std::process::id()))
 }
 
+/// `ferrotron bench kernels --quick --reps 1`, then `args`, then `--json
+/// json`.
+#[cfg_attr(not(feature = "kernels-bench"), allow(dead_code))]
+fn quick_bench(args: &[&str], json: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferrotron"));
+    cmd.args(["bench", "kernels", "--quick", "--reps", "1"])
+        .args(args)
+        .arg("--json")
+        .arg(json);
+    cmd
+}
+
 /// The `rows` of the `--json` file a bench wrote at `path`, which is then
 /// removed.
 #[cfg_attr(not(feature = "kernels-bench"), allow(dead_code))]
@@ -33,11 +45,8 @@ fn take_rows(path: &Path) -> Vec<serde_json::Value> {
 fn quick_bench_writes_a_json_row_per_kernel_with_positive_times() {
     let json = json_path("quick");
     let out = deadline::output(
-        Command::new(env!("CARGO_BIN_EXE_ferrotron"))
-            .args(["bench", "kernels", "--quick", "--reps", "1", "--json"])
-            .arg(&json)
-            // The autotune level is chosen for the adapter by the binary.
-            .env_remove("CUBECL_AUTOTUNE_LEVEL"),
+        // The autotune level is chosen for the adapter by the binary.
+        quick_bench(&[], &json).env_remove("CUBECL_AUTOTUNE_LEVEL"),
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench failed: {stderr}");
@@ -130,22 +139,10 @@ fn the_matrix_unit_kernels_run_when_named_and_say_where_they_cannot() {
     // reason the fused path is absent.
     for kernel in ["attention_cmma_bf16", "attention_mma_bf16"] {
         let json = json_path(kernel);
-        let out = deadline::output(
-            Command::new(env!("CARGO_BIN_EXE_ferrotron"))
-                .args([
-                    "bench",
-                    "kernels",
-                    "--quick",
-                    "--reps",
-                    "1",
-                    "--backends",
-                    "wgpu",
-                ])
-                .arg("--only")
-                .arg(kernel)
-                .arg("--json")
-                .arg(&json),
-        );
+        let out = deadline::output(&mut quick_bench(
+            &["--backends", "wgpu", "--only", kernel],
+            &json,
+        ));
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "bench failed: {stderr}");
         let rows = take_rows(&json);
@@ -168,20 +165,10 @@ fn the_matrix_unit_kernels_run_when_named_and_say_where_they_cannot() {
 #[test]
 fn no_reference_times_the_fused_kernels_alone() {
     let json = json_path("noref");
-    let out = deadline::output(
-        Command::new(env!("CARGO_BIN_EXE_ferrotron"))
-            .args([
-                "bench",
-                "kernels",
-                "--quick",
-                "--reps",
-                "1",
-                "--backends",
-                "wgpu",
-            ])
-            .args(["--only", "swiglu", "--no-reference", "--json"])
-            .arg(&json),
-    );
+    let out = deadline::output(&mut quick_bench(
+        &["--backends", "wgpu", "--only", "swiglu", "--no-reference"],
+        &json,
+    ));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench failed: {stderr}");
     let rows = take_rows(&json);
@@ -205,20 +192,17 @@ fn no_reference_times_the_fused_kernels_alone() {
 fn head_dim_sets_the_attention_shapes_and_an_odd_one_exits_2_writing_nothing() {
     let json = json_path("hd");
     let run = |head_dim: &str| {
-        deadline::output(
-            Command::new(env!("CARGO_BIN_EXE_ferrotron"))
-                .args([
-                    "bench",
-                    "kernels",
-                    "--quick",
-                    "--reps",
-                    "1",
-                    "--backends",
-                    "flex",
-                ])
-                .args(["--only", "attention", "--head-dim", head_dim, "--json"])
-                .arg(&json),
-        )
+        deadline::output(&mut quick_bench(
+            &[
+                "--backends",
+                "flex",
+                "--only",
+                "attention",
+                "--head-dim",
+                head_dim,
+            ],
+            &json,
+        ))
     };
     let out = run("7");
     let stderr = String::from_utf8_lossy(&out.stderr);
