@@ -3,7 +3,8 @@
 # machine without a GPU or a CUDA toolkit: the kernels' `cuda_source` test
 # writes the CUDA C++ that CubeCL's CUDA compiler makes of each launch,
 # then scripts/nvrtc_compile.py compiles it with NVIDIA's NVRTC from PyPI
-# and prints each kernel's registers and spills.
+# and prints each kernel's registers, spills and, disassembled with
+# nvdisasm, the instructions of its matrix-unit kernels' main loop.
 #
 #   scripts/cuda_compile_check.sh [--json OUT] [--sources DIR]
 #
@@ -12,8 +13,8 @@
 #                  FERROTRON_CUDA_SOURCE_DIR for its test run) instead of
 #                  running the test
 #
-# NVRTC, the CUDA headers and CCCL (NVIDIA's wheels, pinned below, about
-# 140 MB) are unpacked once into FERROTRON_NVRTC_DIR (default
+# NVRTC, the CUDA headers, CCCL and nvdisasm (NVIDIA's wheels, pinned
+# below, about 145 MB) are unpacked once into FERROTRON_NVRTC_DIR (default
 # ~/.cache/ferrotron/nvrtc-12.9). Exits 1 if a kernel does not compile,
 # 2 on a bad argument.
 set -euo pipefail
@@ -35,8 +36,10 @@ wheels=(
   nvidia-cuda-runtime-cu12==12.9.79 # cuda_runtime.h, cuda_bf16.h, mma.h
   nvidia-cuda-nvcc-cu12==12.9.86    # crt/mma.h, which mma.h includes
   nvidia-cuda-cccl-cu12==12.9.27    # cuda/barrier and friends
+  nvidia-cuda-nvdisasm==13.5.37     # nvdisasm (cu13/bin), reads 12.9's cubins
 )
-if [ ! -e "$cache/nvidia/cuda_nvrtc/lib/libnvrtc.so.12" ]; then
+if [ ! -e "$cache/nvidia/cuda_nvrtc/lib/libnvrtc.so.12" ] ||
+  [ ! -e "$cache/nvidia/cu13/bin/nvdisasm" ]; then
   echo "unpacking NVRTC 12.9 into $cache"
   rm -rf "$cache" && mkdir -p "$cache/wheels"
   if python3 -m pip --version >/dev/null 2>&1; then
@@ -50,7 +53,8 @@ if [ ! -e "$cache/nvidia/cuda_nvrtc/lib/libnvrtc.so.12" ]; then
     python3 -m zipfile -e "$wheel" "$cache/unpacked"
   done
   mv "$cache/unpacked/nvidia" "$cache/nvidia"
-  # Only the headers and libnvrtc are used; nvcc's binaries are not.
+  chmod +x "$cache/nvidia/cu13/bin/nvdisasm"
+  # Only the headers, libnvrtc and nvdisasm are used; nvcc's binaries are not.
   rm -rf "$cache/wheels" "$cache/unpacked" "$cache/venv" "$cache/nvidia/cuda_nvcc/bin"
 fi
 

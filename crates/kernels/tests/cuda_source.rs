@@ -38,6 +38,9 @@ const MMA: &str = "mma.sync.aligned.m16n8k16";
 /// The fragment product the fragment kernels are built on (`mma.h`).
 const WMMA: &str = "wmma::mma_sync";
 
+/// The shared-memory load of the register kernels' operands.
+const LDMATRIX: &str = "ldmatrix.sync.aligned.m8n8";
+
 /// A buffer of `elems` values of `bytes` each (never stored).
 fn buffer(client: &Client, elems: usize, bytes: usize) -> Handle {
     client.empty(elems * bytes)
@@ -229,11 +232,11 @@ fn every_kernel_compiles_to_cuda_source_for_ampere_and_hopper() {
         for (group, sources) in &groups {
             assert!(!sources.is_empty(), "{arch:?} {group}: nothing recorded");
             // The three matrix-unit kernels (forward, dK/dV, dQ) where the
-            // group asks for them, each on its instruction; none elsewhere.
-            let (family, instruction) = match group {
-                g if g.ends_with("-Registers") => ("_mma_kernel", MMA),
-                g if g.ends_with("-Fragments") => ("_fragment_kernel", WMMA),
-                _ => ("", ""),
+            // group asks for them, each on its instructions; none elsewhere.
+            let (family, instructions) = match group {
+                g if g.ends_with("-Registers") => ("_mma_kernel", &[MMA, LDMATRIX][..]),
+                g if g.ends_with("-Fragments") => ("_fragment_kernel", &[WMMA][..]),
+                _ => ("", &[][..]),
             };
             let on_units: Vec<_> = sources
                 .iter()
@@ -251,11 +254,13 @@ fn every_kernel_compiles_to_cuda_source_for_ampere_and_hopper() {
                     "{arch:?} {group}: {}",
                     source.entry
                 );
-                assert!(
-                    source.source.contains(instruction),
-                    "{arch:?} {group}: {}",
-                    source.entry
-                );
+                for instruction in instructions {
+                    assert!(
+                        source.source.contains(instruction),
+                        "{arch:?} {group}: {} lacks {instruction}",
+                        source.entry
+                    );
+                }
             }
         }
         write_sources(arch, &groups);

@@ -186,10 +186,13 @@ impl AttentionKernel {
 
     /// Whether `client`'s device runs the register kernel's products on its
     /// matrix units in `dtype`: a 16-bit type with the 16 x 8 x 16 `mma`
-    /// instruction (f32 accumulators) on 32-unit planes.
+    /// instruction (f32 accumulators) on 32-unit planes, and `ldmatrix`,
+    /// which loads the kernels' operands from shared memory there.
     pub fn mma_runs<R: Runtime>(client: &ComputeClient<R>, dtype: FloatDtype) -> bool {
-        plane_product(client, dtype, (MMA_ROWS, MMA_COLS, MMA_DEPTH))
-            .is_some_and(|config| client.features().matmul.mma.contains(&config))
+        let matmul = &client.features().matmul;
+        plane_product(client, dtype, (MMA_ROWS, MMA_COLS, MMA_DEPTH)).is_some_and(|config| {
+            matmul.mma.contains(&config) && matmul.ldmatrix.contains(&config.a_type)
+        })
     }
 
     /// [`AttentionKernel::choose`] for a device with `max_shared_bytes` of

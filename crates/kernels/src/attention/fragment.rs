@@ -11,8 +11,6 @@
 
 use cubecl::prelude::*;
 
-use crate::dtype::load_vector;
-
 /// Units per plane the fragment kernels are written for (NVIDIA's warp;
 /// on devices with other plane sizes only the plain form runs, whose
 /// barriers are cube barriers).
@@ -176,94 +174,6 @@ pub(crate) fn sync_block(#[comptime] matrix_units: bool) {
     if matrix_units {
         sync_plane();
     }
-}
-
-/// Stages `elems / head_dim` rows from `first_row` of `src` (`[.., seq,
-/// head_dim]`, the rows of one head from `base`, read `N` values at a
-/// time) into `tile` as `M`, rows past `seq` as zeros; each of the cube's
-/// `units` units takes every `units`-th vector. `N` divides `head_dim`.
-#[cube]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn stage_rows<F: Float, M: Float, N: Size>(
-    src: &Array<Vector<F, N>>,
-    tile: &mut SharedMemory<M>,
-    base: usize,
-    first_row: usize,
-    seq: usize,
-    unit: usize,
-    #[comptime] elems: usize,
-    #[comptime] units: usize,
-    #[comptime] head_dim: usize,
-    #[comptime] round_bf16: bool,
-) {
-    stage_rows_strided::<F, M, N>(
-        src, tile, base, first_row, seq, unit, elems, units, head_dim, head_dim, round_bf16,
-    );
-}
-
-/// [`stage_rows`] with the tile's rows `stride` values apart (`stride >=
-/// head_dim`; the values between are not written).
-#[cube]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn stage_rows_strided<F: Float, M: Float, N: Size>(
-    src: &Array<Vector<F, N>>,
-    tile: &mut SharedMemory<M>,
-    base: usize,
-    first_row: usize,
-    seq: usize,
-    unit: usize,
-    #[comptime] elems: usize,
-    #[comptime] units: usize,
-    #[comptime] head_dim: usize,
-    #[comptime] stride: usize,
-    #[comptime] round_bf16: bool,
-) {
-    let width = src.vector_size();
-    for i in 0..comptime!((elems / width).div_ceil(units)) {
-        let e = (unit + i * units) * width;
-        if e < elems {
-            let row = e / head_dim;
-            let col = e % head_dim;
-            let mut x = Vector::<f32, N>::new(0.0f32);
-            if first_row + row < seq {
-                let at = base + (first_row + row) * head_dim + col;
-                x = load_vector::<F, N>(src[at / width], round_bf16);
-            }
-            #[unroll]
-            for j in 0..width {
-                tile[row * stride + col + j] = M::cast_from(x[j]);
-            }
-        }
-    }
-}
-
-/// Stages `elems / head_dim` rows from `first_row` of `a` and of `b` (each
-/// `[.., seq, head_dim]`, the rows of one head from `base`) into `a_tile`
-/// and `b_tile` as `M`, rows `stride` values apart, rows past `seq` as
-/// zeros, as [`stage_rows_strided`].
-#[cube]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn stage_row_pair<F: Float, M: Float, N: Size>(
-    a: &Array<Vector<F, N>>,
-    b: &Array<Vector<F, N>>,
-    a_tile: &mut SharedMemory<M>,
-    b_tile: &mut SharedMemory<M>,
-    base: usize,
-    first_row: usize,
-    seq: usize,
-    unit: usize,
-    #[comptime] elems: usize,
-    #[comptime] units: usize,
-    #[comptime] head_dim: usize,
-    #[comptime] stride: usize,
-    #[comptime] round_bf16: bool,
-) {
-    stage_rows_strided::<F, M, N>(
-        a, a_tile, base, first_row, seq, unit, elems, units, head_dim, stride, round_bf16,
-    );
-    stage_rows_strided::<F, M, N>(
-        b, b_tile, base, first_row, seq, unit, elems, units, head_dim, stride, round_bf16,
-    );
 }
 
 /// Shared memory of one cube of the fragment backward with `planes` planes

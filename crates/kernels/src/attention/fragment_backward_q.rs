@@ -7,9 +7,8 @@ use cubecl::prelude::*;
 use crate::dtype::store;
 
 use super::cube_tile::{query_tile, QueryTile};
-use super::fragment::{
-    fragment_product, stage_row_pair, sync_block, CMMA_PLANE_SIZE, FRAGMENT, PER_LANE,
-};
+use super::fragment::{fragment_product, sync_block, CMMA_PLANE_SIZE, FRAGMENT, PER_LANE};
+use super::stage::stage_row_pair;
 use super::tiles::{pair_score, visible};
 
 /// One cube per `16 * planes` query rows of one `(batch, head)`, `planes`

@@ -19,14 +19,17 @@
 //!   2)`, column `2 t + i % 2`.
 //!
 //! Each operand is an array of [`Pair`]s (two values per 32-bit register).
-//! On the matrix units the product is one instruction per plane. On plain
+//! On the matrix units the product is one instruction per plane, and an
+//! operand read from a shared-memory tile is one `ldmatrix` (which hands
+//! each unit its values of 8 x 8 matrices in this layout, transposed where
+//! asked) instead of a load per value with its address. On plain
 //! units (lavapipe, which has no matrix instructions, so the tests can
 //! check the kernels' indexing and numerics) the plane writes its operands
 //! to shared memory in this layout and each unit sums its four values in
 //! f32; the row reductions go through shared memory too. The plain form
 //! uses cube barriers, so every unit of the cube must call these together.
 
-use cubecl::cmma::MmaDefinition;
+use cubecl::cmma::{MatrixIdent, MmaDefinition};
 use cubecl::prelude::*;
 
 use crate::dtype::{load, store};
@@ -198,67 +201,155 @@ fn publish(value: f32, scratch: &mut SharedMemory<f32>, plane_at: usize, lane: u
 }
 
 /// Loads into `a` the left operand of rows `first_row ..+ 16` and columns
-/// `first_col ..+ 16` of the row-major `tile` (row stride `stride`).
+/// `first_col ..+ 16` of the row-major `tile` (row stride `stride`): four
+/// 8 x 8 matrices ([`load_matrices`]), pair `p` being matrix `p` (rows `8
+/// (p % 2) ..`, columns `8 (p / 2) ..`), which is the operand's layout
+/// (module doc).
 #[cube]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn a_from_tile<M: Float>(
     tile: &SharedMemory<M>,
     a: &mut Array<Pair<M>>,
     first_row: usize,
     first_col: usize,
+    scratch: &mut SharedMemory<f32>,
+    plane_at: usize,
     lane: usize,
     #[comptime] stride: usize,
+    #[comptime] matrix_units: bool,
 ) {
-    #[unroll]
-    for p in 0..A_PAIRS {
-        let at = (first_row + a_row(lane, 2 * p)) * stride + first_col + a_col(lane, 2 * p);
-        let mut pair = Pair::<M>::empty();
-        pair[0] = tile[at];
-        pair[1] = tile[at + 1];
-        a[p] = pair;
-    }
+    // Lane `l` gives row `l % 8` of matrix `l / 8`.
+    let matrix = lane / 8;
+    let at = (first_row + 8 * (matrix % 2) + lane % 8) * stride + first_col + 8 * (matrix / 2);
+    load_matrices::<M>(
+        tile,
+        a,
+        at,
+        scratch,
+        plane_at,
+        lane,
+        A_PAIRS,
+        false,
+        matrix_units,
+    );
 }
 
 /// Loads into `b` the right operand whose value `(k, n)` is `tile`'s
 /// `(first_row + n, first_col + k)`: 8 rows of the row-major `tile` read
-/// as columns (`k^T` from a key tile).
+/// as columns (`k^T` from a key tile). Two 8 x 8 matrices (depth `0 ..`
+/// and `8 ..`, [`load_matrices`]) as they lie: unit `l` gets row `l / 4`,
+/// columns `2 (l % 4) ..+ 2` of each, which is `b`'s layout.
 #[cube]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn b_from_rows<M: Float>(
     tile: &SharedMemory<M>,
     b: &mut Array<Pair<M>>,
     first_row: usize,
     first_col: usize,
+    scratch: &mut SharedMemory<f32>,
+    plane_at: usize,
     lane: usize,
     #[comptime] stride: usize,
+    #[comptime] matrix_units: bool,
 ) {
-    #[unroll]
-    for p in 0..B_PAIRS {
-        let at = (first_row + lane / 4) * stride + first_col + b_row(lane, 2 * p);
-        let mut pair = Pair::<M>::empty();
-        pair[0] = tile[at];
-        pair[1] = tile[at + 1];
-        b[p] = pair;
-    }
+    // Lanes 0-15 give row `lane % 8` of matrix `lane / 8`; the others
+    // repeat them.
+    let at = (first_row + lane % 8) * stride + first_col + 8 * ((lane / 8) % 2);
+    load_matrices::<M>(
+        tile,
+        b,
+        at,
+        scratch,
+        plane_at,
+        lane,
+        B_PAIRS,
+        false,
+        matrix_units,
+    );
 }
 
 /// Loads into `b` the right operand whose value `(k, n)` is `tile`'s
 /// `(first_row + k, first_col + n)`: 16 rows and 8 columns of the
-/// row-major `tile` as they lie (`v` from a value tile).
+/// row-major `tile` as they lie (`v` from a value tile). Two 8 x 8
+/// matrices (rows `0 ..` and `8 ..`, [`load_matrices`]) transposed: unit
+/// `l` gets column `l / 4`, rows `2 (l % 4) ..+ 2` of each, which is
+/// `b`'s layout.
 #[cube]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn b_from_columns<M: Float>(
     tile: &SharedMemory<M>,
     b: &mut Array<Pair<M>>,
     first_row: usize,
     first_col: usize,
+    scratch: &mut SharedMemory<f32>,
+    plane_at: usize,
     lane: usize,
     #[comptime] stride: usize,
+    #[comptime] matrix_units: bool,
 ) {
-    #[unroll]
-    for p in 0..B_PAIRS {
-        let at = (first_row + b_row(lane, 2 * p)) * stride + first_col + lane / 4;
-        let mut pair = Pair::<M>::empty();
-        pair[0] = tile[at];
-        pair[1] = tile[at + stride];
-        b[p] = pair;
+    let at = (first_row + 8 * ((lane / 8) % 2) + lane % 8) * stride + first_col;
+    load_matrices::<M>(
+        tile,
+        b,
+        at,
+        scratch,
+        plane_at,
+        lane,
+        B_PAIRS,
+        true,
+        matrix_units,
+    );
+}
+
+/// PTX's `ldmatrix` of `count` (2 or 4) 8 x 8 matrices of 16-bit values
+/// from `tile` into `regs`, one pair per matrix: row `r` of matrix `i`
+/// is the 8 values from where unit `8 i + r` of the plane says (`at`,
+/// 16 bytes aligned on the matrix units; the other units' `at` is not
+/// read, but must be inside `tile`). Unit `l` receives row `l / 4`,
+/// columns `2 (l % 4) ..+ 2` of each matrix, or with `transpose` column
+/// `l / 4`, rows `2 (l % 4) ..+ 2`.
+///
+/// On the matrix units one instruction. On plain units the same exchange
+/// through `scratch` from `plane_at` (each unit publishes `at`, exact in
+/// f32 below 2^24, and reads its values from the rows the others
+/// published), so the tests check every caller's addresses on lavapipe;
+/// it adds two cube barriers.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn load_matrices<M: Float>(
+    tile: &SharedMemory<M>,
+    regs: &mut Array<Pair<M>>,
+    at: usize,
+    scratch: &mut SharedMemory<f32>,
+    plane_at: usize,
+    lane: usize,
+    #[comptime] count: usize,
+    #[comptime] transpose: bool,
+    #[comptime] matrix_units: bool,
+) {
+    if matrix_units {
+        let definition = MmaDefinition::<M, M, f32>::new(MMA_ROWS, MMA_COLS, MMA_DEPTH);
+        let row = tile.slice(at, at + 8);
+        definition.load_matrix_inplace::<M, Const<2>>(&row, regs, MatrixIdent::A, count, transpose);
+    } else {
+        scratch[plane_at + lane] = f32::cast_from(at as u32);
+        sync_cube();
+        #[unroll]
+        for i in 0..count {
+            let mut pair = Pair::<M>::empty();
+            #[unroll]
+            for e in 0..2usize {
+                let (row, col) = if transpose {
+                    (2 * (lane % 4) + e, lane / 4)
+                } else {
+                    (lane / 4, 2 * (lane % 4) + e)
+                };
+                let row_at = u32::cast_from(scratch[plane_at + 8 * i + row]) as usize;
+                pair[e] = tile[row_at + col];
+            }
+            regs[i] = pair;
+        }
+        sync_cube();
     }
 }
 
@@ -347,7 +438,17 @@ pub(crate) fn products_with_rows<M: Float>(
         #[unroll(matrix_units)]
         for d in 0..depth_steps {
             copy_pairs::<M>(regs, d * A_PAIRS, &mut a, 0, A_PAIRS);
-            b_from_rows::<M>(tile, &mut b, j * MMA_COLS, d * MMA_DEPTH, lane, stride);
+            b_from_rows::<M>(
+                tile,
+                &mut b,
+                j * MMA_COLS,
+                d * MMA_DEPTH,
+                scratch,
+                plane_at,
+                lane,
+                stride,
+                matrix_units,
+            );
             mma::<M>(&a, &b, &mut c, scratch, plane_at, lane, matrix_units);
         }
         copy_pairs::<f32>(&c, 0, out, j * C_PAIRS, C_PAIRS);
@@ -381,7 +482,17 @@ pub(crate) fn accumulate_with_columns<M: Float>(
         #[unroll(matrix_units)]
         for s in 0..steps {
             copy_pairs::<M>(ops, s * A_PAIRS, &mut a, 0, A_PAIRS);
-            b_from_columns::<M>(tile, &mut b, s * MMA_DEPTH, n * MMA_COLS, lane, stride);
+            b_from_columns::<M>(
+                tile,
+                &mut b,
+                s * MMA_DEPTH,
+                n * MMA_COLS,
+                scratch,
+                plane_at,
+                lane,
+                stride,
+                matrix_units,
+            );
             mma::<M>(&a, &b, &mut c, scratch, plane_at, lane, matrix_units);
         }
         copy_pairs::<f32>(&c, 0, acc, n * C_PAIRS, C_PAIRS);

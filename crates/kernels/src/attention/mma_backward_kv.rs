@@ -5,12 +5,12 @@
 use cubecl::prelude::*;
 
 use super::cube_tile::{key_tile, KeyTile};
-use super::fragment::stage_row_pair;
 use super::mma::{
     a_from_tile, accumulate_with_columns, b_from_rows, c_col, copy_pairs, mma, store_accumulators,
     Pair, A_PAIRS, B_PAIRS, C_PAIRS, MMA_COLS, MMA_DEPTH, MMA_PLANE_SIZE, MMA_ROWS, MMA_SCRATCH,
 };
 use super::mma_forward::TILE_PAD;
+use super::stage::stage_row_pair;
 use super::tiles::{pair_score, visible};
 
 /// One cube per `16 * planes` key rows of one `(batch, kv_head)`, `planes`
@@ -185,19 +185,59 @@ pub(crate) fn attention_backward_kv_mma_kernel<F: Float, M: Float, N: Size>(
             }
             #[unroll(matrix_units)]
             for d in 0..depth_steps {
-                a_from_tile::<M>(&k_tile, &mut a, plane_keys, d * MMA_DEPTH, lane, stride);
+                a_from_tile::<M>(
+                    &k_tile,
+                    &mut a,
+                    plane_keys,
+                    d * MMA_DEPTH,
+                    &mut scratch,
+                    plane_at,
+                    lane,
+                    stride,
+                    matrix_units,
+                );
                 #[unroll(matrix_units)]
                 for j in 0..query_blocks {
                     copy_pairs::<f32>(&probs, j * C_PAIRS, &mut c, 0, C_PAIRS);
-                    b_from_rows::<M>(&q_tile, &mut b, j * MMA_COLS, d * MMA_DEPTH, lane, stride);
+                    b_from_rows::<M>(
+                        &q_tile,
+                        &mut b,
+                        j * MMA_COLS,
+                        d * MMA_DEPTH,
+                        &mut scratch,
+                        plane_at,
+                        lane,
+                        stride,
+                        matrix_units,
+                    );
                     mma::<M>(&a, &b, &mut c, &mut scratch, plane_at, lane, matrix_units);
                     copy_pairs::<f32>(&c, 0, &mut probs, j * C_PAIRS, C_PAIRS);
                 }
-                a_from_tile::<M>(&v_tile, &mut a, plane_keys, d * MMA_DEPTH, lane, stride);
+                a_from_tile::<M>(
+                    &v_tile,
+                    &mut a,
+                    plane_keys,
+                    d * MMA_DEPTH,
+                    &mut scratch,
+                    plane_at,
+                    lane,
+                    stride,
+                    matrix_units,
+                );
                 #[unroll(matrix_units)]
                 for j in 0..query_blocks {
                     copy_pairs::<f32>(&grads, j * C_PAIRS, &mut c, 0, C_PAIRS);
-                    b_from_rows::<M>(&do_tile, &mut b, j * MMA_COLS, d * MMA_DEPTH, lane, stride);
+                    b_from_rows::<M>(
+                        &do_tile,
+                        &mut b,
+                        j * MMA_COLS,
+                        d * MMA_DEPTH,
+                        &mut scratch,
+                        plane_at,
+                        lane,
+                        stride,
+                        matrix_units,
+                    );
                     mma::<M>(&a, &b, &mut c, &mut scratch, plane_at, lane, matrix_units);
                     copy_pairs::<f32>(&c, 0, &mut grads, j * C_PAIRS, C_PAIRS);
                 }

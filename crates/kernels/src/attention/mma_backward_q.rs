@@ -5,12 +5,12 @@
 use cubecl::prelude::*;
 
 use super::cube_tile::{query_tile, QueryTile};
-use super::fragment::stage_row_pair;
 use super::mma::{
     a_from_rows, accumulate_with_columns, c_col, products_with_rows, store_accumulators, Pair,
     A_PAIRS, C_PAIRS, MMA_COLS, MMA_DEPTH, MMA_PLANE_SIZE, MMA_ROWS, MMA_SCRATCH,
 };
 use super::mma_forward::TILE_PAD;
+use super::stage::stage_row_pair;
 use super::tiles::{pair_score, visible};
 
 /// One cube per `16 * planes` query rows of one `(batch, head)`, `planes`

@@ -10,12 +10,12 @@
 use cubecl::prelude::*;
 
 use super::cube_tile::{query_tile, QueryTile};
-use super::fragment::stage_row_pair;
 use super::mma::{
     a_from_rows, accumulate_with_columns, c_col, products_with_rows, quad_max, quad_sum,
     store_accumulators, Pair, A_PAIRS, C_PAIRS, MMA_COLS, MMA_DEPTH, MMA_PLANE_SIZE, MMA_ROWS,
     MMA_SCRATCH,
 };
+use super::stage::stage_row_pair;
 use super::tiles::{pair_score, visible, NEG_LARGE};
 
 /// Values each row of the key and value tiles is padded by: 16 bytes of a

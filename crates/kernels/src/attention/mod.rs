@@ -59,6 +59,7 @@ mod mma_backward_kv;
 mod mma_backward_q;
 mod mma_forward;
 mod shape;
+mod stage;
 mod tiled_backward_kv;
 mod tiled_backward_q;
 mod tiled_forward;

@@ -2,11 +2,13 @@
 //! architectures the sources are written for, as `cubecl-cuda` 0.10 sets
 //! them from the driver (`runtime.rs`), for the parts a kernel's choice or
 //! code depends on: the 32-unit planes, the shared memory a cube may opt
-//! into, the types, and the matrix instructions (`wmma` fragments and the
-//! manual `mma`).
+//! into, the types, and the matrix instructions (`wmma` fragments, the
+//! manual `mma` and `ldmatrix`).
 
 use cubecl::features::Plane;
-use cubecl::ir::{DeviceProperties, HardwareProperties, MemoryDeviceProperties, VectorSize};
+use cubecl::ir::{
+    DeviceProperties, ElemType, FloatKind, HardwareProperties, MemoryDeviceProperties, VectorSize,
+};
 use cubecl::profile::TimingMethod;
 use cubecl_cpp::cuda::arch::CudaArchitecture;
 use cubecl_cpp::cuda::mma::CudaWmmaCompiler;
@@ -112,6 +114,11 @@ impl CudaArch {
             CudaWmmaCompiler::supported_mma_combinations(&cuda),
             &mut properties,
         );
+        // `ldmatrix` of 16-bit values, as `cubecl-cuda` lists it from sm_75.
+        for kind in [FloatKind::F16, FloatKind::BF16] {
+            let ty = ElemType::Float(kind).into();
+            properties.features.matmul.ldmatrix.insert(ty);
+        }
         properties
     }
 
