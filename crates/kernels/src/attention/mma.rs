@@ -455,6 +455,59 @@ pub(crate) fn products_with_rows<M: Float>(
     }
 }
 
+/// Adds to `acc` (`blocks` accumulators) depth step `step` (columns `16
+/// step ..+ 16`) of the products of rows `first_row ..+ 16` of `a_tile`
+/// ([`a_from_tile`]) with rows `8 j ..+ 8` of `b_tile` read as columns
+/// ([`b_from_rows`]) for each block `j`: one step of `k q^T` or `v dO^T`
+/// from two tiles, the left operand loaded once for every block.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn add_step_with_rows<M: Float>(
+    a_tile: &SharedMemory<M>,
+    b_tile: &SharedMemory<M>,
+    acc: &mut Array<Pair<f32>>,
+    first_row: usize,
+    step: usize,
+    scratch: &mut SharedMemory<f32>,
+    plane_at: usize,
+    lane: usize,
+    #[comptime] blocks: usize,
+    #[comptime] stride: usize,
+    #[comptime] matrix_units: bool,
+) {
+    let mut a = Array::<Pair<M>>::new(A_PAIRS);
+    let mut b = Array::<Pair<M>>::new(B_PAIRS);
+    let mut c = Array::<Pair<f32>>::new(C_PAIRS);
+    a_from_tile::<M>(
+        a_tile,
+        &mut a,
+        first_row,
+        step * MMA_DEPTH,
+        scratch,
+        plane_at,
+        lane,
+        stride,
+        matrix_units,
+    );
+    #[unroll(matrix_units)]
+    for j in 0..blocks {
+        copy_pairs::<f32>(acc, j * C_PAIRS, &mut c, 0, C_PAIRS);
+        b_from_rows::<M>(
+            b_tile,
+            &mut b,
+            j * MMA_COLS,
+            step * MMA_DEPTH,
+            scratch,
+            plane_at,
+            lane,
+            stride,
+            matrix_units,
+        );
+        mma::<M>(&a, &b, &mut c, scratch, plane_at, lane, matrix_units);
+        copy_pairs::<f32>(&c, 0, acc, j * C_PAIRS, C_PAIRS);
+    }
+}
+
 /// `acc` (`blocks` accumulators: columns `8 n ..+ 8` of the plane's 16
 /// rows) plus the product of the left operands `ops` (`steps` of them, for
 /// rows `16 s ..+ 16` of `tile`) and those rows of `tile` as they lie

@@ -6,8 +6,8 @@ use cubecl::prelude::*;
 
 use super::cube_tile::{key_tile, KeyTile};
 use super::mma::{
-    a_from_tile, accumulate_with_columns, b_from_rows, c_col, copy_pairs, mma, store_accumulators,
-    Pair, A_PAIRS, B_PAIRS, C_PAIRS, MMA_COLS, MMA_DEPTH, MMA_PLANE_SIZE, MMA_ROWS, MMA_SCRATCH,
+    accumulate_with_columns, add_step_with_rows, c_col, store_accumulators, Pair, A_PAIRS, C_PAIRS,
+    MMA_COLS, MMA_DEPTH, MMA_PLANE_SIZE, MMA_ROWS, MMA_SCRATCH,
 };
 use super::mma_forward::TILE_PAD;
 use super::stage::stage_row_pair;
@@ -127,9 +127,6 @@ pub(crate) fn attention_backward_kv_mma_kernel<F: Float, M: Float, N: Size>(
     let mut grads = Array::<Pair<f32>>::new(comptime!(query_blocks * C_PAIRS));
     let mut p_ops = Array::<Pair<M>>::new(comptime!(query_steps * A_PAIRS));
     let mut ds_ops = Array::<Pair<M>>::new(comptime!(query_steps * A_PAIRS));
-    let mut a = Array::<Pair<M>>::new(A_PAIRS);
-    let mut b = Array::<Pair<M>>::new(B_PAIRS);
-    let mut c = Array::<Pair<f32>>::new(C_PAIRS);
 
     // With a causal mask, queries before the cube's first key see none of
     // its keys.
@@ -185,62 +182,32 @@ pub(crate) fn attention_backward_kv_mma_kernel<F: Float, M: Float, N: Size>(
             }
             #[unroll(matrix_units)]
             for d in 0..depth_steps {
-                a_from_tile::<M>(
+                add_step_with_rows::<M>(
                     &k_tile,
-                    &mut a,
+                    &q_tile,
+                    &mut probs,
                     plane_keys,
-                    d * MMA_DEPTH,
+                    d,
                     &mut scratch,
                     plane_at,
                     lane,
+                    query_blocks,
                     stride,
                     matrix_units,
                 );
-                #[unroll(matrix_units)]
-                for j in 0..query_blocks {
-                    copy_pairs::<f32>(&probs, j * C_PAIRS, &mut c, 0, C_PAIRS);
-                    b_from_rows::<M>(
-                        &q_tile,
-                        &mut b,
-                        j * MMA_COLS,
-                        d * MMA_DEPTH,
-                        &mut scratch,
-                        plane_at,
-                        lane,
-                        stride,
-                        matrix_units,
-                    );
-                    mma::<M>(&a, &b, &mut c, &mut scratch, plane_at, lane, matrix_units);
-                    copy_pairs::<f32>(&c, 0, &mut probs, j * C_PAIRS, C_PAIRS);
-                }
-                a_from_tile::<M>(
+                add_step_with_rows::<M>(
                     &v_tile,
-                    &mut a,
+                    &do_tile,
+                    &mut grads,
                     plane_keys,
-                    d * MMA_DEPTH,
+                    d,
                     &mut scratch,
                     plane_at,
                     lane,
+                    query_blocks,
                     stride,
                     matrix_units,
                 );
-                #[unroll(matrix_units)]
-                for j in 0..query_blocks {
-                    copy_pairs::<f32>(&grads, j * C_PAIRS, &mut c, 0, C_PAIRS);
-                    b_from_rows::<M>(
-                        &do_tile,
-                        &mut b,
-                        j * MMA_COLS,
-                        d * MMA_DEPTH,
-                        &mut scratch,
-                        plane_at,
-                        lane,
-                        stride,
-                        matrix_units,
-                    );
-                    mma::<M>(&a, &b, &mut c, &mut scratch, plane_at, lane, matrix_units);
-                    copy_pairs::<f32>(&c, 0, &mut grads, j * C_PAIRS, C_PAIRS);
-                }
             }
 
             #[unroll]
