@@ -190,6 +190,13 @@ pub(crate) fn attention_forward_mma_kernel<F: Float, M: Float, N: Size>(
             matrix_units,
         );
 
+        // Whether every score of the plane's rows in this tile is visible
+        // (then none is masked): keys and rows inside the sequence and,
+        // causal, the tile's last key not after the plane's first row.
+        let mut whole = first_key + keys <= seq && plane_first + MMA_ROWS <= seq;
+        if causal {
+            whole = whole && first_key + keys <= plane_first + 1;
+        }
         online_softmax(
             &mut scores,
             &mut row_max,
@@ -199,6 +206,7 @@ pub(crate) fn attention_forward_mma_kernel<F: Float, M: Float, N: Size>(
             row_top,
             first_key,
             seq,
+            whole,
             scale,
             slope,
             plane_at,
@@ -265,11 +273,11 @@ pub(crate) fn attention_forward_mma_kernel<F: Float, M: Float, N: Size>(
 /// Step 3 of [`attention_forward_mma_kernel`] for one unit: `scores` (its
 /// `key_blocks` accumulators, pair `2 j + h` holding row `row_top + 8 h`'s
 /// values at keys `first_key + 8 j + 2 (lane % 4) ..+ 2`) become scaled,
-/// biased, masked and exponentiated against the rows' new running maxima
-/// (`row_max`, over the unit's group of four); the rows' partial sums
-/// `row_sum` and output accumulators `out_acc` (pair `2 n + h`) are
-/// rescaled to the new maxima and the partial sums take the new
-/// probabilities.
+/// biased, masked (unless the plane's whole tile is visible, `whole`) and
+/// exponentiated against the rows' new running maxima (`row_max`, over
+/// the unit's group of four); the rows' partial sums `row_sum` and output
+/// accumulators `out_acc` (pair `2 n + h`) are rescaled to the new maxima
+/// and the partial sums take the new probabilities.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn online_softmax(
@@ -281,6 +289,7 @@ fn online_softmax(
     row_top: usize,
     first_key: usize,
     seq: usize,
+    whole: bool,
     scale: f32,
     slope: f32,
     plane_at: usize,
@@ -295,22 +304,43 @@ fn online_softmax(
     for h in 0..2usize {
         let row = row_top + 8 * h;
         let old_max = row_max[h];
+        // One branch for the plane (its rows share `whole`), so that the
+        // tiles without a masked score skip the per-score test.
         let mut top = old_max;
-        #[unroll(matrix_units)]
-        for j in 0..key_blocks {
-            let mut pair = scores[j * C_PAIRS + h];
-            #[unroll]
-            for e in 0..2usize {
-                let key = first_key + j * MMA_COLS + c_col(lane, e);
-                let score = select(
-                    visible(row, key, seq, causal),
-                    pair_score(pair[e], scale, slope, row, key, alibi),
-                    f32::new(NEG_LARGE),
-                );
-                pair[e] = score;
-                top = max(top, score);
-            }
-            scores[j * C_PAIRS + h] = pair;
+        if whole {
+            top = score_row(
+                scores,
+                h,
+                row,
+                first_key,
+                seq,
+                scale,
+                slope,
+                lane,
+                top,
+                key_blocks,
+                causal,
+                alibi,
+                false,
+                matrix_units,
+            );
+        } else {
+            top = score_row(
+                scores,
+                h,
+                row,
+                first_key,
+                seq,
+                scale,
+                slope,
+                lane,
+                top,
+                key_blocks,
+                causal,
+                alibi,
+                true,
+                matrix_units,
+            );
         }
         // Key 0 (in the first tile) is visible to every row below `seq`,
         // so such a row's maximum is a real score from then on and a
@@ -336,4 +366,44 @@ fn online_softmax(
             out_acc[n * C_PAIRS + h] = out_acc[n * C_PAIRS + h] * Pair::<f32>::new(rescale);
         }
     }
+}
+
+/// Row `row`'s scores of this unit (pairs `2 j + h` of `scores`) scaled
+/// and biased in place, and with `masked` masked ([`visible`]); returns
+/// their maximum and `top`'s.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn score_row(
+    scores: &mut Array<Pair<f32>>,
+    h: usize,
+    row: usize,
+    first_key: usize,
+    seq: usize,
+    scale: f32,
+    slope: f32,
+    lane: usize,
+    top: f32,
+    #[comptime] key_blocks: usize,
+    #[comptime] causal: bool,
+    #[comptime] alibi: bool,
+    #[comptime] masked: bool,
+    #[comptime] matrix_units: bool,
+) -> f32 {
+    let mut top = top;
+    #[unroll(matrix_units)]
+    for j in 0..key_blocks {
+        let mut pair = scores[j * C_PAIRS + h];
+        #[unroll]
+        for e in 0..2usize {
+            let key = first_key + j * MMA_COLS + c_col(lane, e);
+            let mut score = pair_score(pair[e], scale, slope, row, key, alibi);
+            if masked {
+                score = select(visible(row, key, seq, causal), score, f32::new(NEG_LARGE));
+            }
+            pair[e] = score;
+            top = max(top, score);
+        }
+        scores[j * C_PAIRS + h] = pair;
+    }
+    top
 }
