@@ -26,35 +26,13 @@ pub(crate) fn stage_rows<F: Float, M: Float, N: Size>(
     #[comptime] head_dim: usize,
     #[comptime] round_bf16: bool,
 ) {
-    stage_rows_strided::<F, M, N>(
-        src, tile, base, first_row, seq, unit, elems, units, head_dim, head_dim, round_bf16,
-    );
-}
-
-/// [`stage_rows`] with the tile's rows `stride` values apart (`stride >=
-/// head_dim`; the values between are not written).
-#[cube]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn stage_rows_strided<F: Float, M: Float, N: Size>(
-    src: &Array<Vector<F, N>>,
-    tile: &mut SharedMemory<M>,
-    base: usize,
-    first_row: usize,
-    seq: usize,
-    unit: usize,
-    #[comptime] elems: usize,
-    #[comptime] units: usize,
-    #[comptime] head_dim: usize,
-    #[comptime] stride: usize,
-    #[comptime] round_bf16: bool,
-) {
     let width = src.vector_size();
     let mut held = Array::<Vector<F, N>>::new(comptime!(held_vectors(elems, units, width)));
     load_rows::<F, N>(
         src, &mut held, base, first_row, seq, unit, elems, units, head_dim,
     );
     store_rows::<F, M, N>(
-        &held, tile, first_row, seq, unit, elems, units, head_dim, stride, round_bf16,
+        &held, tile, first_row, seq, unit, elems, units, head_dim, head_dim, round_bf16,
     );
 }
 
@@ -64,7 +42,7 @@ fn held_vectors(elems: usize, units: usize, width: usize) -> usize {
     (elems / width).div_ceil(units)
 }
 
-/// The first half of [`stage_rows_strided`]: this unit's vectors of the
+/// The first half of [`stage_rows`]: this unit's vectors of the
 /// rows from `first_row` (its `i`-th is vector `unit + i * units` of the
 /// tile) into `held`, every load issued before any value is used (no
 /// branch between them, so they are in flight together). A row past `seq`
@@ -93,7 +71,7 @@ fn load_rows<F: Float, N: Size>(
     }
 }
 
-/// The second half of [`stage_rows_strided`]: `held` ([`load_rows`]'s)
+/// The second half of [`stage_rows`]: `held` ([`load_rows`]'s)
 /// into `tile` as `M`, rows past `seq` as zeros. Only the last tile of a
 /// sequence has such rows, so the others are stored without a per-value
 /// choice between the value and zero (one branch, the same for the cube).
@@ -166,9 +144,9 @@ fn staged<F: Float, M: Float, N: Size>(
 
 /// Stages `elems / head_dim` rows from `first_row` of `a` and of `b` (each
 /// `[.., seq, head_dim]`, the rows of one head from `base`) into `a_tile`
-/// and `b_tile` as `M`, rows `stride` values apart, rows past `seq` as
-/// zeros, as [`stage_rows_strided`], both tiles' loads issued before
-/// either is stored.
+/// and `b_tile` as `M`, rows `stride` values apart (`stride >= head_dim`;
+/// the values between are not written), rows past `seq` as zeros, as
+/// [`stage_rows`], both tiles' loads issued before either is stored.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn stage_row_pair<F: Float, M: Float, N: Size>(
