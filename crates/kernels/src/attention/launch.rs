@@ -59,8 +59,8 @@ pub fn attention_forward<R: Runtime>(
 /// output accumulator are f32, the output rounded once to `dtype`; the
 /// log-sum-exp is f32.
 ///
-/// Errors when the shape is unsupported, a buffer size does not match it or
-/// the runtime cannot run `dtype`. The kernels run asynchronously; read the
+/// Errors when the shape is unsupported, a buffer size does not match it,
+/// the scale is not positive and finite or the runtime cannot run `dtype`. The kernels run asynchronously; read the
 /// outputs through `client`.
 pub fn attention_forward_typed<R: Runtime>(
     client: &ComputeClient<R>,
@@ -94,6 +94,7 @@ pub fn attention_forward_with<R: Runtime>(
     inputs.check(&shape, dtype)?;
     kernel.check(&shape, client.properties().hardware.max_shared_memory_size)?;
     kernel.check_units(client, dtype)?;
+    let scale = options.checked_scale(shape.head_dim)?;
     let query_tiles = grid_axis(client, shape.seq.div_ceil(kernel.rows_per_cube()), 0)?;
     let heads = grid_axis(client, shape.batch * shape.n_heads, 1)?;
     let cube_count = CubeCount::Static(query_tiles, heads, 1);
@@ -101,7 +102,6 @@ pub fn attention_forward_with<R: Runtime>(
     let out = client.empty(shape.q_elems() * dtype.size_bytes());
     let lse = client.empty(shape.rows() * size_of::<f32>());
     let (slopes, alibi) = slopes_arg(client, &inputs, &shape);
-    let scale = options.scale_for(shape.head_dim);
     // The fragment and the register kernel take the same arguments.
     macro_rules! launch_on_planes {
         ($kernel:ident, $f:ty, $m:ty, $planes:expr, $keys:expr, $round:expr, $units:expr) => {

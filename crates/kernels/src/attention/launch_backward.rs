@@ -73,8 +73,8 @@ pub fn attention_backward<R: Runtime>(
 /// f32 (as the forward wrote it); `delta` and every sum are f32, each
 /// gradient rounded once to `dtype`.
 ///
-/// Errors when the shape is unsupported, a buffer size does not match it or
-/// the runtime cannot run `dtype`.
+/// Errors when the shape is unsupported, a buffer size does not match it,
+/// the scale is not positive and finite or the runtime cannot run `dtype`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_backward_typed<R: Runtime>(
     client: &ComputeClient<R>,
@@ -115,6 +115,7 @@ pub fn attention_backward_with<R: Runtime>(
     d_out: &Handle,
 ) -> Result<AttentionGradients, AttentionError> {
     check_launch(client, kernel, dtype, shape, &inputs)?;
+    options.checked_scale(shape.head_dim)?;
     let size = dtype.size_bytes();
     check_buffer("out", out, shape.q_elems(), size)?;
     check_buffer("d_out", d_out, shape.q_elems(), size)?;
@@ -159,6 +160,7 @@ pub fn attention_backward_from_delta<R: Runtime>(
     d_out: &Handle,
 ) -> Result<AttentionGradients, AttentionError> {
     check_launch(client, kernel, dtype, shape, &inputs)?;
+    let scale = options.checked_scale(shape.head_dim)?;
     let size = dtype.size_bytes();
     check_buffer("lse", lse, shape.rows(), size_of::<f32>())?;
     check_buffer("delta", delta, shape.rows(), size_of::<f32>())?;
@@ -180,7 +182,7 @@ pub fn attention_backward_from_delta<R: Runtime>(
     let launch = Launch {
         client,
         shape,
-        scale: options.scale_for(shape.head_dim),
+        scale,
         causal: options.causal,
         inputs,
         d_out,

@@ -11,7 +11,7 @@ use super::mma::{
 };
 use super::mma_forward::TILE_PAD;
 use super::stage::stage_row_pair;
-use super::tiles::{pair_score, visible};
+use super::tiles::{fast_exp, pair_score, visible};
 
 /// One cube per `16 * planes` key rows of one `(batch, kv_head)`, `planes`
 /// planes of 32 units; plane `p` owns key rows `16 p .. 16 p + 16` of the
@@ -222,7 +222,7 @@ pub(crate) fn attention_backward_kv_mma_kernel<F: Float, M: Float, N: Size>(
                         let r = j * MMA_COLS + c_col(lane, e);
                         let query = first_query + r;
                         let score = pair_score(s[e], scale, slope, query, key, alibi);
-                        let p = f32::exp(score - lse_tile[r]);
+                        let p = fast_exp(score - lse_tile[r]);
                         let ds = p * (dp[e] - delta_tile[r]);
                         let seen = visible(query, key, seq, causal);
                         s[e] = select(seen, p, 0.0f32);

@@ -11,7 +11,7 @@ use super::mma::{
 };
 use super::mma_forward::TILE_PAD;
 use super::stage::stage_row_pair;
-use super::tiles::{pair_score, visible};
+use super::tiles::{fast_exp, pair_score, visible};
 
 /// One cube per `16 * planes` query rows of one `(batch, head)`, `planes`
 /// planes of 32 units; plane `p` owns query rows `16 p .. 16 p + 16` of the
@@ -200,7 +200,7 @@ pub(crate) fn attention_backward_q_mma_kernel<F: Float, M: Float, N: Size>(
                 for e in 0..2usize {
                     let key = first_key + j * MMA_COLS + c_col(lane, e);
                     let score = pair_score(s[e], scale, slope, query, key, alibi);
-                    let p = f32::exp(score - row_lse[h]);
+                    let p = fast_exp(score - row_lse[h]);
                     let ds = p * (dp[e] - row_delta[h]);
                     s[e] = select(visible(query, key, seq, causal), ds, 0.0f32);
                 }

@@ -16,7 +16,7 @@ use super::mma::{
     MMA_SCRATCH,
 };
 use super::stage::stage_row_pair;
-use super::tiles::{pair_score, visible, NEG_LARGE};
+use super::tiles::{fast_exp, pair_score, visible, NEG_LARGE};
 
 /// Values each row of the key and value tiles is padded by: 16 bytes of a
 /// 16-bit type, so that the rows one operand load reads (8 rows, 4
@@ -272,12 +272,20 @@ pub(crate) fn attention_forward_mma_kernel<F: Float, M: Float, N: Size>(
 
 /// Step 3 of [`attention_forward_mma_kernel`] for one unit: `scores` (its
 /// `key_blocks` accumulators, pair `2 j + h` holding row `row_top + 8 h`'s
-/// values at keys `first_key + 8 j + 2 (lane % 4) ..+ 2`) become scaled,
-/// biased, masked (unless the plane's whole tile is visible, `whole`) and
-/// exponentiated against the rows' new running maxima (`row_max`, over
-/// the unit's group of four); the rows' partial sums `row_sum` and output
-/// accumulators `out_acc` (pair `2 n + h`) are rescaled to the new maxima
-/// and the partial sums take the new probabilities.
+/// products `q . k` at keys `first_key + 8 j + 2 (lane % 4) ..+ 2`) become
+/// probabilities: masked (unless the plane's whole tile is visible,
+/// `whole`) and exponentiated against the rows' new running maxima
+/// (`row_max`, of scaled and biased scores, over the unit's group of four);
+/// the rows' partial sums `row_sum` and output accumulators `out_acc`
+/// (pair `2 n + h`) are rescaled to the new maxima and the partial sums
+/// take the new probabilities.
+///
+/// Without ALiBi the scores stay unscaled until the exponent, `exp(scale
+/// * s - max)`, one fused multiply-add (`scale` is positive, so the
+/// largest unscaled score times `scale` is the largest scaled one); with
+/// ALiBi they are scaled and biased first. The exponential is
+/// [`fast_exp`]: its inputs are rounded to `M` as the next product's
+/// operands.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn online_softmax(
@@ -300,15 +308,20 @@ fn online_softmax(
     #[comptime] alibi: bool,
     #[comptime] matrix_units: bool,
 ) {
+    // What multiplies a score in the exponent: `scale`, or 1 where the
+    // scores were scaled in place (ALiBi).
+    let mut exponent_scale = scale;
+    if alibi {
+        exponent_scale = 1.0f32;
+    }
     #[unroll]
     for h in 0..2usize {
         let row = row_top + 8 * h;
         let old_max = row_max[h];
         // One branch for the plane (its rows share `whole`), so that the
         // tiles without a masked score skip the per-score test.
-        let mut top = old_max;
-        if whole {
-            top = score_row(
+        let top = if whole {
+            score_row(
                 scores,
                 h,
                 row,
@@ -317,15 +330,14 @@ fn online_softmax(
                 scale,
                 slope,
                 lane,
-                top,
                 key_blocks,
                 causal,
                 alibi,
                 false,
                 matrix_units,
-            );
+            )
         } else {
-            top = score_row(
+            score_row(
                 scores,
                 h,
                 row,
@@ -334,19 +346,19 @@ fn online_softmax(
                 scale,
                 slope,
                 lane,
-                top,
                 key_blocks,
                 causal,
                 alibi,
                 true,
                 matrix_units,
-            );
-        }
+            )
+        };
         // Key 0 (in the first tile) is visible to every row below `seq`,
         // so such a row's maximum is a real score from then on and a
         // masked score's probability is exactly 0.
-        let new_max = quad_max(top, scratch, plane_at, lane, matrix_units);
-        let rescale = f32::exp(old_max - new_max);
+        let tile_max = quad_max(top, scratch, plane_at, lane, matrix_units) * exponent_scale;
+        let new_max = max(old_max, tile_max);
+        let rescale = fast_exp(old_max - new_max);
         row_max[h] = new_max;
         let mut sum = 0.0f32;
         #[unroll(matrix_units)]
@@ -354,7 +366,7 @@ fn online_softmax(
             let mut pair = scores[j * C_PAIRS + h];
             #[unroll]
             for e in 0..2usize {
-                let p = f32::exp(pair[e] - new_max);
+                let p = fast_exp(pair[e] * exponent_scale - new_max);
                 pair[e] = p;
                 sum += p;
             }
@@ -368,9 +380,9 @@ fn online_softmax(
     }
 }
 
-/// Row `row`'s scores of this unit (pairs `2 j + h` of `scores`) scaled
-/// and biased in place, and with `masked` masked ([`visible`]); returns
-/// their maximum and `top`'s.
+/// Row `row`'s scores of this unit (pairs `2 j + h` of `scores`): with
+/// `alibi` scaled and biased in place, else left as they are; with
+/// `masked` masked to [`NEG_LARGE`] ([`visible`]); returns their maximum.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn score_row(
@@ -382,21 +394,23 @@ fn score_row(
     scale: f32,
     slope: f32,
     lane: usize,
-    top: f32,
     #[comptime] key_blocks: usize,
     #[comptime] causal: bool,
     #[comptime] alibi: bool,
     #[comptime] masked: bool,
     #[comptime] matrix_units: bool,
 ) -> f32 {
-    let mut top = top;
+    let mut top = f32::new(NEG_LARGE);
     #[unroll(matrix_units)]
     for j in 0..key_blocks {
         let mut pair = scores[j * C_PAIRS + h];
         #[unroll]
         for e in 0..2usize {
             let key = first_key + j * MMA_COLS + c_col(lane, e);
-            let mut score = pair_score(pair[e], scale, slope, row, key, alibi);
+            let mut score = pair[e];
+            if alibi {
+                score = pair_score(score, scale, slope, row, key, true);
+            }
             if masked {
                 score = select(visible(row, key, seq, causal), score, f32::new(NEG_LARGE));
             }

@@ -75,7 +75,9 @@ pub use launch_backward::{
     attention_backward, attention_backward_from_delta, attention_backward_typed,
     attention_backward_with, AttentionGradients,
 };
-pub use shape::{AttentionError, AttentionInputs, AttentionOptions, AttentionShape, MatrixUnits};
+pub use shape::{
+    AttentionError, AttentionInputs, AttentionOptions, AttentionShape, MatrixUnits, SCALE_RANGE,
+};
 pub use tiled_backward_kv::BACKWARD_TILES;
 pub use tiled_forward::TILE_SIZES;
 pub use tiles::MAX_HEAD_DIM;

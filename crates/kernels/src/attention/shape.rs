@@ -88,8 +88,8 @@ impl AttentionShape {
 pub struct AttentionOptions {
     /// Mask key `j` for query `i` when `j > i`.
     pub causal: bool,
-    /// Multiplier of `q . k` before the softmax; `None` means
-    /// `1 / sqrt(head_dim)`.
+    /// Multiplier of `q . k` before the softmax, in [`SCALE_RANGE`];
+    /// `None` means `1 / sqrt(head_dim)`.
     pub scale: Option<f32>,
     /// Which kernels run the products on the matrix units (tensor cores)
     /// where the device runs them for the call's type and head dimension;
@@ -115,10 +115,30 @@ pub enum MatrixUnits {
     Registers,
 }
 
+/// The softmax scales the kernels take. Positive, because the register
+/// forward takes the largest unscaled score for the largest scaled one;
+/// bounded, because it masks a score by giving it the finite value
+/// `-1e30` before scaling it: scaled, that stays finite (below `1e8`)
+/// and its exponential 0 (above `1e-20`). Softmax scales in use are
+/// about `1 / sqrt(head_dim)`, 0.06 to 1.
+pub const SCALE_RANGE: std::ops::RangeInclusive<f32> = 1e-20..=1e8;
+
 impl AttentionOptions {
     /// The softmax scale used for `head_dim`.
     pub fn scale_for(&self, head_dim: usize) -> f32 {
         self.scale.unwrap_or(1.0 / (head_dim as f32).sqrt())
+    }
+
+    /// [`Self::scale_for`], checked to lie in [`SCALE_RANGE`].
+    pub fn checked_scale(&self, head_dim: usize) -> Result<f32, AttentionError> {
+        let scale = self.scale_for(head_dim);
+        if SCALE_RANGE.contains(&scale) {
+            Ok(scale)
+        } else {
+            Err(AttentionError::Scale {
+                scale: scale.to_string(),
+            })
+        }
     }
 }
 
@@ -169,6 +189,16 @@ pub enum AttentionError {
     TooLarge {
         /// Elements of the largest buffer.
         elems: usize,
+    },
+    /// A softmax scale outside [`SCALE_RANGE`].
+    #[error(
+        "attention: the softmax scale must lie in {min:e} ..= {max:e}, not {scale}",
+        min = SCALE_RANGE.start(),
+        max = SCALE_RANGE.end()
+    )]
+    Scale {
+        /// The scale asked for, as printed.
+        scale: String,
     },
     /// The runtime cannot run the kernels on this element type.
     #[error("attention: {message}")]

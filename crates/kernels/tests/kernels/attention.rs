@@ -28,8 +28,9 @@ use attention_support::reference::Problem;
 use common::{client, download, upload, Rng, R};
 use cubecl::prelude::*;
 use ferrotron_kernels::attention::{
-    attention_backward_with, attention_forward, attention_forward_with, AttentionError,
-    AttentionInputs, AttentionKernel, AttentionOptions, AttentionShape, MatrixUnits,
+    attention_backward_with, attention_forward, attention_forward_with, AttentionBackwardKernel,
+    AttentionError, AttentionInputs, AttentionKernel, AttentionOptions, AttentionShape,
+    MatrixUnits,
 };
 use ferrotron_kernels::FloatDtype;
 
@@ -503,6 +504,33 @@ fn launchers_reject_bad_shapes_and_buffers() {
             ..
         })
     ));
+    // A softmax scale must lie in SCALE_RANGE, in both passes.
+    for scale in [0.0, -0.125, 1e-21, 2e8, f32::NAN, f32::INFINITY] {
+        let bad = AttentionOptions {
+            scale: Some(scale),
+            ..options
+        };
+        let refused = AttentionError::Scale {
+            scale: scale.to_string(),
+        };
+        assert_eq!(
+            attention_forward(&client, s, bad, inputs).unwrap_err(),
+            refused
+        );
+        let err = attention_backward_with(
+            &client,
+            AttentionBackwardKernel::Row,
+            FloatDtype::F32,
+            s,
+            bad,
+            inputs,
+            &reference.out,
+            &reference.lse,
+            &q,
+        )
+        .unwrap_err();
+        assert_eq!(err, refused);
+    }
 }
 
 /// `AttentionOptions::matrix_units` (`backend.attention_kernel =
@@ -513,7 +541,6 @@ fn launchers_reject_bad_shapes_and_buffers() {
 /// elsewhere and when not asked.
 #[test]
 fn matrix_units_are_taken_where_they_run_when_asked_for() {
-    use ferrotron_kernels::attention::AttentionBackwardKernel;
     let client = client();
     let max_shared = client.properties().hardware.max_shared_memory_size;
     let ask = |matrix_units| AttentionOptions {
