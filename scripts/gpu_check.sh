@@ -38,11 +38,15 @@
 #            the PATH.
 #   kernels  `bench kernels` attention at head dim 128, seq 1024-8192: the
 #            row and tiled kernels (attention, attention_tiled), then the
-#            fragment forward and backward on the matrix units
-#            (attention_cmma_bf16, phase kernels-cmma), then the register
-#            forward and backward on the mma instruction
+#            PyTorch's F.scaled_dot_product_attention on the same shapes
+#            in bf16 with FlashAttention-2 (torch-attention:
+#            scripts/bench_torch_attention.py, where TORCH_PYTHON imports
+#            torch), then the fragment forward and backward on the matrix
+#            units (attention_cmma_bf16, phase kernels-cmma), then the
+#            register forward and backward on the mma instruction
 #            (attention_mma_bf16, kernels-mma), both without the reference
-#            (--no-reference: the first two phases measured it); one
+#            (--no-reference: the first two phases measured it) and with
+#            torch-attention's times beside them (--torch); one
 #            register forward + backward at seq 4096 under Nsight Compute
 #            (profile-kernels-mma: per attention kernel launch its time,
 #            occupancy and warp stalls, where ncu is on the PATH); then
@@ -81,8 +85,8 @@
 # --dry-run runs every group on this machine's CPU: `train` and `bench
 # train` on flex with tiny shapes, `bench kernels --quick` on flex (and, when
 # DRY_WGPU=1, SwiGLU on wgpu, so that a CubeCL runtime reads cubecl.toml),
-# torch on the CPU (fp32) when TORCH_PYTHON (default python3) imports
-# torch, `bench comm --backend flex` on host memory when
+# torch on the CPU (bench_torch.py fp32, bench_torch_attention.py bf16)
+# when TORCH_PYTHON (default python3) imports torch, `bench comm --backend flex` on host memory when
 # FERROTRON_NCCL_LIBRARY names the NCCL test double (built with the `mpi`
 # feature), and a check that the watchdog reports a quiet phase. Its numbers
 # are no benchmark. crates/cli/tests/cli/gpu_check.rs runs it.

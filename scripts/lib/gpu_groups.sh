@@ -174,10 +174,22 @@ group_kernels() {
     # The matrix-unit kernels alone: kernels-attention has measured the
     # reference, whose first run at each shape autotunes Burn's matmuls
     # (about 40 s per shape on the H200, 2026-11-28).
+    # PyTorch's F.scaled_dot_product_attention on the same shapes (bf16;
+    # FlashAttention-2 on a GPU, PyTorch's pick in the dry run), set
+    # beside the matrix-unit kernels' rows.
+    local torch=() torch_args=(--device "$device" --head-dim 128 "${all[@]}")
+    [ "$DRY" = 1 ] && torch_args=(--device "$device" --backend default --head-dim 128 --quick)
+    if ! "$TORCH_PYTHON" -c 'import torch' 2>/dev/null; then
+        skip_phase torch-attention "$TORCH_PYTHON cannot import torch"
+    else
+        run_phase torch-attention 120 "$TORCH_PYTHON" "$here/bench_torch_attention.py" \
+            "${torch_args[@]}" --json "$GROUP_DIR/torch-attention.json"
+        [ -f "$GROUP_DIR/torch-attention.json" ] && torch=(--torch "$GROUP_DIR/torch-attention.json")
+    fi
     run_phase kernels-cmma 150 "$F" "${k[@]}" "${all[@]}" --only attention_cmma_bf16 \
-        --no-reference --json "$GROUP_DIR/kernels-cmma.json"
+        --no-reference "${torch[@]}" --json "$GROUP_DIR/kernels-cmma.json"
     run_phase kernels-mma 150 "$F" "${k[@]}" "${all[@]}" --only attention_mma_bf16 \
-        --no-reference --json "$GROUP_DIR/kernels-mma.json"
+        --no-reference "${torch[@]}" --json "$GROUP_DIR/kernels-mma.json"
     # One register forward + backward at seq 4096, kernel by kernel: GPU
     # time (bench kernels' fwd ms is a wall time), occupancy and stalls.
     profile_phase profile-kernels-mma stalls bench kernels --backends "$backend" --head-dim 128 \

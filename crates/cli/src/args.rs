@@ -317,6 +317,10 @@ pub struct KernelsBenchArgs {
     /// Timed runs per path and shape after the warm-up; the median is reported.
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
+    /// PyTorch's attention times (the JSON of scripts/bench_torch_attention.py): the
+    /// attention rows of the same shape and storage type gain them and the ratio.
+    #[arg(long, value_name = "FILE")]
+    pub torch: Option<PathBuf>,
     /// Also write the rows as JSON to FILE (atomically).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,

@@ -107,6 +107,18 @@ impl Case {
         }
     }
 
+    /// Storage type of the fused attention kernels' inputs and outputs
+    /// (`bf16` on the matrix units, else `f32`); `None` for the other ops.
+    pub fn attention_dtype(&self) -> Option<&'static str> {
+        match self {
+            Case::Attention { forward, .. } => Some(match forward {
+                AttentionPath::Row | AttentionPath::Tiled => "f32",
+                AttentionPath::CmmaBf16 | AttentionPath::MmaBf16 => "bf16",
+            }),
+            _ => None,
+        }
+    }
+
     /// The op whatever the fused kernel: `attention` for every attention
     /// kernel (they share the reference), else [`Case::kernel`].
     pub fn op(&self) -> &'static str {

@@ -10,6 +10,7 @@ use ferrotron_kernels::attention::MAX_HEAD_DIM;
 use super::cases::{sweep, Case, CMMA_KERNEL, MMA_KERNEL};
 use super::report::{self, Measured, Row};
 use super::target;
+use super::torch::TorchAttention;
 use crate::args::KernelsBenchArgs;
 use crate::error::usage;
 
@@ -61,6 +62,19 @@ pub fn run(args: KernelsBenchArgs) -> Result<()> {
         args.min_seq,
         args.max_seq
     );
+    let torch = args
+        .torch
+        .as_deref()
+        .map(TorchAttention::read)
+        .transpose()?;
+    if let (Some(t), Some(path)) = (&torch, &args.torch) {
+        eprintln!(
+            "bench: {}: PyTorch's attention ({}) in {}, beside the rows of that type",
+            path.display(),
+            t.backend,
+            t.dtype
+        );
+    }
     let targets = target::open(args.backends.as_deref())?;
     ensure!(
         !targets.is_empty(),
@@ -102,12 +116,16 @@ pub fn run(args: KernelsBenchArgs) -> Result<()> {
             if target.name() == "flex" {
                 cpu_reference_ms = reference.map(|r| r.ms);
             }
+            let torch_times = torch
+                .as_ref()
+                .and_then(|t| t.times(&case.to_string(), case.attention_dtype()?));
             rows.push(Row::new(
                 &case,
                 target.name(),
                 fused,
                 reference,
                 cpu_reference_ms,
+                torch_times,
                 note,
             ));
         }

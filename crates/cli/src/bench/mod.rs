@@ -22,6 +22,8 @@ mod reference;
 mod report;
 #[cfg(feature = "kernels-bench")]
 mod target;
+#[cfg(feature = "kernels-bench")]
+mod torch;
 pub mod train;
 
 use anyhow::Result;

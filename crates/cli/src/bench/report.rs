@@ -6,6 +6,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use super::cases::Case;
+use super::torch::TorchTimes;
 
 /// Median time and peak memory of one path at one shape.
 #[derive(Clone, Copy, Debug)]
@@ -52,6 +53,17 @@ pub struct Row {
     /// `fused_ms` over the reference's ms on `flex` at the same shape (when
     /// both ran): the fused kernels against the default CPU backend.
     pub time_ratio_vs_flex: Option<f64>,
+    /// PyTorch's attention forward + backward at the same shape and
+    /// storage type, median ms (`bench kernels --torch FILE`).
+    pub torch_ms: Option<f64>,
+    /// PyTorch's forward alone, median ms.
+    pub torch_forward_ms: Option<f64>,
+    /// PyTorch's backward alone, median ms.
+    pub torch_backward_ms: Option<f64>,
+    /// `fused_ms / torch_ms`.
+    pub time_ratio_vs_torch: Option<f64>,
+    /// `fused_forward_ms / torch_forward_ms`.
+    pub forward_ratio_vs_torch: Option<f64>,
     /// Fused peak memory, MiB.
     pub fused_peak_mib: Option<f64>,
     /// Reference peak memory, MiB.
@@ -69,13 +81,15 @@ fn mib(bytes: u64) -> f64 {
 impl Row {
     /// The row of `case` on `backend`; `reference` is `None` when skipped
     /// for `note`; `flex_reference_ms` is the reference's time on `flex` at
-    /// this shape, if it ran.
+    /// this shape, if it ran; `torch` PyTorch's at this shape and storage
+    /// type, if given.
     pub fn new(
         case: &Case,
         backend: &'static str,
         fused: Option<Measured>,
         reference: Option<Measured>,
         flex_reference_ms: Option<f64>,
+        torch: Option<TorchTimes>,
         note: Option<String>,
     ) -> Self {
         let ratio = |a: Option<f64>, b: Option<f64>| Some(a? / b?);
@@ -86,6 +100,8 @@ impl Row {
         let reference_ms = reference.map(|r| r.ms);
         let fused_peak_mib = fused.map(|f| mib(f.peak_bytes));
         let reference_peak_mib = reference.map(|r| mib(r.peak_bytes));
+        let torch_ms = torch.map(|t| t.ms);
+        let torch_forward_ms = torch.map(|t| t.forward_ms);
         Row {
             kernel: case.kernel(),
             shape: case.to_string(),
@@ -99,6 +115,11 @@ impl Row {
             fused_forward_tflops: tflops(case.forward_flops(), fused_forward_ms),
             fused_backward_tflops: tflops(case.backward_flops(), fused_backward_ms),
             time_ratio_vs_flex: ratio(fused_ms, flex_reference_ms),
+            torch_ms,
+            torch_forward_ms,
+            torch_backward_ms: torch.map(|t| t.backward_ms),
+            time_ratio_vs_torch: ratio(fused_ms, torch_ms),
+            forward_ratio_vs_torch: ratio(fused_forward_ms, torch_forward_ms),
             fused_peak_mib,
             reference_peak_mib,
             memory_ratio: ratio(fused_peak_mib, reference_peak_mib),
@@ -126,9 +147,13 @@ fn legend(warmup: usize, reps: usize) -> String {
          largest tiles that fit), `attention_mma_bf16` the register forward and backward \
          on the mma instruction (scores, probabilities and accumulators in registers), \
          all against the same f32 reference; fwd ms = the fused forward alone, bwd ms = each run's forward \
-         + backward minus its forward (medians); TFLOP/s by the \
+         + backward minus its forward (medians), each run after an untimed forward on the same \
+         inputs; TFLOP/s by the \
          FlashAttention-2 count (forward 4 * batch * heads * seq^2 * head_dim / 2 under the \
-         causal mask, backward 2.5 forwards)."
+         causal mask, backward 2.5 forwards). torch (with --torch FILE) = PyTorch's \
+         F.scaled_dot_product_attention as scripts/bench_torch_attention.py timed it at the \
+         same shape and storage type (FILE names its implementation), fused/torch = fused \
+         time over torch's."
     )
 }
 
@@ -151,6 +176,8 @@ pub fn table(rows: &[Row], warmup: usize, reps: usize) -> String {
         "bwd ms",
         "bwd TFLOP/s",
         "TFLOP/s",
+        "torch ms",
+        "fused/torch",
         "fused MiB",
         "ref MiB",
         "fused/ref",
@@ -170,6 +197,8 @@ pub fn table(rows: &[Row], warmup: usize, reps: usize) -> String {
             opt(r.fused_backward_ms, 1),
             opt(r.fused_backward_tflops, 4),
             opt(r.fused_tflops, 4),
+            opt(r.torch_ms, 1),
+            opt(r.time_ratio_vs_torch, 2),
             opt(r.fused_peak_mib, 1),
             opt(r.reference_peak_mib, 1),
             opt(r.memory_ratio, 2),

@@ -3,7 +3,9 @@
 //! `wgpu` row (fused and reference) with positive times and memory, and
 //! TFLOP/s for attention (built with `--features kernels-bench`); the cmma
 //! attention kernel runs only when named and says where it cannot;
-//! `--no-reference` leaves the reference out; a
+//! `--no-reference` leaves the reference out; `--torch` sets PyTorch's
+//! attention times beside the rows of their shape and type, and a file of
+//! another kind exits 2; a
 //! backend that is not compiled in is refused by name; without the feature
 //! the subcommand exits 2 naming the feature.
 
@@ -228,6 +230,111 @@ fn head_dim_sets_the_attention_shapes_and_an_odd_one_exits_2_writing_nothing() {
             "[1, 2, 128, 128]"
         ]
     );
+}
+
+/// Writes a file as scripts/bench_torch_attention.py does, in `dtype`,
+/// with one row: `[1, 2, 64, 64]` (bench kernels --quick's first attention
+/// shape) at 0.5 ms forward and 1.5 ms backward.
+#[cfg(feature = "kernels-bench")]
+fn torch_file(tag: &str, schema: &str, dtype: &str) -> PathBuf {
+    let path = json_path(tag);
+    let doc = serde_json::json!({
+        "schema": schema,
+        "device": "test",
+        "torch": "test",
+        "dtype": dtype,
+        "backend": "math",
+        "causal": true,
+        "warmup": 1,
+        "reps": 3,
+        "rows": [{
+            "shape": "[1, 2, 64, 64]",
+            "forward_ms": 0.5,
+            "backward_ms": 1.5,
+            "ms": 2.0,
+            "forward_tflops": 0.001,
+            "backward_tflops": 0.001,
+            "tflops": 0.001
+        }]
+    });
+    std::fs::write(&path, doc.to_string()).expect("write the torch file");
+    path
+}
+
+#[cfg(feature = "kernels-bench")]
+#[test]
+fn torch_times_stand_beside_the_attention_rows_of_their_shape_and_type() {
+    for (dtype, applies) in [("f32", true), ("bf16", false)] {
+        let torch = torch_file(
+            &format!("torch-{dtype}"),
+            "ferrotron-torch-attention/1",
+            dtype,
+        );
+        let json = json_path(&format!("with-torch-{dtype}"));
+        let out = deadline::output(&mut quick_bench(
+            &[
+                "--backends",
+                "wgpu",
+                "--only",
+                "attention",
+                "--no-reference",
+                "--torch",
+                torch.to_str().unwrap(),
+            ],
+            &json,
+        ));
+        let _ = std::fs::remove_file(&torch);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "bench failed: {stderr}");
+        let rows = take_rows(&json);
+        assert_eq!(rows.len(), 4, "row and tiled kernel at 64 and 128 tokens");
+        for row in rows {
+            let fused = row["fused_ms"].as_f64().expect("fused ms");
+            let fused_forward = row["fused_forward_ms"].as_f64().expect("fused fwd ms");
+            if applies && row["shape"] == "[1, 2, 64, 64]" {
+                assert_eq!(row["torch_ms"], 2.0, "{row}");
+                assert_eq!(row["torch_forward_ms"], 0.5, "{row}");
+                assert_eq!(row["torch_backward_ms"], 1.5, "{row}");
+                let ratio = row["time_ratio_vs_torch"].as_f64().expect("ratio");
+                assert!((ratio - fused / 2.0).abs() < 1e-12, "{row}");
+                let forward = row["forward_ratio_vs_torch"].as_f64().expect("fwd ratio");
+                assert!((forward - fused_forward / 0.5).abs() < 1e-12, "{row}");
+            } else {
+                // Another shape, or f32 kernels beside bf16 times.
+                for key in ["torch_ms", "time_ratio_vs_torch", "forward_ratio_vs_torch"] {
+                    assert!(row[key].is_null(), "{key}: {row}");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(feature = "kernels-bench")]
+#[test]
+fn a_torch_file_of_another_schema_exits_2_naming_it_and_writing_nothing() {
+    let torch = torch_file("torch-bad", "ferrotron-bench-train/1", "f32");
+    let json = json_path("with-bad-torch");
+    let out = deadline::output(&mut quick_bench(
+        &[
+            "--backends",
+            "flex",
+            "--only",
+            "attention",
+            "--torch",
+            torch.to_str().unwrap(),
+        ],
+        &json,
+    ));
+    let _ = std::fs::remove_file(&torch);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains(&format!("--torch {}", torch.display())),
+        "{stderr}"
+    );
+    assert!(stderr.contains("ferrotron-torch-attention/1"), "{stderr}");
+    assert!(!json.exists(), "nothing written");
 }
 
 #[cfg(feature = "kernels-bench")]

@@ -35,8 +35,8 @@ fn phases(out: &Path) -> Vec<[String; 5]> {
 
 /// The phases the dry run must have run, in order, and the ones it must
 /// skip with a reason (no kernel test binaries, no compute-sanitizer,
-/// bench_torch.py's bf16 only on cuda); torch's fp32 runs may be skipped
-/// where python3 has no torch.
+/// bench_torch.py's bf16 only on cuda); torch's fp32 runs and its
+/// attention may be skipped where python3 has no torch.
 fn expected_phases() -> Vec<(String, &'static str)> {
     let mut p: Vec<(String, &str)> = [
         ("env", "ok"),
@@ -78,14 +78,12 @@ fn expected_phases() -> Vec<(String, &'static str)> {
     p.push(("profile-c-bf16-mu".into(), "skipped"));
     p.push(("profile-c-bf16-mma".into(), "skipped"));
     if cfg!(feature = "kernels-bench") {
-        for name in [
-            "kernels-attention",
-            "kernels-attention-8192",
-            "kernels-cmma",
-            "kernels-mma",
-        ] {
-            p.push((name.into(), "ok"));
-        }
+        p.push(("kernels-attention".into(), "ok"));
+        p.push(("kernels-attention-8192".into(), "ok"));
+        // Skipped where python3 has no torch.
+        p.push(("torch-attention".into(), "ok|skipped"));
+        p.push(("kernels-cmma".into(), "ok"));
+        p.push(("kernels-mma".into(), "ok"));
         p.push(("profile-kernels-mma".into(), "skipped"));
         p.push(("kernels-wgpu".into(), "ok"));
     } else {
