@@ -144,6 +144,25 @@ pub(crate) fn mma<M: Float>(
     }
 }
 
+/// [`mma`] with the right operand at pairs `b_at ..` of `b` (one of the
+/// two that [`b_from_rows`] and [`b_from_columns`] load with `steps = 2`).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn mma_at<M: Float>(
+    a: &Array<Pair<M>>,
+    b: &Array<Pair<M>>,
+    b_at: usize,
+    c: &mut Array<Pair<f32>>,
+    scratch: &mut SharedMemory<f32>,
+    plane_at: usize,
+    lane: usize,
+    #[comptime] matrix_units: bool,
+) {
+    let mut operand = Array::<Pair<M>>::new(B_PAIRS);
+    copy_pairs::<M>(b, b_at, &mut operand, 0, B_PAIRS);
+    mma::<M>(a, &operand, c, scratch, plane_at, lane, matrix_units);
+}
+
 /// The largest of `value` over the four units of `lane`'s group (`lane /
 /// 4`: the units holding one accumulator row), on every one of them.
 #[cube]
@@ -234,11 +253,13 @@ pub(crate) fn a_from_tile<M: Float>(
     );
 }
 
-/// Loads into `b` the right operand whose value `(k, n)` is `tile`'s
-/// `(first_row + n, first_col + k)`: 8 rows of the row-major `tile` read
-/// as columns (`k^T` from a key tile). Two 8 x 8 matrices (depth `0 ..`
-/// and `8 ..`, [`load_matrices`]) as they lie: unit `l` gets row `l / 4`,
-/// columns `2 (l % 4) ..+ 2` of each, which is `b`'s layout.
+/// Loads into `b` `steps` (1 or 2) right operands, operand `h` (pairs
+/// `B_PAIRS h ..`) the one whose value `(k, n)` is `tile`'s `(first_row +
+/// n, first_col + 16 h + k)`: 8 rows of the row-major `tile` read as
+/// columns (`k^T` from a key tile), one or two depth steps. `2 steps` 8 x 8
+/// matrices (depth `0 ..`, `8 ..`, and `16 ..`, `24 ..`, [`load_matrices`])
+/// as they lie: unit `l` gets row `l / 4`, columns `2 (l % 4) ..+ 2` of
+/// each, which is `b`'s layout.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn b_from_rows<M: Float>(
@@ -250,11 +271,13 @@ pub(crate) fn b_from_rows<M: Float>(
     plane_at: usize,
     lane: usize,
     #[comptime] stride: usize,
+    #[comptime] steps: usize,
     #[comptime] matrix_units: bool,
 ) {
-    // Lanes 0-15 give row `lane % 8` of matrix `lane / 8`; the others
-    // repeat them.
-    let at = (first_row + lane % 8) * stride + first_col + 8 * ((lane / 8) % 2);
+    // Lane `l` gives row `l % 8` of matrix `l / 8`; with one step lanes
+    // 16-31 repeat lanes 0-15.
+    let matrices = comptime!(2 * steps);
+    let at = (first_row + lane % 8) * stride + first_col + 8 * ((lane / 8) % matrices);
     load_matrices::<M>(
         tile,
         b,
@@ -262,18 +285,19 @@ pub(crate) fn b_from_rows<M: Float>(
         scratch,
         plane_at,
         lane,
-        B_PAIRS,
+        comptime!(B_PAIRS * steps),
         false,
         matrix_units,
     );
 }
 
-/// Loads into `b` the right operand whose value `(k, n)` is `tile`'s
-/// `(first_row + k, first_col + n)`: 16 rows and 8 columns of the
-/// row-major `tile` as they lie (`v` from a value tile). Two 8 x 8
-/// matrices (rows `0 ..` and `8 ..`, [`load_matrices`]) transposed: unit
-/// `l` gets column `l / 4`, rows `2 (l % 4) ..+ 2` of each, which is
-/// `b`'s layout.
+/// Loads into `b` `steps` (1 or 2) right operands, operand `h` (pairs
+/// `B_PAIRS h ..`) the one whose value `(k, n)` is `tile`'s `(first_row +
+/// 16 h + k, first_col + n)`: 16 or 32 rows and 8 columns of the
+/// row-major `tile` as they lie (`v` from a value tile). `2 steps` 8 x 8
+/// matrices (rows `0 ..`, `8 ..`, and `16 ..`, `24 ..`,
+/// [`load_matrices`]) transposed: unit `l` gets column `l / 4`, rows `2 (l
+/// % 4) ..+ 2` of each, which is `b`'s layout.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn b_from_columns<M: Float>(
@@ -285,9 +309,11 @@ pub(crate) fn b_from_columns<M: Float>(
     plane_at: usize,
     lane: usize,
     #[comptime] stride: usize,
+    #[comptime] steps: usize,
     #[comptime] matrix_units: bool,
 ) {
-    let at = (first_row + 8 * ((lane / 8) % 2) + lane % 8) * stride + first_col;
+    let matrices = comptime!(2 * steps);
+    let at = (first_row + 8 * ((lane / 8) % matrices) + lane % 8) * stride + first_col;
     load_matrices::<M>(
         tile,
         b,
@@ -295,7 +321,7 @@ pub(crate) fn b_from_columns<M: Float>(
         scratch,
         plane_at,
         lane,
-        B_PAIRS,
+        comptime!(B_PAIRS * steps),
         true,
         matrix_units,
     );
@@ -411,7 +437,8 @@ pub(crate) fn copy_pairs<E: Float>(
 /// `out` pairs from `first_out`: for each block `j < blocks`, the product
 /// of the plane's 16 rows (`regs`, their left operands, `depth_steps` of
 /// them as [`a_from_rows`] loads them) and rows `8 j ..+ 8` of `tile` read
-/// as columns ([`b_from_rows`]): `16 x 8 blocks` scores such as `q k^T`.
+/// as columns ([`b_from_rows`], two depth steps per load, the odd one
+/// last): `16 x 8 blocks` scores such as `q k^T`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn products_with_rows<M: Float>(
@@ -427,7 +454,7 @@ pub(crate) fn products_with_rows<M: Float>(
     #[comptime] matrix_units: bool,
 ) {
     let mut a = Array::<Pair<M>>::new(A_PAIRS);
-    let mut b = Array::<Pair<M>>::new(B_PAIRS);
+    let mut b = Array::<Pair<M>>::new(comptime!(2 * B_PAIRS));
     let mut c = Array::<Pair<f32>>::new(C_PAIRS);
     #[unroll(matrix_units)]
     for j in 0..blocks {
@@ -435,9 +462,38 @@ pub(crate) fn products_with_rows<M: Float>(
         for p in 0..C_PAIRS {
             c[p] = Pair::<f32>::new(0.0f32);
         }
+        // Two depth steps per load, then the odd one.
         #[unroll(matrix_units)]
-        for d in 0..depth_steps {
-            copy_pairs::<M>(regs, d * A_PAIRS, &mut a, 0, A_PAIRS);
+        for d2 in 0..comptime!(depth_steps / 2) {
+            b_from_rows::<M>(
+                tile,
+                &mut b,
+                j * MMA_COLS,
+                d2 * 2 * MMA_DEPTH,
+                scratch,
+                plane_at,
+                lane,
+                stride,
+                2usize,
+                matrix_units,
+            );
+            #[unroll]
+            for h in 0..2usize {
+                copy_pairs::<M>(regs, (2 * d2 + h) * A_PAIRS, &mut a, 0, A_PAIRS);
+                mma_at::<M>(
+                    &a,
+                    &b,
+                    h * B_PAIRS,
+                    &mut c,
+                    scratch,
+                    plane_at,
+                    lane,
+                    matrix_units,
+                );
+            }
+        }
+        if comptime!(depth_steps % 2 == 1) {
+            let d = comptime!(depth_steps - 1);
             b_from_rows::<M>(
                 tile,
                 &mut b,
@@ -447,9 +503,11 @@ pub(crate) fn products_with_rows<M: Float>(
                 plane_at,
                 lane,
                 stride,
+                1usize,
                 matrix_units,
             );
-            mma::<M>(&a, &b, &mut c, scratch, plane_at, lane, matrix_units);
+            copy_pairs::<M>(regs, d * A_PAIRS, &mut a, 0, A_PAIRS);
+            mma_at::<M>(&a, &b, 0, &mut c, scratch, plane_at, lane, matrix_units);
         }
         copy_pairs::<f32>(&c, 0, out, j * C_PAIRS, C_PAIRS);
     }
@@ -501,6 +559,7 @@ pub(crate) fn add_step_with_rows<M: Float>(
             plane_at,
             lane,
             stride,
+            1usize,
             matrix_units,
         );
         mma::<M>(&a, &b, &mut c, scratch, plane_at, lane, matrix_units);
@@ -511,7 +570,9 @@ pub(crate) fn add_step_with_rows<M: Float>(
 /// `acc` (`blocks` accumulators: columns `8 n ..+ 8` of the plane's 16
 /// rows) plus the product of the left operands `ops` (`steps` of them, for
 /// rows `16 s ..+ 16` of `tile`) and those rows of `tile` as they lie
-/// ([`b_from_columns`]): `p v` and the gradients' sums.
+/// ([`b_from_columns`], `per_load` steps (1 or 2) per load, the odd one
+/// last): `p v` and the gradients' sums. Two steps per load halve the
+/// `ldmatrix` instructions and hold two more registers.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn accumulate_with_columns<M: Float>(
@@ -524,17 +585,46 @@ pub(crate) fn accumulate_with_columns<M: Float>(
     #[comptime] blocks: usize,
     #[comptime] steps: usize,
     #[comptime] stride: usize,
+    #[comptime] per_load: usize,
     #[comptime] matrix_units: bool,
 ) {
     let mut a = Array::<Pair<M>>::new(A_PAIRS);
-    let mut b = Array::<Pair<M>>::new(B_PAIRS);
+    let mut b = Array::<Pair<M>>::new(comptime!(per_load * B_PAIRS));
     let mut c = Array::<Pair<f32>>::new(C_PAIRS);
     #[unroll(matrix_units)]
     for n in 0..blocks {
         copy_pairs::<f32>(acc, n * C_PAIRS, &mut c, 0, C_PAIRS);
         #[unroll(matrix_units)]
-        for s in 0..steps {
-            copy_pairs::<M>(ops, s * A_PAIRS, &mut a, 0, A_PAIRS);
+        for load in 0..comptime!(steps / per_load) {
+            b_from_columns::<M>(
+                tile,
+                &mut b,
+                load * per_load * MMA_DEPTH,
+                n * MMA_COLS,
+                scratch,
+                plane_at,
+                lane,
+                stride,
+                per_load,
+                matrix_units,
+            );
+            #[unroll]
+            for h in 0..per_load {
+                copy_pairs::<M>(ops, (load * per_load + h) * A_PAIRS, &mut a, 0, A_PAIRS);
+                mma_at::<M>(
+                    &a,
+                    &b,
+                    h * B_PAIRS,
+                    &mut c,
+                    scratch,
+                    plane_at,
+                    lane,
+                    matrix_units,
+                );
+            }
+        }
+        if comptime!(steps % per_load == 1) {
+            let s = comptime!(steps - 1);
             b_from_columns::<M>(
                 tile,
                 &mut b,
@@ -544,9 +634,11 @@ pub(crate) fn accumulate_with_columns<M: Float>(
                 plane_at,
                 lane,
                 stride,
+                1usize,
                 matrix_units,
             );
-            mma::<M>(&a, &b, &mut c, scratch, plane_at, lane, matrix_units);
+            copy_pairs::<M>(ops, s * A_PAIRS, &mut a, 0, A_PAIRS);
+            mma_at::<M>(&a, &b, 0, &mut c, scratch, plane_at, lane, matrix_units);
         }
         copy_pairs::<f32>(&c, 0, acc, n * C_PAIRS, C_PAIRS);
     }

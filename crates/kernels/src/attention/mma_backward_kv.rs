@@ -251,6 +251,7 @@ pub(crate) fn attention_backward_kv_mma_kernel<F: Float, M: Float, N: Size>(
                 dim_blocks,
                 query_steps,
                 stride,
+                1usize,
                 matrix_units,
             );
             accumulate_with_columns::<M>(
@@ -263,6 +264,7 @@ pub(crate) fn attention_backward_kv_mma_kernel<F: Float, M: Float, N: Size>(
                 dim_blocks,
                 query_steps,
                 stride,
+                1usize,
                 matrix_units,
             );
             first_query += queries;

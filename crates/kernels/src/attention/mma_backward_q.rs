@@ -225,6 +225,7 @@ pub(crate) fn attention_backward_q_mma_kernel<F: Float, M: Float, N: Size>(
             dim_blocks,
             key_steps,
             stride,
+            2usize,
             matrix_units,
         );
         first_key += keys;
