@@ -144,12 +144,14 @@ pub(crate) fn mma<M: Float>(
     }
 }
 
-/// [`mma`] with the right operand at pairs `b_at ..` of `b` (one of the
-/// two that [`b_from_rows`] and [`b_from_columns`] load with `steps = 2`).
+/// [`mma`] with the left operand at pairs `a_at ..` of `ops` and the right
+/// one at pairs `b_at ..` of `b` (one of the two that [`b_from_rows`] and
+/// [`b_from_columns`] load with `steps = 2`).
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn mma_at<M: Float>(
-    a: &Array<Pair<M>>,
+fn mma_from<M: Float>(
+    ops: &Array<Pair<M>>,
+    a_at: usize,
     b: &Array<Pair<M>>,
     b_at: usize,
     c: &mut Array<Pair<f32>>,
@@ -158,9 +160,11 @@ fn mma_at<M: Float>(
     lane: usize,
     #[comptime] matrix_units: bool,
 ) {
+    let mut a = Array::<Pair<M>>::new(A_PAIRS);
     let mut operand = Array::<Pair<M>>::new(B_PAIRS);
+    copy_pairs::<M>(ops, a_at, &mut a, 0, A_PAIRS);
     copy_pairs::<M>(b, b_at, &mut operand, 0, B_PAIRS);
-    mma::<M>(a, &operand, c, scratch, plane_at, lane, matrix_units);
+    mma::<M>(&a, &operand, c, scratch, plane_at, lane, matrix_units);
 }
 
 /// The largest of `value` over the four units of `lane`'s group (`lane /
@@ -453,7 +457,6 @@ pub(crate) fn products_with_rows<M: Float>(
     #[comptime] stride: usize,
     #[comptime] matrix_units: bool,
 ) {
-    let mut a = Array::<Pair<M>>::new(A_PAIRS);
     let mut b = Array::<Pair<M>>::new(comptime!(2 * B_PAIRS));
     let mut c = Array::<Pair<f32>>::new(C_PAIRS);
     #[unroll(matrix_units)]
@@ -479,9 +482,9 @@ pub(crate) fn products_with_rows<M: Float>(
             );
             #[unroll]
             for h in 0..2usize {
-                copy_pairs::<M>(regs, (2 * d2 + h) * A_PAIRS, &mut a, 0, A_PAIRS);
-                mma_at::<M>(
-                    &a,
+                mma_from::<M>(
+                    regs,
+                    (2 * d2 + h) * A_PAIRS,
                     &b,
                     h * B_PAIRS,
                     &mut c,
@@ -506,8 +509,17 @@ pub(crate) fn products_with_rows<M: Float>(
                 1usize,
                 matrix_units,
             );
-            copy_pairs::<M>(regs, d * A_PAIRS, &mut a, 0, A_PAIRS);
-            mma_at::<M>(&a, &b, 0, &mut c, scratch, plane_at, lane, matrix_units);
+            mma_from::<M>(
+                regs,
+                d * A_PAIRS,
+                &b,
+                0,
+                &mut c,
+                scratch,
+                plane_at,
+                lane,
+                matrix_units,
+            );
         }
         copy_pairs::<f32>(&c, 0, out, j * C_PAIRS, C_PAIRS);
     }
@@ -588,7 +600,6 @@ pub(crate) fn accumulate_with_columns<M: Float>(
     #[comptime] per_load: usize,
     #[comptime] matrix_units: bool,
 ) {
-    let mut a = Array::<Pair<M>>::new(A_PAIRS);
     let mut b = Array::<Pair<M>>::new(comptime!(per_load * B_PAIRS));
     let mut c = Array::<Pair<f32>>::new(C_PAIRS);
     #[unroll(matrix_units)]
@@ -610,9 +621,9 @@ pub(crate) fn accumulate_with_columns<M: Float>(
             );
             #[unroll]
             for h in 0..per_load {
-                copy_pairs::<M>(ops, (load * per_load + h) * A_PAIRS, &mut a, 0, A_PAIRS);
-                mma_at::<M>(
-                    &a,
+                mma_from::<M>(
+                    ops,
+                    (load * per_load + h) * A_PAIRS,
                     &b,
                     h * B_PAIRS,
                     &mut c,
@@ -637,8 +648,17 @@ pub(crate) fn accumulate_with_columns<M: Float>(
                 1usize,
                 matrix_units,
             );
-            copy_pairs::<M>(ops, s * A_PAIRS, &mut a, 0, A_PAIRS);
-            mma_at::<M>(&a, &b, 0, &mut c, scratch, plane_at, lane, matrix_units);
+            mma_from::<M>(
+                ops,
+                s * A_PAIRS,
+                &b,
+                0,
+                &mut c,
+                scratch,
+                plane_at,
+                lane,
+                matrix_units,
+            );
         }
         copy_pairs::<f32>(&c, 0, acc, n * C_PAIRS, C_PAIRS);
     }
