@@ -210,27 +210,51 @@ pub(crate) fn attention_backward_kv_mma_kernel<F: Float, M: Float, N: Size>(
                 );
             }
 
-            #[unroll]
-            for h in 0..2usize {
-                let key = key_top + 8 * h;
-                #[unroll(matrix_units)]
-                for j in 0..query_blocks {
-                    let mut s = probs[j * C_PAIRS + h];
-                    let mut dp = grads[j * C_PAIRS + h];
-                    #[unroll]
-                    for e in 0..2usize {
-                        let r = j * MMA_COLS + c_col(lane, e);
-                        let query = first_query + r;
-                        let score = pair_score(s[e], scale, slope, query, key, alibi);
-                        let p = fast_exp(score - lse_tile[r]);
-                        let ds = p * (dp[e] - delta_tile[r]);
-                        let seen = visible(query, key, seq, causal);
-                        s[e] = select(seen, p, 0.0f32);
-                        dp[e] = select(seen, ds, 0.0f32);
-                    }
-                    probs[j * C_PAIRS + h] = s;
-                    grads[j * C_PAIRS + h] = dp;
-                }
+            // Whether every pair of the plane's keys and the tile's queries
+            // is visible (then none is masked): queries and keys inside the
+            // sequence and, causal, the plane's last key not after the
+            // tile's first query.
+            let plane_end = first_key + plane_keys + MMA_ROWS;
+            let mut whole = first_query + queries <= seq && plane_end <= seq;
+            if causal {
+                whole = whole && plane_end <= first_query + 1;
+            }
+            if whole {
+                key_gradients(
+                    &mut probs,
+                    &mut grads,
+                    &lse_tile,
+                    &delta_tile,
+                    key_top,
+                    first_query,
+                    seq,
+                    scale,
+                    slope,
+                    lane,
+                    query_blocks,
+                    causal,
+                    alibi,
+                    false,
+                    matrix_units,
+                );
+            } else {
+                key_gradients(
+                    &mut probs,
+                    &mut grads,
+                    &lse_tile,
+                    &delta_tile,
+                    key_top,
+                    first_query,
+                    seq,
+                    scale,
+                    slope,
+                    lane,
+                    query_blocks,
+                    causal,
+                    alibi,
+                    true,
+                    matrix_units,
+                );
             }
             // Accumulators `2 s` and `2 s + 1` are the left operand of
             // queries `16 s ..`.
@@ -300,4 +324,59 @@ pub(crate) fn attention_backward_kv_mma_kernel<F: Float, M: Float, N: Size>(
         round_bf16,
         matrix_units,
     );
+}
+
+/// Step 3 of [`attention_backward_kv_mma_kernel`] for one unit: `probs`
+/// (pairs `2 j + h`: key `key_top + 8 h`'s products `k . q` with queries
+/// `first_query + 8 j + 2 (lane % 4) ..+ 2`) become `p = exp(scale * s +
+/// bias - lse)` and `grads` (the same pairs of `v . d_out`) `ds = p * (dp
+/// - delta)`, in place, with the tile's rows' `lse` and `delta` from
+/// shared memory; with `masked`, both 0 where the pair is not [`visible`]
+/// (a plane's tiles other than the diagonal one and the sequence's end
+/// have none, and skip the test).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn key_gradients(
+    probs: &mut Array<Pair<f32>>,
+    grads: &mut Array<Pair<f32>>,
+    lse_tile: &SharedMemory<f32>,
+    delta_tile: &SharedMemory<f32>,
+    key_top: usize,
+    first_query: usize,
+    seq: usize,
+    scale: f32,
+    slope: f32,
+    lane: usize,
+    #[comptime] query_blocks: usize,
+    #[comptime] causal: bool,
+    #[comptime] alibi: bool,
+    #[comptime] masked: bool,
+    #[comptime] matrix_units: bool,
+) {
+    #[unroll]
+    for h in 0..2usize {
+        let key = key_top + 8 * h;
+        #[unroll(matrix_units)]
+        for j in 0..query_blocks {
+            let mut s = probs[j * C_PAIRS + h];
+            let mut dp = grads[j * C_PAIRS + h];
+            #[unroll]
+            for e in 0..2usize {
+                let r = j * MMA_COLS + c_col(lane, e);
+                let query = first_query + r;
+                let score = pair_score(s[e], scale, slope, query, key, alibi);
+                let mut p = fast_exp(score - lse_tile[r]);
+                let mut ds = p * (dp[e] - delta_tile[r]);
+                if masked {
+                    let seen = visible(query, key, seq, causal);
+                    p = select(seen, p, 0.0f32);
+                    ds = select(seen, ds, 0.0f32);
+                }
+                s[e] = p;
+                dp[e] = ds;
+            }
+            probs[j * C_PAIRS + h] = s;
+            grads[j * C_PAIRS + h] = dp;
+        }
+    }
 }

@@ -189,23 +189,48 @@ pub(crate) fn attention_backward_q_mma_kernel<F: Float, M: Float, N: Size>(
             matrix_units,
         );
 
-        #[unroll]
-        for h in 0..2usize {
-            let query = row_top + 8 * h;
-            #[unroll(matrix_units)]
-            for j in 0..key_blocks {
-                let mut s = scores[j * C_PAIRS + h];
-                let dp = dps[j * C_PAIRS + h];
-                #[unroll]
-                for e in 0..2usize {
-                    let key = first_key + j * MMA_COLS + c_col(lane, e);
-                    let score = pair_score(s[e], scale, slope, query, key, alibi);
-                    let p = fast_exp(score - row_lse[h]);
-                    let ds = p * (dp[e] - row_delta[h]);
-                    s[e] = select(visible(query, key, seq, causal), ds, 0.0f32);
-                }
-                scores[j * C_PAIRS + h] = s;
-            }
+        // Whether every pair of the plane's rows and the tile's keys is
+        // visible (then none is masked), as in the register forward.
+        let mut whole = first_key + keys <= seq && plane_first + MMA_ROWS <= seq;
+        if causal {
+            whole = whole && first_key + keys <= plane_first + 1;
+        }
+        if whole {
+            score_gradients(
+                &mut scores,
+                &dps,
+                &row_lse,
+                &row_delta,
+                row_top,
+                first_key,
+                seq,
+                scale,
+                slope,
+                lane,
+                key_blocks,
+                causal,
+                alibi,
+                false,
+                matrix_units,
+            );
+        } else {
+            score_gradients(
+                &mut scores,
+                &dps,
+                &row_lse,
+                &row_delta,
+                row_top,
+                first_key,
+                seq,
+                scale,
+                slope,
+                lane,
+                key_blocks,
+                causal,
+                alibi,
+                true,
+                matrix_units,
+            );
         }
         // Score accumulators `2 s` and `2 s + 1` are the left operand of
         // keys `16 s ..`.
@@ -246,4 +271,53 @@ pub(crate) fn attention_backward_q_mma_kernel<F: Float, M: Float, N: Size>(
         round_bf16,
         matrix_units,
     );
+}
+
+/// Step 3 of [`attention_backward_q_mma_kernel`] for one unit: `scores`
+/// (pairs `2 j + h`: row `row_top + 8 h`'s products `q . k` at keys
+/// `first_key + 8 j + 2 (lane % 4) ..+ 2`) become, in place, `ds = p * (dp
+/// - delta)` with `p = exp(scale * s + bias - lse)` and `dp` the same
+/// pairs of `dps` (`d_out . v`); with `masked`, 0 where the pair is not
+/// [`visible`] (a plane's tiles other than the diagonal one and the
+/// sequence's end have none, and skip the test).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn score_gradients(
+    scores: &mut Array<Pair<f32>>,
+    dps: &Array<Pair<f32>>,
+    row_lse: &Array<f32>,
+    row_delta: &Array<f32>,
+    row_top: usize,
+    first_key: usize,
+    seq: usize,
+    scale: f32,
+    slope: f32,
+    lane: usize,
+    #[comptime] key_blocks: usize,
+    #[comptime] causal: bool,
+    #[comptime] alibi: bool,
+    #[comptime] masked: bool,
+    #[comptime] matrix_units: bool,
+) {
+    #[unroll]
+    for h in 0..2usize {
+        let query = row_top + 8 * h;
+        #[unroll(matrix_units)]
+        for j in 0..key_blocks {
+            let mut s = scores[j * C_PAIRS + h];
+            let dp = dps[j * C_PAIRS + h];
+            #[unroll]
+            for e in 0..2usize {
+                let key = first_key + j * MMA_COLS + c_col(lane, e);
+                let score = pair_score(s[e], scale, slope, query, key, alibi);
+                let p = fast_exp(score - row_lse[h]);
+                let mut ds = p * (dp[e] - row_delta[h]);
+                if masked {
+                    ds = select(visible(query, key, seq, causal), ds, 0.0f32);
+                }
+                s[e] = ds;
+            }
+            scores[j * C_PAIRS + h] = s;
+        }
+    }
 }
