@@ -11,7 +11,7 @@ use super::mma::{
 };
 use super::mma_forward::TILE_PAD;
 use super::stage::stage_row_pair;
-use super::tiles::{fast_exp, pair_score, visible};
+use super::tiles::{all_visible, fast_exp, pair_score, visible};
 
 /// One cube per `16 * planes` key rows of one `(batch, kv_head)`, `planes`
 /// planes of 32 units; plane `p` owns key rows `16 p .. 16 p + 16` of the
@@ -211,15 +211,9 @@ pub(crate) fn attention_backward_kv_mma_kernel<F: Float, M: Float, N: Size>(
             }
 
             // Whether every pair of the plane's keys and the tile's queries
-            // is visible (then none is masked): queries and keys inside the
-            // sequence and, causal, the plane's last key not after the
-            // tile's first query.
-            let plane_end = first_key + plane_keys + MMA_ROWS;
-            let mut whole = first_query + queries <= seq && plane_end <= seq;
-            if causal {
-                whole = whole && plane_end <= first_query + 1;
-            }
-            if whole {
+            // is visible (then none is masked).
+            let plane_first = first_key + plane_keys;
+            if all_visible(first_query, queries, plane_first, MMA_ROWS, seq, causal) {
                 key_gradients(
                     &mut probs,
                     &mut grads,

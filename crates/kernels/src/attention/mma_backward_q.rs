@@ -11,7 +11,7 @@ use super::mma::{
 };
 use super::mma_forward::TILE_PAD;
 use super::stage::stage_row_pair;
-use super::tiles::{fast_exp, pair_score, visible};
+use super::tiles::{all_visible, fast_exp, pair_score, visible};
 
 /// One cube per `16 * planes` query rows of one `(batch, head)`, `planes`
 /// planes of 32 units; plane `p` owns query rows `16 p .. 16 p + 16` of the
@@ -191,11 +191,7 @@ pub(crate) fn attention_backward_q_mma_kernel<F: Float, M: Float, N: Size>(
 
         // Whether every pair of the plane's rows and the tile's keys is
         // visible (then none is masked), as in the register forward.
-        let mut whole = first_key + keys <= seq && plane_first + MMA_ROWS <= seq;
-        if causal {
-            whole = whole && first_key + keys <= plane_first + 1;
-        }
-        if whole {
+        if all_visible(plane_first, MMA_ROWS, first_key, keys, seq, causal) {
             score_gradients(
                 &mut scores,
                 &dps,

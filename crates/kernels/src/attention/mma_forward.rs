@@ -16,7 +16,7 @@ use super::mma::{
     MMA_SCRATCH,
 };
 use super::stage::stage_row_pair;
-use super::tiles::{fast_exp, pair_score, visible, NEG_LARGE};
+use super::tiles::{all_visible, fast_exp, pair_score, visible, NEG_LARGE};
 
 /// Values each row of the key and value tiles is padded by: 16 bytes of a
 /// 16-bit type, so that the rows one operand load reads (8 rows, 4
@@ -191,12 +191,8 @@ pub(crate) fn attention_forward_mma_kernel<F: Float, M: Float, N: Size>(
         );
 
         // Whether every score of the plane's rows in this tile is visible
-        // (then none is masked): keys and rows inside the sequence and,
-        // causal, the tile's last key not after the plane's first row.
-        let mut whole = first_key + keys <= seq && plane_first + MMA_ROWS <= seq;
-        if causal {
-            whole = whole && first_key + keys <= plane_first + 1;
-        }
+        // (then none is masked).
+        let whole = all_visible(plane_first, MMA_ROWS, first_key, keys, seq, causal);
         online_softmax(
             &mut scores,
             &mut row_max,

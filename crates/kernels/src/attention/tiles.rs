@@ -30,6 +30,26 @@ pub(crate) fn visible(query: usize, key: usize, seq: usize, #[comptime] causal: 
     inside
 }
 
+/// Whether every pair of queries `first_query ..+ queries` and keys
+/// `first_key ..+ keys` is [`visible`]: all inside the sequence and, with
+/// `causal`, the last key not after the first query. The register kernels
+/// skip the per-pair mask on such a block of a tile.
+#[cube]
+pub(crate) fn all_visible(
+    first_query: usize,
+    queries: usize,
+    first_key: usize,
+    keys: usize,
+    seq: usize,
+    #[comptime] causal: bool,
+) -> bool {
+    let mut inside = first_query + queries <= seq && first_key + keys <= seq;
+    if causal {
+        inside = inside && first_key + keys <= first_query + 1;
+    }
+    inside
+}
+
 /// `exp(x)` through the device's fast exponential where it has one: on
 /// CUDA and HIP `__expf`, one `ex2.approx` of `x * log2(e)` (relative
 /// error about `2^-21` plus `|x| * 2^-24`), instead of the accurate `expf`
