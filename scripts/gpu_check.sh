@@ -49,7 +49,10 @@
 #            torch-attention's times beside them (--torch); one
 #            register forward + backward at seq 4096 under Nsight Compute
 #            (profile-kernels-mma: per attention kernel launch its time,
-#            occupancy and warp stalls, where ncu is on the PATH); then
+#            occupancy and warp stalls; profile-kernels-mma-source: the
+#            register forward, dK/dV and dQ kernels' SASS with each
+#            instruction's executions and stall samples; where ncu is on
+#            the PATH); then
 #            compute-sanitizer memcheck and racecheck on the register
 #            kernels and then the fragment kernels at seq 1024
 #            and 2048 (sanitizer-TOOL-mma-SEQ, sanitizer-TOOL-cmma-SEQ),

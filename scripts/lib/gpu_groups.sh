@@ -130,7 +130,10 @@ group_step() {
 # records: `time`, the GPU time of every kernel (one pass each), or
 # `stalls`, for each launch of an attention kernel Nsight's speed of
 # light, occupancy, warp states (what the warps waited on) and launch
-# sections (several passes each).
+# sections (several passes each); or `source`, for the second launch of
+# the register forward and the launches of the register dK/dV and dQ
+# kernels after it, each SASS instruction with its executions and warp
+# stall samples (the source page: where in the kernel the warps wait).
 profile_phase() {
     local name=$1 what=$2
     shift 2
@@ -138,6 +141,10 @@ profile_phase() {
     if [ "$what" = stalls ]; then
         ncu_args=(--kernel-name regex:attention --section SpeedOfLight --section Occupancy
             --section WarpStateStats --section LaunchStats)
+    elif [ "$what" = source ]; then
+        ncu_args=(--kernel-name 'regex:attention_(forward|backward_kv|backward_q)_mma'
+            --launch-skip 1 --launch-count 3 --section SourceCounters
+            --page source --print-source sass)
     fi
     if [ "$device" = cpu ]; then
         skip_phase "$name" "the dry run has no GPU to profile"
@@ -194,6 +201,10 @@ group_kernels() {
     # time (bench kernels' fwd ms is a wall time), occupancy and stalls.
     profile_phase profile-kernels-mma stalls bench kernels --backends "$backend" --head-dim 128 \
         --only attention_mma_bf16 --min-seq 4096 --max-seq 4096 --no-reference --warmup 0 --reps 1
+    # The same run, instruction by instruction (the untimed forward skipped).
+    PROFILE_TIMEOUT=${PROFILE_TIMEOUT:-120} profile_phase profile-kernels-mma-source source bench kernels \
+        --backends "$backend" --head-dim 128 --only attention_mma_bf16 --min-seq 4096 \
+        --max-seq 4096 --no-reference --warmup 0 --reps 1
     if [ "$DRY" = 1 ]; then
         # A CubeCL runtime reads cubecl.toml: its compilation log shows it.
         if [ "${DRY_WGPU:-0}" = 1 ]; then
