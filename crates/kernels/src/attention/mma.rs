@@ -32,7 +32,7 @@
 use cubecl::cmma::{MatrixIdent, MmaDefinition};
 use cubecl::prelude::*;
 
-use crate::dtype::{load, store};
+use crate::dtype::store;
 
 /// Two consecutive values of one register of an operand or accumulator.
 pub(crate) type Pair<E> = Vector<E, Const<2>>;
@@ -383,45 +383,6 @@ fn load_matrices<M: Float>(
     }
 }
 
-/// Loads into `regs` the left operands of the 16 rows `first_row ..` of
-/// one head of `src` (`[.., seq, head_dim]` from `base`, in vectors of `N`
-/// values), one per 16 columns ([`A_PAIRS`] pairs each, in column order),
-/// as `M`; rows past `seq` are zeros.
-#[cube]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn a_from_rows<F: Float, M: Float, N: Size>(
-    src: &Array<Vector<F, N>>,
-    regs: &mut Array<Pair<M>>,
-    base: usize,
-    first_row: usize,
-    seq: usize,
-    lane: usize,
-    #[comptime] head_dim: usize,
-    #[comptime] round_bf16: bool,
-    #[comptime] matrix_units: bool,
-) {
-    let width = src.vector_size();
-    #[unroll(matrix_units)]
-    for d in 0..comptime!(head_dim / MMA_DEPTH) {
-        #[unroll]
-        for p in 0..A_PAIRS {
-            let mut pair = Pair::<M>::empty();
-            #[unroll]
-            for e in 0..2usize {
-                let row = first_row + a_row(lane, 2 * p + e);
-                let col = d * MMA_DEPTH + a_col(lane, 2 * p + e);
-                let mut x = 0.0f32;
-                if row < seq {
-                    let at = base + row * head_dim + col;
-                    x = load::<F>(src[at / width][at % width], round_bf16);
-                }
-                pair[e] = M::cast_from(x);
-            }
-            regs[d * A_PAIRS + p] = pair;
-        }
-    }
-}
-
 /// Copies `count` pairs of `from` from `from_at` into `to` from `to_at`
 /// (an operand or accumulator out of or into a unit's array of them).
 #[cube]
@@ -440,7 +401,7 @@ pub(crate) fn copy_pairs<E: Float>(
 
 /// `out` pairs from `first_out`: for each block `j < blocks`, the product
 /// of the plane's 16 rows (`regs`, their left operands, `depth_steps` of
-/// them as [`a_from_rows`] loads them) and rows `8 j ..+ 8` of `tile` read
+/// them as [`super::stage::a_through_tile`] loads them) and rows `8 j ..+ 8` of `tile` read
 /// as columns ([`b_from_rows`], two depth steps per load, the odd one
 /// last): `16 x 8 blocks` scores such as `q k^T`.
 #[cube]

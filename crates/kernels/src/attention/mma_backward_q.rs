@@ -6,11 +6,11 @@ use cubecl::prelude::*;
 
 use super::cube_tile::{query_tile, QueryTile};
 use super::mma::{
-    a_from_rows, accumulate_with_columns, c_col, products_with_rows, store_accumulators, Pair,
-    A_PAIRS, C_PAIRS, MMA_COLS, MMA_DEPTH, MMA_PLANE_SIZE, MMA_ROWS, MMA_SCRATCH,
+    accumulate_with_columns, c_col, products_with_rows, store_accumulators, Pair, A_PAIRS, C_PAIRS,
+    MMA_COLS, MMA_DEPTH, MMA_PLANE_SIZE, MMA_ROWS, MMA_SCRATCH,
 };
 use super::mma_forward::TILE_PAD;
-use super::stage::stage_row_pair;
+use super::stage::{a_through_tile, stage_row_pair};
 use super::tiles::{all_visible, fast_exp, pair_score, visible};
 
 /// One cube per `16 * planes` query rows of one `(batch, head)`, `planes`
@@ -18,7 +18,8 @@ use super::tiles::{all_visible, fast_exp, pair_score, visible};
 /// cube, and unit `lane` of it rows `lane / 4` and `lane / 4 + 8` of those
 /// (`mma.rs`'s accumulator layout), with their log-sum-exp and `delta`.
 /// Each unit loads its share of the plane's `q` and `d_out` rows once, as
-/// left operands. Then for each tile of `keys` key rows up to the causal
+/// left operands (staged through the key and the value tile,
+/// [`a_through_tile`]). Then for each tile of `keys` key rows up to the causal
 /// end (the cube's last query):
 ///
 /// 1. the units stage the tile's `k` and `v` rows as `M` (rows padded by
@@ -97,27 +98,47 @@ pub(crate) fn attention_backward_q_mma_kernel<F: Float, M: Float, N: Size>(
     if alibi {
         slope = slopes[head];
     }
+    // The plane's query rows and their output gradients as left operands,
+    // one per 16 columns, staged through the key and the value tile.
     let mut q_regs = Array::<Pair<M>>::new(comptime!(depth_steps * A_PAIRS));
     let mut do_regs = Array::<Pair<M>>::new(comptime!(depth_steps * A_PAIRS));
-    a_from_rows::<F, M, N>(
+    a_through_tile::<F, M, N>(
         q,
         &mut q_regs,
+        &mut k_tile,
+        &mut scratch,
         q_base,
-        plane_first,
+        first_query,
         seq,
+        unit,
+        plane,
+        plane_at,
         lane,
+        rows,
+        keys,
+        units,
         head_dim,
+        stride,
         round_bf16,
         matrix_units,
     );
-    a_from_rows::<F, M, N>(
+    a_through_tile::<F, M, N>(
         d_out,
         &mut do_regs,
+        &mut v_tile,
+        &mut scratch,
         q_base,
-        plane_first,
+        first_query,
         seq,
+        unit,
+        plane,
+        plane_at,
         lane,
+        rows,
+        keys,
+        units,
         head_dim,
+        stride,
         round_bf16,
         matrix_units,
     );

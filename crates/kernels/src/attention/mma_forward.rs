@@ -3,7 +3,8 @@
 //! accumulators in its units' registers, both products on
 //! [`super::mma::mma`] (PTX `mma.sync.m16n8k16` on the matrix units, or
 //! its plain-unit form, which is how the tests check it on lavapipe). Only
-//! the key and value tiles pass through shared memory. Writes the same
+//! the key and value tiles, and the query rows once, pass through shared
+//! memory. Writes the same
 //! outputs as the other forward kernels (output and per-row log-sum-exp),
 //! so every backward consumes them.
 
@@ -11,11 +12,10 @@ use cubecl::prelude::*;
 
 use super::cube_tile::{query_tile, QueryTile};
 use super::mma::{
-    a_from_rows, accumulate_with_columns, c_col, products_with_rows, quad_max, quad_sum,
-    store_accumulators, Pair, A_PAIRS, C_PAIRS, MMA_COLS, MMA_DEPTH, MMA_PLANE_SIZE, MMA_ROWS,
-    MMA_SCRATCH,
+    accumulate_with_columns, c_col, products_with_rows, quad_max, quad_sum, store_accumulators,
+    Pair, A_PAIRS, C_PAIRS, MMA_COLS, MMA_DEPTH, MMA_PLANE_SIZE, MMA_ROWS, MMA_SCRATCH,
 };
-use super::stage::stage_row_pair;
+use super::stage::{a_through_tile, stage_row_pair};
 use super::tiles::{all_visible, fast_exp, pair_score, visible, NEG_LARGE};
 
 /// Values each row of the key and value tiles is padded by: 16 bytes of a
@@ -28,7 +28,7 @@ pub(crate) const TILE_PAD: usize = 8;
 /// cube, and unit `lane` of it rows `lane / 4` and `lane / 4 + 8` of
 /// those (`mma.rs`'s accumulator layout). Each unit loads its share of the
 /// plane's query rows once, as the left operand of `q k^T`, `head_dim / 16`
-/// products deep. Then for each tile of `keys` keys up to the causal end
+/// products deep (staged through the key tile, [`a_through_tile`]). Then for each tile of `keys` keys up to the causal end
 /// (the cube's last row):
 ///
 /// 1. the units stage the key and the value tile in shared memory as `M`
@@ -121,16 +121,26 @@ pub(crate) fn attention_forward_mma_kernel<F: Float, M: Float, N: Size>(
         slope = slopes[head];
     }
 
-    // The plane's query rows as left operands, one per 16 columns.
+    // The plane's query rows as left operands, one per 16 columns, staged
+    // through the key tile.
     let mut q_regs = Array::<Pair<M>>::new(comptime!(depth_steps * A_PAIRS));
-    a_from_rows::<F, M, N>(
+    a_through_tile::<F, M, N>(
         q,
         &mut q_regs,
+        &mut k_tile,
+        &mut scratch,
         q_base,
-        plane_first,
+        first_query,
         seq,
+        unit,
+        plane,
+        plane_at,
         lane,
+        rows,
+        keys,
+        units,
         head_dim,
+        stride,
         round_bf16,
         matrix_units,
     );

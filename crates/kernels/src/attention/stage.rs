@@ -2,10 +2,12 @@
 //! shared-memory tile, as the fragment and register attention kernels do
 //! at each step: every unit loads its vectors of the tile (all loads in
 //! flight together), then stores them in the operand type, rows past the
-//! sequence as zeros.
+//! sequence as zeros. The register kernels also take their planes' left
+//! operands of `q` or `dO` through a tile ([`a_through_tile`]).
 
 use cubecl::prelude::*;
 
+use super::mma::{a_from_tile, copy_pairs, Pair, A_PAIRS, MMA_DEPTH, MMA_ROWS};
 use crate::dtype::load_vector;
 
 /// Stages `elems / head_dim` rows from `first_row` of `src` (`[.., seq,
@@ -195,4 +197,101 @@ pub(crate) fn stage_row_pair<F: Float, M: Float, N: Size>(
     store_rows::<F, M, N>(
         &b_held, b_tile, first_row, seq, unit, elems, units, head_dim, stride, round_bf16,
     );
+}
+
+/// Loads into `regs` the left operands of plane `plane`'s 16 rows (rows
+/// `first_row + 16 plane ..` of one head of `src`, `[.., seq, head_dim]`
+/// from `base`), one per 16 columns ([`A_PAIRS`] pairs each, in column
+/// order), as `M`, rows past `seq` as zeros. The cube stages its `rows`
+/// rows in `tile` (rows `stride` values apart), `tile_rows` at a time, as
+/// [`stage_rows`] does (16-byte vectors, all in flight together), and each
+/// plane reads its operands there with [`a_from_tile`] (one `ldmatrix`
+/// per 16 columns on the matrix units), instead of each unit loading its
+/// values one by one out of vectors. Every unit of the cube calls it (cube
+/// barriers); `tile` holds the last chunk after it, so the caller syncs the
+/// cube before staging there again.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn a_through_tile<F: Float, M: Float, N: Size>(
+    src: &Array<Vector<F, N>>,
+    regs: &mut Array<Pair<M>>,
+    tile: &mut SharedMemory<M>,
+    scratch: &mut SharedMemory<f32>,
+    base: usize,
+    first_row: usize,
+    seq: usize,
+    unit: usize,
+    plane: usize,
+    plane_at: usize,
+    lane: usize,
+    #[comptime] rows: usize,
+    #[comptime] tile_rows: usize,
+    #[comptime] units: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] stride: usize,
+    #[comptime] round_bf16: bool,
+    #[comptime] matrix_units: bool,
+) {
+    let width = src.vector_size();
+    let chunks = comptime!(rows.div_ceil(tile_rows));
+    let elems = comptime!(tile_rows * head_dim);
+    let plane_row = plane * MMA_ROWS;
+    let mut held = Array::<Vector<F, N>>::new(comptime!(held_vectors(elems, units, width)));
+    let mut a = Array::<Pair<M>>::new(A_PAIRS);
+    #[unroll]
+    for c in 0..chunks {
+        let chunk_first = c * tile_rows;
+        // The tile's earlier reads (the last chunk's) are done.
+        sync_cube();
+        load_rows::<F, N>(
+            src,
+            &mut held,
+            base,
+            first_row + chunk_first,
+            seq,
+            unit,
+            elems,
+            units,
+            head_dim,
+        );
+        store_rows::<F, M, N>(
+            &held,
+            tile,
+            first_row + chunk_first,
+            seq,
+            unit,
+            elems,
+            units,
+            head_dim,
+            stride,
+            round_bf16,
+        );
+        sync_cube();
+        // A plane whose rows are in another chunk reads this one's first
+        // rows (every plane reads, for the plain form's barriers) and keeps
+        // nothing.
+        let mine = comptime!(chunks == 1)
+            || (plane_row >= chunk_first && plane_row < chunk_first + tile_rows);
+        let mut local = 0usize;
+        if mine {
+            local = plane_row - chunk_first;
+        }
+        #[unroll(matrix_units)]
+        for d in 0..comptime!(head_dim / MMA_DEPTH) {
+            a_from_tile::<M>(
+                tile,
+                &mut a,
+                local,
+                d * MMA_DEPTH,
+                scratch,
+                plane_at,
+                lane,
+                stride,
+                matrix_units,
+            );
+            if mine {
+                copy_pairs::<M>(&a, 0, regs, d * A_PAIRS, A_PAIRS);
+            }
+        }
+    }
 }

@@ -30,7 +30,7 @@ use cubecl::prelude::*;
 use ferrotron_kernels::attention::{
     attention_backward_with, attention_forward, attention_forward_with, AttentionBackwardKernel,
     AttentionError, AttentionInputs, AttentionKernel, AttentionOptions, AttentionShape,
-    MatrixUnits,
+    MatrixUnits, MMA_TILES,
 };
 use ferrotron_kernels::FloatDtype;
 
@@ -121,6 +121,43 @@ fn register_kernel_on_plain_units_matches_reference() {
             .expect("the register forward fits this device")]
     };
     check_in_f16_on_plain_units(plain, 128, 800);
+}
+
+#[test]
+fn register_kernel_with_query_chunks_on_plain_units_matches_reference() {
+    // The register forward at the tiles of MMA_TILES whose key tile has
+    // fewer rows than the cube has queries (64 rows, 32 and 16 keys): the
+    // query rows are staged through it in 2 and 4 chunks, and each plane
+    // keeps the operands of its own chunk (the other tests run the largest
+    // tile, one chunk). f32 operands at head dim 16, causal, ALiBi, GQA 2,
+    // 100 rows (the last cube ragged).
+    let chunked = |client: &ComputeClient<R>, head_dim: usize, _: FloatDtype| {
+        let max_shared = client.properties().hardware.max_shared_memory_size;
+        let kernels: Vec<_> = MMA_TILES
+            .into_iter()
+            .filter(|&(planes, keys)| keys < 16 * planes)
+            .map(|(planes, keys)| AttentionKernel::Registers {
+                planes,
+                keys,
+                matrix_units: false,
+            })
+            .filter(|kernel| kernel.shared_bytes(head_dim) <= max_shared)
+            .collect();
+        assert_eq!(
+            kernels.len(),
+            2,
+            "the chunked register tiles do not fit this device"
+        );
+        kernels
+    };
+    let no_backward = |_: &ComputeClient<R>, _: usize| Vec::new();
+    check_case_with(
+        FloatDtype::F32,
+        case(1, 4, 2, 100, 16, true, true),
+        810,
+        chunked,
+        no_backward,
+    );
 }
 
 #[test]
