@@ -119,6 +119,7 @@ pub(crate) fn attention_forward_fragment_kernel<F: Float, M: Float, N: Size>(
         query_elems,
         units,
         head_dim,
+        head_dim,
         round_bf16,
     );
     let mut acc = Array::<f32>::new(comptime!(blocks * PER_LANE));
@@ -160,6 +161,7 @@ pub(crate) fn attention_forward_fragment_kernel<F: Float, M: Float, N: Size>(
             key_elems,
             units,
             head_dim,
+            head_dim,
             round_bf16,
         );
         sync_cube();
@@ -194,6 +196,7 @@ pub(crate) fn attention_forward_fragment_kernel<F: Float, M: Float, N: Size>(
             unit,
             key_elems,
             units,
+            head_dim,
             head_dim,
             round_bf16,
         );

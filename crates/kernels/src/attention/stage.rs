@@ -12,8 +12,10 @@ use crate::dtype::load_vector;
 
 /// Stages `elems / head_dim` rows from `first_row` of `src` (`[.., seq,
 /// head_dim]`, the rows of one head from `base`, read `N` values at a
-/// time) into `tile` as `M`, rows past `seq` as zeros; each of the cube's
-/// `units` units takes every `units`-th vector. `N` divides `head_dim`.
+/// time) into `tile` as `M`, rows `stride` values apart (`stride >=
+/// head_dim`; the values between are not written), rows past `seq` as
+/// zeros; each of the cube's `units` units takes every `units`-th vector.
+/// `N` divides `head_dim`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn stage_rows<F: Float, M: Float, N: Size>(
@@ -26,6 +28,7 @@ pub(crate) fn stage_rows<F: Float, M: Float, N: Size>(
     #[comptime] elems: usize,
     #[comptime] units: usize,
     #[comptime] head_dim: usize,
+    #[comptime] stride: usize,
     #[comptime] round_bf16: bool,
 ) {
     let width = src.vector_size();
@@ -34,7 +37,7 @@ pub(crate) fn stage_rows<F: Float, M: Float, N: Size>(
         src, &mut held, base, first_row, seq, unit, elems, units, head_dim,
     );
     store_rows::<F, M, N>(
-        &held, tile, first_row, seq, unit, elems, units, head_dim, head_dim, round_bf16,
+        &held, tile, first_row, seq, unit, elems, units, head_dim, stride, round_bf16,
     );
 }
 
@@ -232,31 +235,19 @@ pub(crate) fn a_through_tile<F: Float, M: Float, N: Size>(
     #[comptime] round_bf16: bool,
     #[comptime] matrix_units: bool,
 ) {
-    let width = src.vector_size();
     let chunks = comptime!(rows.div_ceil(tile_rows));
     let elems = comptime!(tile_rows * head_dim);
     let plane_row = plane * MMA_ROWS;
-    let mut held = Array::<Vector<F, N>>::new(comptime!(held_vectors(elems, units, width)));
     let mut a = Array::<Pair<M>>::new(A_PAIRS);
     #[unroll]
     for c in 0..chunks {
         let chunk_first = c * tile_rows;
         // The tile's earlier reads (the last chunk's) are done.
         sync_cube();
-        load_rows::<F, N>(
+        stage_rows::<F, M, N>(
             src,
-            &mut held,
-            base,
-            first_row + chunk_first,
-            seq,
-            unit,
-            elems,
-            units,
-            head_dim,
-        );
-        store_rows::<F, M, N>(
-            &held,
             tile,
+            base,
             first_row + chunk_first,
             seq,
             unit,
