@@ -11,7 +11,7 @@ use super::mma::{
 };
 use super::mma_forward::TILE_PAD;
 use super::stage::stage_row_pair;
-use super::tiles::{all_visible, fast_exp, pair_score, visible};
+use super::tiles::{all_visible, pair_gradient};
 
 /// One cube per `16 * planes` key rows of one `(batch, kv_head)`, `planes`
 /// planes of 32 units; plane `p` owns key rows `16 p .. 16 p + 16` of the
@@ -325,7 +325,7 @@ pub(crate) fn attention_backward_kv_mma_kernel<F: Float, M: Float, N: Size>(
 /// `first_query + 8 j + 2 (lane % 4) ..+ 2`) become `p = exp(scale * s +
 /// bias - lse)` and `grads` (the same pairs of `v . d_out`) `ds = p * (dp
 /// - delta)`, in place, with the tile's rows' `lse` and `delta` from
-/// shared memory; with `masked`, both 0 where the pair is not [`visible`]
+/// shared memory; with `masked`, both 0 where the pair is not [`super::tiles::visible`]
 /// (a plane's tiles other than the diagonal one and the sequence's end
 /// have none, and skip the test).
 #[cube]
@@ -358,16 +358,22 @@ fn key_gradients(
             for e in 0..2usize {
                 let r = j * MMA_COLS + c_col(lane, e);
                 let query = first_query + r;
-                let score = pair_score(s[e], scale, slope, query, key, alibi);
-                let mut p = fast_exp(score - lse_tile[r]);
-                let mut ds = p * (dp[e] - delta_tile[r]);
-                if masked {
-                    let seen = visible(query, key, seq, causal);
-                    p = select(seen, p, 0.0f32);
-                    ds = select(seen, ds, 0.0f32);
-                }
-                s[e] = p;
-                dp[e] = ds;
+                let step = pair_gradient(
+                    s[e],
+                    dp[e],
+                    lse_tile[r],
+                    delta_tile[r],
+                    scale,
+                    slope,
+                    query,
+                    key,
+                    seq,
+                    causal,
+                    alibi,
+                    masked,
+                );
+                s[e] = step[0];
+                dp[e] = step[1];
             }
             probs[j * C_PAIRS + h] = s;
             grads[j * C_PAIRS + h] = dp;

@@ -11,7 +11,7 @@ use super::mma::{
 };
 use super::mma_forward::TILE_PAD;
 use super::stage::{a_through_tile, stage_row_pair};
-use super::tiles::{all_visible, fast_exp, pair_score, visible};
+use super::tiles::{all_visible, pair_gradient};
 
 /// One cube per `16 * planes` query rows of one `(batch, head)`, `planes`
 /// planes of 32 units; plane `p` owns query rows `16 p .. 16 p + 16` of the
@@ -295,7 +295,7 @@ pub(crate) fn attention_backward_q_mma_kernel<F: Float, M: Float, N: Size>(
 /// `first_key + 8 j + 2 (lane % 4) ..+ 2`) become, in place, `ds = p * (dp
 /// - delta)` with `p = exp(scale * s + bias - lse)` and `dp` the same
 /// pairs of `dps` (`d_out . v`); with `masked`, 0 where the pair is not
-/// [`visible`] (a plane's tiles other than the diagonal one and the
+/// [`super::tiles::visible`] (a plane's tiles other than the diagonal one and the
 /// sequence's end have none, and skip the test).
 #[cube]
 #[allow(clippy::too_many_arguments)]
@@ -326,13 +326,21 @@ fn score_gradients(
             #[unroll]
             for e in 0..2usize {
                 let key = first_key + j * MMA_COLS + c_col(lane, e);
-                let score = pair_score(s[e], scale, slope, query, key, alibi);
-                let p = fast_exp(score - row_lse[h]);
-                let mut ds = p * (dp[e] - row_delta[h]);
-                if masked {
-                    ds = select(visible(query, key, seq, causal), ds, 0.0f32);
-                }
-                s[e] = ds;
+                let step = pair_gradient(
+                    s[e],
+                    dp[e],
+                    row_lse[h],
+                    row_delta[h],
+                    scale,
+                    slope,
+                    query,
+                    key,
+                    seq,
+                    causal,
+                    alibi,
+                    masked,
+                );
+                s[e] = step[1];
             }
             scores[j * C_PAIRS + h] = s;
         }

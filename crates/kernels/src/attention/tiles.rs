@@ -85,3 +85,37 @@ pub(crate) fn pair_score(
     }
     score
 }
+
+/// The register backward's step for the pair (`query`, `key`) of score
+/// `s` (unscaled, as the product left it) and `dp = d_out . v`: `p =
+/// exp(scale * s + bias - lse)` and `ds = p * (dp - delta)`, as `(p, ds)`;
+/// with `masked`, both 0 where the pair is not [`visible`].
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn pair_gradient(
+    s: f32,
+    dp: f32,
+    lse: f32,
+    delta: f32,
+    scale: f32,
+    slope: f32,
+    query: usize,
+    key: usize,
+    seq: usize,
+    #[comptime] causal: bool,
+    #[comptime] alibi: bool,
+    #[comptime] masked: bool,
+) -> Vector<f32, Const<2>> {
+    let score = pair_score(s, scale, slope, query, key, alibi);
+    let mut p = fast_exp(score - lse);
+    let mut ds = p * (dp - delta);
+    if masked {
+        let seen = visible(query, key, seq, causal);
+        p = select(seen, p, 0.0f32);
+        ds = select(seen, ds, 0.0f32);
+    }
+    let mut out = Vector::<f32, Const<2>>::empty();
+    out[0] = p;
+    out[1] = ds;
+    out
+}
