@@ -76,6 +76,55 @@ pub fn default_device() -> WgpuDevice {
     WgpuDevice::DefaultDevice
 }
 
+/// The wgpu device for the calling thread of a process that runs several
+/// threads of work at once (a test binary's tests): on an adapter that
+/// executes on the CPU (lavapipe), the one of `DefaultDevice` and `Cpu`
+/// that fewer live threads hold; elsewhere `DefaultDevice`.
+///
+/// Each distinct device is its own cubecl client, with its own server
+/// thread, on which cubecl compiles and launches every kernel (lavapipe's
+/// LLVM compiles a pipeline in the calling thread, tens of seconds for a
+/// register-blocked attention shader). On one device two tests take turns
+/// on that thread; on two, both cores work. `DefaultDevice` and `Cpu`
+/// resolve to the same CPU adapter and open two devices on it. A thread
+/// keeps its device for its whole life (buffers belong to the device that
+/// made them); when it ends, its device counts one thread fewer. Opens
+/// nothing: it chooses, as [`default_device`] does.
+pub fn thread_device() -> WgpuDevice {
+    use std::cell::Cell;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Live threads holding each of `DefaultDevice` (0) and `Cpu` (1).
+    static HOLDERS: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
+    static CPU_ADAPTER: OnceLock<bool> = OnceLock::new();
+    /// This thread's choice; releases it when the thread ends.
+    struct Held(Cell<Option<usize>>);
+    impl Drop for Held {
+        fn drop(&mut self) {
+            if let Some(index) = self.0.get() {
+                HOLDERS[index].fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+    thread_local!(static HELD: Held = const { Held(Cell::new(None)) });
+
+    autotune_for_default_adapter();
+    let cpu = *CPU_ADAPTER.get_or_init(|| default_adapter().is_some_and(|(_, cpu)| cpu));
+    if !cpu {
+        return WgpuDevice::DefaultDevice;
+    }
+    let index = HELD.with(|held| {
+        held.0.get().unwrap_or_else(|| {
+            let fewer =
+                usize::from(HOLDERS[1].load(Ordering::SeqCst) < HOLDERS[0].load(Ordering::SeqCst));
+            HOLDERS[fewer].fetch_add(1, Ordering::SeqCst);
+            held.0.set(Some(fewer));
+            fewer
+        })
+    });
+    [WgpuDevice::DefaultDevice, WgpuDevice::Cpu][index].clone()
+}
+
 /// Chooses cubecl's autotune level for the adapter the default wgpu device
 /// resolves to (see the module doc). Runs once per process; later calls
 /// return the first decision.

@@ -316,13 +316,14 @@ fn registers_on_matrix_units(
         .collect()
 }
 
+// The register backward's layouts, masking and in-place reuse of the
+// accumulators as left operands, with its products on plain units, in two
+// tests so that lavapipe compiles their kernels at once (each takes
+// minutes there: the plain-unit products' barriers become LLVM coroutine
+// suspensions).
 #[test]
-fn register_backward_on_plain_units_matches_reference() {
-    // The register backward's layouts, masking and in-place reuse of the
-    // accumulators as left operands, with its products on plain units: f32
-    // operands at head_dim 32 (causal, ALiBi, GQA 2, ragged), f16 operands
-    // (the probabilities and their gradient rounded to f16 before their
-    // products, as on the matrix units) at 64 (causal, GQA 2, ragged).
+fn register_backward_on_plain_units_matches_reference_in_f32() {
+    // f32 operands at head_dim 32 (causal, ALiBi, GQA 2, ragged).
     check_case_with(
         FloatDtype::F32,
         case(1, 4, 2, 100, 32, true, true),
@@ -330,6 +331,13 @@ fn register_backward_on_plain_units_matches_reference() {
         chosen_forward,
         registers_on_plain_units,
     );
+}
+
+#[test]
+fn register_backward_on_plain_units_matches_reference_in_f16() {
+    // f16 operands (the probabilities and their gradient rounded to f16
+    // before their products, as on the matrix units) at head_dim 64
+    // (causal, GQA 2, ragged).
     let client = client();
     assert!(
         FloatDtype::F16.is_supported(&client),

@@ -25,11 +25,13 @@ pub fn client() -> ComputeClient<R> {
 }
 
 /// A wgpu client on the default adapter (lavapipe on CI and dev machines),
-/// with the autotune level chosen for it.
+/// with the autotune level chosen for it: on lavapipe, on the device of
+/// the two that fewer running tests hold (`wgpu_setup::thread_device`),
+/// so that two tests compile their kernels at once.
 #[cfg(not(feature = "test-cuda"))]
 pub fn client() -> ComputeClient<R> {
     use ferrotron_kernels::wgpu_setup;
-    let made = std::panic::catch_unwind(|| R::client(&wgpu_setup::default_device()));
+    let made = std::panic::catch_unwind(|| R::client(&wgpu_setup::thread_device()));
     made.unwrap_or_else(|_| {
         panic!(
             "no Vulkan adapter for the wgpu runtime: install Mesa's lavapipe \
