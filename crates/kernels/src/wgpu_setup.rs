@@ -1,4 +1,6 @@
-//! Opening the wgpu runtime: the autotune level for its adapter.
+//! Opening the wgpu runtime: the autotune level for its adapter, and
+//! ([`thread_device`]) two devices on a CPU adapter for a process whose
+//! threads work at once.
 //!
 //! CubeCL's autotuner benchmarks candidate kernels (Burn's matmuls, its
 //! reductions) the first time it sees a shape. At cubecl's default level
