@@ -107,8 +107,11 @@
 # another path on a GPU than on lavapipe (NVRTC takes about a minute per
 # fragment kernel on the matrix units, and about 3 s per register kernel:
 # on the H200 the register forward's test compiled for 102 s, and the
-# backward's had not finished after 95 s), and KERNEL_TESTS_TIMEOUT
-# (default 150) is each test binary's limit in seconds.
+# backward's had not finished after 95 s; since then each matrix-unit
+# test runs all its cases in one 16-bit type and two in the others, every
+# tile pair in those two only, and the forward's no backward: the kernel
+# tests' matrix_unit_runs), and KERNEL_TESTS_TIMEOUT (default 150) is each
+# test binary's limit in seconds.
 #
 # --seed-cache TGZ unpacks the CubeCL caches a previous lease brought back
 # (gpu-check-GROUP-cubecl.tar.gz) into OUT_DIR first: its autotune results

@@ -7,8 +7,11 @@
 //! kernel on plain units and on the matrix units where they run) and the
 //! row and the chosen backward (the tiled one where it fits) on the output of the kernel the launcher chooses
 //! (`attention_support::check`); `attention_backward.rs` covers the tiled
-//! backward on its own. The reference's own gradients are checked against
-//! central finite differences first.
+//! backward on its own. The forward checks on the matrix units run no
+//! backward and spread their cases over the 16-bit types and tile pairs
+//! (`attention_support::check::matrix_unit_runs`): on a GPU each kernel is
+//! one more for NVRTC to compile. The reference's own gradients are
+//! checked against central finite differences first.
 //!
 //! Every kernel is compiled per head dimension, mask, ALiBi and storage
 //! type, which on lavapipe costs seconds per shader (the tiled backward
@@ -21,8 +24,8 @@ use crate::common;
 
 use attention_support::check::{
     alibi_slopes, case, check_case, check_case_as, check_case_with, chosen_backward,
-    chosen_forward, forward_kernels, matrix_unit_dtypes, row_and_chosen, row_and_chosen_backward,
-    to_f64, ForwardKernels,
+    chosen_forward, forward_kernels, matrix_unit_dtypes, matrix_unit_runs, no_backward,
+    row_and_chosen, row_and_chosen_backward, to_f64, ForwardKernels,
 };
 use attention_support::reference::Problem;
 use common::{client, download, upload, Rng, R};
@@ -104,7 +107,15 @@ fn fragment_kernel_on_matrix_units_matches_reference_where_they_run() {
     let runs = |client: &ComputeClient<R>, dtype| {
         AttentionKernel::on_matrix_units(client, 64, dtype).is_some()
     };
-    check_in_16_bits_on_matrix_units(runs, on_matrix_units, "fragment forward", 700);
+    // Its launcher's tiles only, also in the wide cases: NVRTC takes up to
+    // a minute per fragment kernel.
+    check_in_16_bits_on_matrix_units(
+        runs,
+        on_matrix_units,
+        on_matrix_units,
+        "fragment forward",
+        700,
+    );
 }
 
 #[test]
@@ -150,7 +161,6 @@ fn register_kernel_with_query_chunks_on_plain_units_matches_reference() {
         );
         kernels
     };
-    let no_backward = |_: &ComputeClient<R>, _: usize| Vec::new();
     check_case_with(
         FloatDtype::F32,
         case(1, 4, 2, 100, 16, true, true),
@@ -170,17 +180,41 @@ fn register_kernel_on_matrix_units_matches_reference_where_it_runs() {
         vec![AttentionKernel::registers_for(max_shared, head_dim, true)
             .expect("the register forward fits this device")]
     };
-    check_in_16_bits_on_matrix_units(AttentionKernel::mma_runs, on_mma, "register forward", 900);
+    let every_on_mma = |client: &ComputeClient<R>, head_dim: usize, _: FloatDtype| {
+        let max_shared = client.properties().hardware.max_shared_memory_size;
+        let kernels: Vec<_> = MMA_TILES
+            .into_iter()
+            .map(|(planes, keys)| AttentionKernel::Registers {
+                planes,
+                keys,
+                matrix_units: true,
+            })
+            .filter(|kernel| kernel.shared_bytes(head_dim) <= max_shared)
+            .collect();
+        assert!(!kernels.is_empty(), "no register forward fits this device");
+        kernels
+    };
+    check_in_16_bits_on_matrix_units(
+        AttentionKernel::mma_runs,
+        on_mma,
+        every_on_mma,
+        "register forward",
+        900,
+    );
 }
 
-/// Checks `forward` on the matrix units in every 16-bit type the device
-/// `runs` it in: query tiles of 64 rows and key tiles of 64 (one below,
-/// at and above, and several), head dimensions 16 to 128, GQA, causal and
-/// not, ALiBi; seeds from `first_seed`. Says so where no type runs (and
-/// fails in the `test-cuda` build, which requires them).
+/// Checks a forward kernel alone (output and log-sum-exp) on the matrix
+/// units in the 16-bit types the device `runs` it in, as
+/// [`matrix_unit_runs`] spreads the cases over them: the launcher's tiles
+/// (`chosen`), and in the wide cases (not causal at head dim 32; causal
+/// with ALiBi at 128 over several tiles) `every` tile pair. Sequences of
+/// one tile below, at and above, and several; head dimensions 16 to 128,
+/// GQA, causal and not, ALiBi; seeds from `first_seed`. Says so where no
+/// type runs (and fails in the `test-cuda` build, which requires them).
 fn check_in_16_bits_on_matrix_units(
     runs: fn(&ComputeClient<R>, FloatDtype) -> bool,
-    forward: ForwardKernels,
+    chosen: ForwardKernels,
+    every: ForwardKernels,
     what: &str,
     first_seed: u64,
 ) {
@@ -193,10 +227,9 @@ fn check_in_16_bits_on_matrix_units(
         case(1, 2, 2, 130, 16, false, false),
         case(1, 8, 2, 257, 128, true, true),
     ];
-    for dtype in dtypes {
-        for (seed, c) in cases.into_iter().enumerate() {
-            check_case_as(dtype, c, first_seed + seed as u64, forward);
-        }
+    for (dtype, i, wide) in matrix_unit_runs(&dtypes, cases.len(), &[2, 5]) {
+        let forward = if wide { every } else { chosen };
+        check_case_with(dtype, cases[i], first_seed + i as u64, forward, no_backward);
     }
 }
 

@@ -6,7 +6,9 @@
 //! x 16 fragments) on plain units in f32 and f16 here, and on the matrix
 //! units where the device has them (the `test-cuda` build); likewise the
 //! register backward (the register forward's scheme) on plain units and
-//! on the `mma` instruction.
+//! on the `mma` instruction, each on the matrix units at every tile pair in
+//! two cases and at the launcher's tiles in the others
+//! (`attention_support::check::matrix_unit_runs`).
 //! f16, bf16 and determinism are checked with the row backward in
 //! `attention.rs`. Each case runs the forward the launcher chooses only
 //! (the forward kernels have their own tests in `attention.rs`), and the
@@ -18,7 +20,8 @@ use crate::attention_support;
 use crate::common;
 
 use attention_support::check::{
-    case, check_case_with, chosen_backward, chosen_forward, matrix_unit_dtypes, BackwardKernels,
+    case, check_case_with, chosen_backward, chosen_forward, matrix_unit_dtypes, matrix_unit_runs,
+    BackwardKernels,
 };
 use common::{client, upload, R};
 use cubecl::prelude::*;
@@ -188,20 +191,40 @@ fn fragment_on_plain_units(
     client: &ComputeClient<R>,
     head_dim: usize,
 ) -> Vec<AttentionBackwardKernel> {
-    largest_on_plain_units(client, head_dim, AttentionBackwardKernel::fragment_for)
+    largest_tiles(
+        client,
+        head_dim,
+        AttentionBackwardKernel::fragment_for,
+        false,
+    )
 }
 
-/// The kernels `kernel_for` gives on plain units for the device's shared
-/// memory at `head_dim`; a device without the shared memory for any
-/// fails.
-fn largest_on_plain_units(
+/// The kernel `kernel_for` gives (the launcher's tiles) for the device's
+/// shared memory at `head_dim`, its products on the matrix units or not; a
+/// device without the shared memory for any fails.
+fn largest_tiles(
     client: &ComputeClient<R>,
     head_dim: usize,
     kernel_for: fn(usize, usize, bool) -> Option<AttentionBackwardKernel>,
+    matrix_units: bool,
 ) -> Vec<AttentionBackwardKernel> {
     let max_shared = client.properties().hardware.max_shared_memory_size;
-    vec![kernel_for(max_shared, head_dim, false)
+    vec![kernel_for(max_shared, head_dim, matrix_units)
         .unwrap_or_else(|| panic!("head_dim {head_dim}: no backward tiles fit {max_shared} bytes"))]
+}
+
+/// The fragment backward on the matrix units at the launcher's tiles for
+/// `head_dim`.
+fn fragment_chosen_on_matrix_units(
+    client: &ComputeClient<R>,
+    head_dim: usize,
+) -> Vec<AttentionBackwardKernel> {
+    largest_tiles(
+        client,
+        head_dim,
+        AttentionBackwardKernel::fragment_for,
+        true,
+    )
 }
 
 /// The fragment backward on the matrix units at every tile pair of
@@ -256,20 +279,25 @@ fn fragment_backward_on_matrix_units_matches_reference_where_it_runs() {
     // has none, and the `test-cuda` build requires it.
     check_in_16_bits_on_matrix_units(
         AttentionBackwardKernel::matrix_units_run,
+        fragment_chosen_on_matrix_units,
         fragment_on_matrix_units,
         "fragment backward",
         960,
     );
 }
 
-/// Checks `backward` on the matrix units at every tile pair it gives, in
-/// every 16-bit type the device `runs` it in: head dimensions 16 to 128,
-/// GQA, causal and not, ALiBi, sequences below, at and above one tile;
-/// seeds from `first_seed`. Says so where no type runs (and fails in the
-/// `test-cuda` build, which requires them).
+/// Checks a backward on the matrix units in the 16-bit types the device
+/// `runs` it in, as [`matrix_unit_runs`] spreads the cases over them: the
+/// launcher's tiles (`chosen`), and in the wide cases (not causal at head
+/// dim 32; causal with ALiBi at 128 over several tiles) `every` tile pair
+/// that fits. Head dimensions 16 to 128, GQA, causal and not, ALiBi,
+/// sequences below, at and above one tile; seeds from `first_seed`. Says
+/// so where no type runs (and fails in the `test-cuda` build, which
+/// requires them).
 fn check_in_16_bits_on_matrix_units(
     runs: fn(&ComputeClient<R>, FloatDtype) -> bool,
-    backward: BackwardKernels,
+    chosen: BackwardKernels,
+    every: BackwardKernels,
     what: &str,
     first_seed: u64,
 ) {
@@ -281,10 +309,15 @@ fn check_in_16_bits_on_matrix_units(
         case(1, 8, 2, 257, 128, true, true),
         case(1, 2, 2, 130, 16, false, false),
     ];
-    for dtype in dtypes {
-        for (seed, c) in cases.into_iter().enumerate() {
-            check_case_with(dtype, c, first_seed + seed as u64, chosen_forward, backward);
-        }
+    for (dtype, i, wide) in matrix_unit_runs(&dtypes, cases.len(), &[2, 3]) {
+        let backward = if wide { every } else { chosen };
+        check_case_with(
+            dtype,
+            cases[i],
+            first_seed + i as u64,
+            chosen_forward,
+            backward,
+        );
     }
 }
 
@@ -295,7 +328,26 @@ fn registers_on_plain_units(
     client: &ComputeClient<R>,
     head_dim: usize,
 ) -> Vec<AttentionBackwardKernel> {
-    largest_on_plain_units(client, head_dim, AttentionBackwardKernel::registers_for)
+    largest_tiles(
+        client,
+        head_dim,
+        AttentionBackwardKernel::registers_for,
+        false,
+    )
+}
+
+/// The register backward on the `mma` instruction at the launcher's tiles
+/// for `head_dim`.
+fn registers_chosen_on_matrix_units(
+    client: &ComputeClient<R>,
+    head_dim: usize,
+) -> Vec<AttentionBackwardKernel> {
+    largest_tiles(
+        client,
+        head_dim,
+        AttentionBackwardKernel::registers_for,
+        true,
+    )
 }
 
 /// The register backward on the `mma` instruction at every tile pair of
@@ -358,6 +410,7 @@ fn register_backward_on_matrix_units_matches_reference_where_it_runs() {
     // sm_80); lavapipe has none, and the `test-cuda` build requires it.
     check_in_16_bits_on_matrix_units(
         AttentionBackwardKernel::mma_runs,
+        registers_chosen_on_matrix_units,
         registers_on_matrix_units,
         "register backward",
         1060,

@@ -45,6 +45,41 @@ pub fn matrix_unit_dtypes(
     dtypes
 }
 
+/// The runs of a matrix-unit test over `cases` cases, as `(dtype, case
+/// index, every tile pair)`: in the first of `dtypes`, the cases `wide` at
+/// every tile pair (the launcher's among them) and the others at the
+/// launcher's tiles; in each other type, the cases `wide` at the
+/// launcher's tiles. The tile pairs change a kernel's loops (and the order
+/// of its sums), the storage types its loads, rounding and stores, so the
+/// wide cases cover each with the others fixed. Each tile pair and type is
+/// one more kernel for NVRTC to compile (a register kernel about 3 s on the
+/// H200, on the device's one compiling thread), and a lease has minutes
+/// for all tests.
+pub fn matrix_unit_runs(
+    dtypes: &[FloatDtype],
+    cases: usize,
+    wide: &[usize],
+) -> Vec<(FloatDtype, usize, bool)> {
+    let mut runs = Vec::new();
+    for (t, &dtype) in dtypes.iter().enumerate() {
+        for case in 0..cases {
+            let is_wide = wide.contains(&case);
+            if t == 0 {
+                runs.push((dtype, case, is_wide));
+            } else if is_wide {
+                runs.push((dtype, case, false));
+            }
+        }
+    }
+    runs
+}
+
+/// No backward kernel: a check of a forward kernel alone (its output and
+/// log-sum-exp).
+pub fn no_backward(_: &ComputeClient<R>, _: usize) -> Vec<AttentionBackwardKernel> {
+    Vec::new()
+}
+
 /// The row backward and the one the launcher chooses for `head_dim` (the
 /// tiled one where it fits the device).
 pub fn row_and_chosen_backward(
@@ -350,4 +385,23 @@ pub fn check_case_with(
         );
     }
     errors.iter().map(|e| e.1).fold(0.0, f64::max)
+}
+
+#[test]
+fn matrix_unit_runs_cover_every_case_type_and_tile_pair() {
+    use FloatDtype::{Bf16, Bf16InF32, F16};
+    assert_eq!(
+        matrix_unit_runs(&[Bf16, F16, Bf16InF32], 4, &[1, 3]),
+        vec![
+            (Bf16, 0, false),
+            (Bf16, 1, true),
+            (Bf16, 2, false),
+            (Bf16, 3, true),
+            (F16, 1, false),
+            (F16, 3, false),
+            (Bf16InF32, 1, false),
+            (Bf16InF32, 3, false),
+        ]
+    );
+    assert!(matrix_unit_runs(&[], 4, &[1]).is_empty());
 }
