@@ -46,7 +46,9 @@
 #            register forward and backward on the mma instruction
 #            (attention_mma_bf16, kernels-mma), both without the reference
 #            (--no-reference: the first two phases measured it) and with
-#            torch-attention's times beside them (--torch); one
+#            torch-attention's times beside them (--torch); the register
+#            kernels at each of their tile pairs at seq 4096
+#            (kernels-mma-tiles, bench kernels --mma-tiles); one
 #            register forward + backward at seq 4096 under Nsight Compute
 #            (profile-kernels-mma: per attention kernel launch its time,
 #            occupancy and warp stalls; profile-kernels-mma-source: the

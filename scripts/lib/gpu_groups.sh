@@ -197,6 +197,12 @@ group_kernels() {
         --no-reference "${torch[@]}" --json "$GROUP_DIR/kernels-cmma.json"
     run_phase kernels-mma 150 "$F" "${k[@]}" "${all[@]}" --only attention_mma_bf16 \
         --no-reference "${torch[@]}" --json "$GROUP_DIR/kernels-mma.json"
+    # Every tile pair of the register forward and backward at seq 4096: the
+    # launcher takes the largest that fit, which need not be the fastest.
+    local one=(--min-seq 4096 --max-seq 4096)
+    [ "$DRY" = 1 ] && one=(--quick)
+    run_phase kernels-mma-tiles 120 "$F" "${k[@]}" "${one[@]}" --only attention_mma_bf16 \
+        --mma-tiles --no-reference --json "$GROUP_DIR/kernels-mma-tiles.json"
     # One register forward + backward at seq 4096, kernel by kernel: GPU
     # time (bench kernels' fwd ms is a wall time), occupancy and stalls.
     profile_phase profile-kernels-mma stalls bench kernels --backends "$backend" --head-dim 128 \

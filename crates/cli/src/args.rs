@@ -306,6 +306,12 @@ pub struct KernelsBenchArgs {
     /// only when named), swiglu, rms_norm, layer_norm, rope or cross_entropy.
     #[arg(long, value_name = "KERNEL")]
     pub only: Option<String>,
+    /// With --only attention_mma_bf16: also each tile pair of the register forward (the
+    /// backward at its largest tiles) and of the register backward (the forward at its
+    /// largest), one row each, the note naming the kernel; where a pair does not fit the
+    /// device's shared memory, its row says so.
+    #[arg(long)]
+    pub mma_tiles: bool,
     /// Time the fused kernels alone: the reference ops do not run and their columns stay
     /// empty. On a GPU the reference's first run at each shape compiles and autotunes
     /// Burn's matmuls, which takes minutes (about 40 s per shape on an H200).

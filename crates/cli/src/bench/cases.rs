@@ -2,6 +2,10 @@
 
 use std::fmt;
 
+use ferrotron_kernels::attention::{
+    AttentionBackwardKernel, AttentionKernel, MMA_BACKWARD_TILES, MMA_TILES,
+};
+
 /// One op at one shape; every op is timed forward + backward together.
 #[derive(Clone, Copy, Debug)]
 pub enum Case {
@@ -70,8 +74,63 @@ pub enum AttentionPath {
     /// kernels run 16-bit types only).
     CmmaBf16,
     /// The register forward and backward on the `mma` instruction (tensor
-    /// cores), bf16 as [`Self::CmmaBf16`].
-    MmaBf16,
+    /// cores), bf16 as [`Self::CmmaBf16`], at the tiles named.
+    MmaBf16(MmaTiles),
+}
+
+/// The tiles the register kernels of an [`AttentionPath::MmaBf16`] case run
+/// at (a tile pair that does not fit the device's shared memory does not
+/// run there).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MmaTiles {
+    /// Each kernel at the largest tiles that fit the device (what the
+    /// launcher chooses).
+    Largest,
+    /// The forward at `(planes, keys)` of [`MMA_TILES`], the backward at
+    /// its largest.
+    Forward(usize, usize),
+    /// The backward at `(planes, inner)` of [`MMA_BACKWARD_TILES`], the
+    /// forward at its largest.
+    Backward(usize, usize),
+}
+
+impl MmaTiles {
+    /// [`Self::Largest`], then with `every` each tile pair of the forward
+    /// ([`MMA_TILES`]) and each of the backward ([`MMA_BACKWARD_TILES`]).
+    fn sweep(every: bool) -> Vec<Self> {
+        let mut tiles = vec![Self::Largest];
+        if every {
+            tiles.extend(MMA_TILES.map(|(planes, keys)| Self::Forward(planes, keys)));
+            tiles.extend(MMA_BACKWARD_TILES.map(|(planes, inner)| Self::Backward(planes, inner)));
+        }
+        tiles
+    }
+
+    /// The kernel named with its tiles, `None` for [`Self::Largest`]: e.g.
+    /// `forward registers64x32-mma`.
+    pub fn note(self) -> Option<String> {
+        match self {
+            Self::Largest => None,
+            Self::Forward(planes, keys) => Some(format!(
+                "forward {}",
+                AttentionKernel::Registers {
+                    planes,
+                    keys,
+                    matrix_units: true
+                }
+                .name()
+            )),
+            Self::Backward(planes, inner) => Some(format!(
+                "backward {}",
+                AttentionBackwardKernel::Registers {
+                    planes,
+                    inner,
+                    matrix_units: true
+                }
+                .name()
+            )),
+        }
+    }
 }
 
 /// Name of the rows of the fragment attention on the matrix units, and the
@@ -97,7 +156,7 @@ impl Case {
                 AttentionPath::Row => "attention",
                 AttentionPath::Tiled => "attention_tiled",
                 AttentionPath::CmmaBf16 => CMMA_KERNEL,
-                AttentionPath::MmaBf16 => MMA_KERNEL,
+                AttentionPath::MmaBf16(_) => MMA_KERNEL,
             },
             Case::Swiglu { .. } => "swiglu",
             Case::Norm { layer: false, .. } => "rms_norm",
@@ -113,8 +172,20 @@ impl Case {
         match self {
             Case::Attention { forward, .. } => Some(match forward {
                 AttentionPath::Row | AttentionPath::Tiled => "f32",
-                AttentionPath::CmmaBf16 | AttentionPath::MmaBf16 => "bf16",
+                AttentionPath::CmmaBf16 | AttentionPath::MmaBf16(_) => "bf16",
             }),
+            _ => None,
+        }
+    }
+
+    /// The register kernels' tiles where the case names them
+    /// ([`MmaTiles::note`]), for the row's note.
+    pub fn tiles_note(&self) -> Option<String> {
+        match self {
+            Case::Attention {
+                forward: AttentionPath::MmaBf16(tiles),
+                ..
+            } => tiles.note(),
             _ => None,
         }
     }
@@ -223,35 +294,36 @@ impl fmt::Display for Case {
 }
 
 /// The sweep: attention (the row and the tiled kernel, and with
-/// `matrix_units` the fragment kernels and the register forward on the
-/// matrix units too) at every sequence length from `min_seq` to
-/// `max_seq`, then one shape of each other op; attention and RoPE with
-/// `head_dim` values per head; `quick` shrinks everything to a smoke test
-/// (attention at 64 and 128 tokens, whatever the bounds).
+/// `matrix_units` the fragment kernels and the register kernels on the
+/// matrix units too, the latter with `every_mma_tile` at each of their
+/// tile pairs as well, [`MmaTiles`]) at every sequence length from
+/// `min_seq` to `max_seq`, then one shape of each other op; attention and
+/// RoPE with `head_dim` values per head; `quick` shrinks everything to a
+/// smoke test (attention at 64 and 128 tokens, whatever the bounds).
 pub fn sweep(
     quick: bool,
     min_seq: usize,
     max_seq: usize,
     head_dim: usize,
     matrix_units: bool,
+    every_mma_tile: bool,
 ) -> Vec<Case> {
     let (batch, heads) = if quick { (1, 2) } else { (4, 8) };
     let seqs: &[usize] = if quick { &[64, 128] } else { &ATTENTION_SEQS };
+    let mut paths = vec![AttentionPath::Row, AttentionPath::Tiled];
+    if matrix_units {
+        paths.push(AttentionPath::CmmaBf16);
+        paths.extend(
+            MmaTiles::sweep(every_mma_tile)
+                .into_iter()
+                .map(AttentionPath::MmaBf16),
+        );
+    }
     let mut cases: Vec<Case> = seqs
         .iter()
         .filter(|&&seq| (min_seq..=max_seq).contains(&seq) || quick)
         .flat_map(|&seq| {
-            [
-                AttentionPath::Row,
-                AttentionPath::Tiled,
-                AttentionPath::CmmaBf16,
-                AttentionPath::MmaBf16,
-            ]
-            .into_iter()
-            .filter(move |&forward| {
-                matrix_units || matches!(forward, AttentionPath::Row | AttentionPath::Tiled)
-            })
-            .map(move |forward| Case::Attention {
+            paths.iter().map(move |&forward| Case::Attention {
                 batch,
                 heads,
                 seq,

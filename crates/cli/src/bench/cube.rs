@@ -9,7 +9,7 @@ use burn::backend::Autodiff;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime};
 use cubecl::prelude::*;
 
-use super::cases::Case;
+use super::cases::{AttentionPath, Case, MmaTiles};
 use super::fused;
 use super::kernels::Sample;
 use super::reference::{self, Meter};
@@ -55,9 +55,15 @@ impl<R: CubeRuntime, BT: BoolElement> Target for CubeTarget<R, BT> {
         else {
             return None;
         };
+        let why = match forward {
+            AttentionPath::MmaBf16(MmaTiles::Forward(..) | MmaTiles::Backward(..)) => {
+                " (no mma instruction, or these tiles do not fit its shared memory)"
+            }
+            _ => "",
+        };
         fused::attention_kernels(&self.client, head_dim, forward)
             .is_none()
-            .then(|| format!("{}: not on this device", case.kernel()))
+            .then(|| format!("{}: not on this device{why}", case.kernel()))
     }
 
     fn fused(&self, case: &Case) -> Result<Sample> {

@@ -19,7 +19,7 @@ use ferrotron_kernels::swiglu::{swiglu_backward, swiglu_forward};
 use ferrotron_kernels::FloatDtype;
 use ferrotron_models::rope_scaling::inv_freq;
 
-use super::cases::{pattern, targets, AttentionPath, Case, NORM_EPS, ROPE_THETA};
+use super::cases::{pattern, targets, AttentionPath, Case, MmaTiles, NORM_EPS, ROPE_THETA};
 use super::kernels::Sample;
 
 /// Device bytes in active allocations (`MemoryUsage::bytes_in_use`).
@@ -118,8 +118,9 @@ fn ones<R: Runtime>(client: &ComputeClient<R>, n: usize) -> Handle {
 /// forward (bf16) and backward on the matrix units, each at the largest
 /// tiles that fit, else the backward the launcher chooses; the register
 /// forward and backward on the `mma` instruction (bf16), each at the
-/// largest tiles that fit, else the backward the launcher chooses. `None`
-/// when the device cannot run the forward.
+/// largest tiles that fit (else the backward the launcher chooses) or at
+/// the tiles the path names. `None` when the device cannot run the
+/// forward, or the tiles named do not fit its shared memory.
 pub fn attention_kernels<R: Runtime>(
     client: &ComputeClient<R>,
     head_dim: usize,
@@ -145,14 +146,41 @@ pub fn attention_kernels<R: Runtime>(
                 (forward, backward, FloatDtype::Bf16)
             })
         }
-        AttentionPath::MmaBf16 => AttentionKernel::mma_runs(client, FloatDtype::Bf16)
-            .then(|| AttentionKernel::registers_for(max_shared, head_dim, true))
-            .flatten()
-            .map(|forward| {
-                let backward = AttentionBackwardKernel::registers_for(max_shared, head_dim, true)
-                    .unwrap_or(chosen_backward);
-                (forward, backward, FloatDtype::Bf16)
-            }),
+        AttentionPath::MmaBf16(tiles) => {
+            if !AttentionKernel::mma_runs(client, FloatDtype::Bf16) {
+                return None;
+            }
+            // The largest forward also says whether head_dim runs at all.
+            let largest = AttentionKernel::registers_for(max_shared, head_dim, true)?;
+            let largest_backward =
+                AttentionBackwardKernel::registers_for(max_shared, head_dim, true);
+            let (forward, backward) = match tiles {
+                MmaTiles::Largest => (largest, largest_backward.unwrap_or(chosen_backward)),
+                MmaTiles::Forward(planes, keys) => {
+                    let forward = AttentionKernel::Registers {
+                        planes,
+                        keys,
+                        matrix_units: true,
+                    };
+                    if forward.shared_bytes(head_dim) > max_shared {
+                        return None;
+                    }
+                    (forward, largest_backward.unwrap_or(chosen_backward))
+                }
+                MmaTiles::Backward(planes, inner) => {
+                    let backward = AttentionBackwardKernel::Registers {
+                        planes,
+                        inner,
+                        matrix_units: true,
+                    };
+                    if backward.shared_bytes(head_dim) > max_shared {
+                        return None;
+                    }
+                    (largest, backward)
+                }
+            };
+            Some((forward, backward, FloatDtype::Bf16))
+        }
     }
 }
 

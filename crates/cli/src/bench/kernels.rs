@@ -40,12 +40,18 @@ pub fn run(args: KernelsBenchArgs) -> Result<()> {
     // The matrix-unit kernels only when asked for by name (README, "Kernels on a
     // GPU": a sweep stalled after it on an H100).
     let matrix_units = matches!(args.only.as_deref(), Some(CMMA_KERNEL | MMA_KERNEL));
+    if args.mma_tiles && args.only.as_deref() != Some(MMA_KERNEL) {
+        return Err(usage(format!(
+            "--mma-tiles: only with --only {MMA_KERNEL} (the register kernels' tile pairs)"
+        )));
+    }
     let cases: Vec<Case> = sweep(
         args.quick,
         args.min_seq,
         args.max_seq,
         args.head_dim,
         matrix_units,
+        args.mma_tiles,
     )
     .into_iter()
     .filter(|c| {
@@ -109,10 +115,11 @@ pub fn run(args: KernelsBenchArgs) -> Result<()> {
                     (Some(measured), None)
                 }
             };
-            let note = match (fused_note, reference_note) {
-                (Some(f), Some(r)) => Some(format!("{f}; {r}")),
-                (f, r) => f.or(r),
-            };
+            let notes: Vec<String> = [case.tiles_note(), fused_note, reference_note]
+                .into_iter()
+                .flatten()
+                .collect();
+            let note = (!notes.is_empty()).then(|| notes.join("; "));
             if target.name() == "flex" {
                 cpu_reference_ms = reference.map(|r| r.ms);
             }

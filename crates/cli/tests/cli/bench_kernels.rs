@@ -3,7 +3,8 @@
 //! `wgpu` row (fused and reference) with positive times and memory, and
 //! TFLOP/s for attention (built with `--features kernels-bench`); the cmma
 //! attention kernel runs only when named and says where it cannot;
-//! `--no-reference` leaves the reference out; `--torch` sets PyTorch's
+//! `--mma-tiles` adds a row per tile pair of the register kernels, and
+//! only with them; `--no-reference` leaves the reference out; `--torch` sets PyTorch's
 //! attention times beside the rows of their shape and type, and a file of
 //! another kind exits 2; a
 //! backend that is not compiled in is refused by name; without the feature
@@ -161,6 +162,62 @@ fn the_matrix_unit_kernels_run_when_named_and_say_where_they_cannot() {
             );
         }
     }
+}
+
+#[cfg(feature = "kernels-bench")]
+#[test]
+fn mma_tiles_adds_a_row_per_register_tile_pair_only_with_the_register_kernels() {
+    let json = json_path("mma-tiles");
+    let run = |only: &str| {
+        deadline::output(&mut quick_bench(
+            &[
+                "--backends",
+                "wgpu",
+                "--only",
+                only,
+                "--mma-tiles",
+                "--no-reference",
+            ],
+            &json,
+        ))
+    };
+    let out = run("attention");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("--mma-tiles"), "{stderr}");
+    assert!(!json.exists(), "nothing written");
+
+    let out = run("attention_mma_bf16");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed: {stderr}");
+    let notes: Vec<String> = take_rows(&json)
+        .iter()
+        .map(|r| r["note"].as_str().unwrap_or_default().to_string())
+        .collect();
+    // Per quick shape: the largest tiles, then the forward's four tile
+    // pairs and the backward's four, each named; lavapipe runs none.
+    let named = [
+        "forward registers64x64-mma",
+        "forward registers64x32-mma",
+        "forward registers64x16-mma",
+        "forward registers16x16-mma",
+        "backward registers64x32-mma",
+        "backward registers64x16-mma",
+        "backward registers32x16-mma",
+        "backward registers16x16-mma",
+    ];
+    let no_reference = "reference not run (--no-reference)";
+    let largest = format!("attention_mma_bf16: not on this device; {no_reference}");
+    let tiles = named.map(|n| {
+        format!(
+            "{n}; attention_mma_bf16: not on this device (no mma instruction, or these tiles \
+             do not fit its shared memory); {no_reference}"
+        )
+    });
+    let per_shape = std::iter::once(largest).chain(tiles);
+    let want: Vec<String> = per_shape.clone().chain(per_shape).collect();
+    assert_eq!(notes, want);
 }
 
 #[cfg(feature = "kernels-bench")]

@@ -84,6 +84,7 @@ fn expected_phases() -> Vec<(String, &'static str)> {
         p.push(("torch-attention".into(), "ok|skipped"));
         p.push(("kernels-cmma".into(), "ok"));
         p.push(("kernels-mma".into(), "ok"));
+        p.push(("kernels-mma-tiles".into(), "ok"));
         p.push(("profile-kernels-mma".into(), "skipped"));
         p.push(("profile-kernels-mma-source".into(), "skipped"));
         p.push(("kernels-wgpu".into(), "ok"));
