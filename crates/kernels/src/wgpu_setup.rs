@@ -98,7 +98,6 @@ pub fn thread_device() -> WgpuDevice {
 
     /// Live threads holding each of `DefaultDevice` (0) and `Cpu` (1).
     static HOLDERS: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
-    static CPU_ADAPTER: OnceLock<bool> = OnceLock::new();
     /// This thread's choice; releases it when the thread ends.
     struct Held(Cell<Option<usize>>);
     impl Drop for Held {
@@ -111,8 +110,7 @@ pub fn thread_device() -> WgpuDevice {
     thread_local!(static HELD: Held = const { Held(Cell::new(None)) });
 
     autotune_for_default_adapter();
-    let cpu = *CPU_ADAPTER.get_or_init(|| default_adapter().is_some_and(|(_, cpu)| cpu));
-    if !cpu {
+    if !process_adapter().as_ref().is_some_and(|(_, cpu)| *cpu) {
         return WgpuDevice::DefaultDevice;
     }
     let index = HELD.with(|held| {
@@ -136,7 +134,7 @@ pub fn autotune_for_default_adapter() -> &'static AutotuneChoice {
         let user = std::env::var(AUTOTUNE_VAR).ok();
         // Only ask wgpu when the answer can matter.
         let adapter = if user.is_none() {
-            default_adapter()
+            process_adapter().clone()
         } else {
             None
         };
@@ -162,6 +160,13 @@ fn decide(user: Option<String>, adapter: Option<(String, bool)>) -> AutotuneChoi
         (None, Some((adapter, true))) => AutotuneChoice::Minimal { adapter },
         (None, Some((adapter, false))) => AutotuneChoice::Default { adapter },
     }
+}
+
+/// [`default_adapter`], asked once per process: the autotune choice and
+/// [`thread_device`] share the answer.
+fn process_adapter() -> &'static Option<(String, bool)> {
+    static ADAPTER: OnceLock<Option<(String, bool)>> = OnceLock::new();
+    ADAPTER.get_or_init(default_adapter)
 }
 
 /// Name of the adapter cubecl's `DefaultDevice` resolves to, and whether it
