@@ -156,30 +156,27 @@ pub fn attention_kernels<R: Runtime>(
                 AttentionBackwardKernel::registers_for(max_shared, head_dim, true);
             let (forward, backward) = match tiles {
                 MmaTiles::Largest => (largest, largest_backward.unwrap_or(chosen_backward)),
-                MmaTiles::Forward(planes, keys) => {
-                    let forward = AttentionKernel::Registers {
+                MmaTiles::Forward(planes, keys) => (
+                    AttentionKernel::Registers {
                         planes,
                         keys,
                         matrix_units: true,
-                    };
-                    if forward.shared_bytes(head_dim) > max_shared {
-                        return None;
-                    }
-                    (forward, largest_backward.unwrap_or(chosen_backward))
-                }
-                MmaTiles::Backward(planes, inner) => {
-                    let backward = AttentionBackwardKernel::Registers {
+                    },
+                    largest_backward.unwrap_or(chosen_backward),
+                ),
+                MmaTiles::Backward(planes, inner) => (
+                    largest,
+                    AttentionBackwardKernel::Registers {
                         planes,
                         inner,
                         matrix_units: true,
-                    };
-                    if backward.shared_bytes(head_dim) > max_shared {
-                        return None;
-                    }
-                    (largest, backward)
-                }
+                    },
+                ),
             };
-            Some((forward, backward, FloatDtype::Bf16))
+            // The launcher's choices fit by construction; named tiles may not.
+            let fits = forward.shared_bytes(head_dim) <= max_shared
+                && backward.shared_bytes(head_dim) <= max_shared;
+            fits.then_some((forward, backward, FloatDtype::Bf16))
         }
     }
 }
