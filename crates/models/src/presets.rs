@@ -14,6 +14,7 @@ pub const PRESET_NAMES: &[&str] = &[
     "gpt2-medium",
     "gpt2-large",
     "gpt2-xl",
+    "gpt3-13b",
     "llama2-7b",
     "llama3-8b",
     "llama3-70b",
@@ -157,6 +158,14 @@ pub fn preset(name: &str) -> Option<DecoderConfig> {
         "gpt2-medium" => gpt2(1024, 24, 16),
         "gpt2-large" => gpt2(1280, 36, 20),
         "gpt2-xl" => gpt2(1600, 48, 25),
+        // GPT-3 13B (Brown et al. 2020, Table 2.1): GPT-2's architecture and
+        // vocabulary, 40 layers of 40 heads of 128, a 2048-token context.
+        // The table's d_model of 5140 is not 40 x 128; the width is 5120,
+        // as in Megatron-LM's GPT-3 runs.
+        "gpt3-13b" => DecoderConfig {
+            max_seq_len: 2048,
+            ..gpt2(5120, 40, 40)
+        },
         "llama2-7b" => llama(32000, 4096, 32, 32, 32, 11008, 4096, 10000.0),
         "llama3-8b" => llama(128256, 4096, 32, 32, 8, 14336, 8192, 500000.0),
         "llama3-70b" => llama(128256, 8192, 80, 64, 8, 28672, 8192, 500000.0),
@@ -198,6 +207,17 @@ mod tests {
         for (name, count) in expected {
             assert_eq!(preset(name).unwrap().num_params(), count, "{name}");
         }
+    }
+
+    #[test]
+    fn gpt3_13b_has_the_count_of_its_shape() {
+        // Counted by hand (no checkpoint is published): per layer two
+        // LayerNorms (4h), the QKV and output projections (4h^2 + 4h) and the
+        // MLP (8h^2 + 5h); then token and position tables and the final norm.
+        let (v, s, h, l) = (50257u64, 2048u64, 5120u64, 40u64);
+        let count = l * (12 * h * h + 13 * h) + (v + s) * h + 2 * h;
+        assert_eq!(count, 12_853_386_240);
+        assert_eq!(preset("gpt3-13b").unwrap().num_params() as u64, count);
     }
 
     #[test]

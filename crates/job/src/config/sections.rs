@@ -15,7 +15,8 @@ job_sections! {
     /// `[model]`: which model is trained.
     [model] ModelSection {
         /// Model preset: gpt-mini, llama-mini, bloom-mini, gpt2, gpt2-medium, gpt2-large,
-        /// gpt2-xl, llama2-7b, llama3-8b, llama3-70b, bloom-560m, bloom-7b1, bloom-176b.
+        /// gpt2-xl, gpt3-13b, llama2-7b, llama3-8b, llama3-70b, llama3.1-8b, llama3.1-70b,
+        /// llama3.2-1b, llama3.2-3b, bloom-560m, bloom-7b1, bloom-176b.
         name: String = "gpt-mini".into(), flag model: String;
         /// Vocabulary size of the tokenizer and the model (default: the preset's, or the
         /// shard set's tokenizer's).
