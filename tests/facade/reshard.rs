@@ -1,6 +1,6 @@
 //! Sharded checkpoints reshard on load, through `Job` and `Resume`: a
 //! job's step-3 checkpoint, written per rank in one layout, resumes in
-//! another (TP, PP with interleaving, DP, ZeRO stage and rank count all
+//! another (TP, PP with interleaving, CP, DP, ZeRO stage and rank count all
 //! changed), and steps 4 and 5 and the final weights equal the
 //! uninterrupted one-rank job's (grad-accum 4, global batch 8) within the
 //! equivalence tolerances of the layouts involved:
@@ -8,8 +8,9 @@
 //!   tied to the head) resumes on one rank, on a pp2 pipeline (the tied
 //!   embedding held by both end stages) and as tp2 x dp2 ZeRO-3;
 //! - an interleaved pp2 checkpoint of llama-mini resumes as tp2 x dp2;
-//! - the one-rank llama-mini checkpoint resumes as dp2 ZeRO-3 and as
-//!   tp2 x pp2 x dp2 (8 ranks, oversubscribed).
+//! - the one-rank llama-mini checkpoint resumes as dp2 ZeRO-3, as cp2
+//!   (whose data-parallel degree is 1, so the global batch is kept at the
+//!   same grad-accum) and as tp2 x pp2 x dp2 (8 ranks, oversubscribed).
 //!
 //! Each resume continues a copy of its source run, opened with
 //! [`Resume::open`] and validated with the run's own configuration in the
@@ -41,7 +42,8 @@ use ferrotron_test_support::runs::{check_weights, copy_dir, step_records};
 /// Largest difference between a resumed run's weights and the one-rank
 /// run's, relative to the model's largest weight: the tolerance of the
 /// tensor-parallel equivalence tests (`tensor_parallel`, which explains
-/// it), since every resumed run here has TP on one side.
+/// it), since most resumed runs here have TP or CP on one side (CP's ring
+/// rounds as TP does: `context_parallel`).
 const MODEL_TOLERANCE: f32 = 1e-4;
 
 /// Largest difference within one tensor, relative to its own largest
@@ -122,6 +124,8 @@ fn reshards() -> Vec<Reshard> {
             from: one_rank(4),
             to: vec![
                 layout("dp2-zero3", 2, 2, |c| c.parallelism.zero = ZeroStage::Three),
+                // dp 1: the global batch is kept at the same grad-accum.
+                layout("cp2", 2, 4, |c| c.parallelism.cp = 2),
                 layout("tp2-pp2-dp2", 8, 2, |c| {
                     c.parallelism.tp = 2;
                     c.parallelism.pp = 2;

@@ -103,10 +103,9 @@ impl Resume {
 
     /// Notes the settings of `c` (the run's, with the flags given) that may
     /// not change ([`on_resume`]), and `--override` keys that are unknown,
-    /// kept or free; keeps the overridden changes. The global
-    /// batch (`dp x micro-batch x grad-accum`) may not change either, and
-    /// the steps may not end before the checkpoint's.
-    pub(crate) fn check(&mut self, c: &JobConfig, world_size: usize, p: &mut Problems) {
+    /// kept or free; keeps the overridden changes. The steps may not end
+    /// before the checkpoint's.
+    pub(crate) fn check(&mut self, c: &JobConfig, p: &mut Problems) {
         let changes = c.changes(&self.config);
         self.overridden.clear();
         for change in changes.iter() {
@@ -126,15 +125,6 @@ impl Resume {
             }
         }
         self.check_overrides(p);
-        let par = &c.parallelism;
-        let dp_now = par.dp.unwrap_or(world_size / (par.tp * par.pp).max(1));
-        let now = dp_now * c.schedule.micro_batch * c.schedule.grad_accum;
-        if now != self.record.global_batch {
-            p.other("--resume", format!(
-                "the global batch would be {now} sequences (dp {dp_now} x --micro-batch {} x --grad-accum {}), the run's is {}; keep it",
-                c.schedule.micro_batch, c.schedule.grad_accum, self.record.global_batch
-            ));
-        }
         if c.schedule.steps < self.state.step {
             p.key(
                 "schedule",
@@ -144,6 +134,19 @@ impl Resume {
                     c.schedule.steps, self.state.step
                 ),
             );
+        }
+    }
+
+    /// The global batch (`dp x micro-batch x grad-accum` sequences, `dp`
+    /// the mesh's data-parallel degree, as the run recorded it) may not
+    /// change.
+    pub(crate) fn check_global_batch(&self, c: &JobConfig, dp: usize, p: &mut Problems) {
+        let now = dp * c.schedule.micro_batch * c.schedule.grad_accum;
+        if now != self.record.global_batch {
+            p.other("--resume", format!(
+                "the global batch would be {now} sequences (dp {dp} x --micro-batch {} x --grad-accum {}), the run's is {}; keep it",
+                c.schedule.micro_batch, c.schedule.grad_accum, self.record.global_batch
+            ));
         }
     }
 

@@ -167,10 +167,13 @@ fn validate(
     let mut p = Problems::default();
     fields::check_fields(&config, &mut p);
     if let Some(r) = &mut resume {
-        r.check(&config, world.world_size, &mut p);
+        r.check(&config, &mut p);
     }
     let backend = layout::backend(&config, world, here, &mut p);
     let mesh = layout::mesh(&config, world, &mut p);
+    if let (Some(r), Some(mesh)) = (&resume, &mesh) {
+        r.check_global_batch(&config, mesh.dp, &mut p);
+    }
     let shards = match here {
         Here::Yes => model::shards(&config, resume.as_ref(), &mut p),
         Here::No => None,
