@@ -32,7 +32,9 @@ pub enum Recompute {
     #[default]
     None,
     /// The attention core: scores, softmax (and its dropout), the weighted
-    /// sum of the values (Korthikanti Sec. 5).
+    /// sum of the values (Korthikanti Sec. 5). `sel` in a job file too, as
+    /// on the command line.
+    #[serde(alias = "sel")]
     Selective,
     /// Each block's forward from its stored input (activation checkpointing).
     Full,
@@ -129,5 +131,14 @@ mod tests {
             .parse::<Recompute>()
             .unwrap_err()
             .contains("'partial'"));
+    }
+
+    #[test]
+    fn a_job_file_takes_the_names_the_command_line_takes() {
+        for name in ["none", "selective", "sel", "full"] {
+            let from_file: Recompute = serde_json::from_str(&format!("\"{name}\"")).unwrap();
+            assert_eq!(Ok(from_file), name.parse::<Recompute>(), "{name}");
+        }
+        assert!(serde_json::from_str::<Recompute>("\"partial\"").is_err());
     }
 }
