@@ -9,7 +9,7 @@ use ferrotron_models::presets::{preset, PRESET_NAMES};
 use ferrotron_models::DecoderConfig;
 
 use super::Problems;
-use crate::config::JobConfig;
+use crate::config::{JobConfig, ModelSection};
 use crate::resume::Resume;
 
 /// Opens `data.shards` (checked against the resumed run's shard set).
@@ -42,6 +42,21 @@ pub(super) fn architecture(
         return Some(r.record.model.clone());
     }
     let m = &c.model;
+    if let Some(dir) = &m.hf_dir {
+        // `--model` with `--hf-dir` is refused by the command line; a job
+        // file's preset would otherwise be ignored without a word.
+        if m.name != ModelSection::default().name {
+            p.key(
+                "model",
+                "name",
+                format!(
+                    "{}: the model comes from {} (model.hf_dir); give one of them",
+                    m.name,
+                    dir.join("config.json").display()
+                ),
+            );
+        }
+    }
     let mut model = match &m.hf_dir {
         Some(dir) => match from_hf_config(&dir.join("config.json")) {
             Ok((_, config)) => config,

@@ -86,6 +86,32 @@ fn model_free_and_model_checks_are_reported_together() {
 }
 
 #[test]
+fn a_preset_beside_a_hugging_face_directory_is_refused() {
+    let dir = std::env::temp_dir().join(format!("ferrotron-hf-{}", std::process::id()));
+    let job = |name: &str| {
+        JobConfig::from_toml_str(
+            &format!(
+                "[model]\nname = \"{name}\"\nhf_dir = {:?}\n",
+                dir.display().to_string()
+            ),
+            "hf.toml",
+        )
+        .unwrap()
+    };
+    // The directory does not exist: one line for it, and one for the preset.
+    let p = problems(&job("gpt2"), 1);
+    assert!(
+        p.iter()
+            .any(|l| l.starts_with("model.name: --model gpt2: the model comes from")),
+        "{p:#?}"
+    );
+    // The default preset is what a job file without `name` has.
+    let p = problems(&job("gpt-mini"), 1);
+    assert!(p.iter().all(|l| !l.starts_with("model.name")), "{p:#?}");
+    assert!(p.iter().any(|l| l.starts_with("model.hf_dir")), "{p:#?}");
+}
+
+#[test]
 fn a_world_the_mesh_does_not_fill_is_refused() {
     let job = JobConfig::from_toml_str(
         "[parallelism]\ntp = 2\ndp = 2\n[checkpoint]\nout = \"x\"\n",
