@@ -20,7 +20,7 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Train a model (with no flags: a small GPT on the embedded corpus, ~3 min on 2 CPU cores).
+    /// Train a model (with no flags: a small GPT on the embedded corpus, about a minute on 2 CPU cores).
     Train(Box<TrainArgs>),
     /// Sample text (or token ids) from a trained run or a Hugging Face model directory.
     Generate(GenerateArgs),

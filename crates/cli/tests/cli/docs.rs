@@ -4,7 +4,8 @@
 //!
 //! For README.md and every `docs/**/*.md`:
 //! - every relative Markdown link resolves to a file or directory of the
-//!   repository (anchors are not checked);
+//!   repository, and its anchor, if it points into a Markdown page, to one
+//!   of that page's headings;
 //! - every `--flag` on a line that names `ferrotron` (a command split over
 //!   lines with `\` counts as one line), and every `--flag` in a table row
 //!   of docs/training.md, is an option of some `ferrotron` subcommand's
@@ -247,43 +248,130 @@ fn training_page() -> String {
     std::fs::read_to_string(repo_root().join("docs/training.md")).expect("docs/training.md")
 }
 
+/// The lines of `text` outside fenced code blocks, numbered from 1.
+fn prose_lines(text: &str) -> Vec<(usize, &str)> {
+    let mut fenced = false;
+    let mut lines = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced {
+            lines.push((n + 1, line));
+        }
+    }
+    lines
+}
+
+/// The targets of the inline Markdown links on `line` (`[text](target)`).
+fn link_targets(line: &str) -> Vec<&str> {
+    let mut targets = Vec::new();
+    let mut rest = line;
+    while let Some(at) = rest.find("](") {
+        let after = &rest[at + 2..];
+        let Some(end) = after.find(')') else { break };
+        targets.push(after[..end].split_whitespace().next().unwrap_or(""));
+        rest = &after[end..];
+    }
+    targets
+}
+
+/// The anchor a forge (GitHub, Gitea, GitLab) gives a heading's text:
+/// link syntax reduced to the link's text, lowercase, every character but
+/// letters, digits, `-`, `_` and spaces dropped, spaces as `-`.
+fn heading_anchor(heading: &str) -> String {
+    let mut text = String::new();
+    let mut rest = heading;
+    while let Some(at) = rest.find("](") {
+        text.push_str(&rest[..at]);
+        rest = rest[at..].find(')').map_or("", |end| &rest[at + end + 1..]);
+    }
+    text.push_str(rest);
+    text.trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | ' '))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of `text`'s headings; a repeated heading's later anchors
+/// gain `-1`, `-2`, ... as on a forge.
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut seen = std::collections::BTreeMap::<String, usize>::new();
+    let mut out = BTreeSet::new();
+    for (_, line) in prose_lines(text) {
+        let hashes = line.len() - line.trim_start_matches('#').len();
+        if !(1..=6).contains(&hashes) || !line[hashes..].starts_with(' ') {
+            continue;
+        }
+        let anchor = heading_anchor(line[hashes..].trim_end_matches(['#', ' ']));
+        let count = seen.entry(anchor.clone()).or_default();
+        out.insert(match *count {
+            0 => anchor,
+            n => format!("{anchor}-{n}"),
+        });
+        *count += 1;
+    }
+    out
+}
+
 #[test]
 fn every_relative_link_resolves() {
     let mut broken = Vec::new();
     for (path, text) in pages() {
         let dir = path.parent().unwrap();
-        let mut fenced = false;
-        for (n, line) in text.lines().enumerate() {
-            if line.trim_start().starts_with("```") {
-                fenced = !fenced;
-                continue;
-            }
-            if fenced {
-                continue;
-            }
-            let mut rest = line;
-            while let Some(at) = rest.find("](") {
-                let after = &rest[at + 2..];
-                let Some(end) = after.find(')') else { break };
-                let target = after[..end].split_whitespace().next().unwrap_or("");
-                rest = &after[end..];
-                let external = ["http://", "https://", "mailto:", "#"]
+        for (n, line) in prose_lines(&text) {
+            for target in link_targets(line) {
+                let external = ["http://", "https://", "mailto:"]
                     .iter()
                     .any(|p| target.starts_with(p));
-                let file = target.split('#').next().unwrap();
-                if external || file.is_empty() {
-                    continue;
-                }
-                if !dir.join(file).exists() {
-                    broken.push(format!("{}:{}: {target}", name(&path), n + 1));
+                let (file, anchor) = target.split_once('#').unwrap_or((target, ""));
+                let page = if file.is_empty() {
+                    path.clone()
+                } else {
+                    dir.join(file)
+                };
+                let missing = if external || target.is_empty() {
+                    false
+                } else if !page.exists() {
+                    true
+                } else if !anchor.is_empty() && page.extension().is_some_and(|x| x == "md") {
+                    let text = std::fs::read_to_string(&page).unwrap_or_default();
+                    !anchors(&text).contains(anchor)
+                } else {
+                    false
+                };
+                if missing {
+                    broken.push(format!("{}:{n}: {target}", name(&path)));
                 }
             }
         }
     }
     assert!(
         broken.is_empty(),
-        "links to missing files:\n{}",
+        "links to missing files or headings:\n{}",
         broken.join("\n")
+    );
+}
+
+#[test]
+fn heading_anchors_are_the_forges() {
+    let text = "# Kernels and backends\n```\n# not a heading\n```\n\
+                ## Which implementation runs: `--kernels`\n\
+                ### bf16 and fp16 with TP, PP and CP\n## On a lent GPU: `scripts/gpu_check.sh`\n\
+                ## See [kernels](kernels.md)\n## Notes\n## Notes\n#hashtag\n";
+    let expected = [
+        "kernels-and-backends",
+        "which-implementation-runs---kernels",
+        "bf16-and-fp16-with-tp-pp-and-cp",
+        "on-a-lent-gpu-scriptsgpu_checksh",
+        "see-kernels",
+        "notes",
+        "notes-1",
+    ];
+    assert_eq!(
+        anchors(text),
+        expected.into_iter().map(String::from).collect()
     );
 }
 

@@ -90,6 +90,7 @@ pub enum AttentionKernelChoice {
     /// x 16 `mma` instruction for the compute dtype (16-bit) and the head
     /// dimension is a multiple of 16 up to 128: the register forward and
     /// backward, scores and accumulators in registers; elsewhere as
-    /// `auto`. Opt-in until it has run on a GPU.
+    /// `auto`. Opt-in until its backward's test has passed on a GPU and
+    /// it has run a training step there.
     Registers,
 }

@@ -112,7 +112,7 @@ job_sections! {
         /// holding chunks r and 2cp-1-r, and attention passes keys and values around the ring
         /// (ring attention); seq_len must be a multiple of 2 x cp. Composes with tp (and sp), dp,
         /// ZeRO and pp (each stage's ring passes its rank's chunks to the same ring rank of the
-        /// next stage); fp32 only.
+        /// next stage), in any precision.
         cp: usize = 1, flag cp: usize;
         /// Pipeline-parallel degree: the blocks split into pp contiguous stages (embedding on the
         /// first, final norm, head and loss on the last); a step's micro-batches are its
@@ -239,9 +239,11 @@ job_sections! {
         /// the head through the whole logits); default fused where the backend has them, else
         /// Ferrotron's CPU operations on flex.
         kernels: Option<Kernels> = None, flag kernels: Kernels;
-        /// The fused attention's kernels: auto (FlashAttention-2 tiles on plain units) or
+        /// The fused attention's kernels: auto (FlashAttention-2 tiles on plain units),
         /// matrix-units (fragment forward and backward on tensor cores, in 16 bits at head
-        /// dimensions that are multiples of 16 up to 128; elsewhere as auto). Needs fused kernels.
+        /// dimensions that are multiples of 16 up to 128; elsewhere as auto) or registers (the
+        /// register forward and backward on the mma instruction, NVIDIA from sm_80, under the
+        /// same conditions). Needs fused kernels.
         attention_kernel: AttentionKernelChoice = AttentionKernelChoice::Auto,
             flag attention_kernel: AttentionKernelChoice;
     }

@@ -54,7 +54,7 @@ macro_rules! job_sections {
         /// Every setting of a training job, by section: the TOML file of
         /// `ferrotron train --config` and, one flag per key, its command
         /// line. Defaults are the out-of-the-box run (the small GPT on the
-        /// embedded corpus, about 3 minutes on 2 CPU cores).
+        /// embedded corpus, about a minute on 2 CPU cores).
         #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
         pub struct JobConfig {
             $( $(#[doc = $sdoc])* pub $section: $Section, )*
