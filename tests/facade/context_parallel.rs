@@ -8,12 +8,15 @@
 //! batch (4 sequences of 32 tokens, 4 chunks of 8 on a ring of 2) after 5
 //! steps: every step's loss and gradient norm within 1e-5 relative, and
 //! the weights within the TP bounds (the step-1 gradients are compared
-//! per tensor at 1e-5 in the job crate's `gradients_parallel`).
+//! per tensor at 1e-5 in the job crate's `gradients_parallel`), and their
+//! MFU per device and gradient-sync record consistent with their ranks.
 //!
 //! Two `mpirun` launches of this binary's workers (2 ranks: 3 jobs; 4
 //! ranks: 6, then `bf16_curve`'s 100-step bf16 llama-mini cp2 x tp2 + SP
 //! job, compared here with its own one-rank job); the one-rank jobs run
 //! in the test's process.
+
+use std::path::Path;
 
 use ferrotron::parallel::zero::ZeroStage;
 use ferrotron::JobConfig;
@@ -21,7 +24,7 @@ use ferrotron::JobConfig;
 use crate::bf16_curve;
 use crate::equivalence::jobs::{launch, mpi_built, run_on_every_rank, runs_dir, scratch};
 use crate::equivalence::layouts::{jobs_on, layout_run, plain, run_one_rank, Layout, ModelLayouts};
-use ferrotron_test_support::runs::{check_steps, check_weights};
+use ferrotron_test_support::runs::{check_steps, check_weights, step_records};
 
 /// Largest difference between the runs' weights after 5 steps, relative
 /// to the one-rank run's largest weight, and within each tensor relative
@@ -102,6 +105,40 @@ fn models() -> Vec<ModelLayouts> {
     ]
 }
 
+/// The layout's rates are per device and its gradient sync is recorded:
+/// every job's peak is 1 TFLOP/s, so a step's `mfu / tokens_per_s` is the
+/// model's FLOPs per token over the ranks, `1 / ranks` of the one-rank
+/// run's (a replica spans every rank here); and the gradients, reduced
+/// over DP x CP, record their communication (`grad_comm`) though dp may
+/// be 1.
+fn check_device_rates(label: &str, out: &Path, single: &Path, ranks: usize) {
+    let per_token = |run: &Path| -> Vec<f64> {
+        step_records(run)
+            .iter()
+            .map(|r| r["mfu"].as_f64().unwrap() / r["tokens_per_s"].as_f64().unwrap())
+            .collect()
+    };
+    let (got, want) = (per_token(out), per_token(single));
+    assert!(
+        !got.is_empty() && got.len() == want.len(),
+        "{label}: {} steps, {} on one rank",
+        got.len(),
+        want.len()
+    );
+    for (got, want) in got.iter().zip(want) {
+        assert!(
+            (got * ranks as f64 / want - 1.0).abs() < 1e-9,
+            "{label}: mfu per token/s {got} on {ranks} ranks, {want} on one"
+        );
+    }
+    assert!(
+        step_records(out)
+            .iter()
+            .all(|r| r.get("grad_comm").is_some()),
+        "{label}: a step without grad_comm"
+    );
+}
+
 #[test]
 fn cp2_cp2_dp2_cp2_tp2_sp_and_cp2_pp2_jobs_equal_the_one_rank_job_and_bf16_follows_it() {
     if !mpi_built() {
@@ -122,6 +159,7 @@ fn cp2_cp2_dp2_cp2_tp2_sp_and_cp2_pp2_jobs_equal_the_one_rank_job_and_bf16_follo
             let out = layout_run(model, &runs, layout);
             check_steps(&label, &out, single, 1e-5);
             check_weights(&label, &out, single, MODEL_TOLERANCE, TENSOR_TOLERANCE);
+            check_device_rates(&label, &out, single, layout.ranks);
         }
     }
     bf16_curve::check(&runs, &bf16_single);

@@ -209,17 +209,11 @@ fn report_summary(report: &mut dyn Report, summary: &RunSummary, t0: Instant) {
             100.0 * (1.0 - last / first)
         ));
     }
-    if let Some(j) = summary.energy_j() {
-        let tokens: f64 = summary
-            .steps
-            .iter()
-            .map(|r| r.tokens_per_s * r.step_time_s)
-            .sum();
+    if let (Some(j), Some(per_joule)) = (summary.energy_j(), summary.tokens_per_joule()) {
         report.line(&format!(
-            "energy: {:.1} kJ over {} steps ({:.1} tokens/J)",
+            "energy: {:.1} kJ over {} steps ({per_joule:.1} tokens/J)",
             j / 1e3,
             summary.steps.len(),
-            tokens / j
         ));
     }
 }

@@ -249,6 +249,18 @@ impl RunSummary {
     pub fn energy_j(&self) -> Option<f64> {
         self.steps.iter().map(|r| r.energy_j).sum()
     }
+
+    /// Tokens per joule over the steps that measured energy: the tokens
+    /// each step's counter covers (one rank's share on a GPU counter, see
+    /// [`StepRecord::tokens_per_joule`]) over the joules it read.
+    pub fn tokens_per_joule(&self) -> Option<f64> {
+        let (tokens, joules) = self
+            .steps
+            .iter()
+            .filter_map(|r| Some((r.tokens_per_joule? * r.energy_j?, r.energy_j?)))
+            .fold((0.0, 0.0), |(t, j), (dt, dj)| (t + dt, j + dj));
+        (joules > 0.0).then(|| tokens / joules)
+    }
 }
 
 /// Why the loop stopped.
@@ -581,9 +593,10 @@ where
         Some(Coverage::Device) => o.tokens as f64 / place.world_size as f64,
         _ => o.tokens as f64,
     };
-    // Tokens per second of one model replica's devices.
-    let replica_rate = o.tokens as f64 / dt / place.dp_size as f64;
-    let flops = config.flops_per_token * replica_rate;
+    // Tokens per second per device: a replica of the model spans
+    // tp x cp x pp ranks, and there are dp of them.
+    let device_rate = o.tokens as f64 / dt / place.world_size as f64;
+    let flops = config.flops_per_token * device_rate;
     let record = StepRecord {
         step,
         loss: o.loss,
@@ -591,7 +604,7 @@ where
         grad_norm: o.grad_norm,
         tokens_per_s: o.tokens as f64 / dt,
         tflops_per_device: flops / 1e12,
-        mfu: config.model_flops_per_token * replica_rate / config.peak_flops,
+        mfu: config.model_flops_per_token * device_rate / config.peak_flops,
         hfu: flops / config.peak_flops,
         step_time_s: dt,
         memory: trainer.memory(),
@@ -754,6 +767,35 @@ fn publish_when_written(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The summary's tokens per joule weigh each step by its joules: the
+    /// tokens the counters covered over the joules they read, not the
+    /// job's tokens (which a GPU counter covers one rank's share of).
+    #[test]
+    fn the_runs_tokens_per_joule_are_the_covered_tokens_over_the_joules() {
+        let record = |energy: Option<f64>, per_joule: Option<f64>| -> StepRecord {
+            let mut r: StepRecord = serde_json::from_str(
+                r#"{"step": 1, "loss": 1.0, "lr": 0.1, "grad_norm": 1.0, "tokens_per_s": 4000.0,
+                    "tflops_per_device": 1.0, "mfu": 0.5, "step_time_s": 1.0,
+                    "param_bytes": 0, "grad_bytes": 0, "optimizer_bytes": 0}"#,
+            )
+            .unwrap();
+            (r.energy_j, r.tokens_per_joule) = (energy, per_joule);
+            r
+        };
+        let summary = |steps| RunSummary {
+            steps,
+            validations: Vec::new(),
+        };
+        // 2 J covering 20 tokens, 3 J covering 60: 80 tokens over 5 J.
+        let measured = summary(vec![
+            record(Some(2.0), Some(10.0)),
+            record(Some(3.0), Some(20.0)),
+        ]);
+        assert_eq!(measured.tokens_per_joule(), Some(16.0));
+        assert_eq!(measured.energy_j(), Some(5.0));
+        assert_eq!(summary(vec![record(None, None)]).tokens_per_joule(), None);
+    }
 
     #[test]
     fn every_rank_checks_the_whole_global_batch_so_all_stop_at_the_same_step() {

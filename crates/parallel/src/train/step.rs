@@ -665,7 +665,8 @@ where
             overflow: outcome == ScaleOutcome::Overflow,
             loss_scale: self.scaler.is_some().then_some(loss_scale),
             skipped_steps: self.scaler.map(|s| s.skipped_steps),
-            grad_comm: (dp.world_size() > 1).then(|| self.sync.comm_times()),
+            // The gradients are reduced over DP x CP.
+            grad_comm: (self.groups.dp_cp().world_size() > 1).then(|| self.sync.comm_times()),
         })
     }
 
