@@ -348,7 +348,8 @@ pub fn memory(input: &MemoryInput, c: &Choice, layout: &StageLayout) -> MemoryEs
             transient: transient(units, s == 0, s == c.pp - 1),
             gathered_blocks: gathered,
             reserve: input.reserve_bytes,
-            checkpoint: checkpoint_bytes(&held, c.dp, c.zero, bucket),
+            // ZeRO's pieces span DP x CP, as the state's.
+            checkpoint: checkpoint_bytes(&held, c.dp * c.cp, c.zero, bucket),
             host_offload: host as f64,
         }
     };
@@ -396,5 +397,44 @@ pub fn estimate(input: &PlanInput, c: &Choice) -> Estimate {
         time,
         stage_layers: split,
         runs_today: runs_today(c, input.precision),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::fixture::small_gpt;
+
+    /// A checkpoint's shares follow ZeRO's shards, which span DP x CP:
+    /// dp1 x cp2 writes what dp2 x cp1 writes.
+    #[test]
+    fn checkpoint_shares_span_dp_and_cp() {
+        let input = small_gpt(2, 64);
+        for (zero, recompute) in [
+            (ZeroStage::One, Recompute::None),
+            (ZeroStage::Three, Recompute::Full),
+        ] {
+            let dp2 = Choice {
+                dp: 2,
+                tp: 1,
+                cp: 1,
+                pp: 1,
+                sp: false,
+                zero,
+                micro_batch: 1,
+                recompute,
+                interleave: 1,
+                offload: false,
+            };
+            let cp2 = Choice {
+                dp: 1,
+                cp: 2,
+                ..dp2
+            };
+            let one = Choice { dp: 1, ..dp2 };
+            let checkpoint = |c: &Choice| estimate(&input, c).memory.checkpoint;
+            assert_eq!(checkpoint(&cp2), checkpoint(&dp2), "{zero:?}");
+            assert_ne!(checkpoint(&one), checkpoint(&dp2), "{zero:?}");
+        }
     }
 }

@@ -129,7 +129,7 @@ pub fn explain(input: &PlanInput, e: &Estimate) -> String {
         if overlaps(input, c) {
             ": overlapped as the trainer runs it"
         } else {
-            ": not overlapped (dp 1, tp or pp above 1, or --overlap-grad-reduce false)"
+            ": not overlapped (dp 1, tp, cp or pp above 1, or --overlap-grad-reduce false)"
         }
     );
     let _ = writeln!(
