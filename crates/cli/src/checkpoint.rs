@@ -35,17 +35,13 @@ fn inspect(path: &Path) -> anyhow::Result<()> {
     };
     let index = Index::read(&dir).map_err(bad)?;
     let state = read_state(&dir).map_err(bad)?;
-    let l = index.layout;
     println!(
         "{}: step {}, AdamW updates {}",
         dir.display(),
         index.step,
         state.optimizer_steps
     );
-    println!(
-        "written by {} rank(s): tp {} x pp {} (virtual {}) x dp {}, ZeRO {}",
-        l.world, l.tp, l.pp, l.pp_virtual, l.dp, l.zero
-    );
+    println!("written by {}", index.layout);
     let width = index.tensors.keys().map(String::len).max().unwrap_or(0);
     for (name, t) in &index.tensors {
         let bytes: usize = t.blocks.iter().map(|b| 4 * b.region.len()).sum();

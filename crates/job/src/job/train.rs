@@ -18,7 +18,6 @@ use ferrotron_models::ops::TrainBackend;
 use ferrotron_parallel::comm::Communicator;
 use ferrotron_parallel::groups::ProcessGroups;
 use ferrotron_parallel::recompute::Recompute;
-use ferrotron_parallel::train::checkpoint::index::Layout;
 use ferrotron_parallel::train::checkpoint::read::Reader;
 use ferrotron_parallel::train::{
     self, gather_phase_memory, LoopConfig, LoopError, NonFinite, RunSummary, Silent, TokenWindows,
@@ -112,7 +111,7 @@ impl TrainTask<'_> {
                 "resumed from {} (step {}, written by {})",
                 dir.display(),
                 state.step,
-                describe(&reader.index().layout)
+                reader.index().layout
             ));
         }
         Ok((trainer, memory))
@@ -287,17 +286,4 @@ impl BackendTask for TrainTask<'_> {
         finish::finish::<B>(&mut self, trainer, &summary, t0, &device)?;
         Ok(lead.then_some(summary))
     }
-}
-
-/// A checkpoint's layout in the mesh's words (`tp 2 x pp 1 x dp 2, ZeRO 1`).
-fn describe(l: &Layout) -> String {
-    let virt = if l.pp_virtual > 1 {
-        format!(" (virtual {})", l.pp_virtual)
-    } else {
-        String::new()
-    };
-    format!(
-        "{} rank(s): tp {} x pp {}{virt} x dp {}, ZeRO {}",
-        l.world, l.tp, l.pp, l.dp, l.zero
-    )
 }

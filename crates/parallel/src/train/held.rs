@@ -86,6 +86,7 @@ where
         Layout {
             world: self.groups.world().world_size(),
             tp: mesh.tp,
+            cp: mesh.cp,
             pp: mesh.pp,
             pp_virtual: self.chunks,
             dp: mesh.dp,

@@ -3,6 +3,7 @@
 //! docs/checkpoints.md for the schema).
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::fs;
 use std::path::Path;
 
@@ -28,6 +29,10 @@ pub struct Layout {
     pub world: usize,
     /// Tensor-parallel degree.
     pub tp: usize,
+    /// Context-parallel degree (1 in indexes written before it was
+    /// recorded, which no CP run wrote).
+    #[serde(default = "one")]
+    pub cp: usize,
     /// Pipeline stages.
     pub pp: usize,
     /// Model chunks per stage (interleaved pipelines).
@@ -36,6 +41,26 @@ pub struct Layout {
     pub dp: usize,
     /// ZeRO stage (0-3).
     pub zero: u8,
+}
+
+fn one() -> usize {
+    1
+}
+
+impl fmt::Display for Layout {
+    /// `4 rank(s): tp 1 x cp 2 x pp 1 x dp 2, ZeRO 1`, with the CP degree
+    /// and the virtual stages (`pp 2 (virtual 2)`) only above 1.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} rank(s): tp {}", self.world, self.tp)?;
+        if self.cp > 1 {
+            write!(f, " x cp {}", self.cp)?;
+        }
+        write!(f, " x pp {}", self.pp)?;
+        if self.pp_virtual > 1 {
+            write!(f, " (virtual {})", self.pp_virtual)?;
+        }
+        write!(f, " x dp {}, ZeRO {}", self.dp, self.zero)
+    }
 }
 
 /// One stored block of a tensor.
@@ -134,5 +159,36 @@ impl Index {
             .flat_map(|t| &t.blocks)
             .map(|b| 4 * b.region.len() as u64)
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Layout;
+
+    /// An index written before CP was recorded reads as cp 1; the layout
+    /// reads back as written, and prints the CP degree when it has one.
+    #[test]
+    fn the_layout_records_cp_and_reads_older_indexes() {
+        let old = r#"{"world": 4, "tp": 1, "pp": 2, "pp_virtual": 2, "dp": 2, "zero": 1}"#;
+        let layout: Layout = serde_json::from_str(old).unwrap();
+        assert_eq!(layout.cp, 1);
+        assert_eq!(
+            layout.to_string(),
+            "4 rank(s): tp 1 x pp 2 (virtual 2) x dp 2, ZeRO 1"
+        );
+        let ring = Layout {
+            world: 4,
+            cp: 2,
+            pp: 1,
+            pp_virtual: 1,
+            ..layout
+        };
+        let json = serde_json::to_string(&ring).unwrap();
+        assert_eq!(serde_json::from_str::<Layout>(&json).unwrap(), ring);
+        assert_eq!(
+            ring.to_string(),
+            "4 rank(s): tp 1 x cp 2 x pp 1 x dp 2, ZeRO 1"
+        );
     }
 }

@@ -511,6 +511,7 @@ mod tests {
             layout: Layout {
                 world: 1,
                 tp: 1,
+                cp: 1,
                 pp: 1,
                 pp_virtual: 1,
                 dp: 1,
