@@ -28,12 +28,14 @@ pub enum Command {
     Eval(EvalArgs),
     /// Write a run (or a Hugging Face directory) as a Hugging Face model directory.
     Export(ExportArgs),
-    /// Rank the parallel layouts (dp, tp, pp, sp, ZeRO, micro-batch, recompute) of a model on N GPUs by estimated memory and step time.
+    /// Rank the parallel layouts (dp, tp, sp, cp, pp and interleaving, ZeRO, offload, micro-batch, recompute) of a model on N GPUs by estimated memory and step time.
     Plan(Box<PlanArgs>),
     /// Benchmarks (`bench train`: training-step throughput per backend; `bench kernels`:
-    /// fused CubeCL kernels vs the Burn reference).
+    /// fused CubeCL kernels vs the Burn reference; `bench comm`: NCCL/RCCL collectives on
+    /// device buffers vs the host copy path).
     Bench(BenchArgs),
-    /// Data preparation (`data prepare`: tokenize text into token shards for `train --data`).
+    /// Token shards (`data prepare`: tokenize text into token shards for `train --data`;
+    /// `data verify`: every shard against its index).
     Data(DataArgs),
     /// Sharded checkpoints (`checkpoint inspect`: the index; `checkpoint verify`: every block's
     /// checksum).
@@ -228,7 +230,7 @@ pub struct PlanArgs {
     #[arg(long, default_value = "korthikanti")]
     pub activations: String,
     /// Price the DP collectives overlapped with compute where `ferrotron train` overlaps them
-    /// (its default; dp only: tp = pp = 1): only the part compute cannot hide counts in the
+    /// (its default; dp only: tp = cp = pp = 1): only the part compute cannot hide counts in the
     /// step. --overlap-grad-reduce false counts all of it, as a run with the overlap off.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     pub overlap_grad_reduce: Option<bool>,
@@ -275,9 +277,9 @@ pub enum BenchCommand {
     /// on every compiled backend with a device: tokens/s, TFLOP/s, MFU, peak memory; or,
     /// with --compare, a merged table and chart of result files.
     Train(Box<crate::bench::train::TrainBenchArgs>),
-    /// One rank's NCCL / RCCL collectives on device buffers (all-reduce, all-gather,
-    /// reduce-scatter; f32 and bf16 on the wire) against the host copy path: equal values,
-    /// and the time of each.
+    /// One rank's NCCL / RCCL collectives on device buffers (all-reduce and reduce-scatter in
+    /// f32 and bf16 on the wire, all-gather in f32, the pipeline's grouped send/receive in f32
+    /// and bf16) against the host copy path: equal values, and the time of each.
     Comm(crate::bench::comm::CommBenchArgs),
 }
 
@@ -347,8 +349,9 @@ pub struct TrainArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Continue a run from its latest checkpoint (a run directory) or from a
-    /// RUN/checkpoints/step-N directory, with the run's own settings; the layout, cadences and
-    /// outputs may change, what the remaining steps compute only under --override.
+    /// RUN/checkpoints/step-N directory, with the run's own settings; the layout (at the same
+    /// global batch), cadences and outputs other than the run directory may change, the model,
+    /// data, seq_len and seed never, what the remaining steps compute only under --override.
     #[arg(long, value_name = "RUN_DIR")]
     pub resume: Option<PathBuf>,
     /// With --resume: let the key section.key (e.g. optimizer.lr, schedule.steps) change
@@ -399,7 +402,7 @@ pub struct GenerateArgs {
     /// Seed of the sampler.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Compute backend (default: the run's).
+    /// Compute backend (default: the run's, flex for --hf-dir).
     #[arg(long)]
     pub backend: Option<String>,
 }

@@ -224,10 +224,9 @@ pub fn input(a: &PlanArgs) -> anyhow::Result<(String, PlanInput)> {
         .recompute
         .split(',')
         .map(|r| {
-            Recompute::ALL
-                .into_iter()
-                .find(|k| k.name() == r.trim())
-                .ok_or_else(|| usage(format!("--recompute: '{r}' is not none, sel or full")))
+            r.trim()
+                .parse::<Recompute>()
+                .map_err(|e| usage(format!("--recompute: {e}")))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     Ok((

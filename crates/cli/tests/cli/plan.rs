@@ -341,6 +341,10 @@ fn plan_bad_input_exits_2_naming_the_flag() {
         (vec!["--model", "gpt2", "--explain", "garbage"], "--explain"),
         (vec!["--model", "gpt2", "--precision", "fp8"], "--precision"),
         (vec!["--model", "gpt2", "--zero", "4"], "--zero"),
+        (
+            vec!["--model", "gpt2", "--recompute", "partial"],
+            "--recompute",
+        ),
         (vec!["--hidden", "64"], "missing --layers"),
     ] {
         let mut all = vec!["plan", "--gpus", "8", "--global-batch", "16"];
@@ -350,6 +354,26 @@ fn plan_bad_input_exits_2_naming_the_flag() {
         assert_eq!(out.status.code(), Some(2), "{all:?}: {err}");
         assert!(err.contains(flag), "{all:?}: {err}");
         assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+}
+
+/// `--recompute` takes the names `train --recompute` takes.
+#[test]
+fn plan_takes_the_recompute_names_of_train() {
+    for names in ["none,selective,full", "sel"] {
+        let out = ferrotron(&[
+            "plan",
+            "--model",
+            "gpt2",
+            "--gpus",
+            "8",
+            "--global-batch",
+            "16",
+            "--recompute",
+            names,
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "--recompute {names}: {err}");
     }
 }
 

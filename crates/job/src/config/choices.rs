@@ -83,8 +83,8 @@ pub enum AttentionKernelChoice {
     /// Both products on the matrix units (tensor cores) where the device
     /// has them for the compute dtype (16-bit) and a head dimension that is
     /// a multiple of 16 up to 128: the fragment forward and backward;
-    /// elsewhere as `auto`. Opt-in until the GPU battery's race
-    /// check has run on it.
+    /// elsewhere as `auto`. Opt-in until a race check on it has
+    /// concluded and a sweep has completed.
     MatrixUnits,
     /// FlashAttention-2's register scheme where the device has the 16 x 8
     /// x 16 `mma` instruction for the compute dtype (16-bit) and the head

@@ -73,7 +73,8 @@ job_sections! {
         /// never applied.
         #[arg(value_enum)]
         on_nonfinite: OnNonFinite = OnNonFinite::Stop, flag on_nonfinite: OnNonFinite;
-        /// With on_nonfinite = skip: stop after this many skipped steps in a row.
+        /// With on_nonfinite = skip: most steps skipped in a row; the next non-finite step stops
+        /// the run (fp16 loss-scale overflows do not count).
         max_skipped: usize = 5, flag max_skipped: usize;
     }
 
@@ -132,7 +133,8 @@ job_sections! {
         zero: ZeroStage = ZeroStage::Off, flag zero: ZeroStage;
         /// Activation recomputation in backward: none, selective (the attention core: scores,
         /// softmax, weighted values) or full (each block from its input); default none, full
-        /// under ZeRO-3 (which always recomputes blocks). full is refused with pp > 1.
+        /// under ZeRO-3 (which always recomputes blocks, so none and selective are refused
+        /// there). full is refused with pp > 1.
         #[arg(value_name = "none|selective|full")]
         recompute: Option<Recompute> = None, flag recompute: Recompute;
         /// Gradient all-reduce bucket size for data parallelism (and ZeRO-1/2's units), MiB.
@@ -198,7 +200,8 @@ job_sections! {
 
     /// `[checkpoint]`: the run directory, checkpoints and the export.
     [checkpoint] CheckpointSection {
-        /// Run directory (default runs/<model>-<unix time>); must not hold a run already.
+        /// Run directory (default runs/<model>-<unix time>; required with more than one rank);
+        /// must be new or empty.
         out: Option<PathBuf> = None, flag out: PathBuf;
         /// Write a complete checkpoint (model, optimizer, sampler, step) every N steps and after
         /// the last (default: eval_every; 0 = never).

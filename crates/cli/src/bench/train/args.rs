@@ -61,7 +61,8 @@ pub struct TrainBenchArgs {
     #[arg(long, value_name = "fused|reference")]
     pub kernels: Option<Kernels>,
     /// The fused attention's kernels, as `ferrotron train --attention-kernel`: auto (tiles on
-    /// plain units) or matrix-units (tensor cores where the device runs them).
+    /// plain units), matrix-units (fragment kernels on tensor cores) or registers (register
+    /// kernels on the mma instruction, NVIDIA from sm_80), where the device runs them.
     #[arg(long, value_enum, default_value_t = AttentionKernelChoice::Auto)]
     pub attention_kernel: AttentionKernelChoice,
     /// Compute precision, as `ferrotron train --precision`: fp32, bf16 or fp16 (f32
