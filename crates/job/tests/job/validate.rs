@@ -216,7 +216,7 @@ fn every_job_file_in_configs_validates() {
         let job =
             JobConfig::from_file(&path).unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
         let par = &job.parallelism;
-        let world = par.dp.unwrap_or(1) * par.tp * par.pp;
+        let world = par.dp.unwrap_or(1) * par.cp * par.tp * par.pp;
         if let Err(e) = job.check_portable(world) {
             panic!("{} on {world} ranks: {e:#?}", path.display());
         }
