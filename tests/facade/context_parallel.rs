@@ -108,7 +108,7 @@ fn models() -> Vec<ModelLayouts> {
 /// The layout's rates are per device and its gradient sync is recorded:
 /// every job's peak is 1 TFLOP/s, so a step's `mfu / tokens_per_s` is the
 /// model's FLOPs per token over the ranks, `1 / ranks` of the one-rank
-/// run's (a replica spans every rank here); and the gradients, reduced
+/// run's; and the gradients, reduced
 /// over DP x CP, record their communication (`grad_comm`) though dp may
 /// be 1.
 fn check_device_rates(label: &str, out: &Path, single: &Path, ranks: usize) {

@@ -42,29 +42,29 @@ pub(super) fn architecture(
         return Some(r.record.model.clone());
     }
     let m = &c.model;
-    if let Some(dir) = &m.hf_dir {
-        // `--model` with `--hf-dir` is refused by the command line; a job
-        // file's preset would otherwise be ignored without a word.
-        if m.name != ModelSection::default().name {
-            p.key(
-                "model",
-                "name",
-                format!(
-                    "{}: the model comes from {} (model.hf_dir); give one of them",
-                    m.name,
-                    dir.join("config.json").display()
-                ),
-            );
-        }
-    }
     let mut model = match &m.hf_dir {
-        Some(dir) => match from_hf_config(&dir.join("config.json")) {
-            Ok((_, config)) => config,
-            Err(e) => {
-                p.key("model", "hf_dir", format!("{}: {e}", dir.display()));
-                return None;
+        Some(dir) => {
+            // `--model` with `--hf-dir` is refused by the command line; a
+            // job file's preset would otherwise be ignored without a word.
+            if m.name != ModelSection::default().name {
+                p.key(
+                    "model",
+                    "name",
+                    format!(
+                        "{}: the model comes from {} (model.hf_dir); give one of them",
+                        m.name,
+                        dir.join("config.json").display()
+                    ),
+                );
             }
-        },
+            match from_hf_config(&dir.join("config.json")) {
+                Ok((_, config)) => config,
+                Err(e) => {
+                    p.key("model", "hf_dir", format!("{}: {e}", dir.display()));
+                    return None;
+                }
+            }
+        }
         None => match preset(&m.name) {
             Some(config) => config,
             None => {

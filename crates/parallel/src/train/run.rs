@@ -588,14 +588,15 @@ where
         .filter(|_| place.lead)
         .and_then(DeviceMemoryProbe::read);
     let energy_j = meter.zip(before).and_then(|(m, b)| m.joules_since(&b).ok());
-    // A GPU counter covers one rank's share of the step's tokens.
+    // One rank's share of the step's tokens: a replica of the model spans
+    // tp x cp x pp ranks, and there are dp of them.
+    let device_tokens = o.tokens as f64 / place.world_size as f64;
+    // A GPU counter covers one rank's share.
     let covered_tokens = match meter.map(EnergyMeter::coverage) {
-        Some(Coverage::Device) => o.tokens as f64 / place.world_size as f64,
+        Some(Coverage::Device) => device_tokens,
         _ => o.tokens as f64,
     };
-    // Tokens per second per device: a replica of the model spans
-    // tp x cp x pp ranks, and there are dp of them.
-    let device_rate = o.tokens as f64 / dt / place.world_size as f64;
+    let device_rate = device_tokens / dt;
     let flops = config.flops_per_token * device_rate;
     let record = StepRecord {
         step,
