@@ -17,6 +17,9 @@
 //! which backward goes on). The speed-up is measured by the `cli`
 //! binary's ignored `overlap` benchmarks, never asserted.
 //!
+//! ZeRO-3 with overlap holds at most one micro-batch's reduce-scatters at
+//! a time (`max_in_flight` at most its units and two gathers).
+//!
 //! One `mpirun` launch of this binary's worker (6 jobs).
 
 use std::path::Path;
@@ -142,6 +145,19 @@ fn ddp_and_zero3_overlap_and_zero3_prefetch_0_2_jobs_are_bit_identical_and_hide_
     launch_with(2, "overlap::worker_on_2_ranks", &runs, &rate);
     check_pair(&runs, "ddp");
     check_pair(&runs, "zero3");
+    // A unit's reduce-scatter is waited for before the same unit's of the
+    // next micro-batch starts, so no more than one micro-batch of them (6
+    // units: the embedding, 4 blocks, the head) is held at once, beside
+    // the gathers of the unit in use and of the one prefetched; holding
+    // both micro-batches' results would reach 12.
+    for (step, (_, comm)) in steps(&runs.join("zero3-on")).iter().enumerate() {
+        let max = comm["max_in_flight"].as_u64().unwrap();
+        eprintln!(
+            "zero3-on step {}: {max} collectives in flight at most",
+            step + 1
+        );
+        assert!(max <= 8, "zero3-on step {}: {comm}", step + 1);
+    }
     let off = runs.join("zero3-off");
     let bits = |run: &Path| -> Vec<(u64, u64)> { steps(run).into_iter().map(|(b, _)| b).collect() };
     for name in ["zero3-prefetch0", "zero3-prefetch2"] {

@@ -527,6 +527,13 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
         u: usize,
         grads: HashMap<ParamId, Tensor<B::InnerBackend, 1>>,
     ) -> Result<(), CommError> {
+        // The previous micro-batch's collective of this unit, and those
+        // started before it, are waited for and added first: at most one
+        // micro-batch of results is held (each overlapped the next
+        // micro-batch's forward and backward until this unit's turn).
+        if let Some(at) = self.in_flight.iter().position(|(v, _)| *v == u) {
+            self.finish_reduce_scatters(at + 1)?;
+        }
         let (dp, reduce) = (self.layout.dp(), self.reduce);
         let unit = &self.layout.units()[u];
         let pending = match self.on_device.clone() {
@@ -547,18 +554,21 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
         };
         self.in_flight.push_back((u, pending));
         if !self.overlap {
-            self.finish_reduce_scatters()?;
+            self.finish_reduce_scatters(usize::MAX)?;
         }
         Ok(())
     }
 
-    /// Waits for the reduce-scatters in flight, in the order they started,
-    /// and adds each chunk (averaged over the ranks and, over more than
-    /// one, rounded to the reduction precision) to the accumulated gradient
-    /// pieces.
-    fn finish_reduce_scatters(&mut self) -> Result<(), CommError> {
+    /// Waits for the first `count` reduce-scatters in flight (all of them
+    /// with `usize::MAX`), in the order they started, and adds each chunk
+    /// (averaged over the ranks and, over more than one, rounded to the
+    /// reduction precision) to the accumulated gradient pieces.
+    fn finish_reduce_scatters(&mut self, count: usize) -> Result<(), CommError> {
         let dp = self.layout.dp();
-        while let Some((u, pending)) = self.in_flight.pop_front() {
+        for _ in 0..count {
+            let Some((u, pending)) = self.in_flight.pop_front() else {
+                break;
+            };
             let sum = match pending {
                 Started::Host(pending) => self.tensor(pending.wait()?),
                 Started::Own(pending) => pending.wait()?,
@@ -777,7 +787,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> GradSync<B, M> for Z
         }
         match self.stage {
             ZeroStage::One => self.replicated.settle(&self.thread),
-            _ => self.finish_reduce_scatters(),
+            _ => self.finish_reduce_scatters(usize::MAX),
         }
     }
 
@@ -789,7 +799,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> GradSync<B, M> for Z
         match self.stage {
             ZeroStage::One => self.replicated.reduce(model, &self.thread, shares),
             _ => {
-                self.finish_reduce_scatters()?;
+                self.finish_reduce_scatters(usize::MAX)?;
                 self.reduced_bytes = self.piece_grad_bytes();
                 self.piece_squares(shares)
             }
