@@ -1,5 +1,7 @@
 //! Accelerators the planner and MFU know: memory, dense peaks, board power.
 
+use crate::precision::Precision;
+
 /// One accelerator type, from its vendor's data sheet (dense math, no
 /// sparsity). A `cpu` entry has no figures: its user gives them.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -82,29 +84,32 @@ pub fn device_spec(name: &str) -> Option<DeviceSpec> {
     DEVICES.iter().find(|d| d.name == n).copied()
 }
 
+impl DeviceSpec {
+    /// The data-sheet peak of a run computing in `precision`, FLOP/s: the
+    /// vector units' for fp32, the matrix units' for bf16 and fp16 (the
+    /// precision the step's matrix products run in).
+    pub fn peak_flops(&self, precision: Precision) -> f64 {
+        match precision {
+            Precision::Fp32 => self.fp32_flops,
+            Precision::Bf16 | Precision::Fp16 => self.bf16_flops,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::peak_flops_for;
 
     #[test]
-    fn bf16_peaks_agree_with_the_mfu_table() {
-        for (dev, mfu_name, devices_per_entry) in [
-            ("a100-40gb", "a100", 1.0),
-            ("a100-80gb", "a100", 1.0),
-            ("h100-80gb", "h100", 1.0),
-            ("h200", "h200", 1.0),
-            ("mi250x-gcd", "mi250x", 2.0),
-            ("mi300x", "mi300x", 1.0),
-        ] {
-            let spec = device_spec(dev).unwrap();
-            let peak = peak_flops_for(mfu_name).unwrap();
-            assert!(
-                (spec.bf16_flops * devices_per_entry - peak).abs() / peak < 1e-3,
-                "{dev}: {} vs {mfu_name}: {peak}",
-                spec.bf16_flops
-            );
-        }
+    fn the_peak_follows_the_precision_and_one_mi250x_gcd_is_half_a_module() {
+        let h100 = device_spec("H100-80GB").unwrap();
+        assert_eq!(h100.peak_flops(Precision::Bf16), 989e12);
+        assert_eq!(h100.peak_flops(Precision::Fp16), 989e12);
+        assert_eq!(h100.peak_flops(Precision::Fp32), 67e12);
+        // AMD's MI250X figures are for the module's two GCDs; a rank
+        // drives one.
+        let gcd = device_spec("mi250x-gcd").unwrap();
+        assert_eq!(gcd.peak_flops(Precision::Bf16), 383e12 / 2.0);
         assert_eq!(device_spec("H200").unwrap().name, "h200");
         assert!(device_spec("tpu").is_none());
     }

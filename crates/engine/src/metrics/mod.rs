@@ -21,7 +21,7 @@ pub use grad_comm::GradCommTimes;
 pub use heap::{heap_bytes, CountingAllocator, HeapWindow};
 pub use jsonl::{MetricsWriter, OverrideRecord, StepRecord, ValRecord};
 pub use memory::{available_memory_bytes, MemoryBytes};
-pub use peak::{measure_matmul_flops, peak_flops_for, PEAK_FLOPS_TABLE};
+pub use peak::measure_matmul_flops;
 pub use phase::{MemoryPhase, PhaseMemory, PhaseWindow};
 pub use pipeline::PipelineTimes;
 pub use plot::write_loss_svg;

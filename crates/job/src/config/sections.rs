@@ -226,7 +226,7 @@ job_sections! {
     [metrics] MetricsSection {
         /// Device peak in TFLOP/s for MFU (overrides device_type).
         peak_tflops: Option<f64> = None, flag peak_tflops: f64;
-        /// Device type whose data-sheet peak is used for MFU: a100, h100, h200, mi250x, mi300x.
+        /// Device type whose data-sheet peak for the run's precision is used for MFU: a100-40gb, a100-80gb, h100-80gb, h200, mi250x-gcd, mi300x.
         device_type: Option<String> = None, flag device_type: String;
         /// Tokens sampled at the end of training (0 = none).
         sample_tokens: usize = 120, flag sample_tokens: usize;

@@ -2,7 +2,7 @@
 //! precision, tensor and pipeline parallelism, kernels, memory.
 
 use ferrotron_engine::backend::{BackendKind, ALL_BACKENDS};
-use ferrotron_engine::metrics;
+use ferrotron_engine::metrics::{self, DeviceSpec};
 use ferrotron_engine::precision::Precision;
 use ferrotron_models::ops::choose_kernels;
 use ferrotron_models::tensor_parallel::check_tp;
@@ -91,16 +91,20 @@ pub(super) fn mesh(c: &JobConfig, world: &World, p: &mut Problems) -> Option<Mes
     }
 }
 
-/// The peak FLOP/s used for MFU: `metrics.peak_tflops`, the data sheet of
-/// `metrics.device_type`, or (None) to measure.
-pub(super) fn peak(c: &JobConfig, p: &mut Problems) -> Option<f64> {
-    if let Some(t) = c.metrics.peak_tflops {
-        return Some(t * 1e12);
+/// The data sheet MFU's peak comes from: `metrics.device_type` when
+/// `metrics.peak_tflops` is unset (`None`: no sheet, or an unknown name).
+pub(super) fn device_sheet(c: &JobConfig, p: &mut Problems) -> Option<DeviceSpec> {
+    if c.metrics.peak_tflops.is_some() {
+        return None;
     }
     let name = c.metrics.device_type.as_ref()?;
-    let peak = metrics::peak_flops_for(name);
-    if peak.is_none() {
-        let known: Vec<&str> = metrics::PEAK_FLOPS_TABLE.iter().map(|(n, _)| *n).collect();
+    let sheet = metrics::device_spec(name).filter(|d| d.bf16_flops > 0.0);
+    if sheet.is_none() {
+        let known: Vec<&str> = metrics::DEVICES
+            .iter()
+            .filter(|d| d.bf16_flops > 0.0)
+            .map(|d| d.name)
+            .collect();
         p.key(
             "metrics",
             "device_type",
@@ -110,7 +114,16 @@ pub(super) fn peak(c: &JobConfig, p: &mut Problems) -> Option<f64> {
             ),
         );
     }
-    peak
+    sheet
+}
+
+/// The peak FLOP/s used for MFU: `metrics.peak_tflops`, else the data
+/// sheet's peak for the run's `precision`, else (None) measured.
+pub(super) fn peak(c: &JobConfig, sheet: Option<DeviceSpec>, precision: Precision) -> Option<f64> {
+    match c.metrics.peak_tflops {
+        Some(t) => Some(t * 1e12),
+        None => sheet.map(|d| d.peak_flops(precision)),
+    }
 }
 
 /// The compute precision of a run with `precision.compute` unset: the

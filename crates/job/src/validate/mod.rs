@@ -109,6 +109,13 @@ impl ValidJob {
         &self.out
     }
 
+    /// MFU's peak, FLOP/s: `metrics.peak_tflops`, or the data sheet of
+    /// `metrics.device_type` for the run's precision; `None`: measured on
+    /// the device at start-up.
+    pub fn peak_flops(&self) -> Option<f64> {
+        self.peak_flops
+    }
+
     /// Warnings about a job that runs but wastes time (e.g. a 1F1B
     /// pipeline with fewer micro-batches than stages), one line each.
     pub fn notes(&self) -> &[String] {
@@ -183,7 +190,7 @@ fn validate(
         None => model::architecture(&config, resume.as_ref(), shards.as_ref(), &mut p),
     };
     let mut notes = Vec::new();
-    let peak_flops = layout::peak(&config, &mut p);
+    let sheet = layout::device_sheet(&config, &mut p);
     let out = output::run_dir(&config, world, resume.as_ref(), here, &mut p);
     let recompute = fields::recompute(&config);
     let (Some((kind, transport)), Some(mesh), Some(mut model), Some(out), Ok(recompute)) =
@@ -192,6 +199,7 @@ fn validate(
         return Err(p.0);
     };
     layout::check_with_model(&config, kind, &mesh, &mut model, &mut p, &mut notes);
+    let peak_flops = layout::peak(&config, sheet, model.precision);
     if here == Here::Yes {
         // The estimate needs every setting it reads to be valid.
         if p.0.is_empty() {

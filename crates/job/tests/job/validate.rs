@@ -202,6 +202,39 @@ fn a_valid_job_resolves_its_defaults() {
     assert!(!dir.exists(), "validation wrote {}", dir.display());
 }
 
+/// MFU's data-sheet peak is the one of the run's precision, under the
+/// names `plan --gpu` takes; a short name is refused with the list.
+#[test]
+fn the_data_sheet_peak_follows_the_precision() {
+    let dir = std::env::temp_dir().join(format!("ferrotron-job-peak-{}", std::process::id()));
+    let job = |device: &str, precision: &str| {
+        let mut job = JobConfig::from_toml_str(
+            &format!(
+                "[metrics]\ndevice_type = \"{device}\"\n[precision]\ncompute = \"{precision}\"\n"
+            ),
+            "peak.toml",
+        )
+        .unwrap();
+        job.checkpoint.out = Some(dir.clone());
+        job
+    };
+    let peak = |job: JobConfig| job.validate(&World::SINGLE).unwrap().peak_flops();
+    assert_eq!(peak(job("h100-80gb", "fp32")), Some(67e12));
+    assert_eq!(peak(job("H100-80GB", "bf16")), Some(989e12));
+    assert_eq!(peak(job("mi250x-gcd", "bf16")), Some(191.5e12));
+    let mut given = job("h100-80gb", "fp32");
+    given.metrics.peak_tflops = Some(500.0);
+    assert_eq!(peak(given), Some(500e12));
+    let p = refusal(&job("h100", "bf16"));
+    assert_eq!(p.len(), 1, "{p:#?}");
+    assert!(
+        p[0].starts_with(
+            "metrics.device_type: --device-type unknown device 'h100'; known: a100-40gb,"
+        ) && !p[0].contains("cpu"),
+        "{p:#?}"
+    );
+}
+
 /// The repository's job files: each parses and passes every check that
 /// does not look at this machine, on the world its layout names.
 #[test]

@@ -119,12 +119,12 @@ fn select(names: Option<&[String]>) -> anyhow::Result<(Vec<BackendKind>, Vec<Ski
 /// comes from: the vector units' fp32 peak, or the matrix units' for bf16
 /// and fp16 (the precision whose matrix products dominate the step).
 fn data_sheet_peak(d: &DeviceSpec, precision: Precision) -> (f64, String) {
-    let (flops, units) = match precision {
-        Precision::Fp32 => (d.fp32_flops, "fp32 (vector units)"),
-        Precision::Bf16 | Precision::Fp16 => (d.bf16_flops, "bf16/fp16 (matrix units)"),
+    let units = match precision {
+        Precision::Fp32 => "fp32 (vector units)",
+        Precision::Bf16 | Precision::Fp16 => "bf16/fp16 (matrix units)",
     };
     (
-        flops / 1e12,
+        d.peak_flops(precision) / 1e12,
         format!("the {units} data-sheet peak of {}", d.name),
     )
 }
