@@ -31,7 +31,7 @@ use ferrotron_parallel::recompute::Recompute;
 use ferrotron_parallel::tensor::padded_vocab;
 use ferrotron_parallel::zero::{ZeroStage, DEFAULT_ZERO3_PREFETCH};
 
-use crate::config::{JobConfig, Offload};
+use crate::config::{JobConfig, Offload, PpSchedule};
 
 /// GiB, for messages.
 fn gib(bytes: f64) -> f64 {
@@ -67,7 +67,8 @@ pub fn job_memory(
     kind: BackendKind,
 ) -> Option<MemoryEstimate> {
     let par = &c.parallelism;
-    let interleaved = ScheduleKind::from(par.pp_schedule) == ScheduleKind::Interleaved;
+    let schedule = ScheduleKind::from(par.pp_schedule);
+    let interleaved = schedule == ScheduleKind::Interleaved;
     let layout = StageLayout::new(
         model.n_layers,
         mesh.pp,
@@ -105,6 +106,7 @@ pub fn job_memory(
             overlap: par.overlap_grad_reduce,
             depth: par.zero3_prefetch.unwrap_or(DEFAULT_ZERO3_PREFETCH),
         },
+        gpipe: schedule == ScheduleKind::GPipe,
     };
     let choice = Choice {
         dp: mesh.dp,
@@ -141,7 +143,11 @@ fn remedies(c: &JobConfig, recompute: Recompute) -> String {
             par.zero
         ));
     }
-    if c.schedule.micro_batch > 1 {
+    let gpipe = par.pp > 1 && par.pp_schedule == PpSchedule::Gpipe;
+    if gpipe {
+        // GPipe holds every micro-batch: more of them hold more.
+        ways.push("--pp-schedule 1f1b (it holds at most --pp micro-batches)".into());
+    } else if c.schedule.micro_batch > 1 {
         ways.push(format!(
             "lower --micro-batch (now {}) and raise --grad-accum",
             c.schedule.micro_batch

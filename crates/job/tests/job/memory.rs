@@ -102,6 +102,25 @@ fn estimate_pp2_counts_the_fuller_stage_with_its_micro_batches_in_flight() {
 }
 
 #[test]
+fn estimate_gpipe_holds_every_micro_batch_on_every_stage() {
+    use ferrotron_job::config::PpSchedule;
+    // As above with 4 micro-batches: 1F1B still holds 2 on the first
+    // stage; GPipe holds all 4 on both, the last stage's output too, which
+    // makes the last stage the fuller one.
+    let one_f_one_b = 4.0 * 1530.0 + 12.0 * 1512.0 + 2.0 * 16896.0 + 8192.0;
+    assert_eq!(
+        bytes(1, 1, 2, ZeroStage::Off, 4),
+        (one_f_one_b, "first".into())
+    );
+    let mesh = Mesh::new(Some(1), 1, 2, 2).unwrap();
+    let gpipe = bytes_with(mesh, ZeroStage::Off, 4, |c| {
+        c.parallelism.pp_schedule = PpSchedule::Gpipe;
+    });
+    let last = 4.0 * 1417.0 + 12.0 * 1400.0 + 4.0 * (16896.0 + 4352.0) + 8192.0;
+    assert_eq!(gpipe, (last, "last".into()));
+}
+
+#[test]
 fn estimate_zero3_shards_every_class_over_dp() {
     // Rank 0's chunk of each unit over dp 2: 320 + 436 + 436 + 8 = 1200
     // values, plus one placeholder value for each of the 36 tensors;

@@ -250,6 +250,10 @@ pub struct MemoryInput {
     /// How far ZeRO-3 gathers blocks ahead (`--overlap-grad-reduce`,
     /// `--zero3-prefetch`).
     pub prefetch: Prefetch,
+    /// The pipeline runs GPipe (every forward, then every backward): each
+    /// stage holds every micro-batch's activations at once, where 1F1B
+    /// holds at most `pp` (the planner ranks 1F1B only).
+    pub gpipe: bool,
 }
 
 impl PlanInput {
@@ -270,6 +274,7 @@ impl PlanInput {
                 overlap: self.overlap_grad_reduce,
                 depth: self.zero3_prefetch,
             },
+            gpipe: false,
         }
     }
 }
@@ -312,7 +317,13 @@ pub fn memory(input: &MemoryInput, c: &Choice, layout: &StageLayout) -> MemoryEs
     } else {
         0.0
     };
-    let held = in_flight(c.pp, c.interleave, micro_batches);
+    // Micro-batches whose activations the first stage holds at once; the
+    // last stage holds one under 1F1B.
+    let (held, held_last) = if input.gpipe && c.pp > 1 {
+        (micro_batches as f64, micro_batches as f64)
+    } else {
+        (in_flight(c.pp, c.interleave, micro_batches), 1.0)
+    };
     let bucket = bucket_elems(input.bucket_mb);
     let (bp, bg, _) = input.precision.state_bytes();
     let gathered = gathered_blocks(c, input.prefetch);
@@ -364,9 +375,9 @@ pub fn memory(input: &MemoryInput, c: &Choice, layout: &StageLayout) -> MemoryEs
     }
     let a = stage(0, first, "first", first_acts);
     let last_acts = ActivationBytes {
-        layers: split[split.len() - 1] as f64 * per_layer,
+        layers: split[split.len() - 1] as f64 * held_last * per_layer,
         embedding: 0.0,
-        output: act.output_bytes(m),
+        output: held_last * act.output_bytes(m),
         recompute_working: working,
     };
     let b = stage(c.pp - 1, last, "last", last_acts);

@@ -114,8 +114,9 @@ fn layouts_with(input: &PlanInput, tp: usize, cp: usize, out: &mut Vec<Choice>) 
                 );
             }
             for &interleave in &chunks {
-                // Under SP each rank's `seq / cp` tokens split over tp.
-                let sp_fits = cp == 1 || (input.seq / cp).is_multiple_of(tp);
+                // Under SP the sequence, and each rank's `seq / cp` tokens
+                // of it, split over tp (as `train` requires).
+                let sp_fits = input.seq.is_multiple_of(tp) && (input.seq / cp).is_multiple_of(tp);
                 let sps = [false, true]
                     .into_iter()
                     .filter(|&s| !s || (tp > 1 && input.sequence_parallel && sp_fits));
@@ -319,6 +320,20 @@ mod tests {
             ..input(1 << 21)
         };
         assert!(choices(&no_ring).iter().all(|c| c.cp == 1));
+    }
+
+    /// Sequence parallelism is proposed only where `train` runs it: the
+    /// sequence must split over tp.
+    #[test]
+    fn sequence_parallelism_needs_a_sequence_tp_divides() {
+        let odd = PlanInput {
+            context_parallel: false,
+            ..input(4097)
+        };
+        let all = choices(&odd);
+        assert!(all.iter().any(|c| c.tp > 1));
+        assert!(all.iter().all(|c| !c.sp), "SP proposed at seq 4097");
+        assert!(choices(&input(4096)).iter().any(|c| c.sp));
     }
 
     /// Offload is proposed only when no layout fits without it: with the
