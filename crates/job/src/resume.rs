@@ -68,8 +68,11 @@ impl Resume {
         // The index and the files it names, before anything is written.
         Index::read(&dir).map_err(|e| usage(format!("--resume: {e}")))?;
         let (config, record) = read_run_files(&dir)?;
-        let run = dir
-            .parent()
+        // Made absolute first: `--resume step-4` in `RUN/checkpoints`.
+        let run = std::path::absolute(&dir)
+            .ok()
+            .as_deref()
+            .and_then(Path::parent)
             .and_then(Path::parent)
             .map(Path::to_path_buf)
             .ok_or_else(|| {
@@ -116,7 +119,13 @@ impl Resume {
                     "{now} differs from the run's {was}; a resumed run keeps its model and data"
                 )),
                 OnResume::Override if self.overrides.contains(&key.path()) => {
-                    self.overridden.push(change.clone())
+                    match self.state.loss_scaler {
+                        Some(saved) if key.path() == "precision.loss_scale_init" => p.key(key.section, key.name, format!(
+                            "{now} differs from the run's {was}, but the checkpoint's loss scale {} continues on resume; the initial scale only starts a run",
+                            saved.scale
+                        )),
+                        _ => self.overridden.push(change.clone()),
+                    }
                 }
                 OnResume::Override => p.key(key.section, key.name, format!(
                     "{now} differs from the run's {was}, which changes how the run continues; pass --override {} to change it",

@@ -230,7 +230,7 @@ fn fp16_resume_continues_the_loss_scaler() {
     let o = train(1, &["--resume", from.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let got = steps(&resumed);
-    assert_eq!(got.len(), 12, "8 steps, then 4 again");
+    assert_eq!(got.len(), 8, "steps 5-8 recorded once, by the resumed run");
     for key in [
         "loss",
         "grad_norm",
@@ -239,8 +239,9 @@ fn fp16_resume_continues_the_loss_scaler() {
         "skipped_steps",
     ] {
         let pick = |r: &[Value]| r.iter().map(|v| v[key].clone()).collect::<Vec<_>>();
-        assert_eq!(pick(&got[8..]), pick(&want[4..]), "{key} of steps 5-8");
+        assert_eq!(pick(&got[4..]), pick(&want[4..]), "{key} of steps 5-8");
     }
+    overridden_window_applies(&dir, &whole);
     let scales: Vec<f64> = want
         .iter()
         .map(|r| r["loss_scale"].as_f64().unwrap())
@@ -250,6 +251,61 @@ fn fp16_resume_continues_the_loss_scaler() {
         "the scale should both fall and grow: {scales:?}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The fp16 run `whole` resumed from its step-4 checkpoint with the window
+/// overridden to 1: the saved scale continues and from then on doubles
+/// after every clean step. Overriding the initial scale is refused: the
+/// checkpoint's scale continues.
+fn overridden_window_applies(dir: &Path, whole: &Path) {
+    let resumed = dir.join("window-1");
+    common::copy_dir(whole, &resumed);
+    let from = resumed.join("checkpoints").join("step-4");
+    let from = from.to_str().unwrap();
+    let o = train(1, &["--resume", from, "--loss-scale-init", "8"]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("precision.loss_scale_init"), "{err}");
+    let overriding = [
+        "--resume",
+        from,
+        "--loss-scale-init",
+        "8",
+        "--override",
+        "precision.loss_scale_init",
+    ];
+    let o = train(1, &overriding);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("loss scale") && err.contains("continues"),
+        "{err}"
+    );
+    let o = train(
+        1,
+        &[
+            "--resume",
+            from,
+            "--loss-scale-window",
+            "1",
+            "--override",
+            "precision.loss_scale_window",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let records = steps(&resumed);
+    let scale = |r: &Value| r["loss_scale"].as_f64().unwrap();
+    let skipped = |r: &Value| r["skipped"].as_bool().unwrap();
+    assert_eq!(scale(&records[4]), scale(&steps(whole)[4]), "step 5");
+    for pair in records[4..].windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        let want = if skipped(a) {
+            scale(a) / 2.0
+        } else {
+            scale(a) * 2.0
+        };
+        assert_eq!(scale(b), want, "step {}: loss scale", b["step"]);
+    }
 }
 
 /// Bad values name the flag and exit with code 2.

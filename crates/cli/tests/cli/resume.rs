@@ -136,18 +136,24 @@ fn a_resumed_run_equals_the_uninterrupted_run_bit_for_bit() {
         "step-20"
     );
 
-    // A copy of the run continued from its step-10 checkpoint.
+    // A copy of the run continued from its step-10 checkpoint, named
+    // relative to the checkpoints directory.
     let copy = dir.join("copy");
     copy_dir(&whole, &copy);
-    let from = copy.join("checkpoints").join("step-10");
-    let o = ferrotron(&["train", "--resume", from.to_str().unwrap()]);
+    let o = deadline::output_within(
+        Command::new(env!("CARGO_BIN_EXE_ferrotron"))
+            .args(["train", "--resume", "step-10"])
+            .current_dir(copy.join("checkpoints")),
+        DEADLINE,
+    )
+    .expect("the binary runs");
     ok(&o, "the resumed run");
     assert!(String::from_utf8_lossy(&o.stdout).contains("resumed from"));
+    // The copy's records of steps 11-20 were replaced by the resumed
+    // run's: each step appears once, with the uninterrupted run's loss.
     let want = step_losses(&whole);
-    let got = step_losses(&copy);
-    // The copy holds steps 1-20, then the resumed 11-20 appended.
-    assert_eq!(got.len(), 30);
-    assert_eq!(&got[20..], &want[10..], "losses of steps 11-20");
+    assert_eq!(want.len(), 20);
+    assert_eq!(step_losses(&copy), want, "losses of steps 1-20");
     same_tensors(
         &whole.join("model.safetensors"),
         &copy.join("model.safetensors"),
@@ -358,8 +364,7 @@ fn a_non_finite_loss_stops_the_run_and_leaves_the_last_checkpoint() {
         "{err}"
     );
     // Every checkpoint written holds finite values.
-    let latest = std::fs::read_to_string(run.join("checkpoints").join("latest")).unwrap();
-    let ckpt = run.join("checkpoints").join(latest.trim());
+    let ckpt = run.join("checkpoints").join(latest(&run));
     for (name, t) in checkpoint_tensors(&ckpt) {
         assert!(
             t.to_vec::<f32>().unwrap().iter().all(|x| x.is_finite()),
@@ -386,6 +391,19 @@ fn a_non_finite_loss_stops_the_run_and_leaves_the_last_checkpoint() {
         .filter(|l| l.contains("\"skipped\":true"))
         .count();
     assert_eq!(skipped, 3, "two skipped steps allowed, the third stops");
+
+    // A run whose last steps are skipped still ends with a checkpoint of
+    // its last step (the weights of the last step applied).
+    let run = dir.join("skip-to-end");
+    let mut args = common(&corpus, 4);
+    args.extend(["--lr", "1e30", "--min-lr", "0", "--grad-clip", "0"].map(String::from));
+    args.extend(["--on-nonfinite", "skip", "--max-skipped", "10"].map(String::from));
+    args.extend(["--save-every", "1", "--out"].map(String::from));
+    args.push(run.display().to_string());
+    ok(&train(&args), "the run that skips its last steps");
+    let records = common::step_records(&run);
+    assert_eq!(records.last().unwrap()["skipped"], true, "{records:?}");
+    assert_eq!(latest(&run), "step-4");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -594,9 +612,32 @@ fn damaged_checkpoints_are_refused(run: &Path, before: &[u8]) {
         "another vocabulary",
         &["index.json", "another architecture or vocabulary"],
     );
+    // A block outside its tensor (a damaged index): one line, no panic,
+    // from `checkpoint verify` too.
+    let mut outside: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let tensor = outside["tensors"]
+        .as_object_mut()
+        .unwrap()
+        .values_mut()
+        .next()
+        .unwrap();
+    tensor["blocks"][0]["start"] = 1_000_000_000u64.into();
+    std::fs::write(&index, outside.to_string()).unwrap();
+    refused("a block outside its tensor", &["index.json", "outside it"]);
+    let o = ferrotron(&["checkpoint", "verify", run_str]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "verify of a block outside: {err}");
     std::fs::remove_file(&index).unwrap();
     refused("no index", &[&index.display().to_string(), "missing"]);
-    std::fs::write(&index, text).unwrap();
+    std::fs::write(&index, &text).unwrap();
+    // A state without the sampler's: the data order cannot continue.
+    let state = ckpt.join("state.json");
+    let kept = std::fs::read_to_string(&state).unwrap();
+    let mut no_sampler: serde_json::Value = serde_json::from_str(&kept).unwrap();
+    no_sampler["sampler"] = serde_json::Value::Null;
+    std::fs::write(&state, no_sampler.to_string()).unwrap();
+    refused("no sampler state", &["state.json", "no sampler state"]);
+    std::fs::write(&state, kept).unwrap();
 }
 
 /// A resumed run changes what its remaining steps compute only for the
@@ -898,13 +939,11 @@ fn soak_five_sigkills_and_resumes_end_bit_identical_to_the_uninterrupted_run() {
     assert_eq!(want.len(), 200);
     let text = std::fs::read_to_string(soak.join("metrics.jsonl")).unwrap();
     let mut seen = std::collections::BTreeSet::new();
-    for v in text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-    {
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).expect(line);
         if let (Some(step), Some(loss)) = (v["step"].as_u64(), v["loss"].as_f64()) {
             assert_eq!(loss, want[&step], "step {step}: loss");
-            seen.insert(step);
+            assert!(seen.insert(step), "step {step} recorded twice");
         }
     }
     assert_eq!(seen.len(), 200, "steps recorded: {seen:?}");

@@ -136,9 +136,23 @@ impl MetricsWriter {
         })
     }
 
-    /// Opens the file at `path` for appending (a resumed run), creating it
-    /// if needed.
-    pub fn append(path: &Path) -> std::io::Result<Self> {
+    /// Opens the file at `path` of a run resumed after optimizer step
+    /// `step`, creating it if needed. The records of later steps (written
+    /// before the run stopped, and about to be measured again) and lines
+    /// that are not JSON (a write torn by a crash) are dropped first, the
+    /// file replaced atomically, so that each step appears once.
+    pub fn resume(path: &Path, step: usize) -> std::io::Result<Self> {
+        match std::fs::read_to_string(path) {
+            Ok(text) => {
+                let kept = records_up_to(&text, step);
+                if kept.len() != text.len() {
+                    crate::checkpoint::write_atomic(path, kept.as_bytes())
+                        .map_err(std::io::Error::other)?;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
         let f = OpenOptions::new().create(true).append(true).open(path)?;
         Ok(Self {
             out: BufWriter::new(f),
@@ -150,5 +164,57 @@ impl MetricsWriter {
         serde_json::to_writer(&mut self.out, record)?;
         self.out.write_all(b"\n")?;
         self.out.flush()
+    }
+}
+
+/// The lines of `text` (a `metrics.jsonl`) that are JSON objects whose
+/// `step` is at most `step` (or that have none), each ending in a newline.
+fn records_up_to(text: &str, step: usize) -> String {
+    let mut kept = String::with_capacity(text.len());
+    for line in text.lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if v.get("step").and_then(|s| s.as_u64()).unwrap_or(0) <= step as u64 {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
+    kept
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resumed_file_keeps_the_steps_up_to_the_checkpoint_once() {
+        let dir = std::env::temp_dir().join(format!("ferrotron-jsonl-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("metrics.jsonl");
+        let written = [
+            r#"{"memory_phase":"build","rank":0,"step":0}"#,
+            r#"{"step":1,"loss":4.5}"#,
+            r#"{"step":2,"loss":4.4}"#,
+            r#"{"step":2,"val_loss":4.6}"#,
+            r#"{"step":3,"loss":4.3}"#,
+            r#"{"step":3,"val_loss":4.5}"#,
+        ];
+        // The last record torn by a crash.
+        std::fs::write(&path, written.join("\n") + "\n{\"step\":4,\"lo").unwrap();
+        let mut w = MetricsWriter::resume(&path, 2).unwrap();
+        w.write(&ValRecord {
+            step: 3,
+            val_loss: 4.25,
+        })
+        .unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let want = written[..4].join("\n") + "\n" + r#"{"step":3,"val_loss":4.25}"# + "\n";
+        assert_eq!(text, want);
+        // A run resumed with no file yet starts one.
+        std::fs::remove_file(&path).unwrap();
+        MetricsWriter::resume(&path, 2).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -5,14 +5,11 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::Context;
 use ferrotron_engine::checkpoint::CheckpointError;
 
 use ferrotron_engine::backend::BackendKind;
 use ferrotron_engine::data::{self, BatchSampler, TokenSource};
-use ferrotron_engine::metrics::{
-    self, MemoryPhase, MetricsWriter, OverrideRecord, PhaseMemory, PhaseWindow,
-};
+use ferrotron_engine::metrics::{self, MemoryPhase, OverrideRecord, PhaseMemory, PhaseWindow};
 use ferrotron_engine::precision::Precision;
 use ferrotron_models::ops::TrainBackend;
 use ferrotron_parallel::comm::Communicator;
@@ -117,39 +114,33 @@ impl TrainTask<'_> {
         Ok((trainer, memory))
     }
 
-    /// Rank 0 records the settings a resumed run changed under
-    /// `--override`: in `metrics.jsonl`, at the first step that uses them,
-    /// and in the log.
-    fn record_overrides(&mut self) -> anyhow::Result<()> {
+    /// The settings a resumed run changed under `--override`, as the
+    /// records the loop writes to `metrics.jsonl` before the first step that
+    /// uses them; rank 0 says them in the log.
+    fn overrides(&mut self) -> Vec<OverrideRecord> {
         let Some(r) = &self.job.resume else {
-            return Ok(());
+            return Vec::new();
         };
-        if self.comm.rank() != 0 || r.overridden().is_empty() {
-            return Ok(());
-        }
         let step = r.state.step + 1;
-        let path = self.job.out.join("metrics.jsonl");
-        let mut metrics =
-            MetricsWriter::append(&path).with_context(|| format!("opening {}", path.display()))?;
-        let mut said = Vec::new();
-        for c in r.overridden() {
-            metrics
-                .write(&OverrideRecord {
-                    step,
-                    key: c.key.path(),
-                    was: c.was.clone(),
-                    now: c.now.clone(),
-                })
-                .with_context(|| format!("writing {}", path.display()))?;
-            said.push(format!(
-                "{} {} -> {}",
-                c.key.path(),
-                c.was_text(),
-                c.now_text()
-            ));
+        let records: Vec<OverrideRecord> = r
+            .overridden()
+            .iter()
+            .map(|c| OverrideRecord {
+                step,
+                key: c.key.path(),
+                was: c.was.clone(),
+                now: c.now.clone(),
+            })
+            .collect();
+        if self.comm.rank() == 0 && !records.is_empty() {
+            let said: Vec<String> = r
+                .overridden()
+                .iter()
+                .map(|c| format!("{} {} -> {}", c.key.path(), c.was_text(), c.now_text()))
+                .collect();
+            self.say(format!("from step {step}, overridden: {}", said.join(", ")));
         }
-        self.say(format!("from step {step}, overridden: {}", said.join(", ")));
-        Ok(())
+        records
     }
 
     /// The training loop's plan.
@@ -159,6 +150,7 @@ impl TrainTask<'_> {
         peak_flops: f64,
         recompute: Recompute,
         startup_memory: Vec<PhaseMemory>,
+        overrides: Vec<OverrideRecord>,
     ) -> LoopConfig {
         let (c, mc) = (&self.job.config, &self.job.model);
         let seq_len = c.schedule.seq_len;
@@ -192,6 +184,7 @@ impl TrainTask<'_> {
             },
             device_memory: crate::backend::device_memory(kind, self.job.world.local_rank),
             startup_memory,
+            overrides,
             // The host heap holds the activations on the CPU backends only.
             measure_heap: kind.is_cpu(),
         }
@@ -218,7 +211,15 @@ impl BackendTask for TrainTask<'_> {
             .take()
             .expect("prepare reads the tokens");
         let (train_tokens, val_tokens) = (tokens.train(), tokens.val());
-        let sampler = match self.prepared.restore.as_ref().and_then(|r| r.0.sampler) {
+        let restored = self.prepared.restore.as_ref().map(|r| &r.0);
+        let sampler = match restored.and_then(|r| r.sampler) {
+            // The data order of a checkpoint written by a loop without a
+            // sampler (a library user's) cannot be continued.
+            None if restored.is_some_and(|r| r.step > 0) => {
+                return Err(usage(
+                    "--resume: the checkpoint's state.json holds no sampler state, so its data order cannot be continued",
+                ))
+            }
             Some(state) if state.tokens_len != train_tokens.len() => {
                 return Err(usage(format!(
                     "--resume: the checkpoint's sampler drew from {} training tokens, this data gives {}",
@@ -245,7 +246,7 @@ impl BackendTask for TrainTask<'_> {
                 .map_err(|e| usage(format!("validation tokens: {e}")))?;
         }
         let (mut trainer, startup_memory) = self.trainer::<B>(kind, &device)?;
-        self.record_overrides()?;
+        let overrides = self.overrides();
         let peak = match self.job.peak_flops {
             Some(p) => p,
             None => {
@@ -258,7 +259,7 @@ impl BackendTask for TrainTask<'_> {
             }
         };
         self.say(finish::describe_run(&self.job, kind, &trainer));
-        let plan = self.loop_config(kind, peak, trainer.recompute(), startup_memory);
+        let plan = self.loop_config(kind, peak, trainer.recompute(), startup_memory, overrides);
         let mut batches = TokenWindows {
             sampler,
             tokens: &train_tokens,

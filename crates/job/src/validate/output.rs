@@ -2,6 +2,7 @@
 //! export, which must be new or empty and apart from the inputs.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ferrotron_models::hf::Family;
@@ -25,7 +26,7 @@ pub(super) fn run_dir(
     if let Some(r) = resume {
         if out.is_some()
             && *out != r.config.checkpoint.out
-            && out.as_deref() != Some(r.run.as_path())
+            && out.as_deref().and_then(|o| std::path::absolute(o).ok()) != Some(r.run.clone())
         {
             p.key(
                 "checkpoint",
@@ -112,7 +113,11 @@ fn probe(section: &str, key: &str, dir: &Path, p: &mut Problems) {
     let problem = if !at.is_dir() {
         format!("{}: {} is not a directory", dir.display(), at.display())
     } else {
-        let file = at.join(format!(".ferrotron-write-probe-{}", std::process::id()));
+        // Unique in the process too: jobs may be validated on several
+        // threads at once.
+        static PROBES: AtomicUsize = AtomicUsize::new(0);
+        let n = PROBES.fetch_add(1, Ordering::Relaxed);
+        let file = at.join(format!(".ferrotron-write-probe-{}-{n}", std::process::id()));
         match std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)

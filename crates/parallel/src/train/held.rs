@@ -28,6 +28,7 @@ use super::checkpoint::read::Reader;
 use super::checkpoint::region::Region;
 use super::checkpoint::shard::{HeldBlock, Shard};
 use super::checkpoint::{self, CheckpointState};
+use super::loss_scale::LossScaler;
 use super::step::Trainer;
 use super::whole::one_parameter;
 use crate::comm::tensor::{from_host, host_f32};
@@ -313,8 +314,13 @@ where
         }));
         self.optimizer.set_steps_taken(state.optimizer_steps);
         self.steps_done = state.step;
-        if let (Some(_), Some(scaler)) = (self.scaler, state.loss_scaler) {
-            self.scaler = Some(scaler);
+        // The scale and its counters continue; the window is the run's
+        // setting, which `--override` may have changed.
+        if let (Some(configured), Some(saved)) = (self.scaler, state.loss_scaler) {
+            self.scaler = Some(LossScaler {
+                window: configured.window,
+                ..saved
+            });
         }
         Ok(())
     }

@@ -43,7 +43,7 @@ use ferrotron_engine::lm::{CausalLm, LmUnits};
 use ferrotron_engine::metrics::energy::Coverage;
 use ferrotron_engine::metrics::{
     write_loss_svg, DeviceMemoryProbe, EnergyMeter, HeapWindow, MemoryPhase, MetricsWriter,
-    PhaseMemory, PhaseWindow, StepRecord, ValRecord,
+    OverrideRecord, PhaseMemory, PhaseWindow, StepRecord, ValRecord,
 };
 
 use super::checkpoint::background::Background;
@@ -181,6 +181,10 @@ pub struct LoopConfig {
     /// model, loading a checkpoint), written by rank 0 to `metrics.jsonl`
     /// before the first step ([`super::gather_phase_memory`]).
     pub startup_memory: Vec<PhaseMemory>,
+    /// The settings a resumed run changed (`--override`), written by rank
+    /// 0 to `metrics.jsonl` before the first step, which is the first to
+    /// use them.
+    pub overrides: Vec<OverrideRecord>,
     /// The goldfish loss's mask applied to every training micro-batch
     /// (`None`: every target counts); see the module doc.
     pub goldfish: Option<Goldfish>,
@@ -215,6 +219,7 @@ impl Default for LoopConfig {
             energy: None,
             device_memory: None,
             startup_memory: Vec::new(),
+            overrides: Vec::new(),
             goldfish: None,
             measure_heap: false,
         }
@@ -316,11 +321,12 @@ struct Writer {
 }
 
 impl Writer {
-    /// Creates `metrics.jsonl`, or appends to it when `resumed`.
-    fn open(dir: &Path, resumed: bool) -> Result<Self, LoopError> {
+    /// Creates `metrics.jsonl`, or continues it after the checkpoint's step
+    /// `resumed_at` of a resumed run.
+    fn open(dir: &Path, resumed_at: usize) -> Result<Self, LoopError> {
         let path = dir.join("metrics.jsonl");
-        let opened = if resumed {
-            MetricsWriter::append(&path)
+        let opened = if resumed_at > 0 {
+            MetricsWriter::resume(&path, resumed_at)
         } else {
             MetricsWriter::create(&path)
         };
@@ -415,7 +421,7 @@ where
     let mut reports = Reports {
         lead: place.lead,
         writer: match (&config.run_dir, place.lead) {
-            (Some(dir), true) => Some(Writer::open(dir, resumed)?),
+            (Some(dir), true) => Some(Writer::open(dir, trainer.steps_done())?),
             _ => None,
         },
         progress,
@@ -423,6 +429,9 @@ where
     };
     if let Some(w) = reports.writer.as_mut() {
         for record in &config.startup_memory {
+            w.record(record)?;
+        }
+        for record in &config.overrides {
             w.record(record)?;
         }
     }
@@ -459,9 +468,10 @@ where
         if let Some(b) = pending.take() {
             pending = publish_when_written(b, &*world)?;
         }
-        let due = skipped_in_a_row == 0
-            && config.save_every > 0
-            && (step % config.save_every == 0 || step == config.steps);
+        // The last step is saved even when skipped (its checkpoint holds
+        // the unchanged weights), so a finished run always ends with one.
+        let due = config.save_every > 0
+            && ((skipped_in_a_row == 0 && step % config.save_every == 0) || step == config.steps);
         if due || stop {
             // A save waits for the one still in the background.
             if let Some(b) = pending.take() {

@@ -147,6 +147,13 @@ impl Index {
                         dir.join(&b.file).display()
                     )));
                 }
+                if !b.region.lies_in(&t.shape) {
+                    let r = &b.region;
+                    return Err(bad(format!(
+                        "tensor '{name}' of shape {:?} has a block (in {}) outside it: offsets {:?}, box {:?}, elements {}..{}",
+                        t.shape, b.file, r.offsets, r.shape, r.start, r.end
+                    )));
+                }
             }
         }
         Ok(index)

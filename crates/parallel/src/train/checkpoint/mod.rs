@@ -389,8 +389,9 @@ enum Op {
 }
 
 /// The steps that publish `root/.NAME.tmp` as `root/NAME`, in order: the
-/// rename (a checkpoint of the same name, written before a resume, goes
-/// only once the new one is in place), a sync of `root`, `latest`, a
+/// rename (a checkpoint of the same name, written before a resume, is
+/// deleted only once the new one is in place and the renames are synced),
+/// a sync of `root`, `latest`, a
 /// second sync of `root` so that `latest`'s rename is on disk, and only
 /// then the pruning of older checkpoints: a crash at any point leaves
 /// `latest` naming a complete checkpoint that is still there.
@@ -401,6 +402,8 @@ fn publish_steps(root: &Path, name: &str, replacing: bool) -> Vec<Op> {
         let old = root.join(format!(".{name}.old"));
         steps.push(Op::Rename(dir.clone(), old.clone()));
         steps.push(Op::Rename(tmp, dir));
+        // The renames reach the disk before the old copy is deleted.
+        steps.push(Op::SyncDir(root.to_path_buf()));
         steps.push(Op::RemoveDir(old));
     } else {
         steps.push(Op::Rename(tmp, dir));
@@ -812,6 +815,7 @@ mod tests {
             [
                 Op::Rename(p("step-4"), p(".step-4.old")),
                 Op::Rename(p(".step-4.tmp"), p("step-4")),
+                sync(),
                 Op::RemoveDir(p(".step-4.old")),
                 sync(),
                 Op::WriteLatest("step-4".into()),

@@ -47,6 +47,26 @@ impl Region {
         }
     }
 
+    /// Whether the region lies in a tensor of shape `tensor`: an offset
+    /// and a box size for each of its dimensions, the box inside it, and
+    /// the range inside the box (what an index read from disk must hold
+    /// before it is used).
+    pub fn lies_in(&self, tensor: &[usize]) -> bool {
+        let rank = tensor.len();
+        let box_inside = self
+            .offsets
+            .iter()
+            .zip(&self.shape)
+            .zip(tensor)
+            .all(|((&o, &b), &n)| o.checked_add(b).is_some_and(|end| end <= n));
+        let elems = self.shape.iter().try_fold(1usize, |a, &b| a.checked_mul(b));
+        rank > 0
+            && self.offsets.len() == rank
+            && self.shape.len() == rank
+            && box_inside
+            && elems.is_some_and(|n| self.start <= self.end && self.end <= n)
+    }
+
     /// Elements in the range.
     pub fn len(&self) -> usize {
         self.end - self.start
@@ -287,6 +307,28 @@ mod tests {
             }
             assert_eq!(copied, want.len());
             assert_eq!(got, reference(&want, &whole, &global), "{want:?}");
+        }
+    }
+
+    #[test]
+    fn a_region_lies_in_its_tensor_only_when_every_bound_holds() {
+        let r = |offsets: Vec<usize>, shape: Vec<usize>, start, end| Region {
+            offsets,
+            shape,
+            start,
+            end,
+        };
+        assert!(r(vec![2, 0], vec![2, 3], 0, 6).lies_in(&[4, 3]));
+        assert!(r(vec![0, 0], vec![4, 3], 5, 7).lies_in(&[4, 3]));
+        for bad in [
+            r(vec![2, 0], vec![2, 3], 4, 2),          // start after end
+            r(vec![2, 0], vec![2, 3], 0, 7),          // past the box
+            r(vec![3, 0], vec![2, 3], 0, 6),          // the box past the tensor
+            r(vec![0], vec![4, 3], 0, 12),            // an offset missing
+            r(vec![0, 0], vec![], 0, 0),              // no box
+            r(vec![usize::MAX, 0], vec![2, 3], 0, 6), // overflowing
+        ] {
+            assert!(!bad.lies_in(&[4, 3]), "{bad:?}");
         }
     }
 }
