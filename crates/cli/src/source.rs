@@ -40,7 +40,8 @@ pub struct RunModel {
     pub config: DecoderConfig,
     /// `tokenizer.json`, when the run has one.
     pub tokenizer: Option<PathBuf>,
-    /// The tokenizer's `<|endoftext|>` as begin and end of sequence.
+    /// Begin and end of sequence: those of the Hugging Face model the run
+    /// started from, else the tokenizer's `<|endoftext|>` as both.
     pub special: SpecialTokens,
     /// The backend the run was trained on.
     pub backend: String,
@@ -52,12 +53,14 @@ impl RunModel {
         let (job, record) =
             read_run_files(run).map_err(|e| usage(format!("--run {}: {e}", run.display())))?;
         let tok = run.join("tokenizer.json");
-        let special = if tok.exists() {
-            let t =
-                Tokenizer::from_file(&tok).map_err(|e| usage(format!("{}: {e}", tok.display())))?;
-            SpecialTokens::from_tokenizer(&t)
-        } else {
-            SpecialTokens::default()
+        let special = match &record.special {
+            Some(special) => special.clone(),
+            None if tok.exists() => {
+                let t = Tokenizer::from_file(&tok)
+                    .map_err(|e| usage(format!("{}: {e}", tok.display())))?;
+                SpecialTokens::from_tokenizer(&t)
+            }
+            None => SpecialTokens::default(),
         };
         Ok(Self {
             config: record.model,

@@ -7,6 +7,7 @@
 use std::path::Path;
 
 use ferrotron_engine::data::ShardSetId;
+use ferrotron_models::hf::SpecialTokens;
 use ferrotron_models::DecoderConfig;
 use serde::{Deserialize, Serialize};
 
@@ -35,6 +36,11 @@ pub struct RunRecord {
     /// Absent in records written before it was kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub corpus_sha256: Option<String>,
+    /// The begin- and end-of-sequence ids of the Hugging Face model the
+    /// run started from (`model.hf_dir`), which its exports and samples
+    /// keep; absent: the run's tokenizer's `<|endoftext|>` serves as both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub special: Option<SpecialTokens>,
     /// The model architecture.
     pub model: DecoderConfig,
 }

@@ -584,29 +584,58 @@ fn a_resume_refuses_a_changed_corpus_and_a_tokenizer_larger_than_the_model() {
     for id in vocab.len()..100 {
         vocab.insert(format!("extra{id}"), id.into());
     }
-    std::fs::write(&path, serde_json::to_vec(&json).unwrap()).unwrap();
+    let grown = serde_json::to_vec(&json).unwrap();
+    std::fs::write(&path, &grown).unwrap();
     let out = dir.join("hf-run");
-    let o = ferrotron(&[
-        "train",
-        "--hf-dir",
-        hf.to_str().unwrap(),
-        "--corpus",
-        c,
-        "--seq-len",
-        "16",
-        "--steps",
-        "1",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let train_hf = |data: &[&str]| {
+        let mut args = vec!["train", "--hf-dir", hf.to_str().unwrap()];
+        args.extend(data);
+        args.extend(["--seq-len", "16", "--steps", "1", "--out"]);
+        args.push(out.to_str().unwrap());
+        ferrotron(&args)
+    };
     refused(
-        &o,
+        &train_hf(&["--corpus", c]),
         &[
             "model.hf_dir",
             "tokenizer.json",
             "100 tokens",
             "vocab_size of 96",
         ],
+    );
+    // Without its tokenizer.json, the model would train on the ids of a
+    // tokenizer trained on the corpus.
+    std::fs::remove_file(&path).unwrap();
+    refused(
+        &train_hf(&["--corpus", c]),
+        &["model.hf_dir", "has no tokenizer.json"],
+    );
+    // Shards made with a tokenizer other than the model's (its own with
+    // one token more, still within the model's vocabulary).
+    let own = std::fs::read(fixture.join("tokenizer.json")).unwrap();
+    std::fs::write(&path, &own).unwrap();
+    let mut json: serde_json::Value = serde_json::from_slice(&own).unwrap();
+    let vocab = json["model"]["vocab"].as_object_mut().unwrap();
+    vocab.insert("extra".into(), vocab.len().into());
+    let other = dir.join("other-tokenizer.json");
+    std::fs::write(&other, serde_json::to_vec(&json).unwrap()).unwrap();
+    let other_set = dir.join("other-set");
+    ok(
+        &ferrotron(&[
+            "data",
+            "prepare",
+            "--input",
+            c,
+            "--tokenizer",
+            other.to_str().unwrap(),
+            "--out",
+            other_set.to_str().unwrap(),
+        ]),
+        "data prepare with another tokenizer",
+    );
+    refused(
+        &train_hf(&["--data", other_set.to_str().unwrap()]),
+        &["data.shards", "another tokenizer", "tokenizer.json"],
     );
     assert!(!out.exists(), "a refused run wrote {}", out.display());
     let _ = std::fs::remove_dir_all(&dir);

@@ -384,7 +384,14 @@ fn train_from_an_hf_dir_writes_an_hf_dir_equal_to_the_exported_run() {
     let text = "the king of love and the queen , my lord .\n".repeat(200);
     std::fs::write(&corpus, text).unwrap();
     let (run, hf_out, exported) = (dir.join("run"), dir.join("hf"), dir.join("exported"));
-    let model = fixture("gpt2").join("model");
+    // The gpt2 fixture with an end-of-sequence list beside its bos.
+    let model = dir.join("model");
+    crate::common::copy_dir(&fixture("gpt2").join("model"), &model);
+    std::fs::write(
+        model.join("generation_config.json"),
+        r#"{"bos_token_id": 1, "eos_token_id": [17, 18]}"#,
+    )
+    .unwrap();
     let train_args = |out: &Path, hf_out: &Path| -> Vec<String> {
         [
             "--hf-dir",
@@ -424,9 +431,24 @@ fn train_from_an_hf_dir_writes_an_hf_dir_equal_to_the_exported_run() {
     assert_eq!(trained, from_export);
     assert_ne!(trained, start, "training changed the weights");
     assert!(hf_out.join("tokenizer.json").is_file());
-    // The --hf-dir model's generation_config.json (bos 0) is carried over.
-    let generation = std::fs::read_to_string(hf_out.join("generation_config.json")).unwrap();
-    assert!(generation.contains(r#""bos_token_id": 0"#), "{generation}");
+    // The --hf-dir model's special ids are carried over, by the run's
+    // export and by `export --run` alike, into both JSON files.
+    let json = |dir: &Path, file: &str| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(dir.join(file)).unwrap()).unwrap()
+    };
+    let want = serde_json::json!({"bos_token_id": 1, "eos_token_id": [17, 18]});
+    for out in [&hf_out, &exported] {
+        assert_eq!(
+            json(out, "generation_config.json"),
+            want,
+            "{}",
+            out.display()
+        );
+        let config = json(out, "config.json");
+        for key in ["bos_token_id", "eos_token_id"] {
+            assert_eq!(config[key], want[key], "{}: {key}", out.display());
+        }
+    }
 
     // A config with no Hugging Face family is refused before training.
     let o = ferrotron(&[

@@ -68,6 +68,17 @@ pub(crate) fn place(section: &str, name: &str) -> String {
     Key::find(section, name).map_or_else(|| format!("{section}.{name}"), Key::place)
 }
 
+impl ModelSection {
+    /// What the job's model is called in the log and the default run
+    /// directory: the Hugging Face directory's name, else the preset's.
+    pub fn label(&self) -> String {
+        self.hf_dir
+            .as_deref()
+            .and_then(Path::file_name)
+            .map_or_else(|| self.name.clone(), |n| n.to_string_lossy().into_owned())
+    }
+}
+
 impl JobConfig {
     /// Reads a job file; every unknown, misplaced or mistyped key is
     /// reported (one error each), naming the file, the key and, for a key

@@ -29,7 +29,7 @@ pub(super) fn describe_run<B: TrainBackend>(
     let dp = job.mesh.dp;
     let mut text = format!(
         "model {} ({:.2} M parameters) on {kind}; global batch {} x {} tokens = dp {dp} x micro batch {} x grad-accum {}\nZeRO stage {}; recompute {}; memory per rank: {}",
-        c.model.name,
+        c.model.label(),
         mc.num_params() as f64 / 1e6,
         dp * s.micro_batch * s.grad_accum,
         s.seq_len,

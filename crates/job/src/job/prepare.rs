@@ -41,8 +41,9 @@ pub(super) struct Prepared {
     pub initial: Option<Initial>,
     /// A resumed run's state.
     pub restore: Option<Restore>,
-    /// Begin/end-of-sequence ids of `model.hf_dir`, written with the
-    /// export (`None`: those of the run's tokenizer).
+    /// Begin/end-of-sequence ids of `model.hf_dir` (or of the resumed run's
+    /// record), written with the export (`None`: those of the run's
+    /// tokenizer).
     pub special: Option<SpecialTokens>,
     /// `config.toml` and `run.toml` as written, for every checkpoint.
     pub run_files: Vec<(String, Vec<u8>)>,
@@ -118,6 +119,10 @@ pub(super) fn prepare(
             .corpus
             .as_ref()
             .map(|_| data::sha256_hex(text.as_bytes())),
+        special: match (&job.resume, &hf) {
+            (Some(r), _) => r.record.special.clone(),
+            (None, hf) => hf.as_ref().map(|h| h.special.clone()),
+        },
         model: job.model.clone(),
     };
     let run_files = vec![
@@ -152,7 +157,7 @@ pub(super) fn prepare(
         tokens: Some(tokens),
         initial,
         restore,
-        special: hf.map(|h| h.special),
+        special: record.special,
         run_files,
     })
 }

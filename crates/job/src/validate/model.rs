@@ -3,7 +3,9 @@
 //! with `model.vocab_size` and `model.max_seq_len` applied; and the shard
 //! set, whose tokenizer sets the vocabulary.
 
-use ferrotron_engine::data::ShardSet;
+use std::path::Path;
+
+use ferrotron_engine::data::{self, ShardSet};
 use ferrotron_models::hf::from_hf_config;
 use ferrotron_models::presets::{preset, PRESET_NAMES};
 use ferrotron_models::DecoderConfig;
@@ -120,8 +122,44 @@ pub(super) fn architecture(
                     model.max_seq_len
                 ),
             );
+        } else {
+            model.max_seq_len = n;
         }
-        model.max_seq_len = n;
+    }
+    if let Some(dir) = &m.hf_dir {
+        hf_tokenizer(dir, c.data.shards.is_some(), shards, p);
     }
     Some(model)
+}
+
+/// A model from `dir` trains on its own tokenizer: the shard set's must be
+/// its `tokenizer.json`, and text is tokenized with it, so a directory
+/// without one needs shards made with the model's tokenizer (a new
+/// tokenizer trained on the corpus would give the pretrained embeddings
+/// other tokens). `shards` is the opened `data.shards` (`None` where it
+/// is not opened: a portable check) and `on_shards` whether one is given.
+fn hf_tokenizer(dir: &Path, on_shards: bool, shards: Option<&ShardSet>, p: &mut Problems) {
+    let path = dir.join(data::TOKENIZER_FILE);
+    match (std::fs::read(&path), shards) {
+        (Ok(bytes), Some(set)) => {
+            let (own, set_s) = (data::sha256_hex(&bytes), &set.id().tokenizer_sha256);
+            if own != *set_s {
+                p.key("data", "shards", format!(
+                    "{}: made with another tokenizer (SHA-256 {set_s}) than the --hf-dir model's {} ({own}); prepare the shards with --tokenizer {}",
+                    set.dir().display(),
+                    path.display(),
+                    path.display()
+                ));
+            }
+        }
+        (Ok(_), None) => {}
+        (Err(e), _) if e.kind() != std::io::ErrorKind::NotFound => {
+            p.key("model", "hf_dir", format!("{}: {e}", path.display()));
+        }
+        (Err(_), _) if on_shards => {}
+        (Err(_), _) => p.key("model", "hf_dir", format!(
+            "{} has no tokenizer.json, and a tokenizer trained on the corpus would not be the model's; add the model's tokenizer.json there, or give data.shards prepared with it (--data)",
+            dir.display()
+        )),
+    }
 }

@@ -49,7 +49,7 @@ pub(super) fn run_dir(
     }
     let dir = out
         .clone()
-        .unwrap_or_else(|| default_run_dir(&c.model.name));
+        .unwrap_or_else(|| default_run_dir(&c.model.label()));
     if here == Here::Yes && world.rank == 0 && !is_empty(&dir) {
         p.key(
             "checkpoint",

@@ -324,8 +324,51 @@ fn parse(f: &Fields<'_>) -> Result<(Family, DecoderConfig), HfError> {
             }
         }
     };
-    c.validate().map_err(|e| f.err(e.field, e.problem))?;
+    c.validate().map_err(|e| {
+        // Named as in config.json, not as our fields.
+        let problem = hf_keys(fam)
+            .iter()
+            .fold(e.problem, |text, (ours, theirs)| text.replace(ours, theirs));
+        f.err(hf_key(fam, e.field), problem)
+    })?;
     Ok((fam, c))
+}
+
+/// Our fields that `config.json` of `fam` names otherwise, with its names.
+fn hf_keys(fam: Family) -> &'static [(&'static str, &'static str)] {
+    match fam {
+        Family::Gpt2 => &[
+            ("hidden_size", "n_embd"),
+            ("n_layers", "n_layer"),
+            ("n_heads", "n_head"),
+            ("ffn_size", "n_inner"),
+            ("max_seq_len", "n_positions"),
+            ("norm_eps", "layer_norm_epsilon"),
+        ],
+        Family::Llama => &[
+            ("n_layers", "num_hidden_layers"),
+            ("n_kv_heads", "num_key_value_heads"),
+            ("n_heads", "num_attention_heads"),
+            ("ffn_size", "intermediate_size"),
+            ("max_seq_len", "max_position_embeddings"),
+            ("norm_eps", "rms_norm_eps"),
+            ("position.theta", "rope_theta"),
+        ],
+        Family::Bloom => &[
+            ("n_layers", "n_layer"),
+            ("n_heads", "n_head"),
+            ("max_seq_len", "seq_length"),
+            ("norm_eps", "layer_norm_epsilon"),
+        ],
+    }
+}
+
+/// The `config.json` key of `fam` that sets our field `field`.
+fn hf_key(fam: Family, field: &'static str) -> &'static str {
+    hf_keys(fam)
+        .iter()
+        .find(|(ours, _)| *ours == field)
+        .map_or(field, |(_, theirs)| theirs)
 }
 
 /// The Hugging Face `config.json` (as JSON) for our configuration.
@@ -462,6 +505,18 @@ mod tests {
         v.as_object_mut().unwrap().remove("n_embd");
         let e = fields(&v).unwrap_err().to_string();
         assert!(e.contains("'n_embd' is missing"), "{e}");
+        // What our checks refuse is named by the file's keys.
+        let (_, mut v) = to_hf_config(&presets::preset("gpt2").unwrap()).unwrap();
+        v["layer_norm_epsilon"] = json!(0.0);
+        let e = fields(&v).unwrap_err().to_string();
+        assert!(e.contains("'layer_norm_epsilon' must be positive"), "{e}");
+        let (_, mut v) = to_hf_config(&presets::preset("llama-mini").unwrap()).unwrap();
+        v["num_key_value_heads"] = json!(4);
+        let e = fields(&v).unwrap_err().to_string();
+        assert!(
+            e.contains("'num_key_value_heads' (4) must divide num_attention_heads (6)"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -105,6 +105,10 @@ pub fn stream_hf_dir(
     let (family, mut json) = to_hf_config(config)?;
     json["torch_dtype"] = json!(options.dtype.torch_name());
     json["dtype"] = json!(options.dtype.torch_name());
+    let special = options.special.generation_config();
+    for key in ["bos_token_id", "eos_token_id"] {
+        json[key] = special[key].clone();
+    }
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let text = serde_json::to_string_pretty(&json).expect("a JSON value serialises");
     let config_path = dir.join("config.json");
@@ -118,8 +122,7 @@ pub fn stream_hf_dir(
         options.max_shard_size,
     )?;
     let generation = dir.join("generation_config.json");
-    let text = serde_json::to_string_pretty(&options.special.generation_config())
-        .expect("a JSON value serialises");
+    let text = serde_json::to_string_pretty(&special).expect("a JSON value serialises");
     write_atomic(&generation, text.as_bytes()).map_err(|e| io(&generation, e))?;
     if let Some(tok) = tokenizer {
         let bytes = std::fs::read(tok).map_err(|e| io(tok, e))?;

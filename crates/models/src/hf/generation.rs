@@ -1,22 +1,27 @@
 //! The token ids that begin and end a sequence, as a Hugging Face model
-//! directory states them: `generation_config.json` (what `generate` in
-//! `transformers` reads), else `bos_token_id` / `eos_token_id` of
-//! `config.json`, else the tokenizer's `<|endoftext|>` (the one special token
-//! of Ferrotron's and GPT-2's tokenizers, which serves as both).
+//! directory states them, each id on its own: `generation_config.json`
+//! (what `generate` in `transformers` reads), else `bos_token_id` /
+//! `eos_token_id` of `config.json`, else the tokenizer's `<|endoftext|>`
+//! (the one special token of Ferrotron's and GPT-2's tokenizers, which
+//! serves as both).
 
 use std::path::Path;
 
 use ferrotron_engine::data::{Tokenizer, END_OF_TEXT};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::HfError;
 
-/// Begin- and end-of-sequence token ids.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Begin- and end-of-sequence token ids (also kept in a run directory's
+/// `run.toml`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SpecialTokens {
     /// The id a sequence starts with, if the model has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bos: Option<u32>,
     /// Ids that end a sequence (Llama 3 instruct models have several).
+    #[serde(default)]
     pub eos: Vec<u32>,
 }
 
@@ -39,20 +44,35 @@ impl SpecialTokens {
     /// [`HfError::Field`] for a token id that is not a non-negative integer
     /// (or list of them).
     pub fn read_dir(dir: &Path, tokenizer: Option<&Tokenizer>) -> Result<Self, HfError> {
+        let mut found = Self::default();
+        // Each id from the first source that states it.
         for file in ["generation_config.json", "config.json"] {
             let path = dir.join(file);
-            if !path.exists() {
-                continue;
-            }
-            let found = from_json(&path)?;
-            if found.bos.is_some() || !found.eos.is_empty() {
-                return Ok(found);
+            if path.exists() {
+                found = found.or(from_json(&path)?);
             }
         }
-        Ok(tokenizer.map(Self::from_tokenizer).unwrap_or_default())
+        Ok(match tokenizer {
+            Some(t) => found.or(Self::from_tokenizer(t)),
+            None => found,
+        })
     }
 
-    /// The content of a `generation_config.json` stating these ids.
+    /// These ids, each taken from `other` where this one has none.
+    fn or(self, other: Self) -> Self {
+        Self {
+            bos: self.bos.or(other.bos),
+            eos: if self.eos.is_empty() {
+                other.eos
+            } else {
+                self.eos
+            },
+        }
+    }
+
+    /// The content of a `generation_config.json` stating these ids; an
+    /// exported `config.json` states them too (so that `transformers` does
+    /// not fill in its class defaults).
     pub fn generation_config(&self) -> Value {
         let eos = match self.eos.as_slice() {
             [] => Value::Null,
@@ -126,6 +146,10 @@ mod tests {
         .unwrap();
         let read = SpecialTokens::read_dir(&dir, None).unwrap();
         assert_eq!((read.bos, read.eos.clone()), (Some(7), vec![8, 9]));
+        // An id generation_config.json leaves out comes from config.json.
+        std::fs::write(dir.join("generation_config.json"), r#"{"bos_token_id": 7}"#).unwrap();
+        let only_bos = SpecialTokens::read_dir(&dir, None).unwrap();
+        assert_eq!((only_bos.bos, only_bos.eos), (Some(7), vec![2]));
         let text = read.generation_config().to_string();
         assert_eq!(text, r#"{"bos_token_id":7,"eos_token_id":[8,9]}"#);
         std::fs::write(
