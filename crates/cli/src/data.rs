@@ -60,6 +60,19 @@ fn prepare_shards(a: PrepareArgs) -> anyhow::Result<()> {
             a.out.display()
         )));
     }
+    // The nearest existing directory above it must be one.
+    if let Some(file) = a
+        .out
+        .ancestors()
+        .skip(1)
+        .find(|p| p.exists() && !p.is_dir())
+    {
+        return Err(usage(format!(
+            "--out {}: {} is not a directory",
+            a.out.display(),
+            file.display()
+        )));
+    }
     let config = PrepareConfig {
         inputs,
         text_field: a.text_field,
@@ -78,9 +91,23 @@ fn prepare_shards(a: PrepareArgs) -> anyhow::Result<()> {
     let result = prepare(&config, &mut Bar(&bar));
     bar.finish_and_clear();
     let index = result.map_err(|e| match e {
-        // Reading the inputs was checked above: an I/O error here is the
-        // machine's (a full disk), not bad input.
-        DataError::Io { .. } => anyhow::Error::new(e),
+        // An input that cannot be read as what it says it is (a damaged
+        // gzip stream, text that is not UTF-8) is bad input; another I/O
+        // error is the machine's (a full disk).
+        DataError::Io {
+            ref path,
+            ref source,
+            ..
+        } if !config.inputs.contains(path)
+            || !matches!(
+                source.kind(),
+                std::io::ErrorKind::InvalidData
+                    | std::io::ErrorKind::InvalidInput
+                    | std::io::ErrorKind::UnexpectedEof
+            ) =>
+        {
+            anyhow::Error::new(e)
+        }
         other => usage(other.to_string()),
     })?;
     let secs = t0.elapsed().as_secs_f64();

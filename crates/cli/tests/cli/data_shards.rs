@@ -344,6 +344,39 @@ fn bad_inputs_and_damaged_shards_are_refused_before_anything_is_written() {
         ]),
         &["bad.jsonl:2", "no field `text`"],
     );
+    std::fs::write(&bad, b"{\"text\": \"fine\"}\n{\"text\": \"\xff\"}\n").unwrap();
+    refused(
+        &prepare(&[
+            "--input",
+            bad.to_str().unwrap(),
+            "--text-field",
+            "text",
+            "--vocab-size",
+            "257",
+        ]),
+        &["bad.jsonl:2", "not UTF-8"],
+    );
+    let not_gzip = dir.join("text.txt.gz");
+    std::fs::write(&not_gzip, "plain text, not gzip\n").unwrap();
+    refused(
+        &prepare(&["--input", not_gzip.to_str().unwrap(), "--vocab-size", "257"]),
+        &["text.txt.gz"],
+    );
+    let under_a_file = corpus.join("sub");
+    refused(
+        &ferrotron(&[
+            "data",
+            "prepare",
+            "--input",
+            c,
+            "--vocab-size",
+            "300",
+            "--out",
+            under_a_file.to_str().unwrap(),
+        ]),
+        &["--out", "is not a directory"],
+    );
+    std::fs::remove_file(&not_gzip).unwrap();
     assert!(!out.exists());
     // No temporary directory left beside the corpus either.
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2);

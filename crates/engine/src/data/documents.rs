@@ -78,15 +78,21 @@ pub fn for_each_document(
         Box::new(BufReader::new(file))
     };
     for (i, line) in reader.lines().enumerate() {
-        let line = line.map_err(io_err("reading input file"))?;
-        if line.trim().is_empty() {
-            continue;
-        }
         let bad = |reason: String| DataError::BadJsonLine {
             path: path.to_path_buf(),
             line: i + 1,
             reason,
         };
+        let line = match line {
+            Ok(line) => line,
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData && !is_gz => {
+                return Err(bad("not UTF-8 text".into()))
+            }
+            Err(e) => return Err(io_err("reading input file")(e)),
+        };
+        if line.trim().is_empty() {
+            continue;
+        }
         let mut value: serde_json::Value =
             serde_json::from_str(&line).map_err(|e| bad(format!("not JSON: {e}")))?;
         let text = match value.get_mut(field).map(serde_json::Value::take) {

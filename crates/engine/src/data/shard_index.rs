@@ -105,10 +105,22 @@ impl ShardIndex {
                 super::shard_format::VERSION
             )));
         }
-        let sum: u64 = index.shards.iter().map(|s| s.tokens).sum();
-        if sum != index.tokens || index.tokens == 0 {
+        // A damaged index may hold counts whose sum or file size overflows.
+        let width = index.dtype.bytes() as u64;
+        let fits = |s: &ShardEntry| {
+            s.tokens
+                .checked_mul(width)
+                .and_then(|b| b.checked_add(HEADER_BYTES as u64))
+                .is_some()
+        };
+        let sum = index
+            .shards
+            .iter()
+            .try_fold(0u64, |a, s| a.checked_add(s.tokens).filter(|_| fits(s)));
+        if sum != Some(index.tokens) || index.tokens == 0 {
             return Err(bad(format!(
-                "lists shards of {sum} tokens in all but a total of {}",
+                "lists shards of {} tokens in all but a total of {}",
+                sum.map_or("too many".into(), |n| n.to_string()),
                 index.tokens
             )));
         }
@@ -138,6 +150,28 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Counts that overflow are refused, not summed (a damaged index).
+    #[test]
+    fn an_index_whose_counts_overflow_is_refused() {
+        let dir = std::env::temp_dir().join(format!("ferrotron-index-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let shard = |tokens: u64| serde_json::json!({"file": "shard-00000.bin", "tokens": tokens, "documents": 1, "xxh3_64": "0000000000000000"});
+        for (total, shards) in [
+            (1u64 << 63, vec![shard(1 << 63)]),
+            (u64::MAX, vec![shard(u64::MAX), shard(1)]),
+        ] {
+            let index = serde_json::json!({
+                "format": FORMAT, "version": 1, "dtype": "u16", "vocab_size": 300,
+                "eos_id": null, "tokenizer_sha256": "", "documents": 1,
+                "tokens": total, "text_bytes": 1, "shards": shards,
+            });
+            std::fs::write(dir.join(INDEX_FILE), index.to_string()).unwrap();
+            let e = ShardIndex::read(&dir).unwrap_err().to_string();
+            assert!(e.contains("too many"), "{e}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn sha256_matches_the_published_test_vector() {

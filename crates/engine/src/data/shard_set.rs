@@ -466,6 +466,13 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(e.contains("not an empty directory"), "{e}");
+        // An end-of-text id outside the vocabulary would make a set that
+        // `data verify` refuses.
+        let e = ShardWriter::create(&root.join("eos"), b"{}".to_vec(), 4, Some(100), 10)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("end-of-text id") && e.contains("100"), "{e}");
         std::fs::remove_dir_all(&root).unwrap();
     }
 }

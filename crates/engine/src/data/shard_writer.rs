@@ -50,8 +50,8 @@ impl ShardWriter {
     ///
     /// # Errors
     ///
-    /// [`DataError::InvalidArgument`] if `shard_tokens` is 0 or `out` holds
-    /// something; [`DataError::Io`] if the temporary directory cannot be made.
+    /// [`DataError::InvalidArgument`] if `shard_tokens` is 0, `eos_id` is
+    /// not below `vocab_size` or `out` holds something; [`DataError::Io`] if the temporary directory cannot be made.
     pub fn create(
         out: &Path,
         tokenizer_json: Vec<u8>,
@@ -64,6 +64,13 @@ impl ShardWriter {
                 name: "shard_tokens",
                 value: "0".into(),
                 reason: "must be at least 1 token",
+            });
+        }
+        if let Some(eos) = eos_id.filter(|&id| id as usize >= vocab_size) {
+            return Err(DataError::InvalidArgument {
+                name: "end-of-text id",
+                value: eos.to_string(),
+                reason: "is not below the tokenizer's vocabulary size (a tokenizer whose ids leave gaps is not supported)",
             });
         }
         if std::fs::read_dir(out).is_ok_and(|mut d| d.next().is_some()) || out.is_file() {

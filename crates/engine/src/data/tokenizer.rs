@@ -175,12 +175,13 @@ fn save_atomic(tokenizer: &Tokenizer, path: &Path) -> Result<(), DataError> {
 
 /// Encodes `text` into token ids (no special tokens added).
 ///
-/// Long text is cut into pieces of about 64 KiB at blank lines and the pieces
-/// are encoded in parallel; a cut is placed only where the GPT-2
-/// pre-tokenizer splits anyway (before the last `\n` of a blank-line run that
-/// is followed by a printable ASCII character), so the result is identical to
-/// encoding the whole text at once, and deterministic. Returns one id per
-/// token, in text order; `[]` for empty text.
+/// With GPT-2's pre-tokenizer ([`cuts_are_invisible`]), long text is cut
+/// into pieces of about 64 KiB at blank lines and the pieces are encoded in
+/// parallel; a cut is placed only where that pre-tokenizer splits anyway
+/// (before the last `\n` of a blank-line run that is followed by a printable
+/// ASCII character), so the result is identical to encoding the whole text
+/// at once, and deterministic. Other tokenizers encode the text whole.
+/// Returns one id per token, in text order; `[]` for empty text.
 ///
 /// # Errors
 ///
@@ -197,10 +198,17 @@ pub fn encode(tok: &Tokenizer, text: &str) -> Result<Vec<u32>, DataError> {
 ///
 /// [`DataError::Encode`] if the `tokenizers` crate fails.
 pub fn encode_documents(tok: &Tokenizer, documents: &[&str]) -> Result<Vec<Vec<u32>>, DataError> {
+    let cut = cuts_are_invisible(tok);
     let mut pieces = Vec::new();
     let mut owner = Vec::new();
-    for (d, text) in documents.iter().enumerate() {
-        for piece in split_at_blank_lines(text, ENCODE_CHUNK_BYTES) {
+    for (d, &text) in documents.iter().enumerate() {
+        let whole = if text.is_empty() { vec![] } else { vec![text] };
+        let document = if cut {
+            split_at_blank_lines(text, ENCODE_CHUNK_BYTES)
+        } else {
+            whole
+        };
+        for piece in document {
             pieces.push(piece);
             owner.push(d);
         }
@@ -216,6 +224,20 @@ pub fn encode_documents(tok: &Tokenizer, documents: &[&str]) -> Result<Vec<Vec<u
         ids[d].extend_from_slice(encoding.get_ids());
     }
     Ok(ids)
+}
+
+/// Whether cutting text at blank lines ([`split_at_blank_lines`]) leaves
+/// its tokens unchanged: for GPT-2's pre-tokenizer (byte-level with its
+/// regex, no prefix space) and no normaliser, as Ferrotron's and GPT-2's
+/// tokenizers have. Not for others: a normaliser that prepends `▁` to each
+/// input (Llama 2's) would add a token at every cut, and Llama 3's split
+/// pattern keeps `\n\n` as one pre-token.
+fn cuts_are_invisible(tok: &Tokenizer) -> bool {
+    tok.get_normalizer().is_none()
+        && matches!(
+            tok.get_pre_tokenizer(),
+            Some(PreTokenizerWrapper::ByteLevel(b)) if b.use_regex && !b.add_prefix_space
+        )
 }
 
 /// Cuts `text` into pieces of at least `target` bytes (except the last).
@@ -348,6 +370,29 @@ mod tests {
             chunked.extend_from_slice(tok.encode_fast(p, false).unwrap().get_ids());
         }
         assert_eq!(chunked, whole);
+    }
+
+    /// A tokenizer whose normaliser prepends `▁` to each input (as Llama
+    /// 2's does) encodes a long document whole: cut, each piece would
+    /// start with one more `▁`.
+    #[test]
+    fn a_prepending_tokenizer_encodes_long_documents_whole() {
+        use tokenizers::normalizers::Prepend;
+        let mut tok = train_bpe(&synthetic_text(), 300).unwrap();
+        assert!(cuts_are_invisible(&tok));
+        tok.with_normalizer(Some(NormalizerWrapper::Prepend(Prepend::new("▁".into()))));
+        assert!(!cuts_are_invisible(&tok));
+        let text = "a\n\nb\n\n".repeat(40_000);
+        let whole = tok
+            .encode_fast(text.as_str(), false)
+            .unwrap()
+            .get_ids()
+            .to_vec();
+        assert_eq!(encode(&tok, &text).unwrap(), whole);
+        assert_eq!(
+            encode_documents(&tok, &["", &text]).unwrap(),
+            [vec![], whole]
+        );
     }
 
     #[test]
