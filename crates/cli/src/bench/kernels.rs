@@ -29,7 +29,12 @@ pub struct Sample {
 /// Runs the sweep on every target, prints the table and writes the JSON if
 /// asked.
 pub fn run(args: KernelsBenchArgs) -> Result<()> {
-    ensure!(args.reps >= 1, "--reps must be at least 1");
+    if args.reps == 0 {
+        return Err(usage("--reps must be at least 1"));
+    }
+    if let Some(path) = &args.json {
+        super::output::check_output("--json", path, &[])?;
+    }
     if !args.head_dim.is_multiple_of(2) || !(2..=MAX_HEAD_DIM).contains(&args.head_dim) {
         return Err(usage(format!(
             "--head-dim {}: must be even and between 2 and {MAX_HEAD_DIM} (RoPE rotates pairs; \

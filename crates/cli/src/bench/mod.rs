@@ -16,6 +16,7 @@ mod cube;
 mod fused;
 #[cfg(feature = "kernels-bench")]
 mod kernels;
+mod output;
 #[cfg(feature = "kernels-bench")]
 mod reference;
 #[cfg(feature = "kernels-bench")]

@@ -189,6 +189,8 @@ fn bad_input_exits_2_naming_the_flag_or_file_and_writes_nothing() {
     std::fs::write(&not_json, "tokens/s: 12").unwrap();
     let out_json = temp("bad", "never.json");
     let missing = temp("bad", "missing.json");
+    // An input named another way is not overwritten by the merge.
+    let not_json_again = not_json.parent().unwrap().join(".").join("not-json.json");
     let tiny = [
         "--family", "gpt", "--layers", "1", "--hidden", "32", "--heads", "2", "--vocab", "64",
     ];
@@ -196,6 +198,10 @@ fn bad_input_exits_2_naming_the_flag_or_file_and_writes_nothing() {
         (vec!["--compare", s(&missing)], "missing.json"),
         (vec!["--compare", s(&bad_schema)], "bad-schema.json"),
         (vec!["--compare", s(&not_json)], "not-json.json"),
+        (
+            vec!["--compare", s(&not_json), "--json", s(&not_json_again)],
+            "is also an input",
+        ),
         (vec!["--layers", "1"], "--preset"),
         (
             vec!["--family", "gpt", "--hidden", "32", "--heads", "5"],

@@ -88,13 +88,7 @@ pub fn run(a: CommBenchArgs) -> anyhow::Result<()> {
         return Err(usage("bench comm: --elems and --reps must be at least 1"));
     }
     if let Some(path) = &a.json {
-        let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
-        if dir.is_some_and(|d| !d.is_dir()) {
-            return Err(usage(format!(
-                "--json {}: its directory does not exist",
-                path.display()
-            )));
-        }
+        super::output::check_output("--json", path, &[])?;
     }
     let kind = backend(&a)?;
     kind.check_runtime()?;

@@ -18,13 +18,11 @@ mod record;
 mod run;
 mod table;
 
-use std::path::Path;
-
 use ferrotron_engine::checkpoint::write_atomic;
 
 pub use self::args::TrainBenchArgs;
 use self::record::ResultFile;
-use crate::error::usage;
+use super::output::check_output;
 
 /// Runs `bench train`: a measurement, or with `--compare` a merge.
 pub fn bench(args: TrainBenchArgs) -> anyhow::Result<()> {
@@ -40,31 +38,6 @@ pub fn bench(args: TrainBenchArgs) -> anyhow::Result<()> {
     }
 }
 
-/// An output path whose directory exists and which is none of the inputs.
-fn check_output(flag: &str, path: &Path, inputs: &[std::path::PathBuf]) -> anyhow::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    if !dir.is_dir() {
-        return Err(usage(format!(
-            "{flag} {}: directory {} does not exist",
-            path.display(),
-            dir.display()
-        )));
-    }
-    if path.is_dir() {
-        return Err(usage(format!("{flag} {}: is a directory", path.display())));
-    }
-    if inputs.iter().any(|i| i == path) {
-        return Err(usage(format!(
-            "{flag} {}: is also a --compare input",
-            path.display()
-        )));
-    }
-    Ok(())
-}
-
 /// Writes `--json` and `--chart` of `file` where asked (atomically).
 fn write_outputs(args: &TrainBenchArgs, file: &ResultFile) -> anyhow::Result<()> {
     if let Some(path) = &args.json {
@@ -78,11 +51,12 @@ fn write_outputs(args: &TrainBenchArgs, file: &ResultFile) -> anyhow::Result<()>
             .map(|r| {
                 (
                     format!(
-                        "{} {} | {} | {} | {}x{}",
+                        "{} {} {} | {} | {} | {}x{}",
                         r.framework,
                         r.backend,
+                        r.precision,
                         r.device,
-                        r.shape.label(),
+                        table::model_label(r),
                         r.batch,
                         r.seq
                     ),

@@ -6,10 +6,14 @@ use ferrotron_parallel::recompute::Recompute;
 
 use super::record::{Record, Skipped};
 
-/// One row per record; `vs first` divides tokens/s by that of the first
-/// row with the same shape, batch and seq (the first file of `--compare`).
+/// One row per record, numbered; `vs` divides tokens/s by that of the
+/// first row of the same workload (architecture, batch and seq; the
+/// parameter count is not compared, as a learned position table's size
+/// differs between frameworks) and names that row, so that a ratio across
+/// machines or precisions says what it divides by.
 pub fn render(records: &[Record], skipped: &[Skipped]) -> String {
     let header = [
+        "#",
         "framework",
         "backend",
         "precision",
@@ -21,16 +25,18 @@ pub fn render(records: &[Record], skipped: &[Skipped]) -> String {
         "MFU",
         "peak MiB",
         "step act. MiB",
-        "vs first",
+        "vs",
     ];
-    let rows: Vec<[String; 12]> = records
+    let rows: Vec<[String; 13]> = records
         .iter()
-        .map(|r| {
+        .enumerate()
+        .map(|(i, r)| {
             let first = records
                 .iter()
-                .find(|f| f.shape == r.shape && f.batch == r.batch && f.seq == r.seq)
-                .unwrap_or(r);
+                .position(|f| same_workload(f, r))
+                .unwrap_or(i);
             [
+                format!("{}", i + 1),
                 r.framework.clone(),
                 r.backend.clone(),
                 r.precision.clone(),
@@ -38,13 +44,7 @@ pub fn render(records: &[Record], skipped: &[Skipped]) -> String {
                     Some(t) => format!("{} ({t} threads)", r.device),
                     None => r.device.clone(),
                 },
-                match (r.recompute, r.head.as_deref()) {
-                    (Recompute::None, Some("logits")) => {
-                        format!("{}, whole logits", r.shape.label())
-                    }
-                    (Recompute::None, _) => r.shape.label(),
-                    (other, _) => format!("{}, recompute {other}", r.shape.label()),
-                },
+                model_label(r),
                 format!("{} x {}", r.batch, r.seq),
                 format!("{:.0}", r.tokens_per_s),
                 format!("{:.4}", r.tflops),
@@ -55,7 +55,11 @@ pub fn render(records: &[Record], skipped: &[Skipped]) -> String {
                 r.peak_activation_bytes.map_or("-".into(), |b| {
                     format!("{:.1}", b as f64 / (1 << 20) as f64)
                 }),
-                format!("{:.2}", r.tokens_per_s / first.tokens_per_s),
+                format!(
+                    "{:.2} of #{}",
+                    r.tokens_per_s / records[first].tokens_per_s,
+                    first + 1
+                ),
             ]
         })
         .collect();
@@ -99,4 +103,25 @@ pub fn render(records: &[Record], skipped: &[Skipped]) -> String {
         }
     }
     out
+}
+
+/// Whether `a` and `b` measured the same workload: the architecture (not
+/// its parameter count), the batch and the sequence length.
+fn same_workload(a: &Record, b: &Record) -> bool {
+    a.shape.label() == b.shape.label() && a.batch == b.batch && a.seq == b.seq
+}
+
+/// The model column: the shape, and what of the step differs from the
+/// default (recomputation, the whole logits, the attention kernel).
+pub fn model_label(r: &Record) -> String {
+    let mut label = r.shape.label();
+    if r.recompute != Recompute::None {
+        label += &format!(", recompute {}", r.recompute);
+    } else if r.head.as_deref() == Some("logits") {
+        label += ", whole logits";
+    }
+    if let Some(kernel) = &r.attention_kernel {
+        label += &format!(", attention {kernel}");
+    }
+    label
 }
