@@ -9,6 +9,7 @@ use ferrotron_job::{JobConfig, World};
 use ferrotron_models::presets::preset;
 use ferrotron_models::{DecoderConfig, MlpKind, NormKind, Position};
 use ferrotron_parallel::mesh::Mesh;
+use ferrotron_parallel::plan::MemoryEstimate;
 use ferrotron_parallel::recompute::Recompute;
 use ferrotron_parallel::zero::ZeroStage;
 use ferrotron_test_support::skip::skip;
@@ -45,6 +46,17 @@ fn bytes_with(
     grad_accum: usize,
     change: impl FnOnce(&mut JobConfig),
 ) -> (f64, String) {
+    let m = estimate_with(mesh, zero, grad_accum, change);
+    (m.total(), m.stage.to_string())
+}
+
+/// The estimate of [`bytes_with`].
+fn estimate_with(
+    mesh: Mesh,
+    zero: ZeroStage,
+    grad_accum: usize,
+    change: impl FnOnce(&mut JobConfig),
+) -> MemoryEstimate {
     let mut c = JobConfig::default();
     c.schedule.micro_batch = 2;
     c.schedule.seq_len = 16;
@@ -59,8 +71,7 @@ fn bytes_with(
         Recompute::None
     };
     change(&mut c);
-    let m = job_memory(&tiny(), &c, &mesh, recompute, BackendKind::Flex).unwrap();
-    (m.total(), m.stage.to_string())
+    job_memory(&tiny(), &c, &mesh, recompute, BackendKind::Flex).unwrap()
 }
 
 // Counted by hand (f32; `T` = 32 tokens per micro-batch). Parameters:
@@ -99,6 +110,30 @@ fn estimate_pp2_counts_the_fuller_stage_with_its_micro_batches_in_flight() {
     let last = 4.0 * 1417.0 + 12.0 * 1400.0 + 16896.0 + 4352.0 + 8192.0;
     assert!(last < first);
     assert_eq!(bytes(1, 1, 2, ZeroStage::Off, 2), (first, "first".into()));
+}
+
+#[test]
+fn estimate_zero2_and_3_with_overlap_hold_a_shard_of_results_in_flight() {
+    // A second micro-batch adds one shard of reduce-scatter results (the
+    // size of the rank's accumulated gradients) under overlap, and nothing
+    // without it.
+    let mesh = || Mesh::new(Some(2), 1, 1, 2).unwrap();
+    for zero in [ZeroStage::Two, ZeroStage::Three] {
+        let no_overlap = |c: &mut JobConfig| c.parallelism.overlap_grad_reduce = false;
+        let one = estimate_with(mesh(), zero, 1, |_| {});
+        let two = estimate_with(mesh(), zero, 2, |_| {});
+        let (one_off, two_off) = (
+            estimate_with(mesh(), zero, 1, no_overlap),
+            estimate_with(mesh(), zero, 2, no_overlap),
+        );
+        assert_eq!(two_off.total(), one_off.total(), "{zero}");
+        assert!(two.state.grad_bytes > 0);
+        assert_eq!(
+            two.total() - one.total(),
+            two.state.grad_bytes as f64,
+            "{zero}"
+        );
+    }
 }
 
 #[test]

@@ -12,6 +12,9 @@
 //!   DP group the only group of more than one rank) so are the `N` whose
 //!   gathers run ahead ([`crate::zero`]'s `ahead`): `N + 1` blocks'
 //!   parameters at once, with the gradients of one block.
+//! - ZeRO-2 and 3 under overlap, over more than one micro-batch: a
+//!   micro-batch's reduce-scatter results wait until the same units of the
+//!   next micro-batch start theirs, up to one more shard of gradients.
 
 use super::Choice;
 use crate::zero::ZeroStage;
@@ -39,6 +42,25 @@ pub fn gathered_blocks(c: &Choice, prefetch: Prefetch) -> usize {
         prefetch.depth + 1
     } else {
         1
+    }
+}
+
+/// Bytes of the reduce-scatter results a rank of `c` holds besides its
+/// accumulated gradient shard of `grad_bytes` (see the module doc): the
+/// shard again under ZeRO-2 and 3 where the trainer overlaps, with more
+/// than one micro-batch; 0 otherwise.
+pub fn results_in_flight(
+    c: &Choice,
+    prefetch: Prefetch,
+    micro_batches: usize,
+    grad_bytes: usize,
+) -> f64 {
+    let sharded = matches!(c.zero, ZeroStage::Two | ZeroStage::Three);
+    let only_dp = c.tp == 1 && c.cp == 1 && c.pp == 1;
+    if sharded && prefetch.overlap && only_dp && micro_batches > 1 {
+        grad_bytes as f64
+    } else {
+        0.0
     }
 }
 

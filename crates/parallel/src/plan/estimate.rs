@@ -7,7 +7,7 @@ use serde::Serialize;
 use super::activation::{in_flight, LayerActivations, Recompute};
 use ferrotron_engine::lm::LmUnit;
 
-use super::buffers::{gathered_blocks, zero3_bytes, Prefetch};
+use super::buffers::{gathered_blocks, results_in_flight, zero3_bytes, Prefetch};
 
 use super::checkpoint::{checkpoint_bytes, CheckpointBytes};
 use super::memory::{layout_state_bytes, Held};
@@ -52,7 +52,8 @@ pub struct MemoryEstimate {
     /// Buffers that live during a step ([`super::buffers`]): two gradient
     /// buckets (ZeRO 0-2), or under ZeRO-3 the embedding and head gathered
     /// with their gradients and [`Self::gathered_blocks`] blocks gathered
-    /// with one block's gradients.
+    /// with one block's gradients; under ZeRO-2/3 with overlap, a shard
+    /// of reduce-scatter results in flight.
     pub transient: f64,
     /// ZeRO-3: blocks gathered at once, the one computing and those whose
     /// gathers `--zero3-prefetch` starts ahead (0 below ZeRO-3).
@@ -352,11 +353,12 @@ pub fn memory(input: &MemoryInput, c: &Choice, layout: &StageLayout) -> MemoryEs
     let stage = |s: usize, units: &[Vec<usize>], name, acts: ActivationBytes| {
         let (state, host) = state(s);
         let held = stage_layout(m, c, layout, s);
+        let results = results_in_flight(c, input.prefetch, micro_batches, state.grad_bytes);
         MemoryEstimate {
             stage: name,
             state,
             activations: acts,
-            transient: transient(units, s == 0, s == c.pp - 1),
+            transient: transient(units, s == 0, s == c.pp - 1) + results,
             gathered_blocks: gathered,
             reserve: input.reserve_bytes,
             // ZeRO's pieces span DP x CP, as the state's.

@@ -29,9 +29,11 @@
 //!
 //! With `--overlap-grad-reduce` (where the DP group is the only group of
 //! more than one rank) the reduce-scatters are started on the
-//! communication thread ([`CommThread`]) and waited for only when the step
-//! settles, in the order they started, so the next unit's backward (or
-//! the next micro-batch) runs meanwhile; stage 3 gathers through the same
+//! communication thread ([`CommThread`]) and waited for in the order they
+//! started: a unit's when the same unit of the next micro-batch starts its
+//! reduce-scatter (so at most one micro-batch of results is held), the
+//! rest when the step settles; the next unit's backward (or the next
+//! micro-batch) runs meanwhile; stage 3 gathers through the same
 //! thread, in order with them, and prefetches: the gathers of the next
 //! `--zero3-prefetch N` blocks (default 1; 0 turns prefetch off) are
 //! started before the current block computes, forward and backward and
@@ -520,7 +522,8 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + LmUnits<B>> Zero<B, M> {
 
     /// Starts reduce-scattering unit `u`'s flat gradient tensors `grads`
     /// (already rounded to the reduction precision) on the DP group's host
-    /// path or on the device collectives ([`GradSync::sync_on_device`]);
+    /// path or on the device collectives ([`GradSync::sync_on_device`]),
+    /// after waiting for the previous micro-batch's of the same unit;
     /// without overlap, waits for it and adds it at once.
     fn start_reduce_scatter(
         &mut self,
