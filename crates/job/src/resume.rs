@@ -68,8 +68,9 @@ impl Resume {
         // The index and the files it names, before anything is written.
         Index::read(&dir).map_err(|e| usage(format!("--resume: {e}")))?;
         let (config, record) = read_run_files(&dir)?;
-        // Made absolute first: `--resume step-4` in `RUN/checkpoints`.
-        let run = std::path::absolute(&dir)
+        // Resolved first (`--resume step-4` in `RUN/checkpoints`, a link
+        // to the run): the run directory is compared with `--out`.
+        let run = std::fs::canonicalize(&dir)
             .ok()
             .as_deref()
             .and_then(Path::parent)

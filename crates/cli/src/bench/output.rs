@@ -48,7 +48,10 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let input = dir.join("a.json");
         std::fs::write(&input, "{}").unwrap();
-        let same = dir.join(".").join("a.json");
+        // Equal as paths only once `sub/..` is resolved.
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        let same = dir.join("sub").join("..").join("a.json");
+        assert_ne!(same, input);
         let e = check_output("--json", &same, std::slice::from_ref(&input)).unwrap_err();
         assert!(e.to_string().contains("is also an input"), "{e}");
         check_output("--json", &dir.join("b.json"), &[input]).unwrap();

@@ -167,6 +167,11 @@ fn tiny_run_writes_the_schema_and_compare_merges_two_files() {
         table.contains("gpt l1 h32") && table.contains("llama l1 h32"),
         "{table}"
     );
+    // Two workloads: each row is divided by itself, and says so.
+    assert!(
+        table.contains("1.00 of #1") && table.contains("1.00 of #2"),
+        "{table}"
+    );
     let m: Value = serde_json::from_str(&std::fs::read_to_string(&merged).unwrap()).unwrap();
     assert_eq!(m["schema"], "ferrotron-bench-train/1");
     assert_eq!(m["results"][0], doc["results"][0]);
@@ -189,8 +194,11 @@ fn bad_input_exits_2_naming_the_flag_or_file_and_writes_nothing() {
     std::fs::write(&not_json, "tokens/s: 12").unwrap();
     let out_json = temp("bad", "never.json");
     let missing = temp("bad", "missing.json");
-    // An input named another way is not overwritten by the merge.
-    let not_json_again = not_json.parent().unwrap().join(".").join("not-json.json");
+    // An input named another way (through `sub/..`) is not overwritten by
+    // the merge.
+    let sub = not_json.parent().unwrap().join("sub");
+    std::fs::create_dir_all(&sub).unwrap();
+    let not_json_again = sub.join("..").join("not-json.json");
     let tiny = [
         "--family", "gpt", "--layers", "1", "--hidden", "32", "--heads", "2", "--vocab", "64",
     ];

@@ -313,11 +313,12 @@ fn bad_inputs_and_damaged_shards_are_refused_before_anything_is_written() {
     let c = corpus.to_str().unwrap();
     let out = dir.join("out");
     let o = out.to_str().unwrap();
-    let prepare = |extra: &[&str]| {
-        let mut args = vec!["data", "prepare", "--out", o];
+    let prepare_into = |out: &str, extra: &[&str]| {
+        let mut args = vec!["data", "prepare", "--out", out];
         args.extend(extra);
         ferrotron(&args)
     };
+    let prepare = |extra: &[&str]| prepare_into(o, extra);
     refused(&prepare(&["--input", c]), &["--tokenizer", "--vocab-size"]);
     refused(
         &prepare(&["--input", "/nonexistent/x.txt", "--vocab-size", "300"]),
@@ -364,16 +365,10 @@ fn bad_inputs_and_damaged_shards_are_refused_before_anything_is_written() {
     );
     let under_a_file = corpus.join("sub");
     refused(
-        &ferrotron(&[
-            "data",
-            "prepare",
-            "--input",
-            c,
-            "--vocab-size",
-            "300",
-            "--out",
+        &prepare_into(
             under_a_file.to_str().unwrap(),
-        ]),
+            &["--input", c, "--vocab-size", "300"],
+        ),
         &["--out", "is not a directory"],
     );
     std::fs::remove_file(&not_gzip).unwrap();
@@ -382,35 +377,25 @@ fn bad_inputs_and_damaged_shards_are_refused_before_anything_is_written() {
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2);
 
     let shards = dir.join("shards");
+    let s = shards.to_str().unwrap();
     ok(
-        &ferrotron(&[
-            "data",
-            "prepare",
-            "--input",
-            c,
-            "--vocab-size",
-            "300",
-            "--shard-tokens",
-            "1000",
-            "--out",
-            shards.to_str().unwrap(),
-        ]),
+        &prepare_into(
+            s,
+            &[
+                "--input",
+                c,
+                "--vocab-size",
+                "300",
+                "--shard-tokens",
+                "1000",
+            ],
+        ),
         "data prepare",
     );
     refused(
-        &ferrotron(&[
-            "data",
-            "prepare",
-            "--input",
-            c,
-            "--vocab-size",
-            "300",
-            "--out",
-            shards.to_str().unwrap(),
-        ]),
+        &prepare_into(s, &["--input", c, "--vocab-size", "300"]),
         &["--out", "not an empty directory"],
     );
-    let s = shards.to_str().unwrap();
     let train = |extra: &[&str]| run(train_args(2), &[&["--out", o], extra].concat());
     refused(
         &train(&["--data", s, "--corpus", c]),

@@ -168,14 +168,19 @@ impl MetricsWriter {
 }
 
 /// The lines of `text` (a `metrics.jsonl`) that are JSON objects whose
-/// `step` is at most `step` (or that have none), each ending in a newline.
+/// `step` is at most `step` (or that have none), each ending in a newline;
+/// without the start-up records (`build`, `checkpoint_load`) of earlier
+/// attempts to resume from the same step, which this one writes again.
 fn records_up_to(text: &str, step: usize) -> String {
     let mut kept = String::with_capacity(text.len());
     for line in text.lines() {
         let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
-        if v.get("step").and_then(|s| s.as_u64()).unwrap_or(0) <= step as u64 {
+        let at = v.get("step").and_then(|s| s.as_u64()).unwrap_or(0);
+        let phase = v.get("memory_phase").and_then(|p| p.as_str());
+        let resumed_here = at == step as u64 && matches!(phase, Some("build" | "checkpoint_load"));
+        if at <= step as u64 && !resumed_here {
             kept.push_str(line);
             kept.push('\n');
         }
@@ -197,11 +202,18 @@ mod tests {
             r#"{"step":1,"loss":4.5}"#,
             r#"{"step":2,"loss":4.4}"#,
             r#"{"step":2,"val_loss":4.6}"#,
+            r#"{"memory_phase":"checkpoint_save","rank":0,"step":2}"#,
             r#"{"step":3,"loss":4.3}"#,
             r#"{"step":3,"val_loss":4.5}"#,
         ];
-        // The last record torn by a crash.
-        std::fs::write(&path, written.join("\n") + "\n{\"step\":4,\"lo").unwrap();
+        // An earlier attempt to resume from step 2 recorded its start-up,
+        // then a crash tore its last record.
+        let attempt = [
+            r#"{"memory_phase":"build","rank":0,"step":2}"#,
+            r#"{"memory_phase":"checkpoint_load","rank":0,"step":2}"#,
+        ];
+        let text = written.join("\n") + "\n" + &attempt.join("\n") + "\n{\"step\":4,\"lo";
+        std::fs::write(&path, text).unwrap();
         let mut w = MetricsWriter::resume(&path, 2).unwrap();
         w.write(&ValRecord {
             step: 3,
@@ -209,7 +221,7 @@ mod tests {
         })
         .unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
-        let want = written[..4].join("\n") + "\n" + r#"{"step":3,"val_loss":4.25}"# + "\n";
+        let want = written[..5].join("\n") + "\n" + r#"{"step":3,"val_loss":4.25}"# + "\n";
         assert_eq!(text, want);
         // A run resumed with no file yet starts one.
         std::fs::remove_file(&path).unwrap();

@@ -109,7 +109,7 @@ pub(super) fn device_sheet(c: &JobConfig, p: &mut Problems) -> Option<DeviceSpec
             "metrics",
             "device_type",
             format!(
-                "unknown device '{name}'; known: {} (or give --peak-tflops)",
+                "unknown device '{name}'; known: {} (plan --gpu's names; give one with --device-type, which --resume also takes, or give --peak-tflops)",
                 known.join(", ")
             ),
         );

@@ -26,7 +26,7 @@ pub(super) fn run_dir(
     if let Some(r) = resume {
         if out.is_some()
             && *out != r.config.checkpoint.out
-            && out.as_deref().and_then(|o| std::path::absolute(o).ok()) != Some(r.run.clone())
+            && out.as_deref().and_then(|o| std::fs::canonicalize(o).ok()) != Some(r.run.clone())
         {
             p.key(
                 "checkpoint",
