@@ -333,30 +333,27 @@ fn bad_inputs_and_damaged_shards_are_refused_before_anything_is_written() {
         &["--vocab-size"],
     );
     let bad = dir.join("bad.jsonl");
-    std::fs::write(&bad, "{\"text\": \"fine\"}\n{\"body\": \"no text\"}\n").unwrap();
-    refused(
-        &prepare(&[
-            "--input",
-            bad.to_str().unwrap(),
-            "--text-field",
-            "text",
-            "--vocab-size",
-            "257",
-        ]),
-        &["bad.jsonl:2", "no field `text`"],
-    );
-    std::fs::write(&bad, b"{\"text\": \"fine\"}\n{\"text\": \"\xff\"}\n").unwrap();
-    refused(
-        &prepare(&[
-            "--input",
-            bad.to_str().unwrap(),
-            "--text-field",
-            "text",
-            "--vocab-size",
-            "257",
-        ]),
-        &["bad.jsonl:2", "not UTF-8"],
-    );
+    for (second_line, needle) in [
+        (&b"{\"body\": \"no text\"}"[..], "no field `text`"),
+        (&b"{\"text\": \"\xff\"}"[..], "not UTF-8"),
+    ] {
+        std::fs::write(
+            &bad,
+            [&b"{\"text\": \"fine\"}\n"[..], second_line, b"\n"].concat(),
+        )
+        .unwrap();
+        refused(
+            &prepare(&[
+                "--input",
+                bad.to_str().unwrap(),
+                "--text-field",
+                "text",
+                "--vocab-size",
+                "257",
+            ]),
+            &["bad.jsonl:2", needle],
+        );
+    }
     let not_gzip = dir.join("text.txt.gz");
     std::fs::write(&not_gzip, "plain text, not gzip\n").unwrap();
     refused(
