@@ -4,10 +4,9 @@
 use std::path::Path;
 
 use ferrotron_engine::checkpoint::write_atomic;
-use ferrotron_engine::precision::Precision as Compute;
 use ferrotron_job::error::usage_lines;
 use ferrotron_job::JobConfig;
-use ferrotron_parallel::plan::{Estimate, PlanInput, Precision};
+use ferrotron_parallel::plan::{Estimate, PlanInput};
 use ferrotron_parallel::zero::{ZeroStage, DEFAULT_ZERO3_PREFETCH};
 
 use crate::args::PlanArgs;
@@ -61,11 +60,7 @@ pub fn emit_config(
     } else if c.pp > 1 {
         par.pp_layers = Some(best.stage_layers.clone());
     }
-    job.precision.compute = Some(match input.precision {
-        Precision::Bf16 => Compute::Bf16,
-        Precision::Fp16 => Compute::Fp16,
-        Precision::Fp32 => Compute::Fp32,
-    });
+    job.precision.compute = Some(input.precision.into());
     job.backend.name = backend_for(&a.gpu).into();
     job.metrics.peak_tflops = Some(input.peak_flops() / 1e12);
     job.checkpoint.out = Some(format!("runs/{}-{}", job.model.name, best.label).into());

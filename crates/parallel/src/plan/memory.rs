@@ -47,6 +47,17 @@ impl Precision {
     }
 }
 
+impl From<Precision> for ferrotron_engine::precision::Precision {
+    /// The compute precision `train` takes for the planner's format.
+    fn from(p: Precision) -> Self {
+        match p {
+            Precision::Bf16 => Self::Bf16,
+            Precision::Fp16 => Self::Fp16,
+            Precision::Fp32 => Self::Fp32,
+        }
+    }
+}
+
 impl std::str::FromStr for Precision {
     type Err = String;
 

@@ -121,9 +121,6 @@ pub struct PlanInput {
 impl PlanInput {
     /// The device's peak for the precision, FLOP/s.
     pub fn peak_flops(&self) -> f64 {
-        match self.precision {
-            Precision::Fp32 => self.device.fp32_flops,
-            _ => self.device.bf16_flops,
-        }
+        self.device.peak_flops(self.precision.into())
     }
 }
